@@ -1,0 +1,45 @@
+# sluice: the two quick-start commands are `make demo` and `make test`.
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
+JOBS       ?= $(shell nproc)
+
+.PHONY: all deps build demo test test-asan format format-check bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Runs sluice's main job on the embedded default ($$SLUICE_HOME, by default ~/.sluice).
+demo: build
+	$(BUILD)/bin/sluice demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The unit tests under AddressSanitizer and UndefinedBehaviorSanitizer (CI runs this).
+test-asan: deps
+	cmake -S . -B $(BUILD_ASAN) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) -L unit
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h')
+
+format-check:
+	clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h')
+
+bench: build
+	@scripts/install-deps.sh --bench
+	bench/fio_compare.sh
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -1,0 +1,122 @@
+// sluice/store.h: the one interface every place bytes rest behind.
+//
+// A Store is a flat namespace of keys ("datasets/shard-0001.tar") mapping to immutable
+// byte strings (objects), the common ground of a file system, an S3 bucket, a peer's cache
+// and memory. Backends: file:// (posix, local or shared file systems), mem:// (process
+// memory, for tests) and, later, s3:// and peer://. Decorators (StoreWrapper) add fault
+// injection, telemetry, quota charging and rate limits around any of them.
+//
+// Contract:
+// - Keys are non-empty, at most 1024 bytes, relative, '/'-separated, without empty, "." or
+//   ".." components, NUL bytes or a leading '/'. A key that breaks these rules is rejected
+//   with InvalidArgument before any I/O; no key can name anything outside the store.
+// - `read` copies bytes from `offset` into the caller's buffer and returns how many. Like
+//   pread it may return fewer than asked (a backend may cap one request); 0 means `offset`
+//   is at or past the end. Use `read_full` to loop until the buffer is full or the object
+//   ends. On error no bytes are reported as read.
+// - `create` returns a Writer. Bytes appended are invisible to readers until `commit`,
+//   which publishes the whole object atomically (readers see the old object or the new one,
+//   never a mix) and durably (it survives a crash once commit returns). A Writer destroyed
+//   or aborted without commit leaves nothing behind.
+// - `list` returns keys in byte-wise ascending order, a page at a time; pass the returned
+//   `next_token` to continue. An empty token means the listing is complete.
+// - `remove` of a missing key returns NotFound.
+// - All methods may be called concurrently from many threads; a Writer is used by one
+//   thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/status.h"
+
+namespace sluice::telemetry {
+class Registry;
+}
+
+namespace sluice::store {
+
+struct ObjectInfo {
+  std::string key;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;  // last modification, nanoseconds since the Unix epoch
+  std::string etag;      // changes whenever the object's bytes may have changed
+};
+
+struct ListOptions {
+  std::string prefix;         // only keys starting with this
+  std::string continuation;   // the previous page's next_token, or empty to start
+  size_t max_keys = 1000;     // page size, 1..10000
+};
+
+struct ListPage {
+  std::vector<ObjectInfo> objects;
+  std::string next_token;  // empty when there is nothing more
+};
+
+struct WriteOptions {
+  bool overwrite = true;  // false: commit fails with AlreadyExists if the key exists
+};
+
+class Writer {
+ public:
+  virtual ~Writer() = default;
+  // Appends bytes to the pending object. Errors (NoSpace, IoError) leave the writer
+  // aborted: later calls fail, and nothing is published.
+  virtual Status append(std::span<const std::byte> data) = 0;
+  // Publishes the object atomically and durably. A Writer can commit once.
+  virtual Status commit() = 0;
+  // Discards the pending object. Safe to call more than once, and after a failure.
+  virtual void abort() = 0;
+  // Bytes appended so far.
+  virtual uint64_t size() const = 0;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual Result<ObjectInfo> stat(std::string_view key) = 0;
+  virtual Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) = 0;
+  virtual Result<std::unique_ptr<Writer>> create(std::string_view key,
+                                                 const WriteOptions& options = {}) = 0;
+  virtual Result<ListPage> list(const ListOptions& options) = 0;
+  virtual Status remove(std::string_view key) = 0;
+  // The URI this store was opened with ("file:///data", "mem://test").
+  virtual std::string uri() const = 0;
+
+  // Conveniences built on the methods above.
+  Status put(std::string_view key, std::span<const std::byte> data,
+             const WriteOptions& options = {});
+  Result<std::vector<std::byte>> get(std::string_view key);
+  // Reads until `dst` is full or the object ends; returns the bytes read.
+  Result<size_t> read_full(std::string_view key, uint64_t offset, std::span<std::byte> dst);
+  // Every key under a prefix, following pagination.
+  Result<std::vector<ObjectInfo>> list_all(std::string_view prefix);
+};
+
+// Checks a key against the rules in the contract above.
+Status validate_key(std::string_view key);
+
+struct StoreOptions {
+  telemetry::Registry* registry = nullptr;  // where the store records metrics; may be null
+};
+
+// Opens a store by URI:
+//   file:///abs/path, file://rel/path or a plain path   the directory holding the objects
+//   mem://NAME                                            a process-local memory store; the
+//                                                         same NAME opens the same store
+Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptions& options = {});
+
+std::unique_ptr<Store> make_posix_store(std::string root);
+// A fresh, private memory store.
+std::unique_ptr<Store> make_memory_store(std::string name = "anonymous");
+// The process-wide memory store called `name` (what mem://NAME opens).
+std::unique_ptr<Store> open_named_memory_store(const std::string& name);
+
+}  // namespace sluice::store

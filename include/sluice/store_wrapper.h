@@ -1,0 +1,41 @@
+// sluice/store_wrapper.h: forwarding base for Store decorators.
+//
+// A decorator (fault injection, telemetry, quota charging, rate limiting) derives from
+// StoreWrapper and overrides only the calls it changes; every other call goes straight to
+// the wrapped store. The wrapper owns the store it wraps.
+#pragma once
+
+#include <memory>
+
+#include "sluice/store.h"
+
+namespace sluice::store {
+
+class StoreWrapper : public Store {
+ public:
+  explicit StoreWrapper(std::unique_ptr<Store> target) : target_(std::move(target)) {}
+
+  Result<ObjectInfo> stat(std::string_view key) override { return target_->stat(key); }
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) override {
+    return target_->read(key, offset, dst);
+  }
+  Result<std::unique_ptr<Writer>> create(std::string_view key,
+                                         const WriteOptions& options) override {
+    return target_->create(key, options);
+  }
+  Result<ListPage> list(const ListOptions& options) override { return target_->list(options); }
+  Status remove(std::string_view key) override { return target_->remove(key); }
+  std::string uri() const override { return target_->uri(); }
+
+  Store& target() { return *target_; }
+
+ private:
+  std::unique_ptr<Store> target_;
+};
+
+// A decorator that records requests, bytes, errors and latency per operation into a
+// telemetry registry, labelled with the store's scheme.
+std::unique_ptr<Store> with_telemetry(std::unique_ptr<Store> store,
+                                      telemetry::Registry& registry);
+
+}  // namespace sluice::store

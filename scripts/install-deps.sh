@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages sluice needs to build, test and benchmark, if any are
+# missing. Idempotent and non-interactive: a machine that has them all is left alone.
+#   scripts/install-deps.sh          build and test packages
+#   scripts/install-deps.sh --bench  also the anchor tools the benchmarks compare against
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config   # toolchain
+  liburing-dev                                   # io_uring engine (chosen at run time)
+  nlohmann-json3-dev                             # JSON (bench output, telemetry export)
+  libcli11-dev                                   # CLI parsing
+  libgtest-dev                                   # unit tests
+  clang-format                                   # formatting check
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(fio)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+
+echo "sluice: installing missing Debian packages: ${missing[*]}" >&2
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "sluice: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+  SUDO=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -qq
+"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,91 @@
+#include "sluice/status.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace sluice {
+
+std::string_view code_name(Code code) {
+  switch (code) {
+    case Code::kOk: return "ok";
+    case Code::kNotFound: return "not_found";
+    case Code::kInvalidArgument: return "invalid_argument";
+    case Code::kIoError: return "io_error";
+    case Code::kCorruption: return "corruption";
+    case Code::kNoSpace: return "no_space";
+    case Code::kQuotaExceeded: return "quota_exceeded";
+    case Code::kUnavailable: return "unavailable";
+    case Code::kUnsupported: return "unsupported";
+    case Code::kPermissionDenied: return "permission_denied";
+    case Code::kAlreadyExists: return "already_exists";
+    case Code::kCancelled: return "cancelled";
+    case Code::kTimedOut: return "timed_out";
+    case Code::kInternal: return "internal";
+  }
+  return "unknown";
+}
+
+std::string Error::to_string() const {
+  std::string out(code_name(code_));
+  out += ": ";
+  out += message_;
+  return out;
+}
+
+Error Error::with_context(std::string_view context) const {
+  std::string msg(context);
+  msg += ": ";
+  msg += message_;
+  return Error(code_, std::move(msg), sys_errno_);
+}
+
+static Code code_for_errno(int err) {
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return Code::kNotFound;
+    case EINVAL:
+    case ENAMETOOLONG:
+    case EISDIR:
+    case EBADF:
+    case ELOOP:
+      return Code::kInvalidArgument;
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return Code::kNoSpace;
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return Code::kPermissionDenied;
+    case EEXIST:
+    case ENOTEMPTY:
+      return Code::kAlreadyExists;
+    case ENOSYS:
+    case EOPNOTSUPP:
+      return Code::kUnsupported;
+    case EAGAIN:
+    case EBUSY:
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+      return Code::kUnavailable;
+    case ETIMEDOUT:
+      return Code::kTimedOut;
+    case ECANCELED:
+    case EINTR:
+      return Code::kCancelled;
+    default:
+      return Code::kIoError;
+  }
+}
+
+Error error_from_errno(int err, std::string_view what) {
+  std::string msg(what);
+  msg += ": ";
+  msg += std::strerror(err);
+  return Error(code_for_errno(err), std::move(msg), err);
+}
+
+}  // namespace sluice

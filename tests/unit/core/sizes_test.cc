@@ -1,0 +1,35 @@
+#include <gtest/gtest.h>
+
+#include "sizes.h"
+
+namespace sluice::cli {
+namespace {
+
+TEST(Sizes, ParsesBinaryUnits) {
+  EXPECT_EQ(parse_size("512").value(), 512u);
+  EXPECT_EQ(parse_size("4K").value(), 4096u);
+  EXPECT_EQ(parse_size("4k").value(), 4096u);
+  EXPECT_EQ(parse_size("4KiB").value(), 4096u);
+  EXPECT_EQ(parse_size("1M").value(), 1u << 20);
+  EXPECT_EQ(parse_size("4G").value(), 4ull << 30);
+  EXPECT_EQ(parse_size("1.5G").value(), 3ull << 29);
+  EXPECT_EQ(parse_size("2T").value(), 2ull << 40);
+}
+
+TEST(Sizes, RejectsGarbageWithAClearMessage) {
+  for (const char* bad : {"", "K", "-1", "4Q", "1.3", "abc", "99999999999T"}) {
+    auto r = parse_size(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.error().message().find("invalid size"), std::string::npos);
+  }
+}
+
+TEST(Sizes, Formats) {
+  EXPECT_EQ(format_size(512), "512 B");
+  EXPECT_EQ(format_size(1 << 20), "1.00 MiB");
+  EXPECT_EQ(format_size(1.5 * (1ull << 30)), "1.50 GiB");
+}
+
+}  // namespace
+}  // namespace sluice::cli

@@ -1,0 +1,74 @@
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "sluice/mem_target.h"
+#include "test_util.h"
+
+namespace sluice::mem {
+namespace {
+
+TEST(EmulatedDevice, CopiesRoundTripInOrder) {
+  auto dev = make_emulated_device(1 << 20);
+  EXPECT_EQ(dev->kind(), MemoryKind::kDevice);
+  auto a = dev->allocate(100000).value();
+  auto src = sluice::testing::random_bytes(100000, 3);
+  uint64_t last = 0;
+  for (size_t off = 0; off < src.size(); off += 10000) {
+    auto t = dev->copy_to_target(static_cast<std::byte*>(a.get()) + off, src.data() + off, 10000);
+    ASSERT_TRUE(t);
+    EXPECT_GT(*t, last);  // tickets grow
+    last = *t;
+  }
+  std::vector<std::byte> back(src.size());
+  auto t = dev->copy_to_host(back.data(), a.get(), back.size());
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(dev->wait(*t));
+  EXPECT_TRUE(dev->done(last));  // in order: the earlier copies are done too
+  EXPECT_EQ(back, src);
+}
+
+TEST(EmulatedDevice, OutOfMemoryAndBadAddresses) {
+  auto dev = make_emulated_device(1 << 20);
+  auto a = dev->allocate(600000).value();
+  auto b = dev->allocate(600000);
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code(), Code::kNoSpace);
+  char host[16] = {};
+  // A host address is not device memory.
+  EXPECT_EQ(dev->copy_to_target(host, host, 16).error().code(), Code::kInvalidArgument);
+  // Past the end of an allocation.
+  EXPECT_FALSE(dev->copy_to_target(static_cast<std::byte*>(a.get()) + 599990, host, 16));
+  {
+    auto moved = std::move(a);  // freed at the end of this scope
+  }
+  EXPECT_TRUE(dev->allocate(600000));  // the memory came back
+}
+
+TEST(HostTarget, CopiesAreImmediate) {
+  auto host = make_host_target();
+  auto a = host->allocate(64).value();
+  char src[64];
+  std::memset(src, 7, sizeof src);
+  auto t = host->copy_to_target(a.get(), src, 64);
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(host->done(*t));
+  EXPECT_EQ(std::memcmp(a.get(), src, 64), 0);
+}
+
+TEST(Staging, BuffersAreAlignedAndReused) {
+  auto dev = make_emulated_device(1 << 20);
+  BufferPool& pool = dev->staging(1 << 16);
+  void* first;
+  {
+    auto b = pool.acquire().value();
+    first = b.data();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kDirectAlignment, 0u);
+    EXPECT_EQ(b.size(), 1u << 16);
+  }
+  EXPECT_EQ(pool.idle(), 1u);
+  EXPECT_EQ(pool.acquire().value().data(), first);
+}
+
+}  // namespace
+}  // namespace sluice::mem

@@ -1,0 +1,52 @@
+// `sluice bench`: measures one data path the way gdsio does.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "sluice/status.h"
+
+namespace sluice::cli {
+
+enum class BenchMode { kBuffered, kDirect, kUring, kBounce, kGpu, kGds };
+enum class BenchRw { kRead, kWrite, kRandRead, kRandWrite };
+
+struct BenchOptions {
+  std::string file;
+  BenchMode mode = BenchMode::kUring;
+  BenchRw rw = BenchRw::kRead;
+  uint64_t bs = 1 << 20;
+  unsigned qd = 32;
+  unsigned threads = 1;
+  std::optional<uint64_t> size;  // unset: the file's size; needed to create a file
+  double runtime = 0;     // seconds; 0: one pass over `size`
+  bool verify = false;
+  bool progress = false;  // progress lines on stderr while laying out the file
+  std::string cuda_library;
+  std::string cufile_library;
+};
+
+struct BenchResult {
+  std::string mode, rw, path, path_why;
+  uint64_t bs = 0, size = 0;
+  unsigned qd = 0, threads = 0;
+  uint64_t bytes = 0, ops = 0;
+  double seconds = 0;
+  double throughput_gib_s = 0, iops = 0;
+  double lat_avg_us = 0, lat_p50_us = 0, lat_p99_us = 0, lat_p999_us = 0, lat_max_us = 0;
+  double cpu_pct = 0, cpu_user_pct = 0, cpu_sys_pct = 0;
+  bool verified = false;
+
+  std::string json() const;
+  std::string text() const;
+};
+
+Result<BenchMode> parse_bench_mode(std::string_view s);
+Result<BenchRw> parse_bench_rw(std::string_view s);
+std::string_view bench_mode_name(BenchMode m);
+std::string_view bench_rw_name(BenchRw rw);
+
+Result<BenchResult> run_bench(const BenchOptions& options);
+
+}  // namespace sluice::cli

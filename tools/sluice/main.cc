@@ -1,0 +1,182 @@
+// The sluice command line. Only this layer reads the environment and prints.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "bench.h"
+#include "sizes.h"
+#include "sluice/io_engine.h"
+
+namespace {
+
+using namespace sluice;
+using namespace sluice::cli;
+
+std::string sluice_home() {
+  if (const char* h = std::getenv("SLUICE_HOME"); h && *h) return h;
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.sluice";
+  return ".sluice";
+}
+
+int report_error(const Error& e) {
+  std::fprintf(stderr, "sluice: error: %s\n", e.to_string().c_str());
+  return e.code() == Code::kInvalidArgument ? 2 : 1;
+}
+
+// Wraps parse_size as a CLI11 option transform, so "--bs 4K" fails with a clear message.
+auto size_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        auto v = parse_size(s);
+        if (!v) return v.error().message();
+        s = std::to_string(*v);
+        return {};
+      },
+      "SIZE");
+}
+
+void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& rw, bool& json,
+               int& rc) {
+  auto* cmd = app.add_subcommand(
+      "bench", "Measure a data path like gdsio: qd requests of bs bytes in flight per thread");
+  cmd->add_option("--file", o.file, "File to read or write (created and laid out if missing)")
+      ->required();
+  cmd->add_option("--mode", mode,
+                  "buffered (page cache), direct (O_DIRECT, thread pool), uring (O_DIRECT, "
+                  "io_uring), bounce (emulated device through staging buffers), gpu (CUDA "
+                  "through pinned staging buffers), gds (GPUDirect Storage via cuFile)")
+      ->default_val("uring");
+  cmd->add_option("--rw", rw, "read, write, randread or randwrite")->default_val("read");
+  cmd->add_option("--bs", o.bs, "Block size per request (4K, 1M, ...)")
+      ->transform(size_validator())
+      ->default_str("1M");
+  cmd->add_option("--qd", o.qd, "Requests in flight per thread")->default_val(32);
+  cmd->add_option("--threads", o.threads, "Submitting threads")->default_val(1);
+  cmd->add_option("--size", o.size,
+                  "Bytes of the file to work over (default: the file's size)")
+      ->transform(size_validator());
+  cmd->add_option("--runtime", o.runtime, "Seconds to run; 0 = one pass over --size")
+      ->default_val(0);
+  cmd->add_flag("--verify", o.verify, "Check every byte read (or read back what was written)");
+  cmd->add_flag("--json", json, "Print the result as one JSON object");
+  cmd->add_option("--cuda-library", o.cuda_library,
+                  "libcudart to load for gpu/gds (default: libcudart.so, .so.12, .so.11.0)")
+      ->envname("SLUICE_CUDART");
+  cmd->add_option("--cufile-library", o.cufile_library,
+                  "libcufile to load for gds (default: libcufile.so.0)")
+      ->envname("SLUICE_CUFILE");
+  cmd->callback([&] {
+    auto m = parse_bench_mode(mode);
+    if (!m) {
+      rc = report_error(m.error());
+      return;
+    }
+    auto r = parse_bench_rw(rw);
+    if (!r) {
+      rc = report_error(r.error());
+      return;
+    }
+    o.mode = *m;
+    o.rw = *r;
+    o.progress = ::isatty(STDERR_FILENO);
+    auto res = run_bench(o);
+    if (!res) {
+      rc = report_error(res.error());
+      return;
+    }
+    std::printf("%s\n", json ? res->json().c_str() : res->text().c_str());
+    rc = 0;
+  });
+}
+
+// The embedded default's main job for now: every data path on one file, side by side.
+void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
+  auto* cmd = app.add_subcommand(
+      "demo", "Run sluice bench across every mode on a file in $SLUICE_HOME and compare");
+  cmd->add_option("--size", demo_size, "Size of the demo file")
+      ->transform(size_validator())
+      ->default_str("256M");
+  cmd->callback([&] {
+    std::string dir = sluice_home() + "/demo";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      rc = report_error(error_from_errno(ec.value(), "create " + dir));
+      return;
+    }
+    std::string why;
+    bool uring = io::uring_available(&why);
+    std::printf("sluice demo: every data path on %s/bench.dat (%s)\n", dir.c_str(),
+                format_size(static_cast<double>(demo_size)).c_str());
+    std::printf("io_uring: %s\n\n", uring ? "available" : ("unavailable: " + why).c_str());
+    std::printf("%-9s %-9s %-8s %4s %10s %10s %9s %9s %7s  %s\n", "mode", "rw", "bs", "qd",
+                "GiB/s", "IOPS", "p50 us", "p99 us", "CPU%", "path");
+    struct Row {
+      BenchMode mode;
+      BenchRw rw;
+      uint64_t bs;
+    };
+    const Row rows[] = {
+        {BenchMode::kBuffered, BenchRw::kRead, 1 << 20}, {BenchMode::kDirect, BenchRw::kRead, 1 << 20},
+        {BenchMode::kUring, BenchRw::kRead, 1 << 20},    {BenchMode::kBounce, BenchRw::kRead, 1 << 20},
+        {BenchMode::kGpu, BenchRw::kRead, 1 << 20},      {BenchMode::kGds, BenchRw::kRead, 1 << 20},
+        {BenchMode::kUring, BenchRw::kWrite, 1 << 20},   {BenchMode::kUring, BenchRw::kRandRead, 4096},
+    };
+    int failures = 0;
+    for (const Row& row : rows) {
+      BenchOptions o;
+      o.file = dir + "/bench.dat";
+      o.mode = row.mode;
+      o.rw = row.rw;
+      o.bs = row.bs;
+      o.qd = 32;
+      o.size = demo_size;
+      o.runtime = row.bs < (1 << 20) ? 3 : 0;
+      o.verify = row.rw == BenchRw::kRead;
+      o.progress = ::isatty(STDERR_FILENO);
+      auto r = run_bench(o);
+      std::string bs = format_size(static_cast<double>(row.bs));
+      if (!r) {
+        bool skip = r.error().code() == Code::kUnsupported;
+        if (!skip) ++failures;
+        std::printf("%-9s %-9s %-8s %4u %10s  %s: %s\n", std::string(bench_mode_name(row.mode)).c_str(),
+                    std::string(bench_rw_name(row.rw)).c_str(), bs.c_str(), o.qd, "-",
+                    skip ? "not on this machine" : "FAILED", r.error().message().c_str());
+        continue;
+      }
+      std::printf("%-9s %-9s %-8s %4u %10.3f %10.0f %9.1f %9.1f %7.1f  %s%s\n", r->mode.c_str(),
+                  r->rw.c_str(), bs.c_str(), r->qd, r->throughput_gib_s, r->iops, r->lat_p50_us,
+                  r->lat_p99_us, r->cpu_pct, r->path.c_str(), r->verified ? " (verified)" : "");
+    }
+    std::printf("\nOne run each on a shared machine: compare modes side by side, not with "
+                "yesterday's numbers.\nbench/fio_compare.sh measures against fio properly.\n");
+    rc = failures ? 1 : 0;
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sluice: the data layer for GPU fleets"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "sluice 0.1.0");
+  int rc = 0;
+  BenchOptions bench;
+  std::string mode, rw;
+  bool json = false;
+  uint64_t demo_size = 256ull << 20;
+  add_bench(app, bench, mode, rw, json, rc);
+  add_demo(app, demo_size, rc);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // usage errors exit 2, like other Unix tools
+  }
+  return rc;
+}

@@ -1,0 +1,52 @@
+#include "sizes.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+namespace sluice::cli {
+
+Result<uint64_t> parse_size(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return fail(Code::kInvalidArgument,
+                "invalid size '" + std::string(text) + "': " + std::string(why) +
+                    " (use a number with an optional K, M, G or T suffix, like 4K or 1G)");
+  };
+  std::string_view t = text;
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.remove_suffix(1);
+  if (t.empty()) return bad("empty");
+  double value = 0;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
+  if (ec != std::errc() || value < 0 || !std::isfinite(value)) return bad("not a number");
+  std::string unit(end, t.data() + t.size());
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.ends_with("IB")) unit.resize(unit.size() - 2);
+  else if (unit.size() > 1 && unit.ends_with("B")) unit.resize(unit.size() - 1);
+  double mult;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "K") mult = 1024.0;
+  else if (unit == "M") mult = 1024.0 * 1024;
+  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return bad("unknown unit");
+  double bytes = value * mult;
+  if (bytes > 9.0e18) return bad("too large");
+  if (bytes != std::floor(bytes)) return bad("not a whole number of bytes");
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string format_size(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+}  // namespace sluice::cli

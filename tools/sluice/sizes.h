@@ -1,0 +1,17 @@
+// Parsing and printing byte sizes for the CLI: "4K", "1M", "4G", "512", "1.5G".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "sluice/status.h"
+
+namespace sluice::cli {
+
+// Binary units (K = 1024). Accepts an optional "iB"/"B" suffix ("4KiB", "4KB").
+Result<uint64_t> parse_size(std::string_view text);
+// "1.00 GiB", "512 B".
+std::string format_size(double bytes);
+
+}  // namespace sluice::cli

@@ -24,12 +24,12 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# The unit tests under AddressSanitizer and UndefinedBehaviorSanitizer (CI runs this).
+# Every test under AddressSanitizer and UndefinedBehaviorSanitizer (CI runs this).
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS) -L unit
+	  ctest --output-on-failure -j $(JOBS)
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
@@ -39,7 +39,7 @@ format-check:
 
 bench: build
 	@scripts/install-deps.sh --bench
-	bench/fio_compare.sh
+	bench/fio_compare.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

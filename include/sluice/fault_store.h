@@ -70,14 +70,14 @@ class FaultInjectionStore : public StoreWrapper {
   Status charge_space(uint64_t bytes, std::string_view key);
 
   mutable std::mutex mu_;
-  std::map<FaultOp, uint64_t> calls_;                        // guarded by mu_
-  std::multimap<FaultOp, std::pair<uint64_t, Code>> nth_;    // op -> (absolute call no, code)
-  std::map<FaultOp, Code> always_;                           // guarded by mu_
-  size_t short_reads_ = 0;                                   // guarded by mu_
-  uint64_t space_limit_ = UINT64_MAX;                        // guarded by mu_
-  uint64_t space_used_ = 0;                                  // guarded by mu_
-  std::chrono::microseconds latency_{0};                     // guarded by mu_
-  bool crashed_ = false;                                     // guarded by mu_
+  std::map<FaultOp, uint64_t> calls_;                      // guarded by mu_
+  std::multimap<FaultOp, std::pair<uint64_t, Code>> nth_;  // op -> (absolute call no, code)
+  std::map<FaultOp, Code> always_;                         // guarded by mu_
+  size_t short_reads_ = 0;                                 // guarded by mu_
+  uint64_t space_limit_ = UINT64_MAX;                      // guarded by mu_
+  uint64_t space_used_ = 0;                                // guarded by mu_
+  std::chrono::microseconds latency_{0};                   // guarded by mu_
+  bool crashed_ = false;                                   // guarded by mu_
   uint64_t epoch_ = 0;  // bumped by crash(); writers from an older epoch are dead
 };
 

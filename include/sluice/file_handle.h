@@ -55,11 +55,11 @@ enum class CompatMode { kAuto, kOn, kOff };
 enum class DirectMode { kAuto, kOn, kOff };
 
 struct ContextOptions {
-  EngineOptions engine;              // backend and queue depth of each leased engine
-  size_t chunk_size = 1 << 20;       // large requests split into pieces of this size
-  unsigned staging_buffers = 8;      // staging buffers one transfer may hold at once
-  unsigned async_threads = 2;        // threads running read_async / write_async
-  std::string cufile_library;        // libcufile to dlopen; empty: the default names
+  EngineOptions engine;          // backend and queue depth of each leased engine
+  size_t chunk_size = 1 << 20;   // large requests split into pieces of this size
+  unsigned staging_buffers = 8;  // staging buffers one transfer may hold at once
+  unsigned async_threads = 2;    // threads running read_async / write_async
+  std::string cufile_library;    // libcufile to dlopen; empty: the default names
 };
 
 class Context;
@@ -108,8 +108,7 @@ class FileHandle {
 
   // Reads `size` bytes at `file_offset` into `dst` at `buf_offset`.
   Result<size_t> read(const Buffer& dst, size_t size, uint64_t file_offset, size_t buf_offset = 0);
-  Result<size_t> write(const Buffer& src, size_t size, uint64_t file_offset,
-                       size_t buf_offset = 0);
+  Result<size_t> write(const Buffer& src, size_t size, uint64_t file_offset, size_t buf_offset = 0);
   std::future<Result<size_t>> read_async(const Buffer& dst, size_t size, uint64_t file_offset,
                                          size_t buf_offset = 0);
   std::future<Result<size_t>> write_async(const Buffer& src, size_t size, uint64_t file_offset,

@@ -49,8 +49,8 @@ enum class EngineKind { kAuto, kUring, kThreadPool };
 
 struct EngineOptions {
   EngineKind kind = EngineKind::kAuto;
-  unsigned queue_depth = 64;   // requests in flight at most
-  unsigned threads = 4;        // thread-pool backend: worker threads
+  unsigned queue_depth = 64;                // requests in flight at most
+  unsigned threads = 4;                     // thread-pool backend: worker threads
   telemetry::Registry* registry = nullptr;  // records ops, bytes and latency if set
 };
 

@@ -62,7 +62,9 @@ template <typename T>
 using Result = std::expected<T, Error>;
 using Status = Result<void>;
 
-inline Status ok() { return {}; }
+inline Status ok() {
+  return {};
+}
 
 inline std::unexpected<Error> fail(Code code, std::string message) {
   return std::unexpected<Error>(Error(code, std::move(message)));
@@ -79,9 +81,9 @@ inline std::unexpected<Error> fail_errno(int err, std::string_view what) {
 }  // namespace sluice
 
 // Propagates an error from an expression returning Status or Result<T>.
-#define SLUICE_RETURN_IF_ERROR(expr)                                      \
-  do {                                                                    \
-    auto sluice_status_ = (expr);                                         \
+#define SLUICE_RETURN_IF_ERROR(expr)                                     \
+  do {                                                                   \
+    auto sluice_status_ = (expr);                                        \
     if (!sluice_status_) return std::unexpected(sluice_status_.error()); \
   } while (0)
 

@@ -49,9 +49,9 @@ struct ObjectInfo {
 };
 
 struct ListOptions {
-  std::string prefix;         // only keys starting with this
-  std::string continuation;   // the previous page's next_token, or empty to start
-  size_t max_keys = 1000;     // page size, 1..10000
+  std::string prefix;        // only keys starting with this
+  std::string continuation;  // the previous page's next_token, or empty to start
+  size_t max_keys = 1000;    // page size, 1..10000
 };
 
 struct ListPage {

@@ -35,7 +35,6 @@ class StoreWrapper : public Store {
 
 // A decorator that records requests, bytes, errors and latency per operation into a
 // telemetry registry, labelled with the store's scheme.
-std::unique_ptr<Store> with_telemetry(std::unique_ptr<Store> store,
-                                      telemetry::Registry& registry);
+std::unique_ptr<Store> with_telemetry(std::unique_ptr<Store> store, telemetry::Registry& registry);
 
 }  // namespace sluice::store

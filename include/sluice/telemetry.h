@@ -98,8 +98,8 @@ class Registry {
   Gauge& gauge(std::string_view name, const Labels& labels = {}, std::string_view help = "");
   // `unit_scale` converts recorded units to exported ones (1e-9 for nanoseconds recorded
   // into a `_seconds` histogram).
-  Histogram& histogram(std::string_view name, const Labels& labels = {},
-                       std::string_view help = "", double unit_scale = 1.0);
+  Histogram& histogram(std::string_view name, const Labels& labels = {}, std::string_view help = "",
+                       double unit_scale = 1.0);
 
   // Prometheus text exposition format 0.0.4.
   std::string prometheus_text() const;

@@ -7,20 +7,34 @@ namespace sluice {
 
 std::string_view code_name(Code code) {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kNotFound: return "not_found";
-    case Code::kInvalidArgument: return "invalid_argument";
-    case Code::kIoError: return "io_error";
-    case Code::kCorruption: return "corruption";
-    case Code::kNoSpace: return "no_space";
-    case Code::kQuotaExceeded: return "quota_exceeded";
-    case Code::kUnavailable: return "unavailable";
-    case Code::kUnsupported: return "unsupported";
-    case Code::kPermissionDenied: return "permission_denied";
-    case Code::kAlreadyExists: return "already_exists";
-    case Code::kCancelled: return "cancelled";
-    case Code::kTimedOut: return "timed_out";
-    case Code::kInternal: return "internal";
+    case Code::kOk:
+      return "ok";
+    case Code::kNotFound:
+      return "not_found";
+    case Code::kInvalidArgument:
+      return "invalid_argument";
+    case Code::kIoError:
+      return "io_error";
+    case Code::kCorruption:
+      return "corruption";
+    case Code::kNoSpace:
+      return "no_space";
+    case Code::kQuotaExceeded:
+      return "quota_exceeded";
+    case Code::kUnavailable:
+      return "unavailable";
+    case Code::kUnsupported:
+      return "unsupported";
+    case Code::kPermissionDenied:
+      return "permission_denied";
+    case Code::kAlreadyExists:
+      return "already_exists";
+    case Code::kCancelled:
+      return "cancelled";
+    case Code::kTimedOut:
+      return "timed_out";
+    case Code::kInternal:
+      return "internal";
   }
   return "unknown";
 }

@@ -16,7 +16,8 @@ Result<AlignedBuffer> AlignedBuffer::allocate(size_t size, size_t alignment) {
 }
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
       free_(std::move(o.free_)) {}
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
@@ -42,7 +43,9 @@ PooledBuffer& PooledBuffer::operator=(PooledBuffer&& o) noexcept {
   return *this;
 }
 
-PooledBuffer::~PooledBuffer() { release(); }
+PooledBuffer::~PooledBuffer() {
+  release();
+}
 
 void PooledBuffer::release() {
   if (pool_ && buf_) pool_->give_back(std::move(buf_));

@@ -59,7 +59,8 @@ Result<CuFileLibrary*> CuFileLibrary::get(const std::string& library) {
     failure = "GPUDirect Storage library not found (" + tried + ")";
     return fail(Code::kUnsupported, failure);
   }
-  api->DriverOpen = reinterpret_cast<decltype(api->DriverOpen)>(::dlsym(api->lib, "cuFileDriverOpen"));
+  api->DriverOpen =
+      reinterpret_cast<decltype(api->DriverOpen)>(::dlsym(api->lib, "cuFileDriverOpen"));
   api->HandleRegister =
       reinterpret_cast<decltype(api->HandleRegister)>(::dlsym(api->lib, "cuFileHandleRegister"));
   api->HandleDeregister = reinterpret_cast<decltype(api->HandleDeregister)>(
@@ -73,8 +74,8 @@ Result<CuFileLibrary*> CuFileLibrary::get(const std::string& library) {
   }
   CUfileError e = api->DriverOpen();
   if (e.err != 0) {
-    failure = "cuFileDriverOpen failed: cuFile error " + std::to_string(e.err) +
-              ", CUDA error " + std::to_string(e.cu_err);
+    failure = "cuFileDriverOpen failed: cuFile error " + std::to_string(e.err) + ", CUDA error " +
+              std::to_string(e.cu_err);
     return fail(Code::kUnsupported, failure);
   }
   instance.reset(new CuFileLibrary());
@@ -90,12 +91,14 @@ Result<void*> CuFileLibrary::register_fd(int fd, const std::string& path) {
   void* h = nullptr;
   CUfileError e = api_->HandleRegister(&h, &d);
   if (e.err != 0)
-    return fail(Code::kUnsupported, "cuFileHandleRegister " + path + ": cuFile error " +
-                                        std::to_string(e.err));
+    return fail(Code::kUnsupported,
+                "cuFileHandleRegister " + path + ": cuFile error " + std::to_string(e.err));
   return h;
 }
 
-void CuFileLibrary::deregister(void* handle) { api_->HandleDeregister(handle); }
+void CuFileLibrary::deregister(void* handle) {
+  api_->HandleDeregister(handle);
+}
 
 static Result<size_t> cufile_result(ssize_t n, const char* op, size_t size, off_t off,
                                     const std::string& path) {
@@ -116,8 +119,8 @@ Result<size_t> CuFileLibrary::read(void* handle, void* dev_base, size_t size, of
 
 Result<size_t> CuFileLibrary::write(void* handle, const void* dev_base, size_t size,
                                     off_t file_offset, off_t dev_offset, const std::string& path) {
-  return cufile_result(api_->Write(handle, dev_base, size, file_offset, dev_offset),
-                       "cuFileWrite", size, file_offset, path);
+  return cufile_result(api_->Write(handle, dev_base, size, file_offset, dev_offset), "cuFileWrite",
+                       size, file_offset, path);
 }
 
 }  // namespace sluice::io

@@ -22,9 +22,12 @@ namespace sluice::io {
 
 std::string_view engine_kind_name(EngineKind kind) {
   switch (kind) {
-    case EngineKind::kAuto: return "auto";
-    case EngineKind::kUring: return "io_uring";
-    case EngineKind::kThreadPool: return "thread-pool";
+    case EngineKind::kAuto:
+      return "auto";
+    case EngineKind::kUring:
+      return "io_uring";
+    case EngineKind::kThreadPool:
+      return "thread-pool";
   }
   return "unknown";
 }
@@ -48,8 +51,10 @@ struct EngineMetrics {
     if (!ops) return;
     uint64_t b = 0, e = 0;
     for (auto& c : done) {
-      if (c.result >= 0) b += static_cast<uint64_t>(c.result);
-      else ++e;
+      if (c.result >= 0)
+        b += static_cast<uint64_t>(c.result);
+      else
+        ++e;
     }
     ops->add(done.size());
     bytes->add(b);
@@ -61,10 +66,18 @@ int64_t run_request(const Request& r) {
   ssize_t n;
   do {
     switch (r.op) {
-      case OpCode::kRead: n = ::pread(r.fd, r.buf, r.len, static_cast<off_t>(r.offset)); break;
-      case OpCode::kWrite: n = ::pwrite(r.fd, r.buf, r.len, static_cast<off_t>(r.offset)); break;
-      case OpCode::kFsync: n = ::fdatasync(r.fd); break;
-      default: n = -1; errno = EINVAL;
+      case OpCode::kRead:
+        n = ::pread(r.fd, r.buf, r.len, static_cast<off_t>(r.offset));
+        break;
+      case OpCode::kWrite:
+        n = ::pwrite(r.fd, r.buf, r.len, static_cast<off_t>(r.offset));
+        break;
+      case OpCode::kFsync:
+        n = ::fdatasync(r.fd);
+        break;
+      default:
+        n = -1;
+        errno = EINVAL;
     }
   } while (n < 0 && errno == EINTR);
   return n < 0 ? -static_cast<int64_t>(errno) : static_cast<int64_t>(n);
@@ -96,8 +109,10 @@ class ThreadPoolEngine final : public Engine {
       in_flight_ += static_cast<unsigned>(requests.size());
       pending_.insert(pending_.end(), requests.begin(), requests.end());
     }
-    if (requests.size() == 1) work_cv_.notify_one();
-    else work_cv_.notify_all();
+    if (requests.size() == 1)
+      work_cv_.notify_one();
+    else
+      work_cv_.notify_all();
     return ok();
   }
 
@@ -143,10 +158,10 @@ class ThreadPoolEngine final : public Engine {
   EngineMetrics metrics_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<Request> pending_;     // guarded by mu_
-  std::vector<Completion> done_;    // guarded by mu_
-  unsigned in_flight_ = 0;          // guarded by mu_: submitted and not yet reaped
-  bool stopping_ = false;           // guarded by mu_
+  std::deque<Request> pending_;   // guarded by mu_
+  std::vector<Completion> done_;  // guarded by mu_
+  unsigned in_flight_ = 0;        // guarded by mu_: submitted and not yet reaped
+  bool stopping_ = false;         // guarded by mu_
   std::vector<std::thread> workers_;
 };
 
@@ -188,9 +203,15 @@ class UringEngine final : public Engine {
       struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (!sqe) return fail(Code::kInternal, "io_uring submission queue unexpectedly full");
       switch (r.op) {
-        case OpCode::kRead: io_uring_prep_read(sqe, r.fd, r.buf, r.len, r.offset); break;
-        case OpCode::kWrite: io_uring_prep_write(sqe, r.fd, r.buf, r.len, r.offset); break;
-        case OpCode::kFsync: io_uring_prep_fsync(sqe, r.fd, IORING_FSYNC_DATASYNC); break;
+        case OpCode::kRead:
+          io_uring_prep_read(sqe, r.fd, r.buf, r.len, r.offset);
+          break;
+        case OpCode::kWrite:
+          io_uring_prep_write(sqe, r.fd, r.buf, r.len, r.offset);
+          break;
+        case OpCode::kFsync:
+          io_uring_prep_fsync(sqe, r.fd, IORING_FSYNC_DATASYNC);
+          break;
       }
       io_uring_sqe_set_data64(sqe, r.user_data);
     }
@@ -235,10 +256,18 @@ class UringEngine final : public Engine {
     return n;
   }
 
-  unsigned capacity() const override { return depth_; }
-  unsigned in_flight() const override { return in_flight_; }
-  EngineKind kind() const override { return EngineKind::kUring; }
-  std::string_view name() const override { return "io_uring"; }
+  unsigned capacity() const override {
+    return depth_;
+  }
+  unsigned in_flight() const override {
+    return in_flight_;
+  }
+  EngineKind kind() const override {
+    return EngineKind::kUring;
+  }
+  std::string_view name() const override {
+    return "io_uring";
+  }
 
  private:
   UringEngine(unsigned depth, telemetry::Registry* registry)
@@ -261,8 +290,7 @@ bool uring_available(std::string* why_not) {
   static const std::pair<bool, std::string> probe = [] {
     struct io_uring ring;
     int rc = io_uring_queue_init(4, &ring, 0);
-    if (rc < 0)
-      return std::pair{false, "io_uring_queue_init: " + std::string(std::strerror(-rc))};
+    if (rc < 0) return std::pair{false, "io_uring_queue_init: " + std::string(std::strerror(-rc))};
     struct io_uring_probe* p = io_uring_get_probe_ring(&ring);
     bool has = p && io_uring_opcode_supported(p, IORING_OP_READ) &&
                io_uring_opcode_supported(p, IORING_OP_WRITE);

@@ -186,8 +186,12 @@ Context::~Context() = default;
 namespace {
 
 constexpr uint64_t kAlign = kDirectAlignment;
-uint64_t align_down(uint64_t v) { return v / kAlign * kAlign; }
-uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_down(uint64_t v) {
+  return v / kAlign * kAlign;
+}
+uint64_t align_up(uint64_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 struct Entry {
   uint64_t cookie = 0;
@@ -281,10 +285,10 @@ Status Transfer::add(const BatchIO& io) {
   if (!io.buf.ptr && io.size > 0)
     return fail(Code::kInvalidArgument, "null buffer for I/O on " + f->path);
   if (io.buf.size < io.buf_offset || io.buf.size - io.buf_offset < io.size)
-    return fail(Code::kInvalidArgument,
-                "buffer of " + std::to_string(io.buf.size) + " bytes cannot hold " +
-                    std::to_string(io.size) + " bytes at buffer offset " +
-                    std::to_string(io.buf_offset) + " for " + f->path);
+    return fail(Code::kInvalidArgument, "buffer of " + std::to_string(io.buf.size) +
+                                            " bytes cannot hold " + std::to_string(io.size) +
+                                            " bytes at buffer offset " +
+                                            std::to_string(io.buf_offset) + " for " + f->path);
   if (write && !f->writable)
     return fail(Code::kPermissionDenied, "write to " + f->path + ": handle opened read-only");
   if (io.file_offset > static_cast<uint64_t>(INT64_MAX) - io.size)
@@ -300,17 +304,27 @@ Status Transfer::add(const BatchIO& io) {
   if (device && f->gds_handle && io.buf.target->name().starts_with("cuda")) {
     // GPUDirect Storage: cuFile moves the bytes itself, synchronously.
     Result<size_t> r =
-        write ? f->gds->write(f->gds_handle, io.buf.ptr, io.size, static_cast<off_t>(io.file_offset),
-                              static_cast<off_t>(io.buf_offset), f->path)
-              : f->gds->read(f->gds_handle, io.buf.ptr, io.size, static_cast<off_t>(io.file_offset),
-                             static_cast<off_t>(io.buf_offset), f->path);
+        write
+            ? f->gds->write(f->gds_handle, io.buf.ptr, io.size, static_cast<off_t>(io.file_offset),
+                            static_cast<off_t>(io.buf_offset), f->path)
+            : f->gds->read(f->gds_handle, io.buf.ptr, io.size, static_cast<off_t>(io.file_offset),
+                           static_cast<off_t>(io.buf_offset), f->path);
     finished_.push_back(BatchResult{io.cookie, std::move(r)});
     return ok();
   }
 
   uint32_t e = alloc_slot(entries_, free_entries_);
-  entries_[e] = Entry{io.cookie, write, f, device ? io.buf.target : nullptr, base, io.size,
-                      io.file_offset, 0, UINT64_MAX, std::nullopt, true};
+  entries_[e] = Entry{io.cookie,
+                      write,
+                      f,
+                      device ? io.buf.target : nullptr,
+                      base,
+                      io.size,
+                      io.file_offset,
+                      0,
+                      UINT64_MAX,
+                      std::nullopt,
+                      true};
   ++live_entries_;
   uint64_t start = io.file_offset, end = io.file_offset + io.size;
   if (f->direct()) {
@@ -374,8 +388,10 @@ void Transfer::finish_entry(uint32_t e) {
   Entry& en = entries_[e];
   BatchResult r;
   r.cookie = en.cookie;
-  if (en.error) r.result = std::unexpected(*en.error);
-  else r.result = static_cast<size_t>(std::min<uint64_t>(en.size, en.short_at));
+  if (en.error)
+    r.result = std::unexpected(*en.error);
+  else
+    r.result = static_cast<size_t>(std::min<uint64_t>(en.size, en.short_at));
   finished_.push_back(std::move(r));
   en.live = false;
   en.error.reset();
@@ -571,7 +587,8 @@ Status Transfer::pump(std::vector<BatchResult>& out, size_t min_done,
     bool copies = !copy_in_.empty() || !copy_out_.empty();
     if (engine_.in_flight() > 0) {
       // With device copies pending, wake up soon to recycle their staging buffers.
-      auto wait_for = copies ? std::min<nanoseconds>(left, microseconds(50)) : left;
+      // Waits are capped so that no clock arithmetic overflows on an unbounded deadline.
+      auto wait_for = std::min<nanoseconds>(left, copies ? microseconds(50) : milliseconds(100));
       SLUICE_ASSIGN_OR_RETURN(n, engine_.wait(cqes_, 1, wait_for));
       for (size_t i = 0; i < n; ++i) SLUICE_RETURN_IF_ERROR(handle(cqes_[i]));
       deliver();
@@ -620,8 +637,8 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
     if (st->dfd < 0) {
       int err = errno;
       if (options.direct == DirectMode::kOn)
-        return fail(Code::kUnsupported,
-                    "open " + path + " with O_DIRECT: " + std::strerror(err) + " (direct I/O required)");
+        return fail(Code::kUnsupported, "open " + path + " with O_DIRECT: " + std::strerror(err) +
+                                            " (direct I/O required)");
       st->note(std::string("Buffered I/O: open with O_DIRECT failed (") + std::strerror(err) +
                (err == EINVAL ? "; the file system does not support direct I/O)." : ")."));
     } else {
@@ -639,8 +656,10 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
       st->gds_handle = *h;
       st->note("GPUDirect Storage: cuFile handle registered.");
     } else if (options.compat == CompatMode::kOff) {
-      return fail(Code::kUnsupported, "open " + path + ": GPUDirect Storage required (compat mode "
-                                          "off) but unavailable: " + h.error().message());
+      return fail(Code::kUnsupported, "open " + path +
+                                          ": GPUDirect Storage required (compat mode "
+                                          "off) but unavailable: " +
+                                          h.error().message());
     } else {
       st->note("No GPUDirect Storage (" + h.error().message() +
                "): device memory goes through bounce buffers.");
@@ -678,9 +697,8 @@ static std::future<Result<size_t>> post_async(std::shared_ptr<Context> ctx, Batc
   auto promise = std::make_shared<std::promise<Result<size_t>>>();
   auto fut = promise->get_future();
   Context* c = ctx.get();
-  c->internals().executor.post([ctx = std::move(ctx), io, promise] {
-    promise->set_value(run_one(*ctx, io));
-  });
+  c->internals().executor.post(
+      [ctx = std::move(ctx), io, promise] { promise->set_value(run_one(*ctx, io)); });
   return fut;
 }
 
@@ -717,7 +735,9 @@ PathReport FileHandle::path_report() const {
   return r;
 }
 
-const std::string& FileHandle::path() const { return state_->path; }
+const std::string& FileHandle::path() const {
+  return state_->path;
+}
 
 // ---------------------------------------------------------------------------------------
 // Batch
@@ -730,7 +750,9 @@ struct Batch::Impl {
   size_t submitted = 0;  // entries handed in and not yet reaped
 
   Impl(std::shared_ptr<Context> c, EngineLease l, unsigned max)
-      : ctx(std::move(c)), lease(std::move(l)), transfer(ctx->internals(), *lease),
+      : ctx(std::move(c)),
+        lease(std::move(l)),
+        transfer(ctx->internals(), *lease),
         max_entries(max) {}
 };
 
@@ -743,8 +765,8 @@ Batch::~Batch() {
   // Let in-flight I/O finish before the buffers and the engine go away.
   std::vector<BatchResult> sink;
   while (impl_->transfer.entries_live() > 0) {
-    if (!impl_->transfer.pump(sink, SIZE_MAX, std::chrono::steady_clock::now() +
-                                                    std::chrono::seconds(1)))
+    if (!impl_->transfer.pump(sink, SIZE_MAX,
+                              std::chrono::steady_clock::now() + std::chrono::seconds(1)))
       break;
     sink.clear();
   }
@@ -773,15 +795,16 @@ Status Batch::submit(std::span<const BatchIO> ios) {
 Result<size_t> Batch::wait(std::vector<BatchResult>& out, size_t min_complete,
                            std::chrono::nanoseconds timeout) {
   size_t before = out.size();
-  auto deadline = timeout.count() >= INT64_MAX / 2
-                      ? std::chrono::steady_clock::time_point::max()
-                      : std::chrono::steady_clock::now() + timeout;
+  auto deadline = timeout.count() >= INT64_MAX / 2 ? std::chrono::steady_clock::time_point::max()
+                                                   : std::chrono::steady_clock::now() + timeout;
   SLUICE_RETURN_IF_ERROR(impl_->transfer.pump(out, min_complete, deadline));
   size_t n = out.size() - before;
   impl_->submitted -= n;
   return n;
 }
 
-size_t Batch::in_flight() const { return impl_->submitted; }
+size_t Batch::in_flight() const {
+  return impl_->submitted;
+}
 
 }  // namespace sluice::io

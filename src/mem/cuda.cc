@@ -52,8 +52,10 @@ bool resolve(void* lib, const char* name, F& fn, std::string& missing) {
 
 Result<CudaApi> load_cudart(const std::string& library) {
   std::vector<std::string> names;
-  if (!library.empty()) names.push_back(library);
-  else names = {"libcudart.so", "libcudart.so.12", "libcudart.so.11.0"};
+  if (!library.empty())
+    names.push_back(library);
+  else
+    names = {"libcudart.so", "libcudart.so.12", "libcudart.so.11.0"};
   CudaApi api;
   std::string tried;
   for (auto& n : names) {
@@ -149,8 +151,8 @@ class CudaTarget final : public Target {
  private:
   Status check(cudaError_t rc, const std::string& what) const {
     if (rc == 0) return ok();
-    return fail(Code::kIoError, what + " on cuda:" + std::to_string(device_) + ": " +
-                                    api_.GetErrorString(rc));
+    return fail(Code::kIoError,
+                what + " on cuda:" + std::to_string(device_) + ": " + api_.GetErrorString(rc));
   }
 
   Result<uint64_t> enqueue(void* dst, const void* src, size_t n, int kind) {
@@ -158,7 +160,8 @@ class CudaTarget final : public Target {
     uint64_t t = issued_ + 1;
     cudaEvent_t e = events_[t % kEvents];
     // A ticket reuses an event only once the copy kEvents earlier has finished.
-    if (t > kEvents) SLUICE_RETURN_IF_ERROR(check(api_.EventSynchronize(e), "cudaEventSynchronize"));
+    if (t > kEvents)
+      SLUICE_RETURN_IF_ERROR(check(api_.EventSynchronize(e), "cudaEventSynchronize"));
     SLUICE_RETURN_IF_ERROR(check(api_.MemcpyAsync(dst, src, n, kind, stream_), "cudaMemcpyAsync"));
     SLUICE_RETURN_IF_ERROR(check(api_.EventRecord(e, stream_), "cudaEventRecord"));
     issued_ = t;

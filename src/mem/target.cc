@@ -12,7 +12,8 @@
 namespace sluice::mem {
 
 Allocation::Allocation(Allocation&& o) noexcept
-    : target_(std::exchange(o.target_, nullptr)), ptr_(std::exchange(o.ptr_, nullptr)),
+    : target_(std::exchange(o.target_, nullptr)),
+      ptr_(std::exchange(o.ptr_, nullptr)),
       size_(std::exchange(o.size_, 0)) {}
 
 Allocation& Allocation::operator=(Allocation&& o) noexcept {
@@ -32,8 +33,8 @@ Allocation::~Allocation() {
 BufferPool& Target::staging(size_t buffer_size) {
   std::lock_guard lock(staging_mu_);
   if (!staging_ || staging_->buffer_size() != buffer_size)
-    staging_ = std::make_unique<BufferPool>(
-        buffer_size, 64, [this](size_t n) { return allocate_staging(n); });
+    staging_ = std::make_unique<BufferPool>(buffer_size, 64,
+                                            [this](size_t n) { return allocate_staging(n); });
   return *staging_;
 }
 
@@ -155,8 +156,7 @@ class EmulatedDevice final : public Target {
         if (off + n <= it->first + it->second) return arena_ + off;
       }
     }
-    return fail(Code::kInvalidArgument, "address " + std::to_string(a) + " (+" +
-                                            std::to_string(n) +
+    return fail(Code::kInvalidArgument, "address " + std::to_string(a) + " (+" + std::to_string(n) +
                                             " bytes) is not emulated-device memory");
   }
 
@@ -197,7 +197,9 @@ class EmulatedDevice final : public Target {
 
 }  // namespace
 
-std::unique_ptr<Target> make_host_target() { return std::make_unique<HostTarget>(); }
+std::unique_ptr<Target> make_host_target() {
+  return std::make_unique<HostTarget>();
+}
 
 std::unique_ptr<Target> make_emulated_device(size_t capacity_bytes) {
   return std::make_unique<EmulatedDevice>(capacity_bytes);

@@ -117,8 +117,7 @@ Status FaultInjectionStore::before(FaultOp op, std::string_view key) {
     latency = latency_;
     uint64_t n = ++calls_[op];
     uint64_t any = ++calls_[FaultOp::kAny];
-    if (crashed_)
-      return fail(Code::kUnavailable, "store " + uri() + " is down (simulated crash)");
+    if (crashed_) return fail(Code::kUnavailable, "store " + uri() + " is down (simulated crash)");
     for (auto [o, count] : {std::pair{op, n}, std::pair{FaultOp::kAny, any}}) {
       auto range = nth_.equal_range(o);
       for (auto it = range.first; it != range.second; ++it) {
@@ -136,17 +135,16 @@ Status FaultInjectionStore::before(FaultOp op, std::string_view key) {
     }
   }
   if (latency.count() > 0) std::this_thread::sleep_for(latency);
-  if (injected)
-    return fail(*injected, "injected fault on '" + std::string(key) + "' in " + uri());
+  if (injected) return fail(*injected, "injected fault on '" + std::string(key) + "' in " + uri());
   return ok();
 }
 
 Status FaultInjectionStore::charge_space(uint64_t bytes, std::string_view key) {
   std::lock_guard lock(mu_);
   if (space_used_ + bytes > space_limit_)
-    return std::unexpected(Error(Code::kNoSpace, "no space left writing '" + std::string(key) +
-                                                     "' in " + uri() + " (injected)",
-                                 ENOSPC));
+    return std::unexpected(Error(
+        Code::kNoSpace,
+        "no space left writing '" + std::string(key) + "' in " + uri() + " (injected)", ENOSPC));
   space_used_ += bytes;
   return ok();
 }

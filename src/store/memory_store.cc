@@ -21,7 +21,7 @@ struct Object {
 struct MemoryState {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const Object>, std::less<>> objects;  // guarded by mu
-  uint64_t next_generation = 1;                                              // guarded by mu
+  uint64_t next_generation = 1;                                               // guarded by mu
 };
 
 int64_t wall_ns() {

@@ -77,7 +77,8 @@ int open_beneath(int dirfd, const std::string& path, int flags, mode_t mode = 0)
     size_t slash = path.find('/', start);
     bool last = slash == std::string::npos;
     std::string part = path.substr(start, last ? std::string::npos : slash - start);
-    int f = last ? (flags | O_CLOEXEC | O_NOFOLLOW) : (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int f =
+        last ? (flags | O_CLOEXEC | O_NOFOLLOW) : (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     int next = ::openat(cur, part.c_str(), f, mode);
     int err = errno;
     ::close(cur);
@@ -101,7 +102,10 @@ class PosixStore;
 class PosixWriter : public Writer {
  public:
   PosixWriter(PosixStore* store, std::string key, WriteOptions options, Fd fd, std::string tmp)
-      : store_(store), key_(std::move(key)), options_(options), fd_(std::move(fd)),
+      : store_(store),
+        key_(std::move(key)),
+        options_(options),
+        fd_(std::move(fd)),
         tmp_(std::move(tmp)) {}
   ~PosixWriter() override { abort(); }
 
@@ -153,7 +157,8 @@ class PosixStore : public Store {
     Fd guard(fd);
     size_t done = 0;
     while (done < dst.size()) {
-      ssize_t n = ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+      ssize_t n =
+          ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0)
         return errno_error(errno, "read at offset " + std::to_string(offset + done) + " of", k);
@@ -186,9 +191,8 @@ class PosixStore : public Store {
     if (options.max_keys == 0 || options.max_keys > 10000)
       return fail(Code::kInvalidArgument, "list max_keys must be 1..10000");
     // Start the walk at the deepest directory the prefix names.
-    std::string dir = options.prefix.substr(0, options.prefix.rfind('/') == std::string::npos
-                                                   ? 0
-                                                   : options.prefix.rfind('/'));
+    std::string dir = options.prefix.substr(
+        0, options.prefix.rfind('/') == std::string::npos ? 0 : options.prefix.rfind('/'));
     std::vector<std::string> keys;
     SLUICE_RETURN_IF_ERROR(walk(dir, options, keys));
     std::sort(keys.begin(), keys.end());
@@ -268,8 +272,8 @@ class PosixStore : public Store {
   }
 
   std::unexpected<Error> errno_error(int err, std::string_view op, std::string_view key) const {
-    return std::unexpected(error_from_errno(
-        err, std::string(op) + " object '" + std::string(key) + "' in " + uri()));
+    return std::unexpected(
+        error_from_errno(err, std::string(op) + " object '" + std::string(key) + "' in " + uri()));
   }
 
   int root_fd() const { return root_fd_.get(); }

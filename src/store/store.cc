@@ -7,7 +7,8 @@ namespace sluice::store {
 
 Status validate_key(std::string_view key) {
   auto bad = [&](std::string_view why) {
-    return fail(Code::kInvalidArgument, "invalid key '" + std::string(key) + "': " + std::string(why));
+    return fail(Code::kInvalidArgument,
+                "invalid key '" + std::string(key) + "': " + std::string(why));
   };
   if (key.empty()) return bad("empty");
   if (key.size() > 1024) return bad("longer than 1024 bytes");
@@ -84,8 +85,7 @@ Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptio
       return fail(Code::kInvalidArgument, "store URI '" + std::string(uri) + "' has no path");
     std::error_code ec;
     std::filesystem::create_directories(path, ec);
-    if (ec)
-      return fail_errno(ec.value(), "create store directory '" + path + "'");
+    if (ec) return fail_errno(ec.value(), "create store directory '" + path + "'");
     if (!std::filesystem::is_directory(path, ec))
       return fail(Code::kInvalidArgument, "store path '" + path + "' is not a directory");
     store = make_posix_store(path);

@@ -68,15 +68,15 @@ class TelemetryStore : public StoreWrapper {
       telemetry::Labels l{{"scheme", scheme}, {"op", kOpNames[i]}};
       m_.op[i].requests = &registry.counter("sluice_store_requests_total", l,
                                             "Store calls by scheme and operation");
-      m_.op[i].errors = &registry.counter("sluice_store_errors_total", l,
-                                          "Store calls that failed");
-      m_.op[i].latency = &registry.histogram("sluice_store_latency_seconds", l,
-                                             "Store call latency", 1e-9);
+      m_.op[i].errors =
+          &registry.counter("sluice_store_errors_total", l, "Store calls that failed");
+      m_.op[i].latency =
+          &registry.histogram("sluice_store_latency_seconds", l, "Store call latency", 1e-9);
     }
     m_.bytes_read = &registry.counter("sluice_store_read_bytes_total", {{"scheme", scheme}},
                                       "Bytes read from stores");
-    m_.bytes_written = &registry.counter("sluice_store_written_bytes_total",
-                                         {{"scheme", scheme}}, "Bytes committed to stores");
+    m_.bytes_written = &registry.counter("sluice_store_written_bytes_total", {{"scheme", scheme}},
+                                         "Bytes committed to stores");
   }
 
   Result<ObjectInfo> stat(std::string_view key) override {
@@ -109,8 +109,7 @@ class TelemetryStore : public StoreWrapper {
 
 }  // namespace
 
-std::unique_ptr<Store> with_telemetry(std::unique_ptr<Store> store,
-                                      telemetry::Registry& registry) {
+std::unique_ptr<Store> with_telemetry(std::unique_ptr<Store> store, telemetry::Registry& registry) {
   return std::make_unique<TelemetryStore>(std::move(store), registry);
 }
 

@@ -76,8 +76,7 @@ void HistogramSnapshot::merge(const HistogramSnapshot& other) {
   max = std::max(max, other.max);
 }
 
-Registry::Family& Registry::family_locked(std::string_view name, std::string_view help,
-                                          Kind kind) {
+Registry::Family& Registry::family_locked(std::string_view name, std::string_view help, Kind kind) {
   for (auto& f : families_) {
     if (f->name == name) {
       if (f->kind != kind)
@@ -111,8 +110,8 @@ Gauge& Registry::gauge(std::string_view name, const Labels& labels, std::string_
   return find_or_add(family_locked(name, help, Kind::kGauge).gauges, labels);
 }
 
-Histogram& Registry::histogram(std::string_view name, const Labels& labels,
-                               std::string_view help, double unit_scale) {
+Histogram& Registry::histogram(std::string_view name, const Labels& labels, std::string_view help,
+                               double unit_scale) {
   std::lock_guard lock(mu_);
   Family& f = family_locked(name, help, Kind::kHistogram);
   f.unit_scale = unit_scale;
@@ -184,8 +183,8 @@ std::string Registry::prometheus_text() const {
             while (idx < Histogram::kBuckets && Histogram::bucket_upper(idx) <= bound)
               cumulative += s.buckets[idx++];
             std::string le = "le=\"" + number(static_cast<double>(bound) * f->unit_scale) + "\"";
-            out += f->name + "_bucket" + label_text(l, le) + " " + std::to_string(cumulative) +
-                   "\n";
+            out +=
+                f->name + "_bucket" + label_text(l, le) + " " + std::to_string(cumulative) + "\n";
           }
           out += f->name + "_bucket" + label_text(l, "le=\"+Inf\"") + " " +
                  std::to_string(s.count) + "\n";

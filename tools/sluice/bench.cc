@@ -39,28 +39,38 @@ Result<BenchRw> parse_bench_rw(std::string_view s) {
   if (s == "write") return BenchRw::kWrite;
   if (s == "randread") return BenchRw::kRandRead;
   if (s == "randwrite") return BenchRw::kRandWrite;
-  return fail(Code::kInvalidArgument, "unknown --rw '" + std::string(s) +
-                                          "' (use read, write, randread or randwrite)");
+  return fail(Code::kInvalidArgument,
+              "unknown --rw '" + std::string(s) + "' (use read, write, randread or randwrite)");
 }
 
 std::string_view bench_mode_name(BenchMode m) {
   switch (m) {
-    case BenchMode::kBuffered: return "buffered";
-    case BenchMode::kDirect: return "direct";
-    case BenchMode::kUring: return "uring";
-    case BenchMode::kBounce: return "bounce";
-    case BenchMode::kGpu: return "gpu";
-    case BenchMode::kGds: return "gds";
+    case BenchMode::kBuffered:
+      return "buffered";
+    case BenchMode::kDirect:
+      return "direct";
+    case BenchMode::kUring:
+      return "uring";
+    case BenchMode::kBounce:
+      return "bounce";
+    case BenchMode::kGpu:
+      return "gpu";
+    case BenchMode::kGds:
+      return "gds";
   }
   return "?";
 }
 
 std::string_view bench_rw_name(BenchRw rw) {
   switch (rw) {
-    case BenchRw::kRead: return "read";
-    case BenchRw::kWrite: return "write";
-    case BenchRw::kRandRead: return "randread";
-    case BenchRw::kRandWrite: return "randwrite";
+    case BenchRw::kRead:
+      return "read";
+    case BenchRw::kWrite:
+      return "write";
+    case BenchRw::kRandRead:
+      return "randread";
+    case BenchRw::kRandWrite:
+      return "randwrite";
   }
   return "?";
 }
@@ -79,13 +89,15 @@ uint64_t pattern_word(uint64_t word_index) {
 void fill_pattern(std::byte* p, size_t n, uint64_t file_offset) {
   size_t i = 0;
   for (; i < n && (file_offset + i) % 8 != 0; ++i)
-    p[i] = static_cast<std::byte>(pattern_word((file_offset + i) / 8) >> (((file_offset + i) % 8) * 8));
+    p[i] = static_cast<std::byte>(pattern_word((file_offset + i) / 8) >>
+                                  (((file_offset + i) % 8) * 8));
   for (; i + 8 <= n; i += 8) {
     uint64_t w = pattern_word((file_offset + i) / 8);
     std::memcpy(p + i, &w, 8);
   }
   for (; i < n; ++i)
-    p[i] = static_cast<std::byte>(pattern_word((file_offset + i) / 8) >> (((file_offset + i) % 8) * 8));
+    p[i] = static_cast<std::byte>(pattern_word((file_offset + i) / 8) >>
+                                  (((file_offset + i) % 8) * 8));
 }
 
 // Returns the offset of the first wrong byte, or -1.
@@ -107,8 +119,12 @@ double cpu_seconds(const struct rusage& r, bool user) {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
 }
 
-bool is_write(BenchRw rw) { return rw == BenchRw::kWrite || rw == BenchRw::kRandWrite; }
-bool is_random(BenchRw rw) { return rw == BenchRw::kRandRead || rw == BenchRw::kRandWrite; }
+bool is_write(BenchRw rw) {
+  return rw == BenchRw::kWrite || rw == BenchRw::kRandWrite;
+}
+bool is_random(BenchRw rw) {
+  return rw == BenchRw::kRandRead || rw == BenchRw::kRandWrite;
+}
 
 // Creates or extends the file to `size` bytes of the verification pattern.
 Status lay_out(const std::shared_ptr<io::Context>& ctx, const std::string& path, uint64_t size,
@@ -186,11 +202,11 @@ std::string BenchResult::text() const {
                 "  IOPS        %.0f\n"
                 "  latency us  avg %.1f   p50 %.1f   p99 %.1f   p99.9 %.1f   max %.1f\n"
                 "  CPU         %.1f%% (user %.1f%%, sys %.1f%%)%s\n",
-                mode.c_str(), rw.c_str(), format_size(static_cast<double>(bs)).c_str(), qd,
-                threads, format_size(static_cast<double>(size)).c_str(), path.c_str(),
-                path_why.c_str(), throughput_gib_s, format_size(static_cast<double>(bytes)).c_str(),
-                seconds, iops, lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us, cpu_pct,
-                cpu_user_pct, cpu_sys_pct, verified ? "\n  verify      every byte checked: OK" : "");
+                mode.c_str(), rw.c_str(), format_size(static_cast<double>(bs)).c_str(), qd, threads,
+                format_size(static_cast<double>(size)).c_str(), path.c_str(), path_why.c_str(),
+                throughput_gib_s, format_size(static_cast<double>(bytes)).c_str(), seconds, iops,
+                lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us, cpu_pct, cpu_user_pct,
+                cpu_sys_pct, verified ? "\n  verify      every byte checked: OK" : "");
   return buf;
 }
 
@@ -212,25 +228,29 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
     return fail(Code::kInvalidArgument, "--file " + o.file + " is a directory");
   if (!o.size) {
     if (!exists)
-      return fail(Code::kNotFound, "--file " + o.file + " does not exist; give --size to create it");
+      return fail(Code::kNotFound,
+                  "--file " + o.file + " does not exist; give --size to create it");
     size = static_cast<uint64_t>(sb.st_size);
-    if (size == 0) return fail(Code::kInvalidArgument, "--file " + o.file + " is empty; give --size");
+    if (size == 0)
+      return fail(Code::kInvalidArgument, "--file " + o.file + " is empty; give --size");
   }
   if (size < o.bs)
-    return fail(Code::kInvalidArgument, "--size " + std::to_string(size) +
-                                            " is smaller than --bs " + std::to_string(o.bs));
+    return fail(Code::kInvalidArgument,
+                "--size " + std::to_string(size) + " is smaller than --bs " + std::to_string(o.bs));
 
   io::ContextOptions co;
   co.engine.queue_depth = o.qd;
-  co.chunk_size = std::max<size_t>(1 << 20, (o.bs + kDirectAlignment - 1) / kDirectAlignment *
-                                                kDirectAlignment);
+  co.chunk_size = std::max<size_t>(
+      1 << 20, (o.bs + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment);
   co.staging_buffers = std::max(8u, o.qd);
   co.cufile_library = o.cufile_library;
   io::OpenOptions oo;
   oo.write = is_write(o.rw) || !exists;
   oo.create = true;
   switch (o.mode) {
-    case BenchMode::kBuffered: oo.direct = io::DirectMode::kOff; break;
+    case BenchMode::kBuffered:
+      oo.direct = io::DirectMode::kOff;
+      break;
     case BenchMode::kDirect:
       co.engine.kind = io::EngineKind::kThreadPool;
       co.engine.threads = o.qd;
@@ -242,7 +262,8 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
       break;
     case BenchMode::kBounce:
     case BenchMode::kGpu:
-    case BenchMode::kGds: break;
+    case BenchMode::kGds:
+      break;
   }
   // Only gds asks for cuFile; every other mode takes the POSIX path on purpose.
   oo.compat = o.mode == BenchMode::kGds ? io::CompatMode::kOff : io::CompatMode::kOn;
@@ -255,8 +276,9 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
     mem::CudaOptions cu;
     cu.library = o.cuda_library;
     auto t = mem::open_cuda_target(cu);
-    if (!t) return std::unexpected(t.error().with_context(std::string("--mode ") +
-                                                          std::string(bench_mode_name(o.mode))));
+    if (!t)
+      return std::unexpected(
+          t.error().with_context(std::string("--mode ") + std::string(bench_mode_name(o.mode))));
     target = std::move(*t);
   }
 
@@ -281,13 +303,18 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   const bool verify_inline = o.verify && !write;
   std::vector<ThreadStats> stats(o.threads);
   std::atomic<bool> stop{false};
-  auto start_barrier = std::make_shared<std::atomic<unsigned>>(0);
+  // Workers set up (buffers touched, batch leased), report ready, then wait for `go`, so
+  // the clock and CPU accounting cover only the I/O.
+  std::atomic<unsigned> ready{0};
+  std::atomic<bool> go{false};
 
   auto worker = [&](unsigned t) {
     ThreadStats& st = stats[t];
     auto fail_with = [&](Error e) {
       st.error = std::move(e);
       stop.store(true);
+      ready.fetch_add(1);  // never leave the starter waiting (extra counts are harmless)
+      ready.notify_all();
     };
     // One buffer slot per request in flight.
     std::vector<AlignedBuffer> host(target ? 0 : o.qd);
@@ -296,7 +323,7 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
       auto b = AlignedBuffer::allocate(o.bs);
       if (!b) return fail_with(b.error());
       h = std::move(*b);
-      fill_pattern(h.data(), o.bs, 0);  // touch once, so first-touch cost is not measured
+      std::memset(h.data(), 0, o.bs);  // touch once, so first-touch cost is not measured
     }
     if (target) {
       auto a = target->allocate(o.bs * o.qd);
@@ -334,16 +361,18 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
       if (o.verify && !target) fill_pattern(host[slot].data(), o.bs, off);
       if (o.verify && target) {
         fill_pattern(check.data(), o.bs, off);
-        SLUICE_ASSIGN_OR_RETURN(uint64_t tk, target->copy_to_target(
-                                                  static_cast<std::byte*>(dev.get()) + slot_offset(slot),
-                                                  check.data(), o.bs));
+        SLUICE_ASSIGN_OR_RETURN(
+            uint64_t tk,
+            target->copy_to_target(static_cast<std::byte*>(dev.get()) + slot_offset(slot),
+                                   check.data(), o.bs));
         SLUICE_RETURN_IF_ERROR(target->wait(tk));
       }
       return ok();
     };
 
-    start_barrier->fetch_add(1);
-    while (start_barrier->load() < o.threads) std::this_thread::yield();
+    ready.fetch_add(1);
+    ready.notify_all();
+    go.wait(false);
     std::vector<io::BatchIO> ios;
     std::vector<io::BatchResult> results;
     while (true) {
@@ -374,25 +403,25 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
         st.bytes += *r.result;
         ++st.ops;
         if (*r.result != o.bs)
-          return fail_with(Error(Code::kIoError, "short " + std::string(write ? "write" : "read") +
-                                                     " of " + std::to_string(*r.result) +
-                                                     " bytes at offset " +
-                                                     std::to_string(offset_of[slot]) + " of " + o.file));
+          return fail_with(
+              Error(Code::kIoError, "short " + std::string(write ? "write" : "read") + " of " +
+                                        std::to_string(*r.result) + " bytes at offset " +
+                                        std::to_string(offset_of[slot]) + " of " + o.file));
         if (verify_inline) {
           const std::byte* got = host.empty() ? nullptr : host[slot].data();
           if (target) {
-            auto tk = target->copy_to_host(check.data(),
-                                           static_cast<std::byte*>(dev.get()) + slot_offset(slot), o.bs);
+            auto tk = target->copy_to_host(
+                check.data(), static_cast<std::byte*>(dev.get()) + slot_offset(slot), o.bs);
             if (!tk) return fail_with(tk.error());
             if (auto w = target->wait(*tk); !w) return fail_with(w.error());
             got = check.data();
           }
           int64_t bad = check_pattern(got, o.bs, offset_of[slot]);
           if (bad >= 0)
-            return fail_with(Error(Code::kCorruption,
-                                   "verify failed: wrong byte at offset " + std::to_string(bad) +
-                                       " of " + o.file +
-                                       " (was the file written by something other than sluice bench?)"));
+            return fail_with(Error(
+                Code::kCorruption,
+                "verify failed: wrong byte at offset " + std::to_string(bad) + " of " + o.file +
+                    " (was the file written by something other than sluice bench?)"));
         }
         free_slots.push_back(slot);
       }
@@ -400,11 +429,14 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
     st.lat = lat.snapshot();
   };
 
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
+  for (unsigned r; (r = ready.load()) < o.threads;) ready.wait(r);
   struct rusage r0, r1;
   ::getrusage(RUSAGE_SELF, &r0);
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
+  go.store(true);
+  go.notify_all();
   if (o.runtime > 0) {
     auto until = t0 + std::chrono::duration<double>(o.runtime);
     while (!stop.load() && std::chrono::steady_clock::now() < until)
@@ -459,11 +491,12 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, blocks * o.bs - off));
       SLUICE_ASSIGN_OR_RETURN(size_t got, rh.read(io::Buffer::host(buf.data(), n), n, off));
       if (got != n)
-        return fail(Code::kCorruption, "verify: " + o.file + " ends at " + std::to_string(off + got));
+        return fail(Code::kCorruption,
+                    "verify: " + o.file + " ends at " + std::to_string(off + got));
       int64_t bad = check_pattern(buf.data(), n, off);
       if (bad >= 0)
-        return fail(Code::kCorruption, "verify failed: wrong byte at offset " +
-                                           std::to_string(bad) + " of " + o.file);
+        return fail(Code::kCorruption,
+                    "verify failed: wrong byte at offset " + std::to_string(bad) + " of " + o.file);
     }
   }
   res.verified = o.verify;

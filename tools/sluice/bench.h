@@ -20,7 +20,7 @@ struct BenchOptions {
   unsigned qd = 32;
   unsigned threads = 1;
   std::optional<uint64_t> size;  // unset: the file's size; needed to create a file
-  double runtime = 0;     // seconds; 0: one pass over `size`
+  double runtime = 0;            // seconds; 0: one pass over `size`
   bool verify = false;
   bool progress = false;  // progress lines on stderr while laying out the file
   std::string cuda_library;

@@ -57,8 +57,7 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
       ->default_str("1M");
   cmd->add_option("--qd", o.qd, "Requests in flight per thread")->default_val(32);
   cmd->add_option("--threads", o.threads, "Submitting threads")->default_val(1);
-  cmd->add_option("--size", o.size,
-                  "Bytes of the file to work over (default: the file's size)")
+  cmd->add_option("--size", o.size, "Bytes of the file to work over (default: the file's size)")
       ->transform(size_validator());
   cmd->add_option("--runtime", o.runtime, "Seconds to run; 0 = one pass over --size")
       ->default_val(0);
@@ -114,18 +113,22 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
     std::printf("sluice demo: every data path on %s/bench.dat (%s)\n", dir.c_str(),
                 format_size(static_cast<double>(demo_size)).c_str());
     std::printf("io_uring: %s\n\n", uring ? "available" : ("unavailable: " + why).c_str());
-    std::printf("%-9s %-9s %-8s %4s %10s %10s %9s %9s %7s  %s\n", "mode", "rw", "bs", "qd",
-                "GiB/s", "IOPS", "p50 us", "p99 us", "CPU%", "path");
+    std::printf("%-9s %-9s %-8s %4s %10s %10s %9s %9s %7s  %s\n", "mode", "rw", "bs", "qd", "GiB/s",
+                "IOPS", "p50 us", "p99 us", "CPU%", "path");
     struct Row {
       BenchMode mode;
       BenchRw rw;
       uint64_t bs;
     };
     const Row rows[] = {
-        {BenchMode::kBuffered, BenchRw::kRead, 1 << 20}, {BenchMode::kDirect, BenchRw::kRead, 1 << 20},
-        {BenchMode::kUring, BenchRw::kRead, 1 << 20},    {BenchMode::kBounce, BenchRw::kRead, 1 << 20},
-        {BenchMode::kGpu, BenchRw::kRead, 1 << 20},      {BenchMode::kGds, BenchRw::kRead, 1 << 20},
-        {BenchMode::kUring, BenchRw::kWrite, 1 << 20},   {BenchMode::kUring, BenchRw::kRandRead, 4096},
+        {BenchMode::kBuffered, BenchRw::kRead, 1 << 20},
+        {BenchMode::kDirect, BenchRw::kRead, 1 << 20},
+        {BenchMode::kUring, BenchRw::kRead, 1 << 20},
+        {BenchMode::kBounce, BenchRw::kRead, 1 << 20},
+        {BenchMode::kGpu, BenchRw::kRead, 1 << 20},
+        {BenchMode::kGds, BenchRw::kRead, 1 << 20},
+        {BenchMode::kUring, BenchRw::kWrite, 1 << 20},
+        {BenchMode::kUring, BenchRw::kRandRead, 4096},
     };
     int failures = 0;
     for (const Row& row : rows) {
@@ -144,7 +147,8 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
       if (!r) {
         bool skip = r.error().code() == Code::kUnsupported;
         if (!skip) ++failures;
-        std::printf("%-9s %-9s %-8s %4u %10s  %s: %s\n", std::string(bench_mode_name(row.mode)).c_str(),
+        std::printf("%-9s %-9s %-8s %4u %10s  %s: %s\n",
+                    std::string(bench_mode_name(row.mode)).c_str(),
                     std::string(bench_rw_name(row.rw)).c_str(), bs.c_str(), o.qd, "-",
                     skip ? "not on this machine" : "FAILED", r.error().message().c_str());
         continue;
@@ -153,8 +157,9 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
                   r->rw.c_str(), bs.c_str(), r->qd, r->throughput_gib_s, r->iops, r->lat_p50_us,
                   r->lat_p99_us, r->cpu_pct, r->path.c_str(), r->verified ? " (verified)" : "");
     }
-    std::printf("\nOne run each on a shared machine: compare modes side by side, not with "
-                "yesterday's numbers.\nbench/fio_compare.sh measures against fio properly.\n");
+    std::printf(
+        "\nOne run each on a shared machine: compare modes side by side, not with "
+        "yesterday's numbers.\nbench/fio_compare.py measures against fio properly.\n");
     rc = failures ? 1 : 0;
   });
 }

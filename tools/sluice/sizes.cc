@@ -21,15 +21,23 @@ Result<uint64_t> parse_size(std::string_view text) {
   if (ec != std::errc() || value < 0 || !std::isfinite(value)) return bad("not a number");
   std::string unit(end, t.data() + t.size());
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.ends_with("IB")) unit.resize(unit.size() - 2);
-  else if (unit.size() > 1 && unit.ends_with("B")) unit.resize(unit.size() - 1);
+  if (unit.ends_with("IB"))
+    unit.resize(unit.size() - 2);
+  else if (unit.size() > 1 && unit.ends_with("B"))
+    unit.resize(unit.size() - 1);
   double mult;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K") mult = 1024.0;
-  else if (unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return bad("unknown unit");
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "K")
+    mult = 1024.0;
+  else if (unit == "M")
+    mult = 1024.0 * 1024;
+  else if (unit == "G")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return bad("unknown unit");
   double bytes = value * mult;
   if (bytes > 9.0e18) return bad("too large");
   if (bytes != std::floor(bytes)) return bad("not a whole number of bytes");
@@ -44,8 +52,10 @@ std::string format_size(double bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  else std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
   return buf;
 }
 

@@ -109,7 +109,8 @@ TEST_P(EngineTest, RefusesMoreThanItsDepth) {
   std::vector<char> buf(9 * 16);
   std::vector<Request> reqs;
   for (int i = 0; i < 9; ++i)
-    reqs.push_back(Request{OpCode::kRead, fd_, buf.data() + i * 16, 16, 0, static_cast<uint64_t>(i)});
+    reqs.push_back(
+        Request{OpCode::kRead, fd_, buf.data() + i * 16, 16, 0, static_cast<uint64_t>(i)});
   auto st = engine_->submit(reqs);
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code(), Code::kInvalidArgument);
@@ -126,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, EngineTest,
                          ::testing::Values(EngineKind::kUring, EngineKind::kThreadPool),
                          [](const auto& p) {
                            return p.param == EngineKind::kUring ? std::string("uring")
-                                                                   : std::string("threadpool");
+                                                                : std::string("threadpool");
                          });
 
 TEST(EngineChoice, AutoSaysWhy) {

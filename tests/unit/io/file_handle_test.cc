@@ -102,11 +102,23 @@ TEST_P(FileHandleTest, EdgeCaseRangesReadExactly) {
     uint64_t off;
     size_t len;
   } cases[] = {
-      {0, 1},           {0, 4096},           {1, 4095},          {4095, 2},
-      {4096, 4096},     {4097, 8191},        {100, 1 << 20},     {0, kSize},
-      {chunk - 1, 2},   {chunk, chunk},      {chunk - 4096, chunk + 8192},
-      {kSize - 10, 100}, {kSize - 123, 123}, {kSize - 4096, 8192}, {kSize, 10},
-      {kSize + 4096, 10}, {3 * chunk + 17, 5 * chunk + 999},
+      {0, 1},
+      {0, 4096},
+      {1, 4095},
+      {4095, 2},
+      {4096, 4096},
+      {4097, 8191},
+      {100, 1 << 20},
+      {0, kSize},
+      {chunk - 1, 2},
+      {chunk, chunk},
+      {chunk - 4096, chunk + 8192},
+      {kSize - 10, 100},
+      {kSize - 123, 123},
+      {kSize - 4096, 8192},
+      {kSize, 10},
+      {kSize + 4096, 10},
+      {3 * chunk + 17, 5 * chunk + 999},
   };
   for (auto c : cases)
     for (size_t skew : {0, 1, 8, 512, 4095}) check_read(fh, c.off, c.len, skew);
@@ -275,16 +287,16 @@ TEST_P(FileHandleTest, BounceThroughEmulatedDevice) {
   EXPECT_EQ(std::memcmp(file.data() + 12345, src.data(), src.size()), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Paths, FileHandleTest,
-    ::testing::Values(Variant{EngineKind::kUring, DirectMode::kAuto},
-                      Variant{EngineKind::kUring, DirectMode::kOff},
-                      Variant{EngineKind::kThreadPool, DirectMode::kAuto},
-                      Variant{EngineKind::kThreadPool, DirectMode::kOff}),
-    [](const auto& p) {
-      return std::string(p.param.engine == EngineKind::kUring ? "uring" : "threadpool") +
-             (p.param.direct == DirectMode::kOff ? "_buffered" : "_direct");
-    });
+INSTANTIATE_TEST_SUITE_P(Paths, FileHandleTest,
+                         ::testing::Values(Variant{EngineKind::kUring, DirectMode::kAuto},
+                                           Variant{EngineKind::kUring, DirectMode::kOff},
+                                           Variant{EngineKind::kThreadPool, DirectMode::kAuto},
+                                           Variant{EngineKind::kThreadPool, DirectMode::kOff}),
+                         [](const auto& p) {
+                           return std::string(p.param.engine == EngineKind::kUring ? "uring"
+                                                                                   : "threadpool") +
+                                  (p.param.direct == DirectMode::kOff ? "_buffered" : "_direct");
+                         });
 
 // --- failure paths ---------------------------------------------------------------------
 

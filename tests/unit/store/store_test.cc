@@ -28,8 +28,10 @@ std::string str(const std::vector<std::byte>& v) {
 class StoreContract : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "mem") store_ = make_memory_store("contract");
-    else store_ = open_store("file://" + dir_.path() + "/root").value();
+    if (GetParam() == "mem")
+      store_ = make_memory_store("contract");
+    else
+      store_ = open_store("file://" + dir_.path() + "/root").value();
   }
   TempDir dir_;
   std::unique_ptr<Store> store_;
@@ -72,8 +74,9 @@ TEST_P(StoreContract, MissingObjectsAreNotFoundAndNamed) {
 }
 
 TEST_P(StoreContract, BadKeysAreRejectedBeforeAnyIo) {
-  for (std::string key : std::vector<std::string>{"", "/abs", "a//b", "../escape", "a/../../b", "a/./b", "a/", ".",
-                          std::string("nul\0byte", 8), std::string(2000, 'k')}) {
+  for (std::string key :
+       std::vector<std::string>{"", "/abs", "a//b", "../escape", "a/../../b", "a/./b", "a/", ".",
+                                std::string("nul\0byte", 8), std::string(2000, 'k')}) {
     auto r = store_->put(key, as_bytes("x"));
     ASSERT_FALSE(r) << key;
     EXPECT_EQ(r.error().code(), Code::kInvalidArgument) << key;
@@ -242,9 +245,12 @@ TEST(TelemetryStore, RecordsRequestsBytesAndErrors) {
   ASSERT_TRUE(store->get("k"));
   EXPECT_FALSE(store->stat("missing"));
   std::string text = reg.prometheus_text();
-  EXPECT_NE(text.find("sluice_store_requests_total{scheme=\"mem\",op=\"commit\"} 1"), std::string::npos);
-  EXPECT_NE(text.find("sluice_store_requests_total{scheme=\"mem\",op=\"stat\"} 2"), std::string::npos);
-  EXPECT_NE(text.find("sluice_store_errors_total{scheme=\"mem\",op=\"stat\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("sluice_store_requests_total{scheme=\"mem\",op=\"commit\"} 1"),
+            std::string::npos);
+  EXPECT_NE(text.find("sluice_store_requests_total{scheme=\"mem\",op=\"stat\"} 2"),
+            std::string::npos);
+  EXPECT_NE(text.find("sluice_store_errors_total{scheme=\"mem\",op=\"stat\"} 1"),
+            std::string::npos);
   EXPECT_NE(text.find("sluice_store_read_bytes_total{scheme=\"mem\"} 5"), std::string::npos);
   EXPECT_NE(text.find("sluice_store_written_bytes_total{scheme=\"mem\"} 5"), std::string::npos);
 }

@@ -4,7 +4,7 @@ BUILD_ASAN ?= build-asan
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan format format-check bench clean
+.PHONY: all deps build demo test test-tools test-asan format format-check bench clean
 
 all: build
 
@@ -21,11 +21,14 @@ build: deps $(BUILD)/CMakeCache.txt
 demo: build
 	$(BUILD)/bin/sluice demo
 
-test: build
+test-tools:
+	@scripts/install-test-tools.sh
+
+test: build test-tools
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # Every test under AddressSanitizer and UndefinedBehaviorSanitizer (CI runs this).
-test-asan: deps
+test-asan: deps test-tools
 	cmake -S . -B $(BUILD_ASAN) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -55,7 +55,8 @@ class FaultInjectionStore : public StoreWrapper {
   uint64_t calls(FaultOp op) const;
 
   Result<ObjectInfo> stat(std::string_view key) override;
-  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) override;
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const ReadOptions& options = {}) override;
   Result<std::unique_ptr<Writer>> create(std::string_view key,
                                          const WriteOptions& options) override;
   Result<ListPage> list(const ListOptions& options) override;

@@ -30,6 +30,7 @@ enum class Code : int {
   kAlreadyExists,     // exclusive create of something that is there
   kCancelled,         // the operation was abandoned (crash simulation, shutdown)
   kTimedOut,          // a deadline passed
+  kConflict,          // the object changed under the caller (ETag mismatch, lost race)
   kInternal,          // a broken invariant inside sluice: a bug
 };
 

@@ -20,7 +20,9 @@
 //   or aborted without commit leaves nothing behind.
 // - `list` returns keys in byte-wise ascending order, a page at a time; pass the returned
 //   `next_token` to continue. An empty token means the listing is complete.
-// - `remove` of a missing key returns NotFound.
+// - `remove` of a missing key returns NotFound where the backend can tell (file://, mem://);
+//   S3's DELETE is idempotent and cannot, so it succeeds there.
+// - A Writer must not outlive the Store that created it.
 // - All methods may be called concurrently from many threads; a Writer is used by one
 //   thread at a time.
 #pragma once
@@ -37,6 +39,9 @@
 
 namespace sluice::telemetry {
 class Registry;
+}
+namespace sluice::s3 {
+struct S3Options;
 }
 
 namespace sluice::store {
@@ -57,6 +62,12 @@ struct ListOptions {
 struct ListPage {
   std::vector<ObjectInfo> objects;
   std::string next_token;  // empty when there is nothing more
+};
+
+struct ReadOptions {
+  // Read only if the object's etag is still this one; Conflict otherwise. Pins a series
+  // of ranged reads of one object to one version of it.
+  std::string if_match;
 };
 
 struct WriteOptions {
@@ -82,11 +93,15 @@ class Store {
   virtual ~Store() = default;
 
   virtual Result<ObjectInfo> stat(std::string_view key) = 0;
-  virtual Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) = 0;
+  virtual Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                              const ReadOptions& options = {}) = 0;
   virtual Result<std::unique_ptr<Writer>> create(std::string_view key,
                                                  const WriteOptions& options = {}) = 0;
   virtual Result<ListPage> list(const ListOptions& options) = 0;
   virtual Status remove(std::string_view key) = 0;
+  // Removes many keys; object stores do it in batches. Missing keys are not an error here.
+  // The default removes one at a time.
+  virtual Status remove_many(std::span<const std::string> keys);
   // The URI this store was opened with ("file:///data", "mem://test").
   virtual std::string uri() const = 0;
 
@@ -95,7 +110,8 @@ class Store {
              const WriteOptions& options = {});
   Result<std::vector<std::byte>> get(std::string_view key);
   // Reads until `dst` is full or the object ends; returns the bytes read.
-  Result<size_t> read_full(std::string_view key, uint64_t offset, std::span<std::byte> dst);
+  Result<size_t> read_full(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                           const ReadOptions& options = {});
   // Every key under a prefix, following pagination.
   Result<std::vector<ObjectInfo>> list_all(std::string_view prefix);
 };
@@ -105,12 +121,15 @@ Status validate_key(std::string_view key);
 
 struct StoreOptions {
   telemetry::Registry* registry = nullptr;  // where the store records metrics; may be null
+  const s3::S3Options* s3 = nullptr;        // endpoint and credentials for s3:// (else defaults)
 };
 
 // Opens a store by URI:
 //   file:///abs/path, file://rel/path or a plain path   the directory holding the objects
 //   mem://NAME                                            a process-local memory store; the
 //                                                         same NAME opens the same store
+//   s3://bucket[/prefix]                                  S3-compatible object storage
+//                                                         (see s3_store.h)
 Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptions& options = {});
 
 std::unique_ptr<Store> make_posix_store(std::string root);

@@ -16,8 +16,9 @@ class StoreWrapper : public Store {
   explicit StoreWrapper(std::unique_ptr<Store> target) : target_(std::move(target)) {}
 
   Result<ObjectInfo> stat(std::string_view key) override { return target_->stat(key); }
-  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) override {
-    return target_->read(key, offset, dst);
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const ReadOptions& options = {}) override {
+    return target_->read(key, offset, dst, options);
   }
   Result<std::unique_ptr<Writer>> create(std::string_view key,
                                          const WriteOptions& options) override {
@@ -25,6 +26,9 @@ class StoreWrapper : public Store {
   }
   Result<ListPage> list(const ListOptions& options) override { return target_->list(options); }
   Status remove(std::string_view key) override { return target_->remove(key); }
+  Status remove_many(std::span<const std::string> keys) override {
+    return target_->remove_many(keys);
+  }
   std::string uri() const override { return target_->uri(); }
 
   Store& target() { return *target_; }

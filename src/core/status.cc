@@ -33,6 +33,8 @@ std::string_view code_name(Code code) {
       return "cancelled";
     case Code::kTimedOut:
       return "timed_out";
+    case Code::kConflict:
+      return "conflict";
     case Code::kInternal:
       return "internal";
   }

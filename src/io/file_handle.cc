@@ -17,6 +17,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/executor.h"
 #include "cufile_shim.h"
 #include "sluice/buffer_pool.h"
 
@@ -69,47 +70,6 @@ std::string PathReport::describe(const mem::Target* target) const {
 
 // ---------------------------------------------------------------------------------------
 // Context internals: leased engines, host staging buffers, and the async executor.
-
-class Executor {
- public:
-  explicit Executor(unsigned threads) {
-    for (unsigned i = 0; i < std::max(1u, threads); ++i) threads_.emplace_back([this] { run(); });
-  }
-  ~Executor() {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  void post(std::function<void()> fn) {
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void run() {
-    std::unique_lock lock(mu_);
-    while (true) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      auto fn = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
-  std::vector<std::thread> threads_;
-};
 
 // An engine borrowed from the context; given back (and reused) when destroyed.
 class EngineLease {

@@ -155,7 +155,7 @@ Result<ObjectInfo> FaultInjectionStore::stat(std::string_view key) {
 }
 
 Result<size_t> FaultInjectionStore::read(std::string_view key, uint64_t offset,
-                                         std::span<std::byte> dst) {
+                                         std::span<std::byte> dst, const ReadOptions& options) {
   SLUICE_RETURN_IF_ERROR(before(FaultOp::kRead, key));
   size_t cap;
   {
@@ -163,7 +163,7 @@ Result<size_t> FaultInjectionStore::read(std::string_view key, uint64_t offset,
     cap = short_reads_;
   }
   if (cap > 0 && dst.size() > cap) dst = dst.first(cap);
-  return StoreWrapper::read(key, offset, dst);
+  return StoreWrapper::read(key, offset, dst, options);
 }
 
 Result<std::unique_ptr<Writer>> FaultInjectionStore::create(std::string_view key,

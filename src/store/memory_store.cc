@@ -83,10 +83,14 @@ class MemoryStore : public Store {
     return info_of(std::string(key), *obj);
   }
 
-  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) override {
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const ReadOptions& options) override {
     SLUICE_RETURN_IF_ERROR(validate_key(key));
     auto obj = find(key);
     if (!obj) return not_found(key);
+    if (!options.if_match.empty() && options.if_match != info_of("", *obj).etag)
+      return fail(Code::kConflict, "object '" + std::string(key) + "' in " + uri() +
+                                       " changed: etag is no longer " + options.if_match);
     if (offset >= obj->data.size()) return size_t{0};
     size_t n = std::min<uint64_t>(dst.size(), obj->data.size() - offset);
     std::memcpy(dst.data(), obj->data.data() + offset, n);

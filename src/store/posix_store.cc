@@ -149,12 +149,20 @@ class PosixStore : public Store {
                       st.st_mtim.tv_sec * 1000000000L + st.st_mtim.tv_nsec, etag_of(st)};
   }
 
-  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) override {
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const ReadOptions& options) override {
     SLUICE_RETURN_IF_ERROR(validate_key(key));
     std::string k(key);
     int fd = open_beneath(root_fd_.get(), k, O_RDONLY);
     if (fd < 0) return errno_error(-fd, "open", k);
     Fd guard(fd);
+    if (!options.if_match.empty()) {
+      struct stat st;
+      if (::fstat(fd, &st) != 0) return errno_error(errno, "stat", k);
+      if (etag_of(st) != options.if_match)
+        return fail(Code::kConflict, "object '" + k + "' in " + uri() +
+                                         " changed: etag is no longer " + options.if_match);
+    }
     size_t done = 0;
     while (done < dst.size()) {
       ssize_t n =

@@ -1,5 +1,6 @@
 #include <filesystem>
 
+#include "sluice/s3_store.h"
 #include "sluice/store.h"
 #include "sluice/store_wrapper.h"
 
@@ -36,20 +37,29 @@ Status Store::put(std::string_view key, std::span<const std::byte> data,
   return writer->commit();
 }
 
-Result<size_t> Store::read_full(std::string_view key, uint64_t offset, std::span<std::byte> dst) {
+Result<size_t> Store::read_full(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                                const ReadOptions& options) {
   size_t done = 0;
   while (done < dst.size()) {
-    SLUICE_ASSIGN_OR_RETURN(size_t n, read(key, offset + done, dst.subspan(done)));
+    SLUICE_ASSIGN_OR_RETURN(size_t n, read(key, offset + done, dst.subspan(done), options));
     if (n == 0) break;
     done += n;
   }
   return done;
 }
 
+Status Store::remove_many(std::span<const std::string> keys) {
+  for (const std::string& k : keys) {
+    auto st = remove(k);
+    if (!st && st.error().code() != Code::kNotFound) return st;
+  }
+  return ok();
+}
+
 Result<std::vector<std::byte>> Store::get(std::string_view key) {
   SLUICE_ASSIGN_OR_RETURN(ObjectInfo info, stat(key));
   std::vector<std::byte> data(info.size);
-  SLUICE_ASSIGN_OR_RETURN(size_t n, read_full(key, 0, data));
+  SLUICE_ASSIGN_OR_RETURN(size_t n, read_full(key, 0, data, ReadOptions{info.etag}));
   if (n != info.size)
     return fail(Code::kCorruption, "object '" + std::string(key) + "' in " + uri() +
                                        " changed while being read: expected " +
@@ -76,9 +86,12 @@ Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptio
     std::string name(uri.substr(6));
     if (name.empty()) return fail(Code::kInvalidArgument, "store URI 'mem://' needs a name");
     store = open_named_memory_store(name);
+  } else if (uri.starts_with("s3://")) {
+    SLUICE_ASSIGN_OR_RETURN(store,
+                            s3::open_s3_store(uri, options.s3 ? *options.s3 : s3::S3Options{}));
   } else if (uri.find("://") != std::string_view::npos && !uri.starts_with("file://")) {
     return fail(Code::kUnsupported, "unsupported store URI '" + std::string(uri) +
-                                        "': known schemes are file:// and mem://");
+                                        "': known schemes are file://, s3:// and mem://");
   } else {
     std::string path(uri.starts_with("file://") ? uri.substr(7) : uri);
     if (path.empty())

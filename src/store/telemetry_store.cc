@@ -83,9 +83,10 @@ class TelemetryStore : public StoreWrapper {
     Timer t(m_.op[kStat]);
     return t.done(StoreWrapper::stat(key));
   }
-  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst) override {
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const ReadOptions& options) override {
     Timer t(m_.op[kRead]);
-    auto r = StoreWrapper::read(key, offset, dst);
+    auto r = StoreWrapper::read(key, offset, dst, options);
     if (r) m_.bytes_read->add(*r);
     return t.done(std::move(r));
   }

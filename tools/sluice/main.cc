@@ -8,7 +8,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "aws_config.h"
 #include "bench.h"
+#include "cp.h"
 #include "sizes.h"
 #include "sluice/io_engine.h"
 
@@ -90,6 +92,55 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
     }
     std::printf("%s\n", json ? res->json().c_str() : res->text().c_str());
     rc = 0;
+  });
+}
+
+struct CpArgs {
+  CpOptions cp;
+  AwsFlags aws;
+  uint64_t part_size = 8 << 20;
+  unsigned max_in_flight = 32;
+  bool json = false;
+  bool no_progress = false;
+};
+
+void add_cp(CLI::App& app, CpArgs& a, int& rc) {
+  auto* cmd = app.add_subcommand(
+      "cp", "Copy between local paths and s3:// URIs (one object, or a prefix with --recursive)");
+  cmd->add_option("SRC", a.cp.src, "Source: a local path or s3://bucket/key")->required();
+  cmd->add_option("DST", a.cp.dst, "Destination: a local path or s3://bucket/key")->required();
+  cmd->add_flag("-r,--recursive", a.cp.recursive,
+                "Copy every object under a prefix / file under a directory");
+  cmd->add_option("-j,--jobs", a.cp.jobs, "Objects copied at once with --recursive")
+      ->default_val(16);
+  cmd->add_option("--endpoint-url", a.aws.endpoint_url,
+                  "S3 endpoint, e.g. http://127.0.0.1:4568 (else AWS_ENDPOINT_URL, ~/.aws/config)");
+  cmd->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
+  cmd->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
+  cmd->add_option("--part-size", a.part_size, "Multipart part and ranged-GET size")
+      ->transform(size_validator())
+      ->default_str("8M");
+  cmd->add_option("--max-in-flight", a.max_in_flight, "HTTP requests in flight at most")
+      ->default_val(32);
+  cmd->add_flag("--json", a.json, "Print the summary as JSON");
+  cmd->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
+  cmd->callback([&] {
+    auto s3 = load_s3_options(a.aws);
+    if (!s3) {
+      rc = report_error(s3.error());
+      return;
+    }
+    a.cp.s3 = *s3;
+    a.cp.s3.part_size = a.part_size;
+    a.cp.s3.max_in_flight = a.max_in_flight;
+    a.cp.progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+    auto sum = run_cp(a.cp);
+    if (!sum) {
+      rc = report_error(sum.error());
+      return;
+    }
+    std::printf("%s\n", a.json ? sum->json().c_str() : sum->text().c_str());
+    rc = sum->failed ? 1 : 0;
   });
 }
 
@@ -177,6 +228,8 @@ int main(int argc, char** argv) {
   uint64_t demo_size = 256ull << 20;
   add_bench(app, bench, mode, rw, json, rc);
   add_demo(app, demo_size, rc);
+  CpArgs cp;
+  add_cp(app, cp, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

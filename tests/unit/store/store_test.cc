@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sluice/s3_store.h"
 #include "sluice/store.h"
 #include "sluice/store_wrapper.h"
 #include "sluice/telemetry.h"
@@ -52,6 +53,29 @@ TEST_P(StoreContract, PutStatReadGet) {
   EXPECT_TRUE(std::equal(buf.begin(), buf.begin() + 500, data.begin() + 99500));
   EXPECT_EQ(store_->read("a/b/obj.bin", 100000, buf).value(), 0u);
   EXPECT_EQ(store_->read("a/b/obj.bin", 1 << 30, buf).value(), 0u);
+}
+
+TEST_P(StoreContract, ReadsPinnedToAnEtag) {
+  ASSERT_TRUE(store_->put("pinned", as_bytes("version one")));
+  std::string etag = store_->stat("pinned")->etag;
+  std::vector<std::byte> buf(7);
+  EXPECT_EQ(store_->read("pinned", 0, buf, ReadOptions{etag}).value(), 7u);
+  ASSERT_TRUE(store_->put("pinned", as_bytes("version two, longer")));
+  auto r = store_->read("pinned", 0, buf, ReadOptions{etag});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kConflict);
+  EXPECT_NE(r.error().message().find("pinned"), std::string::npos);
+}
+
+TEST_P(StoreContract, RemoveMany) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 5; ++i) {
+    keys.push_back("rm/" + std::to_string(i));
+    ASSERT_TRUE(store_->put(keys.back(), as_bytes("x")));
+  }
+  keys.push_back("rm/never-existed");
+  ASSERT_TRUE(store_->remove_many(keys));
+  EXPECT_TRUE(store_->list_all("rm/")->empty());
 }
 
 TEST_P(StoreContract, EmptyObjects) {
@@ -236,6 +260,16 @@ TEST(OpenStore, UrisAndErrors) {
   EXPECT_NE(bad.error().message().find("gopher://x"), std::string::npos);
   std::ofstream(dir.file("plainfile")) << "x";
   EXPECT_FALSE(open_store(dir.file("plainfile")));
+}
+
+TEST(S3Uri, ParsesBucketAndPrefix) {
+  auto a = s3::parse_s3_uri("s3://my-bucket/some/prefix/").value();
+  EXPECT_EQ(a.bucket, "my-bucket");
+  EXPECT_EQ(a.prefix, "some/prefix/");
+  EXPECT_EQ(s3::parse_s3_uri("s3://bucket").value().prefix, "");
+  for (const char* bad :
+       {"s3://", "s3://UPPER/x", "s3://a/x", "http://bucket/x", "s3://bad_name/k"})
+    EXPECT_EQ(s3::parse_s3_uri(bad).error().code(), Code::kInvalidArgument) << bad;
 }
 
 TEST(TelemetryStore, RecordsRequestsBytesAndErrors) {

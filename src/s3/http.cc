@@ -1,0 +1,186 @@
+#include "http.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <condition_variable>
+#include <cstring>
+
+namespace sluice::s3 {
+
+std::string HttpResponse::header(std::string_view name) const {
+  for (auto& [k, v] : headers)
+    if (k == name) return v;
+  return {};
+}
+
+struct HttpClient::Pool {
+  HttpOptions options;
+  std::mutex mu;
+  std::condition_variable cv;
+  unsigned in_use = 0;       // guarded by mu
+  std::vector<CURL*> idle;   // guarded by mu: handles with live connections, for reuse
+};
+
+namespace {
+
+struct Transfer {
+  const HttpRequest* req;
+  HttpResponse* resp;
+  CURL* handle;
+  size_t upload_pos = 0;
+};
+
+size_t on_header(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  std::string_view line(data, size * n);
+  if (line.starts_with("HTTP/")) {  // a new response (after 100 Continue or a redirect)
+    t->resp->headers.clear();
+    return size * n;
+  }
+  size_t colon = line.find(':');
+  if (colon == std::string_view::npos) return size * n;
+  std::string name(line.substr(0, colon));
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string_view value = line.substr(colon + 1);
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+  while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' '))
+    value.remove_suffix(1);
+  t->resp->headers.emplace_back(std::move(name), std::string(value));
+  return size * n;
+}
+
+size_t on_body(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  size_t len = size * n;
+  long status = 0;
+  curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
+  if (status >= 200 && status < 300 && !t->req->sink.empty()) {
+    auto& r = *t->resp;
+    if (r.sink_bytes + len > t->req->sink.size()) {
+      r.sink_overflow = true;
+      return 0;  // aborts the transfer: never write past the caller's buffer
+    }
+    std::memcpy(t->req->sink.data() + r.sink_bytes, data, len);
+    r.sink_bytes += len;
+    return len;
+  }
+  t->resp->body.append(data, len);
+  return len;
+}
+
+size_t on_upload(char* buf, size_t size, size_t n, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  size_t left = t->req->body.size() - t->upload_pos;
+  size_t len = std::min(left, size * n);
+  std::memcpy(buf, t->req->body.data() + t->upload_pos, len);
+  t->upload_pos += len;
+  return len;
+}
+
+Error transport_error(CURLcode rc, const char* detail, const HttpRequest& req) {
+  std::string msg = req.method + " " + req.url + ": " +
+                    (detail && *detail ? std::string(detail) : curl_easy_strerror(rc));
+  switch (rc) {
+    case CURLE_OPERATION_TIMEDOUT: return Error(Code::kTimedOut, msg);
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+      return Error(Code::kUnavailable, msg);
+    default: return Error(Code::kIoError, msg);
+  }
+}
+
+}  // namespace
+
+HttpClient::HttpClient(const HttpOptions& options) : pool_(std::make_unique<Pool>()) {
+  // curl_global_init is not thread-safe on old curls; do it once, before any handle.
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  pool_->options = options;
+  if (pool_->options.max_in_flight == 0) pool_->options.max_in_flight = 1;
+}
+
+HttpClient::~HttpClient() {
+  for (CURL* h : pool_->idle) curl_easy_cleanup(h);
+}
+
+Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
+  CURL* h = nullptr;
+  {
+    std::unique_lock lock(pool_->mu);
+    pool_->cv.wait(lock, [&] { return pool_->in_use < pool_->options.max_in_flight; });
+    ++pool_->in_use;
+    if (!pool_->idle.empty()) {
+      h = pool_->idle.back();
+      pool_->idle.pop_back();
+    }
+  }
+  auto release = [&](bool reuse) {
+    std::lock_guard lock(pool_->mu);
+    --pool_->in_use;
+    if (h && reuse) pool_->idle.push_back(h);
+    else if (h) curl_easy_cleanup(h);
+    pool_->cv.notify_one();
+  };
+  if (!h) h = curl_easy_init();
+  if (!h) {
+    release(false);
+    return fail(Code::kInternal, "curl_easy_init failed");
+  }
+  curl_easy_reset(h);  // keeps the live connection and DNS cache
+
+  HttpResponse resp;
+  Transfer t{&req, &resp, h};
+  char errbuf[CURL_ERROR_SIZE] = {};
+  curl_easy_setopt(h, CURLOPT_URL, req.url.c_str());
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, pool_->options.connect_timeout_ms);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, pool_->options.low_speed_time_s);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+  if (req.method == "HEAD") {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else if (req.method == "PUT") {
+    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(h, CURLOPT_READFUNCTION, on_upload);
+    curl_easy_setopt(h, CURLOPT_READDATA, &t);
+    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+  } else if (req.method == "POST") {
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, req.body.data());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+  } else if (req.method != "GET") {
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+  }
+  struct curl_slist* headers = nullptr;
+  for (auto& [k, v] : req.headers)
+    headers = curl_slist_append(headers, (v.empty() ? k + ";" : k + ": " + v).c_str());
+  // No "Expect: 100-continue" round trip before uploads, and no body rewriting.
+  headers = curl_slist_append(headers, "Expect:");
+  if (req.method == "POST" && req.body.empty())
+    headers = curl_slist_append(headers, "Content-Type:");
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+
+  CURLcode rc = curl_easy_perform(h);
+  curl_slist_free_all(headers);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
+  if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && resp.sink_overflow)) {
+    Error e = transport_error(rc, errbuf, req);
+    release(false);
+    return std::unexpected(std::move(e));
+  }
+  release(!resp.sink_overflow);
+  return resp;
+}
+
+}  // namespace sluice::s3

@@ -1,0 +1,71 @@
+// A small HTTP/1.1 client over libcurl for the S3 store. Internal.
+//
+// - Connection reuse: a pool of curl easy handles, each keeping its connection alive
+//   between requests; a request borrows one and gives it back.
+// - Bounded concurrency: at most `max_in_flight` requests run at once across all threads;
+//   more wait for a slot. Too many concurrent requests collapse an object store's
+//   throughput, so this is the knob.
+// - Bodies: uploads come from a caller span; downloads go straight into a caller span
+//   (no intermediate copy) when one is given and the status is 2xx, else into `body`.
+//
+// Thread safety: `perform` may be called from any number of threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sluice/status.h"
+
+namespace sluice::s3 {
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+struct HttpRequest {
+  std::string method = "GET";
+  std::string url;
+  HeaderList headers;
+  std::span<const std::byte> body;  // request body (PUT, POST)
+  std::span<std::byte> sink;        // where a 2xx response body goes, if not empty
+};
+
+struct HttpResponse {
+  long status = 0;
+  HeaderList headers;       // names lower-cased
+  std::string body;         // the body, unless it went to the sink
+  size_t sink_bytes = 0;    // bytes written into the sink
+  bool sink_overflow = false;  // the server sent more than the sink holds
+
+  // The first header called `name` (lower-case), or empty.
+  std::string header(std::string_view name) const;
+};
+
+struct HttpOptions {
+  unsigned max_in_flight = 16;
+  long connect_timeout_ms = 5000;
+  // A transfer slower than 1 KiB/s for this long is abandoned (a stalled server).
+  long low_speed_time_s = 30;
+};
+
+class HttpClient {
+ public:
+  explicit HttpClient(const HttpOptions& options);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // Transport failures (refused, reset, timed out, truncated body) come back as
+  // Unavailable or TimedOut with curl's reason; any HTTP status is a successful result.
+  Result<HttpResponse> perform(const HttpRequest& request);
+
+ private:
+  struct Pool;
+  std::unique_ptr<Pool> pool_;
+};
+
+}  // namespace sluice::s3

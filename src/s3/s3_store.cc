@@ -1,0 +1,551 @@
+// The s3:// store: S3 REST over libcurl, signed with SigV4, with retries, ETag pinning,
+// parallel ranged GETs and parallel multipart uploads.
+#include "sluice/s3_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <future>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include <pugixml.hpp>
+
+#include "core/executor.h"
+#include "http.h"
+#include "sigv4.h"
+#include "sluice/telemetry.h"
+
+namespace sluice::s3 {
+
+Result<S3Location> parse_s3_uri(std::string_view uri) {
+  if (!uri.starts_with("s3://"))
+    return fail(Code::kInvalidArgument, "'" + std::string(uri) + "' is not an s3:// URI");
+  std::string_view rest = uri.substr(5);
+  size_t slash = rest.find('/');
+  S3Location loc;
+  loc.bucket = std::string(rest.substr(0, slash));
+  if (slash != std::string_view::npos) loc.prefix = std::string(rest.substr(slash + 1));
+  if (loc.bucket.size() < 3 || loc.bucket.size() > 63 ||
+      loc.bucket.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-") != std::string::npos)
+    return fail(Code::kInvalidArgument, "invalid bucket name '" + loc.bucket + "' in '" +
+                                            std::string(uri) +
+                                            "' (3-63 lower-case letters, digits, '.', '-')");
+  return loc;
+}
+
+namespace {
+
+enum Op { kHead, kGet, kPut, kPost, kDelete, kList, kOpCount };
+constexpr const char* kOpNames[kOpCount] = {"head", "get", "put", "post", "delete", "list"};
+
+struct S3Request {
+  Op op = kGet;
+  std::string method;
+  std::string key;  // full object key, or empty for bucket-level calls
+  std::vector<std::pair<std::string, std::string>> query;
+  HeaderList headers;
+  std::span<const std::byte> body;
+  std::span<std::byte> sink;
+};
+
+std::string xml_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+int64_t parse_http_date(const std::string& s) {
+  struct tm tm = {};
+  if (!::strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S", &tm)) return 0;
+  return static_cast<int64_t>(::timegm(&tm)) * 1000000000LL;
+}
+
+int64_t parse_iso_date(const std::string& s) {
+  struct tm tm = {};
+  if (!::strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return 0;
+  return static_cast<int64_t>(::timegm(&tm)) * 1000000000LL;
+}
+
+struct S3Metrics {
+  telemetry::Counter* requests[kOpCount] = {};
+  telemetry::Histogram* latency[kOpCount] = {};
+  telemetry::Counter* retries = nullptr;
+  telemetry::Counter* bytes_in = nullptr;
+  telemetry::Counter* bytes_out = nullptr;
+};
+
+class S3Store;
+
+class S3Writer : public store::Writer {
+ public:
+  S3Writer(S3Store* store, std::string key, store::WriteOptions options);
+  ~S3Writer() override { abort(); }
+  Status append(std::span<const std::byte> data) override;
+  Status commit() override;
+  void abort() override;
+  uint64_t size() const override { return size_; }
+
+ private:
+  struct Part {
+    int number;
+    std::future<Result<std::string>> etag;
+  };
+  Status start_part();  // sends the buffered part
+  Status drain(size_t keep);
+  Status failed(Error e) {
+    abort();
+    return std::unexpected(std::move(e));
+  }
+
+  S3Store* store_;
+  std::string key_;
+  store::WriteOptions options_;
+  std::vector<std::byte> buf_;
+  std::string upload_id_;
+  std::vector<Part> in_flight_;
+  std::vector<std::pair<int, std::string>> done_;  // part number, etag
+  uint64_t size_ = 0;
+  bool finished_ = false;
+};
+
+class S3Store : public store::Store {
+ public:
+  S3Store(S3Location loc, S3Options opts)
+      : loc_(std::move(loc)), opts_(std::move(opts)),
+        http_(HttpOptions{opts_.max_in_flight, 5000, 30}),
+        parts_(std::max(1u, std::min(opts_.max_in_flight, 64u))),
+        budget_(static_cast<int64_t>(opts_.retry_budget)) {
+    std::string ep = opts_.endpoint.empty() ? "https://s3." + opts_.region + ".amazonaws.com"
+                                            : opts_.endpoint;
+    while (ep.ends_with('/')) ep.pop_back();
+    size_t scheme = ep.find("://");
+    scheme_ = scheme == std::string::npos ? "https" : ep.substr(0, scheme);
+    host_ = scheme == std::string::npos ? ep : ep.substr(scheme + 3);
+    if (!opts_.path_style) host_ = loc_.bucket + "." + host_;
+    if (telemetry::Registry* r = opts_.registry) {
+      for (int i = 0; i < kOpCount; ++i) {
+        m_.requests[i] = &r->counter("sluice_s3_requests_total", {{"op", kOpNames[i]}},
+                                     "S3 requests sent, retries included");
+        m_.latency[i] = &r->histogram("sluice_s3_latency_seconds", {{"op", kOpNames[i]}},
+                                      "S3 request latency", 1e-9);
+      }
+      m_.retries = &r->counter("sluice_s3_retries_total", {}, "S3 requests retried");
+      m_.bytes_in = &r->counter("sluice_s3_bytes_total", {{"direction", "in"}}, "S3 body bytes");
+      m_.bytes_out = &r->counter("sluice_s3_bytes_total", {{"direction", "out"}}, "S3 body bytes");
+    }
+  }
+
+  std::string uri() const override { return "s3://" + loc_.bucket + "/" + loc_.prefix; }
+  std::string object_uri(std::string_view full_key) const {
+    return "s3://" + loc_.bucket + "/" + std::string(full_key);
+  }
+  std::string full_key(std::string_view key) const { return loc_.prefix + std::string(key); }
+  const S3Options& options() const { return opts_; }
+  Executor& parts() { return parts_; }
+
+  // Signs and sends one request, retrying what may succeed later. HTTP errors come back
+  // as Errors naming the bucket, key and S3 error code.
+  Result<HttpResponse> send(const S3Request& r) {
+    HttpRequest h;
+    h.method = r.method;
+    std::string path = "/";
+    if (opts_.path_style) path += loc_.bucket + (r.key.empty() && r.query.empty() ? "" : "/");
+    path += uri_encode(r.key, false);
+    if (opts_.path_style && r.key.empty()) path = "/" + loc_.bucket;
+    std::string query = canonical_query(r.query);
+    h.url = scheme_ + "://" + host_ + path + (query.empty() ? "" : "?" + query);
+    h.body = r.body;
+    h.sink = r.sink;
+    std::string what = r.method + " " + (r.key.empty() ? "s3://" + loc_.bucket : object_uri(r.key));
+
+    std::mt19937_64 rng(std::random_device{}());
+    for (unsigned attempt = 1;; ++attempt) {
+      h.headers = r.headers;
+      if (!opts_.access_key.empty()) {
+        SigningRequest sr{r.method, host_, path, r.query, r.headers, std::string(kUnsignedPayload)};
+        if (r.body.empty()) sr.payload_sha256 = std::string(kEmptyPayloadSha256);
+        auto signed_req = sign_v4(sr, Credentials{opts_.access_key, opts_.secret_key, opts_.session_token},
+                                  opts_.region, "s3", std::time(nullptr));
+        for (auto& kv : signed_req.headers) h.headers.push_back(kv);
+      }
+      uint64_t t0 = telemetry::now_ns();
+      auto resp = http_.perform(h);
+      if (m_.requests[r.op]) {
+        m_.requests[r.op]->add();
+        m_.latency[r.op]->record(telemetry::now_ns() - t0);
+      }
+      std::optional<Error> err;
+      bool retryable = false;
+      if (!resp) {
+        err = resp.error();
+        retryable = err->code() == Code::kUnavailable || err->code() == Code::kTimedOut;
+      } else if (resp->status >= 300 || resp->sink_overflow) {
+        auto [e, retry] = classify(*resp, what);
+        err = std::move(e);
+        retryable = retry;
+      }
+      if (!err) {
+        if (m_.bytes_in) {
+          m_.bytes_in->add(resp->sink_bytes + resp->body.size());
+          m_.bytes_out->add(r.body.size());
+        }
+        // A success earns back a little of the retry budget.
+        if (budget_.load(std::memory_order_relaxed) < static_cast<int64_t>(opts_.retry_budget))
+          budget_.fetch_add(1, std::memory_order_relaxed);
+        return std::move(*resp);
+      }
+      if (!retryable || attempt >= opts_.max_attempts)
+        return std::unexpected(attempt > 1 ? err->with_context("after " + std::to_string(attempt) +
+                                                               " attempts")
+                                           : *err);
+      // Relaxed: the budget is a soft, approximate limit on retry storms.
+      if (budget_.fetch_sub(5, std::memory_order_relaxed) < 5) {
+        budget_.fetch_add(5, std::memory_order_relaxed);
+        return std::unexpected(err->with_context("retry budget exhausted"));
+      }
+      if (m_.retries) m_.retries->add();
+      // Exponential backoff with full jitter.
+      uint64_t cap = std::min<uint64_t>(opts_.max_delay_ms,
+                                         uint64_t{opts_.base_delay_ms} << std::min(attempt, 20u));
+      std::this_thread::sleep_for(std::chrono::milliseconds(cap ? rng() % (cap + 1) : 0));
+    }
+  }
+
+  std::pair<Error, bool> classify(const HttpResponse& resp, const std::string& what) const {
+    std::string code, message;
+    if (!resp.body.empty()) {
+      pugi::xml_document doc;
+      if (doc.load_buffer(resp.body.data(), resp.body.size())) {
+        code = doc.child("Error").child_value("Code");
+        message = doc.child("Error").child_value("Message");
+      }
+    }
+    if (resp.sink_overflow)
+      return {Error(Code::kIoError, what + ": server sent more bytes than asked for"), true};
+    long s = resp.status;
+    if (code.empty()) {
+      switch (s) {
+        case 404: code = "NotFound"; break;
+        case 403: code = "Forbidden"; break;
+        case 412: code = "PreconditionFailed"; break;
+        default: code = "HTTP" + std::to_string(s);
+      }
+    }
+    std::string msg = what + ": " + code + " (HTTP " + std::to_string(s) + ")" +
+                      (message.empty() ? "" : ": " + message);
+    bool retry = s == 500 || s == 502 || s == 503 || s == 504 || s == 429 ||
+                 code == "SlowDown" || code == "RequestTimeout" || code == "InternalError";
+    Code c = Code::kIoError;
+    if (s == 404) c = Code::kNotFound;
+    else if (s == 401 || s == 403) c = Code::kPermissionDenied;
+    else if (s == 409 || s == 412) c = Code::kConflict;
+    else if (code == "BadDigest" || code == "InvalidDigest") c = Code::kCorruption;
+    else if (retry) c = Code::kUnavailable;
+    else if (s >= 400 && s < 500) c = Code::kInvalidArgument;
+    return {Error(c, msg), retry};
+  }
+
+  Result<store::ObjectInfo> stat(std::string_view key) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_ASSIGN_OR_RETURN(auto resp, send(S3Request{kHead, "HEAD", full_key(key), {}, {}, {}, {}}));
+    store::ObjectInfo info;
+    info.key = std::string(key);
+    info.size = std::strtoull(resp.header("content-length").c_str(), nullptr, 10);
+    info.etag = resp.header("etag");
+    info.mtime_ns = parse_http_date(resp.header("last-modified"));
+    return info;
+  }
+
+  // One ranged GET into `dst`. Returns bytes read and, through `etag`, the object's ETag.
+  Result<size_t> get_range(const std::string& fk, uint64_t offset, std::span<std::byte> dst,
+                           const std::string& if_match, std::string* etag) {
+    S3Request r{kGet, "GET", fk, {}, {}, {}, dst};
+    r.headers.emplace_back("Range", "bytes=" + std::to_string(offset) + "-" +
+                                        std::to_string(offset + dst.size() - 1));
+    if (!if_match.empty()) r.headers.emplace_back("If-Match", if_match);
+    auto resp = send(r);
+    if (!resp) {
+      // 416: the range starts at or past the end of the object.
+      if (resp.error().message().find("InvalidRange") != std::string::npos ||
+          resp.error().message().find("(HTTP 416)") != std::string::npos)
+        return size_t{0};
+      return std::unexpected(resp.error());
+    }
+    if (etag) *etag = resp->header("etag");
+    std::string what = "GET " + object_uri(fk) + " bytes " + std::to_string(offset) + "+" +
+                       std::to_string(dst.size());
+    // Never return a partial or misplaced body: the length must match Content-Length and the
+    // range must start where asked.
+    std::string cl = resp->header("content-length");
+    if (!cl.empty() && std::strtoull(cl.c_str(), nullptr, 10) != resp->sink_bytes)
+      return fail(Code::kUnavailable, what + ": body of " + std::to_string(resp->sink_bytes) +
+                                          " bytes, Content-Length " + cl);
+    if (resp->status == 206) {
+      std::string cr = resp->header("content-range");  // "bytes a-b/total"
+      uint64_t a = 0, b = 0;
+      if (std::sscanf(cr.c_str(), "bytes %lu-%lu", &a, &b) != 2 || a != offset ||
+          b - a + 1 != resp->sink_bytes)
+        return fail(Code::kCorruption, what + ": unexpected Content-Range '" + cr + "'");
+    } else if (offset != 0) {
+      return fail(Code::kCorruption, what + ": server ignored the Range header");
+    }
+    return resp->sink_bytes;
+  }
+
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    if (dst.empty()) return size_t{0};
+    std::string fk = full_key(key);
+    const size_t part = opts_.part_size;
+    std::string etag = options.if_match;
+    size_t first_len = std::min(dst.size(), part);
+    SLUICE_ASSIGN_OR_RETURN(size_t first, get_range(fk, offset, dst.first(first_len), etag,
+                                                    etag.empty() ? &etag : nullptr));
+    if (first < first_len || dst.size() == first_len) return first;
+    // The rest in parallel, every part pinned to the first part's ETag.
+    std::vector<std::future<Result<size_t>>> futs;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (size_t at = first_len; at < dst.size(); at += part) {
+      size_t len = std::min(part, dst.size() - at);
+      ranges.emplace_back(at, len);
+      auto p = std::make_shared<std::promise<Result<size_t>>>();
+      futs.push_back(p->get_future());
+      parts_.post([this, p, fk, offset, at, len, dst, etag] {
+        p->set_value(get_range(fk, offset + at, dst.subspan(at, len), etag, nullptr));
+      });
+    }
+    size_t total = first;
+    bool short_seen = false;
+    std::optional<Error> err;
+    for (size_t i = 0; i < futs.size(); ++i) {
+      auto r = futs[i].get();
+      if (!r) {
+        if (!err) err = r.error();
+        continue;
+      }
+      if (!short_seen) total += *r;
+      if (*r < ranges[i].second) short_seen = true;
+    }
+    if (err) {
+      if (err->code() == Code::kConflict)
+        return std::unexpected(Error(Code::kConflict, object_uri(fk) + " was replaced during the read (ETag " +
+                                                          etag + " no longer matches): " + err->message()));
+      return std::unexpected(*err);
+    }
+    return total;
+  }
+
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions& options) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    return std::unique_ptr<store::Writer>(std::make_unique<S3Writer>(this, full_key(key), options));
+  }
+
+  Result<store::ListPage> list(const store::ListOptions& options) override {
+    if (options.max_keys == 0 || options.max_keys > 10000)
+      return fail(Code::kInvalidArgument, "list max_keys must be 1..10000");
+    S3Request r{kList, "GET", "", {}, {}, {}, {}};
+    r.query = {{"list-type", "2"},
+               {"prefix", loc_.prefix + options.prefix},
+               {"max-keys", std::to_string(std::min<size_t>(options.max_keys, 1000))}};
+    if (!options.continuation.empty()) r.query.emplace_back("continuation-token", options.continuation);
+    SLUICE_ASSIGN_OR_RETURN(auto resp, send(r));
+    pugi::xml_document doc;
+    if (!doc.load_buffer(resp.body.data(), resp.body.size()))
+      return fail(Code::kCorruption, "list " + uri() + ": response is not XML");
+    auto root = doc.child("ListBucketResult");
+    if (!root) return fail(Code::kCorruption, "list " + uri() + ": no ListBucketResult in response");
+    store::ListPage page;
+    for (auto c : root.children("Contents")) {
+      std::string k = c.child_value("Key");
+      if (!k.starts_with(loc_.prefix)) continue;
+      store::ObjectInfo info;
+      info.key = k.substr(loc_.prefix.size());
+      info.size = std::strtoull(c.child_value("Size"), nullptr, 10);
+      info.etag = c.child_value("ETag");
+      info.mtime_ns = parse_iso_date(c.child_value("LastModified"));
+      page.objects.push_back(std::move(info));
+    }
+    if (std::string_view(root.child_value("IsTruncated")) == "true") {
+      page.next_token = root.child_value("NextContinuationToken");
+      if (page.next_token.empty())
+        return fail(Code::kCorruption, "list " + uri() + ": truncated without a continuation token");
+    }
+    return page;
+  }
+
+  Status remove(std::string_view key) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_RETURN_IF_ERROR(send(S3Request{kDelete, "DELETE", full_key(key), {}, {}, {}, {}}));
+    return ok();
+  }
+
+  Status remove_many(std::span<const std::string> keys) override {
+    for (size_t at = 0; at < keys.size(); at += 1000) {
+      std::string xml = "<Delete><Quiet>true</Quiet>";
+      for (size_t i = at; i < std::min(keys.size(), at + 1000); ++i) {
+        SLUICE_RETURN_IF_ERROR(store::validate_key(keys[i]));
+        xml += "<Object><Key>" + xml_escape(full_key(keys[i])) + "</Key></Object>";
+      }
+      xml += "</Delete>";
+      auto body = std::as_bytes(std::span(xml.data(), xml.size()));
+      S3Request r{kPost, "POST", "", {{"delete", ""}}, {{"Content-MD5", md5_base64(body)},
+                                                       {"Content-Type", "application/xml"}},
+                  body, {}};
+      SLUICE_ASSIGN_OR_RETURN(auto resp, send(r));
+      pugi::xml_document doc;
+      if (doc.load_buffer(resp.body.data(), resp.body.size())) {
+        if (auto e = doc.child("DeleteResult").child("Error"))
+          return fail(Code::kIoError, "delete " + object_uri(e.child_value("Key")) + ": " +
+                                          e.child_value("Code") + ": " + e.child_value("Message"));
+      }
+    }
+    return ok();
+  }
+
+ private:
+  S3Location loc_;
+  S3Options opts_;
+  std::string scheme_, host_;
+  HttpClient http_;
+  Executor parts_;
+  std::atomic<int64_t> budget_;
+  S3Metrics m_;
+};
+
+S3Writer::S3Writer(S3Store* store, std::string key, store::WriteOptions options)
+    : store_(store), key_(std::move(key)), options_(options) {}
+
+Status S3Writer::append(std::span<const std::byte> data) {
+  if (finished_) return fail(Code::kInvalidArgument, "append to finished writer for " + store_->object_uri(key_));
+  const size_t part = store_->options().part_size;
+  while (!data.empty()) {
+    if (buf_.capacity() < part) buf_.reserve(part);
+    size_t n = std::min(part - buf_.size(), data.size());
+    buf_.insert(buf_.end(), data.begin(), data.begin() + static_cast<ptrdiff_t>(n));
+    data = data.subspan(n);
+    size_ += n;
+    if (buf_.size() == part) SLUICE_RETURN_IF_ERROR(start_part());
+  }
+  return ok();
+}
+
+Status S3Writer::start_part() {
+  if (upload_id_.empty()) {
+    S3Request r{kPost, "POST", key_, {{"uploads", ""}}, {}, {}, {}};
+    auto resp = store_->send(r);
+    if (!resp) return failed(resp.error().with_context("start multipart upload"));
+    pugi::xml_document doc;
+    doc.load_buffer(resp->body.data(), resp->body.size());
+    upload_id_ = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
+    if (upload_id_.empty())
+      return failed(Error(Code::kCorruption, "POST " + store_->object_uri(key_) + "?uploads: no UploadId"));
+  }
+  SLUICE_RETURN_IF_ERROR(drain(store_->options().part_concurrency - 1));
+  int number = static_cast<int>(done_.size() + in_flight_.size()) + 1;
+  auto body = std::make_shared<std::vector<std::byte>>(std::move(buf_));
+  buf_ = {};
+  auto p = std::make_shared<std::promise<Result<std::string>>>();
+  in_flight_.push_back(Part{number, p->get_future()});
+  S3Store* store = store_;
+  std::string key = key_, upload = upload_id_;
+  store_->parts().post([store, key, upload, number, body, p] {
+    S3Request r{kPut, "PUT", key, {{"partNumber", std::to_string(number)}, {"uploadId", upload}},
+                {{"Content-MD5", md5_base64(*body)}}, *body, {}};
+    auto resp = store->send(r);
+    if (!resp) {
+      p->set_value(std::unexpected(resp.error().with_context("upload part " + std::to_string(number))));
+      return;
+    }
+    p->set_value(resp->header("etag"));
+  });
+  return ok();
+}
+
+Status S3Writer::drain(size_t keep) {
+  while (in_flight_.size() > keep) {
+    Part part = std::move(in_flight_.front());
+    in_flight_.erase(in_flight_.begin());
+    auto etag = part.etag.get();
+    if (!etag) return failed(etag.error());
+    done_.emplace_back(part.number, std::move(*etag));
+  }
+  return ok();
+}
+
+Status S3Writer::commit() {
+  if (finished_) return fail(Code::kInvalidArgument, "commit of finished writer for " + store_->object_uri(key_));
+  if (upload_id_.empty()) {
+    S3Request r{kPut, "PUT", key_, {}, {{"Content-MD5", md5_base64(buf_)}}, buf_, {}};
+    if (!options_.overwrite) r.headers.emplace_back("If-None-Match", "*");
+    auto resp = store_->send(r);
+    finished_ = true;
+    buf_ = {};
+    if (!resp) {
+      if (resp.error().code() == Code::kConflict)
+        return fail(Code::kAlreadyExists, store_->object_uri(key_) + " already exists");
+      return std::unexpected(resp.error());
+    }
+    return ok();
+  }
+  if (!buf_.empty()) SLUICE_RETURN_IF_ERROR(start_part());
+  SLUICE_RETURN_IF_ERROR(drain(0));
+  std::sort(done_.begin(), done_.end());
+  std::string xml = "<CompleteMultipartUpload>";
+  for (auto& [n, etag] : done_)
+    xml += "<Part><PartNumber>" + std::to_string(n) + "</PartNumber><ETag>" + xml_escape(etag) +
+           "</ETag></Part>";
+  xml += "</CompleteMultipartUpload>";
+  auto body = std::as_bytes(std::span(xml.data(), xml.size()));
+  S3Request r{kPost, "POST", key_, {{"uploadId", upload_id_}}, {{"Content-Type", "application/xml"}}, body, {}};
+  auto resp = store_->send(r);
+  if (!resp) return failed(resp.error().with_context("complete multipart upload"));
+  // CompleteMultipartUpload can fail with 200 and an <Error> body.
+  pugi::xml_document doc;
+  if (doc.load_buffer(resp->body.data(), resp->body.size()) && doc.child("Error"))
+    return failed(Error(Code::kUnavailable, "complete multipart upload of " + store_->object_uri(key_) +
+                                                ": " + doc.child("Error").child_value("Code")));
+  finished_ = true;
+  upload_id_.clear();
+  return ok();
+}
+
+void S3Writer::abort() {
+  finished_ = true;
+  buf_ = {};
+  for (auto& p : in_flight_) p.etag.wait();  // parts hold no pointer into this writer
+  in_flight_.clear();
+  if (!upload_id_.empty()) {
+    // Best effort: an upload left behind costs storage until a lifecycle rule removes it.
+    S3Request r{kDelete, "DELETE", key_, {{"uploadId", upload_id_}}, {}, {}, {}};
+    (void)store_->send(r);
+    upload_id_.clear();
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<store::Store>> open_s3_store(std::string_view uri, const S3Options& options) {
+  SLUICE_ASSIGN_OR_RETURN(S3Location loc, parse_s3_uri(uri));
+  if (options.part_size == 0)
+    return fail(Code::kInvalidArgument, "S3 part size must be positive");
+  if (options.max_attempts == 0)
+    return fail(Code::kInvalidArgument, "S3 max attempts must be at least 1");
+  return std::unique_ptr<store::Store>(std::make_unique<S3Store>(std::move(loc), options));
+}
+
+}  // namespace sluice::s3

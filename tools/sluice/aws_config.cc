@@ -1,0 +1,89 @@
+#include "aws_config.h"
+
+#include <INIReader.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+
+namespace sluice::cli {
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string home_file(const char* env_name, const char* rel) {
+  std::string p = env(env_name);
+  if (!p.empty()) return p;
+  std::string home = env("HOME");
+  return home.empty() ? "" : home + "/" + rel;
+}
+
+}  // namespace
+
+Result<s3::S3Options> load_s3_options(const AwsFlags& flags) {
+  s3::S3Options o;
+  std::string profile = !flags.profile.empty() ? flags.profile : env("AWS_PROFILE");
+  if (profile.empty()) profile = "default";
+
+  std::string cred_path = home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
+  std::string conf_path = home_file("AWS_CONFIG_FILE", ".aws/config");
+  std::optional<INIReader> creds, conf;
+  std::error_code ec;
+  for (auto [path, reader] : {std::pair{&cred_path, &creds}, std::pair{&conf_path, &conf}}) {
+    if (path->empty() || !std::filesystem::exists(*path, ec)) continue;
+    reader->emplace(*path);
+    if ((*reader)->ParseError() != 0)
+      return fail(Code::kInvalidArgument, "cannot parse AWS file " + *path + " (line " +
+                                              std::to_string((*reader)->ParseError()) + ")");
+  }
+  // In ~/.aws/config a named profile's section is "profile NAME"; the default is "default".
+  std::string conf_section = profile == "default" ? "default" : "profile " + profile;
+  bool in_creds = creds && creds->HasSection(profile);
+  bool in_conf = conf && conf->HasSection(conf_section);
+  bool explicit_profile = !flags.profile.empty() || !env("AWS_PROFILE").empty();
+  if (explicit_profile && profile != "default" && !in_creds && !in_conf)
+    return fail(Code::kNotFound, "AWS profile '" + profile + "' is in neither " + cred_path +
+                                     " nor " + conf_path);
+  auto from_files = [&](const char* key) -> std::string {
+    if (in_creds) {
+      std::string v = creds->Get(profile, key, "");
+      if (!v.empty()) return v;
+    }
+    if (in_conf) return conf->Get(conf_section, key, "");
+    return "";
+  };
+
+  if (flags.profile.empty() && !env("AWS_ACCESS_KEY_ID").empty()) {
+    o.access_key = env("AWS_ACCESS_KEY_ID");
+    o.secret_key = env("AWS_SECRET_ACCESS_KEY");
+    o.session_token = env("AWS_SESSION_TOKEN");
+    if (o.secret_key.empty())
+      return fail(Code::kInvalidArgument, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+  } else {
+    o.access_key = from_files("aws_access_key_id");
+    o.secret_key = from_files("aws_secret_access_key");
+    o.session_token = from_files("aws_session_token");
+    if (!o.access_key.empty() && o.secret_key.empty())
+      return fail(Code::kInvalidArgument, "AWS profile '" + profile + "' has aws_access_key_id but no aws_secret_access_key");
+  }
+
+  o.region = flags.region;
+  for (const char* e : {"AWS_REGION", "AWS_DEFAULT_REGION"})
+    if (o.region.empty()) o.region = env(e);
+  if (o.region.empty()) o.region = from_files("region");
+  if (o.region.empty()) o.region = "us-east-1";
+
+  o.endpoint = flags.endpoint_url;
+  for (const char* e : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"})
+    if (o.endpoint.empty()) o.endpoint = env(e);
+  if (o.endpoint.empty()) o.endpoint = from_files("endpoint_url");
+  o.path_style = !o.endpoint.empty();
+  if (!o.endpoint.empty() && !o.endpoint.starts_with("http://") && !o.endpoint.starts_with("https://"))
+    return fail(Code::kInvalidArgument, "endpoint URL '" + o.endpoint + "' must start with http:// or https://");
+  return o;
+}
+
+}  // namespace sluice::cli

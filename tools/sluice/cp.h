@@ -1,0 +1,32 @@
+// `sluice cp`: copies between local paths and s3:// URIs.
+#pragma once
+
+#include <string>
+
+#include "sluice/s3_store.h"
+#include "sluice/status.h"
+
+namespace sluice::cli {
+
+struct CpOptions {
+  std::string src, dst;
+  bool recursive = false;
+  unsigned jobs = 16;     // objects copied at once (with --recursive)
+  bool progress = false;  // a progress bar on stderr
+  s3::S3Options s3;
+};
+
+struct CpSummary {
+  uint64_t objects = 0, bytes = 0, failed = 0, retries = 0;
+  double seconds = 0;
+  std::string first_error;  // when failed > 0
+
+  std::string text() const;
+  std::string json() const;
+};
+
+// Copies; a failed object leaves nothing at its destination. Returns the summary even
+// when some objects failed (failed > 0); an error only when nothing could start.
+Result<CpSummary> run_cp(const CpOptions& options);
+
+}  // namespace sluice::cli

@@ -34,10 +34,15 @@ struct S3Options {
   std::string access_key;
   std::string secret_key;
   std::string session_token;
-  bool path_style = true;  // bucket in the path (custom endpoints); false: virtual host
-  unsigned max_in_flight = 32;
-  size_t part_size = 8 << 20;    // multipart part size and parallel GET range size
-  unsigned part_concurrency = 8;  // parts of one object in flight at once
+  bool path_style =
+      true;  // bucket in the path (custom endpoints); false: virtual host
+             // HTTP requests in flight at once across the store. Too many collapse a server's
+  // throughput (a single-threaded s3rver thrashes at 32); 16 keeps one AWS prefix busy.
+  unsigned max_in_flight = 16;
+  // Multipart part size and parallel ranged-GET size. AWS needs at least 5 MiB for every
+  // part but the last.
+  size_t part_size = 16 << 20;
+  unsigned part_concurrency = 8;  // parts of one object (up or down) in flight at once
   unsigned max_attempts = 5;
   unsigned base_delay_ms = 50;
   unsigned max_delay_ms = 5000;

@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -68,6 +69,9 @@ struct ReadOptions {
   // Read only if the object's etag is still this one; Conflict otherwise. Pins a series
   // of ranged reads of one object to one version of it.
   std::string if_match;
+  // The object's size, when the caller knows it (from a listing). Lets an object store
+  // read a whole small object with one plain GET instead of a ranged one.
+  std::optional<uint64_t> object_size;
 };
 
 struct WriteOptions {

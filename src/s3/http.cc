@@ -19,8 +19,8 @@ struct HttpClient::Pool {
   HttpOptions options;
   std::mutex mu;
   std::condition_variable cv;
-  unsigned in_use = 0;       // guarded by mu
-  std::vector<CURL*> idle;   // guarded by mu: handles with live connections, for reuse
+  unsigned in_use = 0;      // guarded by mu
+  std::vector<CURL*> idle;  // guarded by mu: handles with live connections, for reuse
 };
 
 namespace {
@@ -70,6 +70,17 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
   return len;
 }
 
+// libcurl rewinds the body to resend a request on a fresh connection (a reused keep-alive
+// connection the server had closed); without this the resend fails with
+// CURLE_SEND_FAIL_REWIND.
+int on_seek(void* user, curl_off_t offset, int origin) {
+  auto* t = static_cast<Transfer*>(user);
+  if (origin != SEEK_SET || offset < 0 || static_cast<size_t>(offset) > t->req->body.size())
+    return CURL_SEEKFUNC_CANTSEEK;
+  t->upload_pos = static_cast<size_t>(offset);
+  return CURL_SEEKFUNC_OK;
+}
+
 size_t on_upload(char* buf, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
   size_t left = t->req->body.size() - t->upload_pos;
@@ -79,20 +90,22 @@ size_t on_upload(char* buf, size_t size, size_t n, void* user) {
   return len;
 }
 
-Error transport_error(CURLcode rc, const char* detail, const HttpRequest& req) {
-  std::string msg = req.method + " " + req.url + ": " +
-                    (detail && *detail ? std::string(detail) : curl_easy_strerror(rc));
+Error transport_error(CURLcode rc, const char* detail) {
+  std::string msg = detail && *detail ? std::string(detail) : curl_easy_strerror(rc);
   switch (rc) {
-    case CURLE_OPERATION_TIMEDOUT: return Error(Code::kTimedOut, msg);
+    case CURLE_OPERATION_TIMEDOUT:
+      return Error(Code::kTimedOut, msg);
     case CURLE_COULDNT_CONNECT:
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_SEND_ERROR:
     case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
+    case CURLE_SEND_FAIL_REWIND:
     case CURLE_SSL_CONNECT_ERROR:
       return Error(Code::kUnavailable, msg);
-    default: return Error(Code::kIoError, msg);
+    default:
+      return Error(Code::kIoError, msg);
   }
 }
 
@@ -124,8 +137,10 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
   auto release = [&](bool reuse) {
     std::lock_guard lock(pool_->mu);
     --pool_->in_use;
-    if (h && reuse) pool_->idle.push_back(h);
-    else if (h) curl_easy_cleanup(h);
+    if (h && reuse)
+      pool_->idle.push_back(h);
+    else if (h)
+      curl_easy_cleanup(h);
     pool_->cv.notify_one();
   };
   if (!h) h = curl_easy_init();
@@ -154,6 +169,8 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
     curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
     curl_easy_setopt(h, CURLOPT_READFUNCTION, on_upload);
     curl_easy_setopt(h, CURLOPT_READDATA, &t);
+    curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
+    curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
     curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
   } else if (req.method == "POST") {
     curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -175,7 +192,7 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
   curl_slist_free_all(headers);
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
   if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && resp.sink_overflow)) {
-    Error e = transport_error(rc, errbuf, req);
+    Error e = transport_error(rc, errbuf);
     release(false);
     return std::unexpected(std::move(e));
   }

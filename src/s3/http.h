@@ -36,9 +36,9 @@ struct HttpRequest {
 
 struct HttpResponse {
   long status = 0;
-  HeaderList headers;       // names lower-cased
-  std::string body;         // the body, unless it went to the sink
-  size_t sink_bytes = 0;    // bytes written into the sink
+  HeaderList headers;          // names lower-cased
+  std::string body;            // the body, unless it went to the sink
+  size_t sink_bytes = 0;       // bytes written into the sink
   bool sink_overflow = false;  // the server sent more than the sink holds
 
   // The first header called `name` (lower-case), or empty.
@@ -60,7 +60,8 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   // Transport failures (refused, reset, timed out, truncated body) come back as
-  // Unavailable or TimedOut with curl's reason; any HTTP status is a successful result.
+  // Unavailable or TimedOut with curl's reason (the caller names the object); any HTTP
+  // status is a successful result.
   Result<HttpResponse> perform(const HttpRequest& request);
 
  private:

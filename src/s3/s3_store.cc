@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <future>
 #include <optional>
 #include <random>
@@ -50,18 +51,31 @@ struct S3Request {
   HeaderList headers;
   std::span<const std::byte> body;
   std::span<std::byte> sink;
+  // Checks a 2xx response (lengths, ranges); an error from it is retried like a reset.
+  std::function<std::optional<Error>(const HttpResponse&)> check = {};
 };
 
 std::string xml_escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -124,12 +138,13 @@ class S3Writer : public store::Writer {
 class S3Store : public store::Store {
  public:
   S3Store(S3Location loc, S3Options opts)
-      : loc_(std::move(loc)), opts_(std::move(opts)),
+      : loc_(std::move(loc)),
+        opts_(std::move(opts)),
         http_(HttpOptions{opts_.max_in_flight, 5000, 30}),
-        parts_(std::max(1u, std::min(opts_.max_in_flight, 64u))),
+        parts_(std::max(1u, std::min(opts_.part_concurrency, 64u))),
         budget_(static_cast<int64_t>(opts_.retry_budget)) {
-    std::string ep = opts_.endpoint.empty() ? "https://s3." + opts_.region + ".amazonaws.com"
-                                            : opts_.endpoint;
+    std::string ep =
+        opts_.endpoint.empty() ? "https://s3." + opts_.region + ".amazonaws.com" : opts_.endpoint;
     while (ep.ends_with('/')) ep.pop_back();
     size_t scheme = ep.find("://");
     scheme_ = scheme == std::string::npos ? "https" : ep.substr(0, scheme);
@@ -177,8 +192,9 @@ class S3Store : public store::Store {
       if (!opts_.access_key.empty()) {
         SigningRequest sr{r.method, host_, path, r.query, r.headers, std::string(kUnsignedPayload)};
         if (r.body.empty()) sr.payload_sha256 = std::string(kEmptyPayloadSha256);
-        auto signed_req = sign_v4(sr, Credentials{opts_.access_key, opts_.secret_key, opts_.session_token},
-                                  opts_.region, "s3", std::time(nullptr));
+        auto signed_req =
+            sign_v4(sr, Credentials{opts_.access_key, opts_.secret_key, opts_.session_token},
+                    opts_.region, "s3", std::time(nullptr));
         for (auto& kv : signed_req.headers) h.headers.push_back(kv);
       }
       uint64_t t0 = telemetry::now_ns();
@@ -190,12 +206,15 @@ class S3Store : public store::Store {
       std::optional<Error> err;
       bool retryable = false;
       if (!resp) {
-        err = resp.error();
+        err = Error(resp.error().code(), what + ": " + resp.error().message());
         retryable = err->code() == Code::kUnavailable || err->code() == Code::kTimedOut;
       } else if (resp->status >= 300 || resp->sink_overflow) {
         auto [e, retry] = classify(*resp, what);
         err = std::move(e);
         retryable = retry;
+      } else if (r.check) {
+        err = r.check(*resp);
+        retryable = err.has_value();
       }
       if (!err) {
         if (m_.bytes_in) {
@@ -208,9 +227,9 @@ class S3Store : public store::Store {
         return std::move(*resp);
       }
       if (!retryable || attempt >= opts_.max_attempts)
-        return std::unexpected(attempt > 1 ? err->with_context("after " + std::to_string(attempt) +
-                                                               " attempts")
-                                           : *err);
+        return std::unexpected(
+            attempt > 1 ? err->with_context("after " + std::to_string(attempt) + " attempts")
+                        : *err);
       // Relaxed: the budget is a soft, approximate limit on retry storms.
       if (budget_.fetch_sub(5, std::memory_order_relaxed) < 5) {
         budget_.fetch_add(5, std::memory_order_relaxed);
@@ -219,7 +238,7 @@ class S3Store : public store::Store {
       if (m_.retries) m_.retries->add();
       // Exponential backoff with full jitter.
       uint64_t cap = std::min<uint64_t>(opts_.max_delay_ms,
-                                         uint64_t{opts_.base_delay_ms} << std::min(attempt, 20u));
+                                        uint64_t{opts_.base_delay_ms} << std::min(attempt, 20u));
       std::this_thread::sleep_for(std::chrono::milliseconds(cap ? rng() % (cap + 1) : 0));
     }
   }
@@ -233,34 +252,48 @@ class S3Store : public store::Store {
         message = doc.child("Error").child_value("Message");
       }
     }
-    if (resp.sink_overflow)
-      return {Error(Code::kIoError, what + ": server sent more bytes than asked for"), true};
+    if (resp.sink_overflow)  // more than the range or the listed size: not this version
+      return {Error(Code::kConflict, what + ": server sent more bytes than asked for"), false};
     long s = resp.status;
     if (code.empty()) {
       switch (s) {
-        case 404: code = "NotFound"; break;
-        case 403: code = "Forbidden"; break;
-        case 412: code = "PreconditionFailed"; break;
-        default: code = "HTTP" + std::to_string(s);
+        case 404:
+          code = "NotFound";
+          break;
+        case 403:
+          code = "Forbidden";
+          break;
+        case 412:
+          code = "PreconditionFailed";
+          break;
+        default:
+          code = "HTTP" + std::to_string(s);
       }
     }
     std::string msg = what + ": " + code + " (HTTP " + std::to_string(s) + ")" +
                       (message.empty() ? "" : ": " + message);
-    bool retry = s == 500 || s == 502 || s == 503 || s == 504 || s == 429 ||
-                 code == "SlowDown" || code == "RequestTimeout" || code == "InternalError";
+    bool retry = s == 500 || s == 502 || s == 503 || s == 504 || s == 429 || code == "SlowDown" ||
+                 code == "RequestTimeout" || code == "InternalError";
     Code c = Code::kIoError;
-    if (s == 404) c = Code::kNotFound;
-    else if (s == 401 || s == 403) c = Code::kPermissionDenied;
-    else if (s == 409 || s == 412) c = Code::kConflict;
-    else if (code == "BadDigest" || code == "InvalidDigest") c = Code::kCorruption;
-    else if (retry) c = Code::kUnavailable;
-    else if (s >= 400 && s < 500) c = Code::kInvalidArgument;
+    if (s == 404)
+      c = Code::kNotFound;
+    else if (s == 401 || s == 403)
+      c = Code::kPermissionDenied;
+    else if (s == 409 || s == 412)
+      c = Code::kConflict;
+    else if (code == "BadDigest" || code == "InvalidDigest")
+      c = Code::kCorruption;
+    else if (retry)
+      c = Code::kUnavailable;
+    else if (s >= 400 && s < 500)
+      c = Code::kInvalidArgument;
     return {Error(c, msg), retry};
   }
 
   Result<store::ObjectInfo> stat(std::string_view key) override {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
-    SLUICE_ASSIGN_OR_RETURN(auto resp, send(S3Request{kHead, "HEAD", full_key(key), {}, {}, {}, {}}));
+    SLUICE_ASSIGN_OR_RETURN(auto resp,
+                            send(S3Request{kHead, "HEAD", full_key(key), {}, {}, {}, {}}));
     store::ObjectInfo info;
     info.key = std::string(key);
     info.size = std::strtoull(resp.header("content-length").c_str(), nullptr, 10);
@@ -273,9 +306,31 @@ class S3Store : public store::Store {
   Result<size_t> get_range(const std::string& fk, uint64_t offset, std::span<std::byte> dst,
                            const std::string& if_match, std::string* etag) {
     S3Request r{kGet, "GET", fk, {}, {}, {}, dst};
-    r.headers.emplace_back("Range", "bytes=" + std::to_string(offset) + "-" +
-                                        std::to_string(offset + dst.size() - 1));
+    r.headers.emplace_back(
+        "Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + dst.size() - 1));
     if (!if_match.empty()) r.headers.emplace_back("If-Match", if_match);
+    std::string what = "GET " + object_uri(fk) + " bytes " + std::to_string(offset) + "+" +
+                       std::to_string(dst.size());
+    // Never return a partial or misplaced body: the length must match Content-Length and
+    // the range must start where asked. A mismatch is retried, like a reset.
+    r.check = [&](const HttpResponse& h) -> std::optional<Error> {
+      std::string cl = h.header("content-length");
+      if (cl.empty() || std::strtoull(cl.c_str(), nullptr, 10) != h.sink_bytes)
+        return Error(Code::kUnavailable, what + ": body of " + std::to_string(h.sink_bytes) +
+                                             " bytes, Content-Length '" + cl + "'");
+      if (h.status == 206) {
+        std::string cr = h.header("content-range");  // "bytes a-b/total"
+        uint64_t a = 0, b = 0;
+        if (std::sscanf(cr.c_str(), "bytes %lu-%lu", &a, &b) != 2 || a != offset ||
+            b - a + 1 != h.sink_bytes)
+          return Error(Code::kCorruption, what + ": Content-Range '" + cr +
+                                              "' does not match the " +
+                                              std::to_string(h.sink_bytes) + "-byte body");
+      } else if (offset != 0) {
+        return Error(Code::kCorruption, what + ": server ignored the Range header");
+      }
+      return std::nullopt;
+    };
     auto resp = send(r);
     if (!resp) {
       // 416: the range starts at or past the end of the object.
@@ -285,23 +340,31 @@ class S3Store : public store::Store {
       return std::unexpected(resp.error());
     }
     if (etag) *etag = resp->header("etag");
-    std::string what = "GET " + object_uri(fk) + " bytes " + std::to_string(offset) + "+" +
-                       std::to_string(dst.size());
-    // Never return a partial or misplaced body: the length must match Content-Length and the
-    // range must start where asked.
-    std::string cl = resp->header("content-length");
-    if (!cl.empty() && std::strtoull(cl.c_str(), nullptr, 10) != resp->sink_bytes)
-      return fail(Code::kUnavailable, what + ": body of " + std::to_string(resp->sink_bytes) +
-                                          " bytes, Content-Length " + cl);
-    if (resp->status == 206) {
-      std::string cr = resp->header("content-range");  // "bytes a-b/total"
-      uint64_t a = 0, b = 0;
-      if (std::sscanf(cr.c_str(), "bytes %lu-%lu", &a, &b) != 2 || a != offset ||
-          b - a + 1 != resp->sink_bytes)
-        return fail(Code::kCorruption, what + ": unexpected Content-Range '" + cr + "'");
-    } else if (offset != 0) {
-      return fail(Code::kCorruption, what + ": server ignored the Range header");
+    return resp->sink_bytes;
+  }
+
+  // A whole object of known size with one plain GET: one response is one version, so the
+  // ETag is checked on the response rather than sent as If-Match.
+  Result<size_t> get_whole(const std::string& fk, uint64_t size, std::span<std::byte> dst,
+                           const std::string& if_match) {
+    S3Request r{kGet, "GET", fk, {}, {}, {}, dst.first(size)};
+    std::string what = "GET " + object_uri(fk);
+    r.check = [&](const HttpResponse& h) -> std::optional<Error> {
+      if (h.sink_bytes != size || h.header("content-length") != std::to_string(size))
+        return Error(Code::kUnavailable, what + ": body of " + std::to_string(h.sink_bytes) +
+                                             " bytes, expected " + std::to_string(size));
+      return std::nullopt;
+    };
+    auto resp = send(r);
+    if (!resp) {
+      // Larger than the listing said: the object was replaced since.
+      if (resp.error().message().find("more bytes than asked") != std::string::npos)
+        return fail(Code::kConflict, object_uri(fk) + " changed since it was listed");
+      return std::unexpected(resp.error());
     }
+    if (!if_match.empty() && resp->header("etag") != if_match)
+      return fail(Code::kConflict, object_uri(fk) + " changed since it was listed (ETag " +
+                                       if_match + ", now " + resp->header("etag") + ")");
     return resp->sink_bytes;
   }
 
@@ -311,6 +374,9 @@ class S3Store : public store::Store {
     if (dst.empty()) return size_t{0};
     std::string fk = full_key(key);
     const size_t part = opts_.part_size;
+    if (offset == 0 && options.object_size && *options.object_size <= dst.size() &&
+        *options.object_size <= part)
+      return get_whole(fk, *options.object_size, dst, options.if_match);
     std::string etag = options.if_match;
     size_t first_len = std::min(dst.size(), part);
     SLUICE_ASSIGN_OR_RETURN(size_t first, get_range(fk, offset, dst.first(first_len), etag,
@@ -342,8 +408,9 @@ class S3Store : public store::Store {
     }
     if (err) {
       if (err->code() == Code::kConflict)
-        return std::unexpected(Error(Code::kConflict, object_uri(fk) + " was replaced during the read (ETag " +
-                                                          etag + " no longer matches): " + err->message()));
+        return std::unexpected(
+            Error(Code::kConflict, object_uri(fk) + " was replaced during the read (ETag " + etag +
+                                       " no longer matches): " + err->message()));
       return std::unexpected(*err);
     }
     return total;
@@ -362,13 +429,15 @@ class S3Store : public store::Store {
     r.query = {{"list-type", "2"},
                {"prefix", loc_.prefix + options.prefix},
                {"max-keys", std::to_string(std::min<size_t>(options.max_keys, 1000))}};
-    if (!options.continuation.empty()) r.query.emplace_back("continuation-token", options.continuation);
+    if (!options.continuation.empty())
+      r.query.emplace_back("continuation-token", options.continuation);
     SLUICE_ASSIGN_OR_RETURN(auto resp, send(r));
     pugi::xml_document doc;
     if (!doc.load_buffer(resp.body.data(), resp.body.size()))
       return fail(Code::kCorruption, "list " + uri() + ": response is not XML");
     auto root = doc.child("ListBucketResult");
-    if (!root) return fail(Code::kCorruption, "list " + uri() + ": no ListBucketResult in response");
+    if (!root)
+      return fail(Code::kCorruption, "list " + uri() + ": no ListBucketResult in response");
     store::ListPage page;
     for (auto c : root.children("Contents")) {
       std::string k = c.child_value("Key");
@@ -383,7 +452,8 @@ class S3Store : public store::Store {
     if (std::string_view(root.child_value("IsTruncated")) == "true") {
       page.next_token = root.child_value("NextContinuationToken");
       if (page.next_token.empty())
-        return fail(Code::kCorruption, "list " + uri() + ": truncated without a continuation token");
+        return fail(Code::kCorruption,
+                    "list " + uri() + ": truncated without a continuation token");
     }
     return page;
   }
@@ -403,9 +473,13 @@ class S3Store : public store::Store {
       }
       xml += "</Delete>";
       auto body = std::as_bytes(std::span(xml.data(), xml.size()));
-      S3Request r{kPost, "POST", "", {{"delete", ""}}, {{"Content-MD5", md5_base64(body)},
-                                                       {"Content-Type", "application/xml"}},
-                  body, {}};
+      S3Request r{kPost,
+                  "POST",
+                  "",
+                  {{"delete", ""}},
+                  {{"Content-MD5", md5_base64(body)}, {"Content-Type", "application/xml"}},
+                  body,
+                  {}};
       SLUICE_ASSIGN_OR_RETURN(auto resp, send(r));
       pugi::xml_document doc;
       if (doc.load_buffer(resp.body.data(), resp.body.size())) {
@@ -431,7 +505,9 @@ S3Writer::S3Writer(S3Store* store, std::string key, store::WriteOptions options)
     : store_(store), key_(std::move(key)), options_(options) {}
 
 Status S3Writer::append(std::span<const std::byte> data) {
-  if (finished_) return fail(Code::kInvalidArgument, "append to finished writer for " + store_->object_uri(key_));
+  if (finished_)
+    return fail(Code::kInvalidArgument,
+                "append to finished writer for " + store_->object_uri(key_));
   const size_t part = store_->options().part_size;
   while (!data.empty()) {
     if (buf_.capacity() < part) buf_.reserve(part);
@@ -453,7 +529,8 @@ Status S3Writer::start_part() {
     doc.load_buffer(resp->body.data(), resp->body.size());
     upload_id_ = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
     if (upload_id_.empty())
-      return failed(Error(Code::kCorruption, "POST " + store_->object_uri(key_) + "?uploads: no UploadId"));
+      return failed(
+          Error(Code::kCorruption, "POST " + store_->object_uri(key_) + "?uploads: no UploadId"));
   }
   SLUICE_RETURN_IF_ERROR(drain(store_->options().part_concurrency - 1));
   int number = static_cast<int>(done_.size() + in_flight_.size()) + 1;
@@ -464,11 +541,17 @@ Status S3Writer::start_part() {
   S3Store* store = store_;
   std::string key = key_, upload = upload_id_;
   store_->parts().post([store, key, upload, number, body, p] {
-    S3Request r{kPut, "PUT", key, {{"partNumber", std::to_string(number)}, {"uploadId", upload}},
-                {{"Content-MD5", md5_base64(*body)}}, *body, {}};
+    S3Request r{kPut,
+                "PUT",
+                key,
+                {{"partNumber", std::to_string(number)}, {"uploadId", upload}},
+                {{"Content-MD5", md5_base64(*body)}},
+                *body,
+                {}};
     auto resp = store->send(r);
     if (!resp) {
-      p->set_value(std::unexpected(resp.error().with_context("upload part " + std::to_string(number))));
+      p->set_value(
+          std::unexpected(resp.error().with_context("upload part " + std::to_string(number))));
       return;
     }
     p->set_value(resp->header("etag"));
@@ -488,7 +571,9 @@ Status S3Writer::drain(size_t keep) {
 }
 
 Status S3Writer::commit() {
-  if (finished_) return fail(Code::kInvalidArgument, "commit of finished writer for " + store_->object_uri(key_));
+  if (finished_)
+    return fail(Code::kInvalidArgument,
+                "commit of finished writer for " + store_->object_uri(key_));
   if (upload_id_.empty()) {
     S3Request r{kPut, "PUT", key_, {}, {{"Content-MD5", md5_base64(buf_)}}, buf_, {}};
     if (!options_.overwrite) r.headers.emplace_back("If-None-Match", "*");
@@ -511,14 +596,17 @@ Status S3Writer::commit() {
            "</ETag></Part>";
   xml += "</CompleteMultipartUpload>";
   auto body = std::as_bytes(std::span(xml.data(), xml.size()));
-  S3Request r{kPost, "POST", key_, {{"uploadId", upload_id_}}, {{"Content-Type", "application/xml"}}, body, {}};
+  S3Request r{
+      kPost, "POST", key_, {{"uploadId", upload_id_}}, {{"Content-Type", "application/xml"}},
+      body,  {}};
   auto resp = store_->send(r);
   if (!resp) return failed(resp.error().with_context("complete multipart upload"));
   // CompleteMultipartUpload can fail with 200 and an <Error> body.
   pugi::xml_document doc;
   if (doc.load_buffer(resp->body.data(), resp->body.size()) && doc.child("Error"))
-    return failed(Error(Code::kUnavailable, "complete multipart upload of " + store_->object_uri(key_) +
-                                                ": " + doc.child("Error").child_value("Code")));
+    return failed(Error(Code::kUnavailable, "complete multipart upload of " +
+                                                store_->object_uri(key_) + ": " +
+                                                doc.child("Error").child_value("Code")));
   finished_ = true;
   upload_id_.clear();
   return ok();
@@ -539,10 +627,10 @@ void S3Writer::abort() {
 
 }  // namespace
 
-Result<std::unique_ptr<store::Store>> open_s3_store(std::string_view uri, const S3Options& options) {
+Result<std::unique_ptr<store::Store>> open_s3_store(std::string_view uri,
+                                                    const S3Options& options) {
   SLUICE_ASSIGN_OR_RETURN(S3Location loc, parse_s3_uri(uri));
-  if (options.part_size == 0)
-    return fail(Code::kInvalidArgument, "S3 part size must be positive");
+  if (options.part_size == 0) return fail(Code::kInvalidArgument, "S3 part size must be positive");
   if (options.max_attempts == 0)
     return fail(Code::kInvalidArgument, "S3 max attempts must be at least 1");
   return std::unique_ptr<store::Store>(std::make_unique<S3Store>(std::move(loc), options));

@@ -59,7 +59,7 @@ Status Store::remove_many(std::span<const std::string> keys) {
 Result<std::vector<std::byte>> Store::get(std::string_view key) {
   SLUICE_ASSIGN_OR_RETURN(ObjectInfo info, stat(key));
   std::vector<std::byte> data(info.size);
-  SLUICE_ASSIGN_OR_RETURN(size_t n, read_full(key, 0, data, ReadOptions{info.etag}));
+  SLUICE_ASSIGN_OR_RETURN(size_t n, read_full(key, 0, data, ReadOptions{info.etag, info.size}));
   if (n != info.size)
     return fail(Code::kCorruption, "object '" + std::string(key) + "' in " + uri() +
                                        " changed while being read: expected " +

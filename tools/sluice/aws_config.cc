@@ -45,8 +45,8 @@ Result<s3::S3Options> load_s3_options(const AwsFlags& flags) {
   bool in_conf = conf && conf->HasSection(conf_section);
   bool explicit_profile = !flags.profile.empty() || !env("AWS_PROFILE").empty();
   if (explicit_profile && profile != "default" && !in_creds && !in_conf)
-    return fail(Code::kNotFound, "AWS profile '" + profile + "' is in neither " + cred_path +
-                                     " nor " + conf_path);
+    return fail(Code::kNotFound,
+                "AWS profile '" + profile + "' is in neither " + cred_path + " nor " + conf_path);
   auto from_files = [&](const char* key) -> std::string {
     if (in_creds) {
       std::string v = creds->Get(profile, key, "");
@@ -61,13 +61,16 @@ Result<s3::S3Options> load_s3_options(const AwsFlags& flags) {
     o.secret_key = env("AWS_SECRET_ACCESS_KEY");
     o.session_token = env("AWS_SESSION_TOKEN");
     if (o.secret_key.empty())
-      return fail(Code::kInvalidArgument, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+      return fail(Code::kInvalidArgument,
+                  "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
   } else {
     o.access_key = from_files("aws_access_key_id");
     o.secret_key = from_files("aws_secret_access_key");
     o.session_token = from_files("aws_session_token");
     if (!o.access_key.empty() && o.secret_key.empty())
-      return fail(Code::kInvalidArgument, "AWS profile '" + profile + "' has aws_access_key_id but no aws_secret_access_key");
+      return fail(
+          Code::kInvalidArgument,
+          "AWS profile '" + profile + "' has aws_access_key_id but no aws_secret_access_key");
   }
 
   o.region = flags.region;
@@ -81,8 +84,10 @@ Result<s3::S3Options> load_s3_options(const AwsFlags& flags) {
     if (o.endpoint.empty()) o.endpoint = env(e);
   if (o.endpoint.empty()) o.endpoint = from_files("endpoint_url");
   o.path_style = !o.endpoint.empty();
-  if (!o.endpoint.empty() && !o.endpoint.starts_with("http://") && !o.endpoint.starts_with("https://"))
-    return fail(Code::kInvalidArgument, "endpoint URL '" + o.endpoint + "' must start with http:// or https://");
+  if (!o.endpoint.empty() && !o.endpoint.starts_with("http://") &&
+      !o.endpoint.starts_with("https://"))
+    return fail(Code::kInvalidArgument,
+                "endpoint URL '" + o.endpoint + "' must start with http:// or https://");
   return o;
 }
 

@@ -34,12 +34,13 @@ std::string CpSummary::text() const {
 }
 
 std::string CpSummary::json() const {
-  nlohmann::json j = {{"objects", objects},
-                      {"bytes", bytes},
-                      {"seconds", seconds},
-                      {"throughput_mib_s", seconds > 0 ? static_cast<double>(bytes) / seconds / (1 << 20) : 0},
-                      {"retries", retries},
-                      {"failed", failed}};
+  nlohmann::json j = {
+      {"objects", objects},
+      {"bytes", bytes},
+      {"seconds", seconds},
+      {"throughput_mib_s", seconds > 0 ? static_cast<double>(bytes) / seconds / (1 << 20) : 0},
+      {"retries", retries},
+      {"failed", failed}};
   if (failed) j["error"] = first_error;
   return j.dump();
 }
@@ -47,10 +48,10 @@ std::string CpSummary::json() const {
 namespace {
 
 struct Task {
-  std::string src_key;   // key in the source store (s3) or path (local)
-  std::string dst;       // destination path (local) or key (s3)
+  std::string src_key;  // key in the source store (s3) or path (local)
+  std::string dst;      // destination path (local) or key (s3)
   uint64_t size = 0;
-  std::string etag;      // known from a listing: saves a HEAD
+  std::string etag;  // known from a listing: saves a HEAD
   bool known = false;
 };
 
@@ -61,7 +62,7 @@ struct Progress {
 
 // Downloads one object into a temporary file beside `path`, straight into a mapping of
 // the file, then renames it into place: a failure leaves nothing at `path`.
-Status download(store::Store& s3, Task& t, Progress& prog) {
+Status download(store::Store& s3, Task& t, Progress& prog, bool fsync) {
   if (!t.known) {
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, s3.stat(t.src_key));
     t.size = info.size;
@@ -71,8 +72,8 @@ Status download(store::Store& s3, Task& t, Progress& prog) {
   std::error_code ec;
   if (dst.has_parent_path()) fs::create_directories(dst.parent_path(), ec);
   static std::atomic<uint64_t> n{0};
-  std::string tmp = (dst.has_parent_path() ? dst.parent_path().string() + "/" : std::string()) + "." +
-                    dst.filename().string() + ".sluice-" + std::to_string(::getpid()) + "-" +
+  std::string tmp = (dst.has_parent_path() ? dst.parent_path().string() + "/" : std::string()) +
+                    "." + dst.filename().string() + ".sluice-" + std::to_string(::getpid()) + "-" +
                     std::to_string(n.fetch_add(1));
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return fail_errno(errno, "create " + tmp);
@@ -82,31 +83,37 @@ Status download(store::Store& s3, Task& t, Progress& prog) {
     return std::unexpected(std::move(e));
   };
   if (t.size > 0) {
-    if (::ftruncate(fd, static_cast<off_t>(t.size)) != 0)
-      return cleanup(error_from_errno(errno, "size " + tmp + " to " + std::to_string(t.size)));
+    // Reserve the blocks first: a full disk is a clear NoSpace here, never a SIGBUS from
+    // writing into the mapping later.
+    if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(t.size)); rc != 0)
+      return cleanup(
+          error_from_errno(rc, "reserve " + std::to_string(t.size) + " bytes for " + tmp));
     void* map = ::mmap(nullptr, t.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) return cleanup(error_from_errno(errno, "map " + tmp));
     auto span = std::span(static_cast<std::byte*>(map), t.size);
     // Read in slices so progress moves; each slice's parts run in parallel and are pinned
     // to the ETag seen in the listing or the first HEAD.
-    const uint64_t slice = 64 << 20;
+    const uint64_t slice = 256 << 20;
     Status st = ok();
     for (uint64_t off = 0; off < t.size && st; off += slice) {
       auto part = span.subspan(off, std::min<uint64_t>(slice, t.size - off));
-      auto r = s3.read_full(t.src_key, off, part, store::ReadOptions{t.etag});
-      if (!r) st = std::unexpected(r.error());
+      auto r = s3.read_full(t.src_key, off, part, store::ReadOptions{t.etag, t.size});
+      if (!r)
+        st = std::unexpected(r.error());
       else if (*r != part.size())
-        st = fail(Code::kUnavailable, "object " + t.src_key + " ended at " + std::to_string(off + *r) +
-                                          " bytes, expected " + std::to_string(t.size));
-      else prog.bytes.fetch_add(*r, std::memory_order_relaxed);
+        st = fail(Code::kUnavailable, "object " + t.src_key + " ended at " +
+                                          std::to_string(off + *r) + " bytes, expected " +
+                                          std::to_string(t.size));
+      else
+        prog.bytes.fetch_add(*r, std::memory_order_relaxed);
     }
-    // A full disk shows up as SIGBUS on a mapping; msync reports I/O errors instead.
-    if (st && ::msync(map, t.size, MS_SYNC) != 0) st = fail_errno(errno, "write " + tmp);
+    // Write-back errors surface here (or at fsync with --fsync), not as a silent loss.
+    if (st && ::msync(map, t.size, fsync ? MS_SYNC : MS_ASYNC) != 0)
+      st = fail_errno(errno, "write " + tmp);
     ::munmap(map, t.size);
     if (!st) return cleanup(st.error());
-  } else if (::fsync(fd) != 0) {
-    return cleanup(error_from_errno(errno, "sync " + tmp));
   }
+  if (fsync && ::fsync(fd) != 0) return cleanup(error_from_errno(errno, "sync " + tmp));
   if (::rename(tmp.c_str(), t.dst.c_str()) != 0)
     return cleanup(error_from_errno(errno, "rename " + tmp + " to " + t.dst));
   ::close(fd);
@@ -144,12 +151,17 @@ Status upload(store::Store& s3, const Task& t, Progress& prog) {
 Status check_relative(const std::string& rel, const std::string& key) {
   if (rel.empty() || rel.front() == '/' || rel == ".." || rel.starts_with("../") ||
       rel.find("/../") != std::string::npos || rel.ends_with("/.."))
-    return fail(Code::kInvalidArgument, "refusing key '" + key + "': it would land outside the destination");
+    return fail(Code::kInvalidArgument,
+                "refusing key '" + key + "': it would land outside the destination");
   return ok();
 }
 
-bool is_s3(const std::string& s) { return s.starts_with("s3://"); }
-std::string local_path(const std::string& s) { return s.starts_with("file://") ? s.substr(7) : s; }
+bool is_s3(const std::string& s) {
+  return s.starts_with("s3://");
+}
+std::string local_path(const std::string& s) {
+  return s.starts_with("file://") ? s.substr(7) : s;
+}
 
 void draw(const Progress& p, double seconds, bool final) {
   uint64_t b = p.bytes.load(std::memory_order_relaxed);
@@ -161,8 +173,8 @@ void draw(const Progress& p, double seconds, bool final) {
                frac * 100, format_size(static_cast<double>(b)).c_str(),
                format_size(static_cast<double>(p.total_bytes)).c_str(),
                seconds > 0 ? static_cast<double>(b) / seconds / (1 << 20) : 0.0,
-               static_cast<unsigned long>(p.objects.load()), static_cast<unsigned long>(p.total_objects),
-               final ? "\n" : "");
+               static_cast<unsigned long>(p.objects.load()),
+               static_cast<unsigned long>(p.total_objects), final ? "\n" : "");
 }
 
 }  // namespace
@@ -170,8 +182,9 @@ void draw(const Progress& p, double seconds, bool final) {
 Result<CpSummary> run_cp(const CpOptions& o) {
   bool src_s3 = is_s3(o.src), dst_s3 = is_s3(o.dst);
   if (src_s3 == dst_s3)
-    return fail(Code::kUnsupported, "sluice cp copies between a local path and an s3:// URI; got '" +
-                                        o.src + "' and '" + o.dst + "'");
+    return fail(Code::kUnsupported,
+                "sluice cp copies between a local path and an s3:// URI; got '" + o.src +
+                    "' and '" + o.dst + "'");
   telemetry::Registry registry;
   s3::S3Options so = o.s3;
   so.registry = &registry;
@@ -194,7 +207,8 @@ Result<CpSummary> run_cp(const CpOptions& o) {
       }
     } else {
       if (loc.prefix.empty() || loc.prefix.ends_with('/'))
-        return fail(Code::kInvalidArgument, "'" + o.src + "' names no object (use --recursive for a prefix)");
+        return fail(Code::kInvalidArgument,
+                    "'" + o.src + "' names no object (use --recursive for a prefix)");
       std::string name = loc.prefix.substr(loc.prefix.rfind('/') + 1);
       std::error_code ec;
       if (dst.ends_with('/') || fs::is_directory(dst, ec)) dst = (fs::path(dst) / name).string();
@@ -204,11 +218,12 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     std::string src = local_path(o.src);
     std::error_code ec;
     if (o.recursive) {
-      if (!fs::is_directory(src, ec)) return fail(Code::kNotFound, "'" + src + "' is not a directory");
+      if (!fs::is_directory(src, ec))
+        return fail(Code::kNotFound, "'" + src + "' is not a directory");
       std::string prefix = loc.prefix;
       if (!prefix.empty() && !prefix.ends_with('/')) prefix += '/';
-      for (auto it = fs::recursive_directory_iterator(src, ec); !ec && it != fs::recursive_directory_iterator();
-           it.increment(ec)) {
+      for (auto it = fs::recursive_directory_iterator(src, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         if (!it->is_regular_file(ec)) continue;
         std::string rel = fs::relative(it->path(), src, ec).generic_string();
         tasks.push_back(Task{it->path().string(), prefix + rel, it->file_size(ec), "", true});
@@ -218,7 +233,8 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     } else {
       struct stat st;
       if (::stat(src.c_str(), &st) != 0) return fail_errno(errno, "stat " + src);
-      if (S_ISDIR(st.st_mode)) return fail(Code::kInvalidArgument, "'" + src + "' is a directory (use --recursive)");
+      if (S_ISDIR(st.st_mode))
+        return fail(Code::kInvalidArgument, "'" + src + "' is a directory (use --recursive)");
       std::string key = loc.prefix;
       if (key.empty() || key.ends_with('/')) key += fs::path(src).filename().string();
       tasks.push_back(Task{src, key, static_cast<uint64_t>(st.st_size), "", true});
@@ -236,21 +252,25 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     while (true) {
       size_t i = next.fetch_add(1);
       if (i >= tasks.size()) return;
-      Status st = src_s3 ? download(*s3store, tasks[i], prog) : upload(*s3store, tasks[i], prog);
+      Status st =
+          src_s3 ? download(*s3store, tasks[i], prog, o.fsync) : upload(*s3store, tasks[i], prog);
       std::lock_guard lock(mu);
-            if (st) {
+      if (st) {
         ++sum.objects;
         sum.bytes += tasks[i].size;
         prog.objects.fetch_add(1);
       } else {
         ++sum.failed;
         if (sum.first_error.empty()) sum.first_error = st.error().to_string();
-        std::fprintf(stderr, "%ssluice: cp %s: %s\n", o.progress ? "\n" : "",
-                     tasks[i].src_key.c_str(), st.error().to_string().c_str());
+        std::string name =
+            src_s3 ? "s3://" + loc.bucket + "/" + tasks[i].src_key : tasks[i].src_key;
+        std::fprintf(stderr, "%ssluice: cp %s: %s\n", o.progress ? "\n" : "", name.c_str(),
+                     st.error().to_string().c_str());
       }
     }
   };
-  unsigned jobs = std::max(1u, std::min<unsigned>(o.recursive ? o.jobs : 1, static_cast<unsigned>(tasks.size())));
+  unsigned jobs = std::max(
+      1u, std::min<unsigned>(o.recursive ? o.jobs : 1, static_cast<unsigned>(tasks.size())));
   std::vector<std::thread> threads;
   for (unsigned j = 0; j < jobs; ++j) threads.emplace_back(work);
   std::atomic<bool> done{false};
@@ -258,7 +278,8 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   if (o.progress)
     bar = std::thread([&] {
       while (!done.load()) {
-        draw(prog, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), false);
+        draw(prog, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+             false);
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
     });
@@ -269,7 +290,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     bar.join();
     draw(prog, sum.seconds, true);
   }
-  
+
   sum.retries = registry.counter("sluice_s3_retries_total").value();
   return sum;
 }

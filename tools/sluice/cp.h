@@ -13,6 +13,7 @@ struct CpOptions {
   bool recursive = false;
   unsigned jobs = 16;     // objects copied at once (with --recursive)
   bool progress = false;  // a progress bar on stderr
+  bool fsync = false;     // make each downloaded file durable before it is renamed into place
   s3::S3Options s3;
 };
 

@@ -98,8 +98,8 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
 struct CpArgs {
   CpOptions cp;
   AwsFlags aws;
-  uint64_t part_size = 8 << 20;
-  unsigned max_in_flight = 32;
+  uint64_t part_size = 16 << 20;
+  unsigned max_in_flight = 16;
   bool json = false;
   bool no_progress = false;
 };
@@ -119,11 +119,13 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   cmd->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
   cmd->add_option("--part-size", a.part_size, "Multipart part and ranged-GET size")
       ->transform(size_validator())
-      ->default_str("8M");
+      ->default_str("16M");
   cmd->add_option("--max-in-flight", a.max_in_flight, "HTTP requests in flight at most")
-      ->default_val(32);
+      ->default_val(16);
   cmd->add_flag("--json", a.json, "Print the summary as JSON");
   cmd->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
+  cmd->add_flag("--fsync", a.cp.fsync,
+                "Make each downloaded file durable (fsync) before renaming it into place");
   cmd->callback([&] {
     auto s3 = load_s3_options(a.aws);
     if (!s3) {

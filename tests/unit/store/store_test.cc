@@ -59,9 +59,9 @@ TEST_P(StoreContract, ReadsPinnedToAnEtag) {
   ASSERT_TRUE(store_->put("pinned", as_bytes("version one")));
   std::string etag = store_->stat("pinned")->etag;
   std::vector<std::byte> buf(7);
-  EXPECT_EQ(store_->read("pinned", 0, buf, ReadOptions{etag}).value(), 7u);
+  EXPECT_EQ(store_->read("pinned", 0, buf, ReadOptions{.if_match = etag}).value(), 7u);
   ASSERT_TRUE(store_->put("pinned", as_bytes("version two, longer")));
-  auto r = store_->read("pinned", 0, buf, ReadOptions{etag});
+  auto r = store_->read("pinned", 0, buf, ReadOptions{.if_match = etag});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), Code::kConflict);
   EXPECT_NE(r.error().message().find("pinned"), std::string::npos);

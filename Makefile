@@ -40,9 +40,10 @@ format:
 format-check:
 	clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h')
 
-bench: build
+bench: build test-tools
 	@scripts/install-deps.sh --bench
 	bench/fio_compare.py
+	bench/s3_compare.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

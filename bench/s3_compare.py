@@ -56,6 +56,8 @@ def main():
     ap.add_argument("--small", type=int, default=1000, help="number of 64 KiB objects")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--cases", default="download large,upload large,download small",
+                    help="comma-separated subset of the cases")
     a = ap.parse_args()
     aws = "/usr/bin/aws" if os.path.exists("/usr/bin/aws") else shutil.which("aws")  # Debian's awscli
     for tool in (aws, "curl"):
@@ -113,6 +115,8 @@ def main():
                                                                "-K", curl_cfg]))[1],
             },
         }
+        wanted = [c.strip() for c in a.cases.split(",")]
+        cases = {c: t for c, t in cases.items() if c in wanted}
         for r in range(a.rounds):
             for case, tools in cases.items():
                 order = list(tools)

@@ -7,12 +7,13 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config   # toolchain
+  python3                                        # test drivers (standard library only)
   liburing-dev                                   # io_uring engine (chosen at run time)
   nlohmann-json3-dev                             # JSON (bench output, telemetry export)
   libcli11-dev                                   # CLI parsing
   libgtest-dev                                   # unit tests
   libssl-dev                                     # SHA-256, HMAC, MD5 (S3 SigV4 signing)
-    python3-botocore                               # S3 signing cross-check (sigv4_botocore_test)
+  python3-botocore                               # S3 signing cross-check (sigv4_botocore_test)
   libcurl4-openssl-dev                           # HTTP for the s3:// store
   libpugixml-dev                                 # S3 XML responses
   libinih-dev                                    # ~/.aws/credentials and ~/.aws/config

@@ -41,7 +41,7 @@ struct S3Options {
   unsigned max_in_flight = 16;
   // Multipart part size and parallel ranged-GET size. AWS needs at least 5 MiB for every
   // part but the last.
-  size_t part_size = 16 << 20;
+  size_t part_size = 8 << 20;
   unsigned part_concurrency = 8;  // parts of one object (up or down) in flight at once
   unsigned max_attempts = 5;
   unsigned base_delay_ms = 50;

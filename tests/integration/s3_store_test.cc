@@ -1,9 +1,9 @@
 // The s3:// store through the Store API against a real s3rver it starts on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -79,8 +79,10 @@ class S3Server : public ::testing::Environment {
     }
     for (int i = 0; i < 200 && !can_connect(port_); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!can_connect(port_)) skip_reason = "s3rver did not start";
-    else endpoint = "http://127.0.0.1:" + port;
+    if (!can_connect(port_))
+      skip_reason = "s3rver did not start";
+    else
+      endpoint = "http://127.0.0.1:" + port;
   }
   void TearDown() override {
     if (pid_ > 0) {
@@ -127,7 +129,8 @@ TEST_F(S3StoreTest, StatReadAndEdges) {
   auto missing = store_->stat("missing");
   ASSERT_FALSE(missing);
   EXPECT_EQ(missing.error().code(), Code::kNotFound);
-  EXPECT_NE(missing.error().message().find("s3://unit/StatReadAndEdges/missing"), std::string::npos);
+  EXPECT_NE(missing.error().message().find("s3://unit/StatReadAndEdges/missing"),
+            std::string::npos);
   EXPECT_EQ(store_->read("missing", 0, buf).error().code(), Code::kNotFound);
 }
 
@@ -135,7 +138,8 @@ TEST_F(S3StoreTest, LargeObjectsGoMultipartAndReadInParallel) {
   auto data = random_bytes((17 << 20) + 3, 2);  // 4 parts of 5 MiB
   auto w = store_->create("big", {}).value();
   for (size_t at = 0; at < data.size(); at += 1000003)
-    ASSERT_TRUE(w->append(std::span(data).subspan(at, std::min<size_t>(1000003, data.size() - at))));
+    ASSERT_TRUE(
+        w->append(std::span(data).subspan(at, std::min<size_t>(1000003, data.size() - at))));
   ASSERT_TRUE(w->commit());
   std::vector<std::byte> back(data.size() + 100);
   EXPECT_EQ(store_->read("big", 0, back).value(), data.size());
@@ -189,7 +193,7 @@ TEST_F(S3StoreTest, AbortedWritersLeaveNoObjectAndNoUpload) {
   {
     auto w = store_->create("abandoned", {}).value();
     ASSERT_TRUE(w->append(random_bytes(11 << 20, 5)));  // two parts sent
-  }  // destroyed without commit: aborted
+  }                                                     // destroyed without commit: aborted
   EXPECT_EQ(store_->stat("abandoned").error().code(), Code::kNotFound);
   auto w = store_->create("aborted", {}).value();
   ASSERT_TRUE(w->append(as_bytes("small")));

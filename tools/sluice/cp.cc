@@ -1,7 +1,6 @@
 #include "cp.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -60,9 +60,9 @@ struct Progress {
   uint64_t total_bytes = 0, total_objects = 0;
 };
 
-// Downloads one object into a temporary file beside `path`, straight into a mapping of
-// the file, then renames it into place: a failure leaves nothing at `path`.
-Status download(store::Store& s3, Task& t, Progress& prog, bool fsync) {
+// Downloads one object into a temporary file beside `path`, then renames it into place:
+// a failure leaves nothing at `path`.
+Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& opt, bool fsync) {
   if (!t.known) {
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, s3.stat(t.src_key));
     t.size = info.size;
@@ -83,35 +83,59 @@ Status download(store::Store& s3, Task& t, Progress& prog, bool fsync) {
     return std::unexpected(std::move(e));
   };
   if (t.size > 0) {
-    // Reserve the blocks first: a full disk is a clear NoSpace here, never a SIGBUS from
-    // writing into the mapping later.
+    // Reserve the blocks first: a full disk is a clear NoSpace before any byte moves.
     if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(t.size)); rc != 0)
       return cleanup(
           error_from_errno(rc, "reserve " + std::to_string(t.size) + " bytes for " + tmp));
-    void* map = ::mmap(nullptr, t.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) return cleanup(error_from_errno(errno, "map " + tmp));
-    auto span = std::span(static_cast<std::byte*>(map), t.size);
-    // Read in slices so progress moves; each slice's parts run in parallel and are pinned
-    // to the ETag seen in the listing or the first HEAD.
-    const uint64_t slice = 256 << 20;
-    Status st = ok();
-    for (uint64_t off = 0; off < t.size && st; off += slice) {
-      auto part = span.subspan(off, std::min<uint64_t>(slice, t.size - off));
-      auto r = s3.read_full(t.src_key, off, part, store::ReadOptions{t.etag, t.size});
-      if (!r)
-        st = std::unexpected(r.error());
-      else if (*r != part.size())
-        st = fail(Code::kUnavailable, "object " + t.src_key + " ended at " +
-                                          std::to_string(off + *r) + " bytes, expected " +
-                                          std::to_string(t.size));
-      else
-        prog.bytes.fetch_add(*r, std::memory_order_relaxed);
-    }
-    // Write-back errors surface here (or at fsync with --fsync), not as a silent loss.
-    if (st && ::msync(map, t.size, fsync ? MS_SYNC : MS_ASYNC) != 0)
-      st = fail_errno(errno, "write " + tmp);
-    ::munmap(map, t.size);
-    if (!st) return cleanup(st.error());
+    // Parts are fetched in parallel into reused buffers and written at their offsets;
+    // every ranged GET is pinned to the ETag seen in the listing or the HEAD.
+    const uint64_t part = std::max<uint64_t>(opt.part_size, 1);
+    const uint64_t parts = (t.size + part - 1) / part;
+    std::atomic<uint64_t> next{0};
+    std::mutex err_mu;
+    std::optional<Error> err;
+    auto worker = [&] {
+      std::unique_ptr<std::byte[]> buf(new std::byte[std::min(part, t.size)]);
+      while (true) {
+        {
+          std::lock_guard lock(err_mu);
+          if (err) return;
+        }
+        uint64_t i = next.fetch_add(1);
+        if (i >= parts) return;
+        uint64_t off = i * part, len = std::min(part, t.size - off);
+        auto r = s3.read_full(t.src_key, off, std::span(buf.get(), len),
+                              store::ReadOptions{t.etag, t.size});
+        Status st = ok();
+        if (!r)
+          st = std::unexpected(r.error());
+        else if (*r != len)
+          st = fail(Code::kUnavailable, "object " + t.src_key + " ended at " +
+                                            std::to_string(off + *r) + " bytes, expected " +
+                                            std::to_string(t.size));
+        for (uint64_t done = 0; st && done < len;) {
+          ssize_t w = ::pwrite(fd, buf.get() + done, len - done, static_cast<off_t>(off + done));
+          if (w < 0 && errno == EINTR) continue;
+          if (w < 0)
+            st = fail_errno(errno, "write " + tmp + " at offset " + std::to_string(off + done));
+          else
+            done += static_cast<uint64_t>(w);
+        }
+        if (!st) {
+          std::lock_guard lock(err_mu);
+          if (!err) err = st.error();
+          return;
+        }
+        prog.bytes.fetch_add(len, std::memory_order_relaxed);
+      }
+    };
+    unsigned workers =
+        static_cast<unsigned>(std::min<uint64_t>(std::max(1u, opt.part_concurrency), parts));
+    std::vector<std::thread> threads;
+    for (unsigned w = 1; w < workers; ++w) threads.emplace_back(worker);
+    worker();
+    for (auto& th : threads) th.join();
+    if (err) return cleanup(*err);
   }
   if (fsync && ::fsync(fd) != 0) return cleanup(error_from_errno(errno, "sync " + tmp));
   if (::rename(tmp.c_str(), t.dst.c_str()) != 0)
@@ -252,8 +276,8 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     while (true) {
       size_t i = next.fetch_add(1);
       if (i >= tasks.size()) return;
-      Status st =
-          src_s3 ? download(*s3store, tasks[i], prog, o.fsync) : upload(*s3store, tasks[i], prog);
+      Status st = src_s3 ? download(*s3store, tasks[i], prog, o.s3, o.fsync)
+                         : upload(*s3store, tasks[i], prog);
       std::lock_guard lock(mu);
       if (st) {
         ++sum.objects;

@@ -11,7 +11,8 @@ namespace sluice::cli {
 struct CpOptions {
   std::string src, dst;
   bool recursive = false;
-  unsigned jobs = 16;     // objects copied at once (with --recursive)
+  unsigned jobs = 32;     // objects copied at once (with --recursive); HTTP requests are
+                          // still bounded by S3Options::max_in_flight
   bool progress = false;  // a progress bar on stderr
   bool fsync = false;     // make each downloaded file durable before it is renamed into place
   s3::S3Options s3;

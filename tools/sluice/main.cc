@@ -98,7 +98,7 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
 struct CpArgs {
   CpOptions cp;
   AwsFlags aws;
-  uint64_t part_size = 16 << 20;
+  uint64_t part_size = 8 << 20;
   unsigned max_in_flight = 16;
   bool json = false;
   bool no_progress = false;
@@ -112,14 +112,14 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   cmd->add_flag("-r,--recursive", a.cp.recursive,
                 "Copy every object under a prefix / file under a directory");
   cmd->add_option("-j,--jobs", a.cp.jobs, "Objects copied at once with --recursive")
-      ->default_val(16);
+      ->default_val(32);
   cmd->add_option("--endpoint-url", a.aws.endpoint_url,
                   "S3 endpoint, e.g. http://127.0.0.1:4568 (else AWS_ENDPOINT_URL, ~/.aws/config)");
   cmd->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
   cmd->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
   cmd->add_option("--part-size", a.part_size, "Multipart part and ranged-GET size")
       ->transform(size_validator())
-      ->default_str("16M");
+      ->default_str("8M");
   cmd->add_option("--max-in-flight", a.max_in_flight, "HTTP requests in flight at most")
       ->default_val(16);
   cmd->add_flag("--json", a.json, "Print the summary as JSON");

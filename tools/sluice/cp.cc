@@ -94,9 +94,10 @@ Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& 
     std::atomic<uint64_t> next{0};
     std::mutex err_mu;
     std::optional<Error> err;
-    auto worker = [&] {
+    auto worker = [&](bool first_only) {
       std::unique_ptr<std::byte[]> buf(new std::byte[std::min(part, t.size)]);
       while (true) {
+        if (first_only && next.load() > 0) return;
         {
           std::lock_guard lock(err_mu);
           if (err) return;
@@ -131,9 +132,13 @@ Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& 
     };
     unsigned workers =
         static_cast<unsigned>(std::min<uint64_t>(std::max(1u, opt.part_concurrency), parts));
+    // The first part alone: a refused or missing object fails after one request, and
+    // the rest are fetched only once one part of this version has arrived.
+    worker(true);
+    const bool first_failed = err.has_value();  // no other thread runs yet
     std::vector<std::thread> threads;
-    for (unsigned w = 1; w < workers; ++w) threads.emplace_back(worker);
-    worker();
+    for (unsigned w = 1; w < workers && !first_failed; ++w) threads.emplace_back(worker, false);
+    if (!first_failed) worker(false);
     for (auto& th : threads) th.join();
     if (err) return cleanup(*err);
   }

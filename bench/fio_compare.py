@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchlib import SLUICE_DEFAULT, parse_size, print_table
+
 GIB = 1 << 30
 
 CASES = [
@@ -132,14 +134,9 @@ def compare(sluice, directory, size, rounds, label, report):
     os.unlink(path)
 
 
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sluice", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "sluice"))
+    ap.add_argument("--sluice", default=SLUICE_DEFAULT)
     ap.add_argument("--size", default="4G", help="file size (default 4G)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
     ap.add_argument("--targets", default="disk,ramloop", help="disk, ramloop or both")
@@ -181,16 +178,7 @@ def main():
         rows.append([r["target"], r["case"], fmt(r["sluice"]), fmt(r["fio"]), f"{r['ratio']:.3f}",
                      f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}", f"{r['sluice_cpu_s_per_gib']:.3f}",
                      f"{r['fio_cpu_s_per_gib']:.3f}", f"{r['cpu_ratio']:.3f}"])
-    if a.markdown:
-        print("| " + " | ".join(hdr) + " |")
-        print("|" + "---|" * len(hdr))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)] if rows else []
-        print("  ".join(h.ljust(w) for h, w in zip(hdr, widths)))
-        for row in rows:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print_table(hdr, rows, a.markdown)
     print(f"\nratios are sluice/fio, median of {a.rounds} interleaved rounds; "
           "CPU ratio below 1 means sluice used less CPU per GiB")
 

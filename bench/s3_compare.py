@@ -24,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 from s3_harness import S3rver  # noqa: E402
+from benchlib import SLUICE_DEFAULT, parse_size, print_table  # noqa: E402
 
 MIB = 1 << 20
 
@@ -44,14 +45,9 @@ def timed(cmd, **kw):
     return dt
 
 
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sluice", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "sluice"))
+    ap.add_argument("--sluice", default=SLUICE_DEFAULT)
     ap.add_argument("--size", default="1G")
     ap.add_argument("--small", type=int, default=1000, help="number of 64 KiB objects")
     ap.add_argument("--rounds", type=int, default=5)
@@ -137,14 +133,7 @@ def main():
         ratio = {t: statistics.median(s / o for s, o in zip(tools["sluice"], tools[t])) for t in ("aws", "curl")}
         rows.append([case, unit, f"{med['sluice']:.1f}", f"{med['aws']:.1f}", f"{med['curl']:.1f}",
                      f"{ratio['aws']:.2f}", f"{ratio['curl']:.2f}"])
-    if a.markdown:
-        print("| " + " | ".join(hdr) + " |")
-        print("|" + "---|" * len(hdr))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        for row in [hdr] + rows:
-            print("  ".join(c.ljust(16) for c in row))
+    print_table(hdr, rows, a.markdown)
     print(f"\nmedians of {a.rounds} interleaved rounds; ratios are medians of per-round ratios")
 
 

@@ -176,17 +176,16 @@ class S3Store : public store::Store {
   Result<HttpResponse> send(const S3Request& r) {
     HttpRequest h;
     h.method = r.method;
-    std::string path = "/";
-    if (opts_.path_style) path += loc_.bucket + (r.key.empty() && r.query.empty() ? "" : "/");
-    path += uri_encode(r.key, false);
-    if (opts_.path_style && r.key.empty()) path = "/" + loc_.bucket;
+    // Path style: /bucket[/key]; virtual-host style: /[key] (the bucket is in the host).
+    std::string path = opts_.path_style ? "/" + loc_.bucket : "";
+    if (!r.key.empty()) path += "/" + uri_encode(r.key, false);
+    if (path.empty()) path = "/";
     std::string query = canonical_query(r.query);
     h.url = scheme_ + "://" + host_ + path + (query.empty() ? "" : "?" + query);
     h.body = r.body;
     h.sink = r.sink;
     std::string what = r.method + " " + (r.key.empty() ? "s3://" + loc_.bucket : object_uri(r.key));
 
-    std::mt19937_64 rng(std::random_device{}());
     for (unsigned attempt = 1;; ++attempt) {
       h.headers = r.headers;
       if (!opts_.access_key.empty()) {
@@ -239,6 +238,7 @@ class S3Store : public store::Store {
       // Exponential backoff with full jitter.
       uint64_t cap = std::min<uint64_t>(opts_.max_delay_ms,
                                         uint64_t{opts_.base_delay_ms} << std::min(attempt, 20u));
+      thread_local std::mt19937_64 rng(std::random_device{}());
       std::this_thread::sleep_for(std::chrono::milliseconds(cap ? rng() % (cap + 1) : 0));
     }
   }

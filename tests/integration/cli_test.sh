@@ -50,6 +50,14 @@ expect_fail "bs larger than size" "smaller than --bs" "$SLUICE" bench --file "$w
 expect_fail "gpu without CUDA" "gpu" "$SLUICE" bench --file "$work/f.dat" --mode gpu --cuda-library libcudart-absent.so
 expect_fail "gds without cuFile" "gds" "$SLUICE" bench --file "$work/f.dat" --mode gds --cuda-library libcudart-absent.so
 
+# The demo runs twice in a row (it owns its files and starts fresh each time).
+for run in 1 2; do
+  if SLUICE_HOME="$work/home" "$SLUICE" demo --size 8M >"$work/demo.out" 2>&1 && grep -q "uring     read" "$work/demo.out"; then
+    ok "demo run $run"
+  else bad "demo run $run: $(tail -5 "$work/demo.out")"; fi
+done
+[[ -z "$(ls -A "$work/home/demo")" ]] && ok "demo leaves no files" || bad "demo left $(ls "$work/home/demo")"
+
 # A corrupted file is caught by --verify, naming the offset.
 printf 'XXXX' | dd of="$work/f.dat" bs=1 seek=70000 conv=notrunc status=none
 expect_fail "verify catches corruption" "offset 70000" "$SLUICE" bench --file "$work/f.dat" --bs 64K --verify

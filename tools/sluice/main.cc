@@ -161,6 +161,10 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
       rc = report_error(error_from_errno(ec.value(), "create " + dir));
       return;
     }
+    // The demo owns these files: start from a fresh layout every run, so a file left by an
+    // older run (or changed by hand) never fails the verification.
+    std::filesystem::remove(dir + "/bench.dat", ec);
+    std::filesystem::remove(dir + "/bench-write.dat", ec);
     std::string why;
     bool uring = io::uring_available(&why);
     std::printf("sluice demo: every data path on %s/bench.dat (%s)\n", dir.c_str(),
@@ -186,7 +190,9 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
     int failures = 0;
     for (const Row& row : rows) {
       BenchOptions o;
-      o.file = dir + "/bench.dat";
+      // Writes go to their own file: the reads verify the pattern, which a plain write run
+      // does not lay down.
+      o.file = dir + (row.rw == BenchRw::kWrite ? "/bench-write.dat" : "/bench.dat");
       o.mode = row.mode;
       o.rw = row.rw;
       o.bs = row.bs;
@@ -210,6 +216,8 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
                   r->rw.c_str(), bs.c_str(), r->qd, r->throughput_gib_s, r->iops, r->lat_p50_us,
                   r->lat_p99_us, r->cpu_pct, r->path.c_str(), r->verified ? " (verified)" : "");
     }
+    std::filesystem::remove(dir + "/bench.dat", ec);
+    std::filesystem::remove(dir + "/bench-write.dat", ec);
     std::printf(
         "\nOne run each on a shared machine: compare modes side by side, not with "
         "yesterday's numbers.\nbench/fio_compare.py measures against fio properly.\n");

@@ -62,7 +62,29 @@ struct Progress {
 
 // Downloads one object into a temporary file beside `path`, then renames it into place:
 // a failure leaves nothing at `path`.
-Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& opt, bool fsync) {
+// Extra part workers (each with a part-sized buffer) across all downloads at once, so a
+// recursive copy of many large objects does not hold jobs x part_concurrency buffers.
+class WorkerBudget {
+ public:
+  explicit WorkerBudget(unsigned n) : left_(n) {}
+  bool try_take() {
+    std::lock_guard lock(mu_);
+    if (left_ == 0) return false;
+    --left_;
+    return true;
+  }
+  void give_back() {
+    std::lock_guard lock(mu_);
+    ++left_;
+  }
+
+ private:
+  std::mutex mu_;
+  unsigned left_;  // guarded by mu_
+};
+
+Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& opt, bool fsync,
+                WorkerBudget& budget) {
   if (!t.known) {
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, s3.stat(t.src_key));
     t.size = info.size;
@@ -137,7 +159,11 @@ Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& 
     worker(true);
     const bool first_failed = err.has_value();  // no other thread runs yet
     std::vector<std::thread> threads;
-    for (unsigned w = 1; w < workers && !first_failed; ++w) threads.emplace_back(worker, false);
+    for (unsigned w = 1; w < workers && !first_failed && budget.try_take(); ++w)
+      threads.emplace_back([&] {
+        worker(false);
+        budget.give_back();
+      });
     if (!first_failed) worker(false);
     for (auto& th : threads) th.join();
     if (err) return cleanup(*err);
@@ -274,6 +300,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   prog.total_objects = tasks.size();
   for (auto& t : tasks) prog.total_bytes += t.size;
   CpSummary sum;
+  WorkerBudget budget(std::max(o.s3.part_concurrency, o.s3.max_in_flight));
   std::mutex mu;
   std::atomic<size_t> next{0};
   auto t0 = std::chrono::steady_clock::now();
@@ -281,7 +308,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     while (true) {
       size_t i = next.fetch_add(1);
       if (i >= tasks.size()) return;
-      Status st = src_s3 ? download(*s3store, tasks[i], prog, o.s3, o.fsync)
+      Status st = src_s3 ? download(*s3store, tasks[i], prog, o.s3, o.fsync, budget)
                          : upload(*s3store, tasks[i], prog);
       std::lock_guard lock(mu);
       if (st) {

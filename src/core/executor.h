@@ -43,10 +43,12 @@ class Executor {
     while (true) {
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      auto fn = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      fn();
+      {
+        auto fn = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();
+        fn();
+      }  // the task (and whatever it captured) is destroyed before the lock is taken again
       lock.lock();
     }
   }

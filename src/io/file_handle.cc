@@ -167,7 +167,7 @@ struct Entry {
   bool live = false;
 };
 
-enum class Stage { kNeedBuffer, kCopyIn, kReady, kInFlight, kCopyOut };
+enum class Stage { kNeedBuffer, kCopyIn, kReady, kInFlight, kCopyOut, kDone };
 
 struct Segment {
   uint32_t entry = 0;
@@ -187,6 +187,18 @@ class Transfer {
  public:
   Transfer(Context::Internals& ctx, Engine& engine) : ctx_(ctx), engine_(engine) {
     cqes_.resize(engine.capacity());
+  }
+  // Staging buffers go back to a shared pool when this is destroyed, so nothing may still
+  // be writing into them: wait for every request in flight first.
+  ~Transfer() { drain(); }
+
+  // Waits for every request in flight and processes its completion.
+  void drain() {
+    while (engine_.in_flight() > 0) {
+      auto n = engine_.wait(cqes_, 1, std::chrono::milliseconds(100));
+      if (!n) return;  // the engine itself failed; its destructor drains what is left
+      for (size_t i = 0; i < *n; ++i) (void)handle(cqes_[i]);
+    }
   }
 
   size_t entries_live() const { return live_entries_; }
@@ -333,6 +345,7 @@ void Transfer::finish_segment(uint32_t s) {
     seg.staging = PooledBuffer();
     --staging_in_use_;
   }
+  seg.stage = Stage::kDone;
   uint32_t e = seg.entry;
   free_segs_.push_back(s);
   if (--entries_[e].pending == 0) finish_entry(e);
@@ -421,7 +434,14 @@ bool Transfer::submit_ready() {
   }
   if (batch_.empty()) return false;
   if (auto st = engine_.submit(batch_); !st) {
-    for (auto& r : batch_) fail_segment(static_cast<uint32_t>(r.user_data), st.error());
+    // Part of the batch may have reached the kernel: let everything in flight finish
+    // (its buffers are still being written), then fail what never started.
+    std::vector<Request> tried = batch_;
+    drain();
+    for (auto& r : tried) {
+      uint32_t s = static_cast<uint32_t>(r.user_data);
+      if (segs_[s].stage == Stage::kInFlight) fail_segment(s, st.error());
+    }
   }
   return true;
 }
@@ -602,7 +622,17 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
       st->note(std::string("Buffered I/O: open with O_DIRECT failed (") + std::strerror(err) +
                (err == EINVAL ? "; the file system does not support direct I/O)." : ")."));
     } else {
-      st->note("O_DIRECT for 4 KiB-aligned ranges, page cache for unaligned heads and tails.");
+      // Both descriptors must be the same file: a rename between the two opens would
+      // otherwise mix two versions in one read.
+      struct stat a, b;
+      if (::fstat(st->fd, &a) != 0 || ::fstat(st->dfd, &b) != 0 || a.st_dev != b.st_dev ||
+          a.st_ino != b.st_ino) {
+        ::close(st->dfd);
+        st->dfd = -1;
+        st->note("Buffered I/O: the file was replaced while it was being opened.");
+      } else {
+        st->note("O_DIRECT for 4 KiB-aligned ranges, page cache for unaligned heads and tails.");
+      }
     }
   }
   st->note("Engine " + ctx->engine_name() + ": " + ctx->engine_why() + ".");
@@ -653,12 +683,14 @@ Result<size_t> FileHandle::write(const Buffer& src, size_t size, uint64_t file_o
   return run_one(*ctx_, BatchIO{OpCode::kWrite, this, src, size, file_offset, buf_offset, 0});
 }
 
-static std::future<Result<size_t>> post_async(std::shared_ptr<Context> ctx, BatchIO io) {
+static std::future<Result<size_t>> post_async(const std::shared_ptr<Context>& ctx, BatchIO io) {
   auto promise = std::make_shared<std::promise<Result<size_t>>>();
   auto fut = promise->get_future();
+  // A raw pointer: the handle that posted this holds the context and must outlive the
+  // operation. Holding a shared_ptr here could make this executor thread drop the last
+  // reference and destroy (and join) its own executor.
   Context* c = ctx.get();
-  c->internals().executor.post(
-      [ctx = std::move(ctx), io, promise] { promise->set_value(run_one(*ctx, io)); });
+  c->internals().executor.post([c, io, promise] { promise->set_value(run_one(*c, io)); });
   return fut;
 }
 

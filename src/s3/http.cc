@@ -137,10 +137,12 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
   auto release = [&](bool reuse) {
     std::lock_guard lock(pool_->mu);
     --pool_->in_use;
-    if (h && reuse)
+    if (h && reuse) {
+      curl_easy_reset(h);  // drop pointers into this call's stack frame, keep the connection
       pool_->idle.push_back(h);
-    else if (h)
+    } else if (h) {
       curl_easy_cleanup(h);
+    }
     pool_->cv.notify_one();
   };
   if (!h) h = curl_easy_init();

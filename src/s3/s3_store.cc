@@ -213,7 +213,7 @@ class S3Store : public store::Store {
         retryable = retry;
       } else if (r.check) {
         err = r.check(*resp);
-        retryable = err.has_value();
+        retryable = err.has_value() && err->code() == Code::kUnavailable;
       }
       if (!err) {
         if (m_.bytes_in) {
@@ -350,7 +350,11 @@ class S3Store : public store::Store {
     S3Request r{kGet, "GET", fk, {}, {}, {}, dst.first(size)};
     std::string what = "GET " + object_uri(fk);
     r.check = [&](const HttpResponse& h) -> std::optional<Error> {
-      if (h.sink_bytes != size || h.header("content-length") != std::to_string(size))
+      std::string cl = h.header("content-length");
+      if (cl != std::to_string(size))  // a different size: a different version
+        return Error(Code::kConflict, what + " changed since it was listed: " + cl +
+                                          " bytes, expected " + std::to_string(size));
+      if (h.sink_bytes != size)  // a short body: retried like a reset
         return Error(Code::kUnavailable, what + ": body of " + std::to_string(h.sink_bytes) +
                                              " bytes, expected " + std::to_string(size));
       return std::nullopt;
@@ -599,7 +603,10 @@ Status S3Writer::commit() {
   S3Request r{
       kPost, "POST", key_, {{"uploadId", upload_id_}}, {{"Content-Type", "application/xml"}},
       body,  {}};
+  if (!options_.overwrite) r.headers.emplace_back("If-None-Match", "*");
   auto resp = store_->send(r);
+  if (!resp && (resp.error().code() == Code::kConflict))
+    return failed(Error(Code::kAlreadyExists, store_->object_uri(key_) + " already exists"));
   if (!resp) return failed(resp.error().with_context("complete multipart upload"));
   // CompleteMultipartUpload can fail with 200 and an <Error> body.
   pugi::xml_document doc;
@@ -631,6 +638,9 @@ Result<std::unique_ptr<store::Store>> open_s3_store(std::string_view uri,
                                                     const S3Options& options) {
   SLUICE_ASSIGN_OR_RETURN(S3Location loc, parse_s3_uri(uri));
   if (options.part_size == 0) return fail(Code::kInvalidArgument, "S3 part size must be positive");
+  if (options.part_concurrency == 0 || options.max_in_flight == 0)
+    return fail(Code::kInvalidArgument,
+                "S3 part concurrency and requests in flight must be at least 1");
   if (options.max_attempts == 0)
     return fail(Code::kInvalidArgument, "S3 max attempts must be at least 1");
   return std::unique_ptr<store::Store>(std::make_unique<S3Store>(std::move(loc), options));

@@ -270,8 +270,19 @@ class PosixStore : public Store {
         if (pfd < 0) return errno_error(pfd == -1 ? errno : -pfd, "open directory for", key);
         Fd pguard(pfd);
         std::string leaf = up == std::string::npos ? sub : sub.substr(up + 1);
-        if (::mkdirat(pfd, leaf.c_str(), 0755) != 0 && errno != EEXIST)
+        if (::mkdirat(pfd, leaf.c_str(), 0755) != 0) {
+          if (errno == EEXIST) continue;  // another writer made it
           return errno_error(errno, "create directory '" + sub + "' for", key);
+        }
+        // A new directory's entry must be durable too, or a committed object below it can
+        // vanish in a crash. (pfd is O_PATH; fsync needs a readable descriptor.)
+        int d = ::openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (d < 0 || ::fsync(d) != 0) {
+          int err = errno;
+          if (d >= 0) ::close(d);
+          return errno_error(err, "sync directory holding '" + sub + "' for", key);
+        }
+        ::close(d);
       }
     }
     int fd = open_beneath(root_fd_.get(), dir, O_PATH | O_DIRECTORY);

@@ -172,6 +172,16 @@ Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& 
   if (::rename(tmp.c_str(), t.dst.c_str()) != 0)
     return cleanup(error_from_errno(errno, "rename " + tmp + " to " + t.dst));
   ::close(fd);
+  if (fsync) {  // the rename itself must survive a crash too
+    std::string dir = dst.has_parent_path() ? dst.parent_path().string() : ".";
+    int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d < 0 || ::fsync(d) != 0) {
+      int e = errno;
+      if (d >= 0) ::close(d);
+      return fail_errno(e, "sync directory " + dir);
+    }
+    ::close(d);
+  }
   return ok();
 }
 

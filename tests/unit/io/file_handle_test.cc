@@ -424,6 +424,21 @@ TEST(FileHandleErrors, ThreadPoolWhenIoUringIsTurnedOff) {
   EXPECT_NE(fh.path_report().why.find("thread pool requested"), std::string::npos);
 }
 
+TEST(FileHandleAsync, DroppingEverythingRightAfterAnAsyncReadIsSafe) {
+  // The executor thread must never hold the last reference to the context it runs in.
+  TempDir dir;
+  write_file(dir.file("f"), random_bytes(10000));
+  for (int i = 0; i < 50; ++i) {
+    std::vector<std::byte> buf(10000);
+    std::future<Result<size_t>> f;
+    {
+      auto fh = FileHandle::open(small_context(), dir.file("f")).value();
+      f = fh.read_async(Buffer::host(buf.data(), buf.size()), buf.size(), 0);
+      ASSERT_EQ(f.get().value(), 10000u);
+    }
+  }
+}
+
 TEST(FileHandleErrors, ContextRejectsBadChunkSizes) {
   ContextOptions o;
   o.chunk_size = 1000;

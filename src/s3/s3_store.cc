@@ -53,6 +53,9 @@ struct S3Request {
   std::span<std::byte> sink;
   // Checks a 2xx response (lengths, ranges); an error from it is retried like a reset.
   std::function<std::optional<Error>(const HttpResponse&)> check = {};
+  // A ranged GET that starts at or past the end gets 416; with this set, send() returns
+  // that response instead of an error (the read is simply at the end).
+  bool range_past_end_ok = false;
 };
 
 std::string xml_escape(std::string_view s) {
@@ -207,6 +210,8 @@ class S3Store : public store::Store {
       if (!resp) {
         err = Error(resp.error().code(), what + ": " + resp.error().message());
         retryable = err->code() == Code::kUnavailable || err->code() == Code::kTimedOut;
+      } else if (resp->status == 416 && r.range_past_end_ok) {
+        return std::move(*resp);
       } else if (resp->status >= 300 || resp->sink_overflow) {
         auto [e, retry] = classify(*resp, what);
         err = std::move(e);
@@ -331,16 +336,11 @@ class S3Store : public store::Store {
       }
       return std::nullopt;
     };
-    auto resp = send(r);
-    if (!resp) {
-      // 416: the range starts at or past the end of the object.
-      if (resp.error().message().find("InvalidRange") != std::string::npos ||
-          resp.error().message().find("(HTTP 416)") != std::string::npos)
-        return size_t{0};
-      return std::unexpected(resp.error());
-    }
-    if (etag) *etag = resp->header("etag");
-    return resp->sink_bytes;
+    r.range_past_end_ok = true;
+    SLUICE_ASSIGN_OR_RETURN(HttpResponse resp, send(r));
+    if (resp.status == 416) return size_t{0};  // the range starts at or past the end
+    if (etag) *etag = resp.header("etag");
+    return resp.sink_bytes;
   }
 
   // A whole object of known size with one plain GET: one response is one version, so the
@@ -361,9 +361,10 @@ class S3Store : public store::Store {
     };
     auto resp = send(r);
     if (!resp) {
-      // Larger than the listing said: the object was replaced since.
-      if (resp.error().message().find("more bytes than asked") != std::string::npos)
-        return fail(Code::kConflict, object_uri(fk) + " changed since it was listed");
+      // Conflict (a different size, or more bytes than the listing said): a new version.
+      if (resp.error().code() == Code::kConflict)
+        return std::unexpected(
+            resp.error().with_context(object_uri(fk) + " changed since it was listed"));
       return std::unexpected(resp.error());
     }
     if (!if_match.empty() && resp->header("etag") != if_match)

@@ -209,7 +209,8 @@ class Transfer {
   Status pump(std::vector<BatchResult>& out, size_t min_done,
               std::chrono::steady_clock::time_point deadline);
   // One round of progress without waiting; finished results stay for the next pump.
-  Status kick();
+  // Returns whether anything moved.
+  Result<bool> kick();
 
  private:
   template <typename T>
@@ -533,13 +534,13 @@ Status Transfer::handle(const Completion& c) {
   return ok();
 }
 
-Status Transfer::kick() {
-  drain_copies();
-  start_waiting();
-  submit_ready();
+Result<bool> Transfer::kick() {
+  bool progressed = drain_copies();
+  progressed |= start_waiting();
+  progressed |= submit_ready();
   SLUICE_ASSIGN_OR_RETURN(size_t n, engine_.wait(cqes_, 0, std::chrono::nanoseconds(0)));
   for (size_t i = 0; i < n; ++i) SLUICE_RETURN_IF_ERROR(handle(cqes_[i]));
-  return ok();
+  return progressed || n > 0;
 }
 
 Status Transfer::pump(std::vector<BatchResult>& out, size_t min_done,
@@ -552,14 +553,10 @@ Status Transfer::pump(std::vector<BatchResult>& out, size_t min_done,
     finished_.clear();
   };
   while (true) {
-    bool progressed = drain_copies();
-    progressed |= start_waiting();
-    progressed |= submit_ready();
-    SLUICE_ASSIGN_OR_RETURN(size_t n, engine_.wait(cqes_, 0, nanoseconds(0)));
-    for (size_t i = 0; i < n; ++i) SLUICE_RETURN_IF_ERROR(handle(cqes_[i]));
+    SLUICE_ASSIGN_OR_RETURN(bool progressed, kick());
     deliver();
     if (delivered >= min_done) break;
-    if (n > 0 || progressed) continue;
+    if (progressed) continue;
     if (live_entries_ == 0) break;
     auto now = steady_clock::now();
     if (now >= deadline) break;
@@ -569,7 +566,7 @@ Status Transfer::pump(std::vector<BatchResult>& out, size_t min_done,
       // With device copies pending, wake up soon to recycle their staging buffers.
       // Waits are capped so that no clock arithmetic overflows on an unbounded deadline.
       auto wait_for = std::min<nanoseconds>(left, copies ? microseconds(50) : milliseconds(100));
-      SLUICE_ASSIGN_OR_RETURN(n, engine_.wait(cqes_, 1, wait_for));
+      SLUICE_ASSIGN_OR_RETURN(size_t n, engine_.wait(cqes_, 1, wait_for));
       for (size_t i = 0; i < n; ++i) SLUICE_RETURN_IF_ERROR(handle(cqes_[i]));
       deliver();
     } else if (copies) {
@@ -781,7 +778,8 @@ Status Batch::submit(std::span<const BatchIO> ios) {
     ++impl_->submitted;
   }
   // Start the I/O now, without waiting for any of it.
-  return impl_->transfer.kick();
+  SLUICE_RETURN_IF_ERROR(impl_->transfer.kick());
+  return ok();
 }
 
 Result<size_t> Batch::wait(std::vector<BatchResult>& out, size_t min_complete,

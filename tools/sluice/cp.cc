@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <semaphore>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -64,24 +65,7 @@ struct Progress {
 // a failure leaves nothing at `path`.
 // Extra part workers (each with a part-sized buffer) across all downloads at once, so a
 // recursive copy of many large objects does not hold jobs x part_concurrency buffers.
-class WorkerBudget {
- public:
-  explicit WorkerBudget(unsigned n) : left_(n) {}
-  bool try_take() {
-    std::lock_guard lock(mu_);
-    if (left_ == 0) return false;
-    --left_;
-    return true;
-  }
-  void give_back() {
-    std::lock_guard lock(mu_);
-    ++left_;
-  }
-
- private:
-  std::mutex mu_;
-  unsigned left_;  // guarded by mu_
-};
+using WorkerBudget = std::counting_semaphore<1024>;
 
 Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& opt, bool fsync,
                 WorkerBudget& budget) {
@@ -159,10 +143,10 @@ Status download(store::Store& s3, Task& t, Progress& prog, const s3::S3Options& 
     worker(true);
     const bool first_failed = err.has_value();  // no other thread runs yet
     std::vector<std::thread> threads;
-    for (unsigned w = 1; w < workers && !first_failed && budget.try_take(); ++w)
+    for (unsigned w = 1; w < workers && !first_failed && budget.try_acquire(); ++w)
       threads.emplace_back([&] {
         worker(false);
-        budget.give_back();
+        budget.release();
       });
     if (!first_failed) worker(false);
     for (auto& th : threads) th.join();
@@ -310,7 +294,8 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   prog.total_objects = tasks.size();
   for (auto& t : tasks) prog.total_bytes += t.size;
   CpSummary sum;
-  WorkerBudget budget(std::max(o.s3.part_concurrency, o.s3.max_in_flight));
+  WorkerBudget budget(
+      std::min<std::ptrdiff_t>(1024, std::max(o.s3.part_concurrency, o.s3.max_in_flight)));
   std::mutex mu;
   std::atomic<size_t> next{0};
   auto t0 = std::chrono::steady_clock::now();

@@ -1,9 +1,35 @@
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace sluice {
+
+std::string printable(std::string text) {
+  auto is_control = [](unsigned char c) { return c < 0x20 || c == 0x7f; };
+  if (std::none_of(text.begin(), text.end(), [&](char c) { return is_control(c); })) return text;
+  std::string out;
+  out.reserve(text.size() + 8);
+  for (char ch : text) {
+    auto c = static_cast<unsigned char>(ch);
+    if (!is_control(c)) {
+      out += ch;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
 
 std::string_view code_name(Code code) {
   switch (code) {

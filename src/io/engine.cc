@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/io_engine.h"
-#include "sluice/telemetry.h"
+#include "sluice/io/engine.h"
+#include "sluice/telemetry/registry.h"
 
 #if SLUICE_HAVE_LIBURING
 #include <liburing.h>
@@ -173,7 +173,7 @@ class UringEngine final : public Engine {
     // Cooperative task running cuts interrupts (kernel 5.19+); older kernels reject the
     // flag, so retry without it. Not SINGLE_ISSUER: engines are leased across threads.
     unsigned flags = 0;
-#ifdef IORING_SETUP_COOP_TASKRUN
+#if SLUICE_HAVE_COOP_TASKRUN
     flags |= IORING_SETUP_COOP_TASKRUN;
 #endif
     int rc = io_uring_queue_init(depth, &e->ring_, flags);

@@ -1,6 +1,6 @@
 // The cuFile-shaped data path: planning requests into aligned segments, and the transfer
 // state machine that moves them through staging buffers, the engine and device copies.
-#include "sluice/file_handle.h"
+#include "sluice/io/file_handle.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "core/executor.h"
-#include "cufile_shim.h"
-#include "sluice/buffer_pool.h"
+#include "shim/cufile.h"
+#include "sluice/mem/buffer_pool.h"
 
 namespace sluice::io {
 

@@ -1,92 +1,20 @@
 // CUDA device memory through libcudart, loaded with dlopen at run time.
 //
-// Only the handful of runtime entry points sluice needs are resolved, with their C
-// signatures restated here (the CUDA headers are never needed to build). Copies go on one
+// The runtime's entry points come from shim/cudart.h (the CUDA headers are never needed
+// to build). Copies go on one
 // non-blocking stream; each copy records an event from a ring, and a ticket's completion
 // is that event's.
-#include <dlfcn.h>
-
 #include <array>
 #include <mutex>
 #include <vector>
 
-#include "sluice/mem_target.h"
+#include "shim/cudart.h"
+#include "sluice/mem/target.h"
 
 namespace sluice::mem {
 namespace {
 
-using cudaError_t = int;
-using cudaStream_t = void*;
-using cudaEvent_t = void*;
-constexpr int kMemcpyHostToDevice = 1;
-constexpr int kMemcpyDeviceToHost = 2;
-constexpr unsigned kStreamNonBlocking = 1;
-constexpr unsigned kEventDisableTiming = 2;
-constexpr cudaError_t kErrorNotReady = 600;
-
-struct CudaApi {
-  void* lib = nullptr;
-  cudaError_t (*GetDeviceCount)(int*) = nullptr;
-  cudaError_t (*SetDevice)(int) = nullptr;
-  cudaError_t (*Malloc)(void**, size_t) = nullptr;
-  cudaError_t (*Free)(void*) = nullptr;
-  cudaError_t (*HostAlloc)(void**, size_t, unsigned) = nullptr;
-  cudaError_t (*FreeHost)(void*) = nullptr;
-  cudaError_t (*MemcpyAsync)(void*, const void*, size_t, int, cudaStream_t) = nullptr;
-  cudaError_t (*StreamCreateWithFlags)(cudaStream_t*, unsigned) = nullptr;
-  cudaError_t (*StreamDestroy)(cudaStream_t) = nullptr;
-  cudaError_t (*EventCreateWithFlags)(cudaEvent_t*, unsigned) = nullptr;
-  cudaError_t (*EventDestroy)(cudaEvent_t) = nullptr;
-  cudaError_t (*EventRecord)(cudaEvent_t, cudaStream_t) = nullptr;
-  cudaError_t (*EventQuery)(cudaEvent_t) = nullptr;
-  cudaError_t (*EventSynchronize)(cudaEvent_t) = nullptr;
-  const char* (*GetErrorString)(cudaError_t) = nullptr;
-};
-
-template <typename F>
-bool resolve(void* lib, const char* name, F& fn, std::string& missing) {
-  fn = reinterpret_cast<F>(::dlsym(lib, name));
-  if (!fn) missing += std::string(missing.empty() ? "" : ", ") + name;
-  return fn != nullptr;
-}
-
-Result<CudaApi> load_cudart(const std::string& library) {
-  std::vector<std::string> names;
-  if (!library.empty())
-    names.push_back(library);
-  else
-    names = {"libcudart.so", "libcudart.so.12", "libcudart.so.11.0"};
-  CudaApi api;
-  std::string tried;
-  for (auto& n : names) {
-    api.lib = ::dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (api.lib) break;
-    const char* err = ::dlerror();
-    tried += (tried.empty() ? "" : "; ") + std::string(err ? err : n);
-  }
-  if (!api.lib) return fail(Code::kUnsupported, "CUDA runtime not found (" + tried + ")");
-  std::string missing;
-  resolve(api.lib, "cudaGetDeviceCount", api.GetDeviceCount, missing);
-  resolve(api.lib, "cudaSetDevice", api.SetDevice, missing);
-  resolve(api.lib, "cudaMalloc", api.Malloc, missing);
-  resolve(api.lib, "cudaFree", api.Free, missing);
-  resolve(api.lib, "cudaHostAlloc", api.HostAlloc, missing);
-  resolve(api.lib, "cudaFreeHost", api.FreeHost, missing);
-  resolve(api.lib, "cudaMemcpyAsync", api.MemcpyAsync, missing);
-  resolve(api.lib, "cudaStreamCreateWithFlags", api.StreamCreateWithFlags, missing);
-  resolve(api.lib, "cudaStreamDestroy", api.StreamDestroy, missing);
-  resolve(api.lib, "cudaEventCreateWithFlags", api.EventCreateWithFlags, missing);
-  resolve(api.lib, "cudaEventDestroy", api.EventDestroy, missing);
-  resolve(api.lib, "cudaEventRecord", api.EventRecord, missing);
-  resolve(api.lib, "cudaEventQuery", api.EventQuery, missing);
-  resolve(api.lib, "cudaEventSynchronize", api.EventSynchronize, missing);
-  resolve(api.lib, "cudaGetErrorString", api.GetErrorString, missing);
-  if (!missing.empty()) {
-    ::dlclose(api.lib);
-    return fail(Code::kUnsupported, "CUDA runtime lacks " + missing);
-  }
-  return api;
-}
+using namespace shim;  // the CUDA runtime types and entry points
 
 class CudaTarget final : public Target {
  public:
@@ -110,7 +38,9 @@ class CudaTarget final : public Target {
     return ok();
   }
 
-  std::string name() const override { return "cuda:" + std::to_string(device_); }
+  std::string name() const override {
+    return "cuda:" + std::to_string(device_) + " (" + api_.loaded + ")";
+  }
   MemoryKind kind() const override { return MemoryKind::kDevice; }
 
   Result<Allocation> allocate(size_t bytes) override {
@@ -183,7 +113,7 @@ Result<std::unique_ptr<Target>> open_cuda_target(const CudaOptions& options) {
   int count = 0;
   int rc = api.GetDeviceCount(&count);
   if (rc != 0 || count == 0)
-    return fail(Code::kUnsupported, std::string("no CUDA device: ") +
+    return fail(Code::kUnsupported, "no CUDA device (" + api.loaded + " loaded): " +
                                         (rc ? api.GetErrorString(rc) : "device count is 0"));
   if (options.device < 0 || options.device >= count)
     return fail(Code::kInvalidArgument, "CUDA device " + std::to_string(options.device) +

@@ -7,7 +7,7 @@
 #include <map>
 #include <thread>
 
-#include "sluice/mem_target.h"
+#include "sluice/mem/target.h"
 
 namespace sluice::mem {
 
@@ -32,10 +32,11 @@ Allocation::~Allocation() {
 
 BufferPool& Target::staging(size_t buffer_size) {
   std::lock_guard lock(staging_mu_);
-  if (!staging_ || staging_->buffer_size() != buffer_size)
-    staging_ = std::make_unique<BufferPool>(buffer_size, 64,
-                                            [this](size_t n) { return allocate_staging(n); });
-  return *staging_;
+  auto& pool = staging_[buffer_size];
+  if (!pool)
+    pool = std::make_unique<BufferPool>(buffer_size, 64,
+                                        [this](size_t n) { return allocate_staging(n); });
+  return *pool;
 }
 
 Result<AlignedBuffer> Target::allocate_staging(size_t bytes) {

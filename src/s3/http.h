@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::s3 {
 

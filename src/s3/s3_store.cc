@@ -1,6 +1,6 @@
 // The s3:// store: S3 REST over libcurl, signed with SigV4, with retries, ETag pinning,
 // parallel ranged GETs and parallel multipart uploads.
-#include "sluice/s3_store.h"
+#include "sluice/s3/store.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +18,7 @@
 #include "core/executor.h"
 #include "http.h"
 #include "sigv4.h"
-#include "sluice/telemetry.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::s3 {
 
@@ -645,6 +645,15 @@ Result<std::unique_ptr<store::Store>> open_s3_store(std::string_view uri,
   if (options.max_attempts == 0)
     return fail(Code::kInvalidArgument, "S3 max attempts must be at least 1");
   return std::unique_ptr<store::Store>(std::make_unique<S3Store>(std::move(loc), options));
+}
+
+void register_scheme() {
+  store::register_scheme("s3", [](std::string_view uri, const store::StoreOptions& options) {
+    const S3Options* o = options.backend.get<S3Options>();
+    S3Options opts = o ? *o : S3Options{};
+    if (!opts.registry) opts.registry = options.registry;
+    return open_s3_store(uri, opts);
+  });
 }
 
 }  // namespace sluice::s3

@@ -7,7 +7,7 @@
 #include <map>
 #include <mutex>
 
-#include "sluice/store.h"
+#include "sluice/store/store.h"
 
 namespace sluice::store {
 namespace {

@@ -6,10 +6,15 @@
 // writes to a temporary file under <root>/.sluice-tmp/, fdatasyncs it on commit, renames
 // it into place (renameat2 RENAME_NOREPLACE when overwrite is off) and fsyncs the
 // directory, so a crash leaves either the old object or the new one, and at worst a
-// temporary file that listings never show.
+// temporary file that listings never show. Temporary files name their host and process;
+// opening the store (or listing past a .sluice-tmp directory) removes those whose process
+// is gone.
 #include <dirent.h>
+#include <signal.h>
 #include <fcntl.h>
+#if SLUICE_HAVE_OPENAT2
 #include <linux/openat2.h>
+#endif
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -20,41 +25,21 @@
 #include <cstdio>
 #include <random>
 
-#include "sluice/store.h"
+#include "sluice/core/fd.h"
+#include "sluice/store/store.h"
 
 namespace sluice::store {
 namespace {
 
 constexpr const char* kTempDir = ".sluice-tmp";
 
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
+using Fd = UniqueFd;
 
 std::atomic<bool> g_no_openat2{false};  // set once if the kernel lacks openat2
 
 // Opens `path` (relative, validated) beneath `dirfd`. Returns an fd or -errno.
 int open_beneath(int dirfd, const std::string& path, int flags, mode_t mode = 0) {
+#if SLUICE_HAVE_OPENAT2
   if (!g_no_openat2.load(std::memory_order_relaxed)) {
     struct open_how how = {};
     how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
@@ -69,6 +54,7 @@ int open_beneath(int dirfd, const std::string& path, int flags, mode_t mode = 0)
     // Relaxed: a benign race; every thread that sees ENOSYS sets the same value.
     g_no_openat2.store(true, std::memory_order_relaxed);
   }
+#endif
   // Fallback: walk the components without following any symlink.
   int cur = ::dup(dirfd);
   if (cur < 0) return -errno;
@@ -95,6 +81,74 @@ std::string etag_of(const struct stat& st) {
                 static_cast<unsigned long>(st.st_size),
                 static_cast<unsigned long>(st.st_mtim.tv_sec * 1000000000L + st.st_mtim.tv_nsec));
   return buf;
+}
+
+// Temporary files are named "h<host>-p<pid>-<counter>-<random>" under .sluice-tmp/: short
+// enough for any legal key (no part of the key is in the name), and saying which process
+// on which host owns them, so a later process can remove those whose owner died.
+uint32_t host_id() {
+  static const uint32_t id = [] {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    uint32_t h = 2166136261u;  // FNV-1a: a short, stable tag, not a security boundary
+    for (const char* c = name; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+    return h;
+  }();
+  return id;
+}
+
+std::string temp_name() {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char name[96];
+  std::snprintf(name, sizeof name, "%s/h%08x-p%d-%lu-%016lx", kTempDir, host_id(),
+                static_cast<int>(::getpid()),
+                static_cast<unsigned long>(counter.fetch_add(1, std::memory_order_relaxed)),
+                static_cast<unsigned long>(rng()));
+  return name;
+}
+
+// True for a temporary file of this host whose owning process is gone.
+bool is_stale_temp(const char* name) {
+  unsigned host = 0;
+  int pid = 0;
+  if (std::sscanf(name, "h%8x-p%d-", &host, &pid) != 2 || host != host_id() || pid <= 0)
+    return false;
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// Removes the stale temporary files in the .sluice-tmp directory `tmpfd` (opened for
+// reading), and the directory itself once empty. Best effort: a failure only leaves debris.
+void reap_stale_temps(int parentfd, int tmpfd) {
+  DIR* dp = ::fdopendir(tmpfd);
+  if (!dp) {
+    ::close(tmpfd);
+    return;
+  }
+  while (struct dirent* e = ::readdir(dp))
+    if (is_stale_temp(e->d_name)) (void)::unlinkat(::dirfd(dp), e->d_name, 0);
+  ::closedir(dp);
+  (void)::unlinkat(parentfd, kTempDir, AT_REMOVEDIR);  // fails while others write: fine
+}
+
+// Names an older sluice cp left beside a download (".name.sluice-<pid>-<n>"): never objects.
+bool is_legacy_temp(const std::string& name) {
+  size_t at = name.rfind(".sluice-");
+  if (name.empty() || name[0] != '.' || at == std::string::npos || at == 0) return false;
+  std::string_view tail = std::string_view(name).substr(at + 8);
+  size_t dash = tail.find('-');
+  auto digits = [](std::string_view v) {
+    return !v.empty() && v.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  return dash != std::string_view::npos && digits(tail.substr(0, dash)) &&
+         digits(tail.substr(dash + 1));
+}
+
+// Keys with a .sluice-tmp component would mix with temporary files, which listings skip.
+bool is_reserved(const std::string& key) {
+  const std::string t = kTempDir;
+  return key == t || key.starts_with(t + "/") || key.ends_with("/" + t) ||
+         key.find("/" + t + "/") != std::string::npos;
 }
 
 class PosixStore;
@@ -153,46 +207,46 @@ class PosixStore : public Store {
                       const ReadOptions& options) override {
     SLUICE_RETURN_IF_ERROR(validate_key(key));
     std::string k(key);
-    int fd = open_beneath(root_fd_.get(), k, O_RDONLY);
+    // O_NONBLOCK: opening a FIFO (or a device) must not hang; it is refused just below.
+    int fd = open_beneath(root_fd_.get(), k, O_RDONLY | O_NONBLOCK);
     if (fd < 0) return errno_error(-fd, "open", k);
     Fd guard(fd);
-    if (!options.if_match.empty()) {
-      struct stat st;
-      if (::fstat(fd, &st) != 0) return errno_error(errno, "stat", k);
-      if (etag_of(st) != options.if_match)
-        return fail(Code::kConflict, "object '" + k + "' in " + uri() +
-                                         " changed: etag is no longer " + options.if_match);
-    }
-    size_t done = 0;
-    while (done < dst.size()) {
-      ssize_t n =
-          ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0)
-        return errno_error(errno, "read at offset " + std::to_string(offset + done) + " of", k);
-      if (n == 0) break;
-      done += static_cast<size_t>(n);
-    }
-    return done;
+    struct stat st;
+    if (::fstat(fd, &st) != 0) return errno_error(errno, "stat", k);
+    if (!S_ISREG(st.st_mode))
+      return fail(Code::kNotFound, "object '" + k + "' in " + uri() + " is not a regular file");
+    if (!options.if_match.empty() && etag_of(st) != options.if_match)
+      return fail(Code::kConflict, "object '" + k + "' in " + uri() +
+                                       " changed: etag is no longer " + options.if_match);
+    return pread_full(fd, dst, offset, "object '" + k + "' in " + uri());
   }
 
   Result<std::unique_ptr<Writer>> create(std::string_view key,
                                          const WriteOptions& options) override {
     SLUICE_RETURN_IF_ERROR(validate_key(key));
     std::string k(key);
-    if (k == kTempDir || k.starts_with(std::string(kTempDir) + "/"))
-      return fail(Code::kInvalidArgument, "key '" + k + "' is reserved for temporary files");
-    if (::mkdirat(root_fd_.get(), kTempDir, 0755) != 0 && errno != EEXIST)
-      return errno_error(errno, "create temporary directory for", k);
-    static std::atomic<uint64_t> counter{0};
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    char name[96];
-    std::snprintf(name, sizeof name, "%s/%d-%lu-%016lx", kTempDir, static_cast<int>(::getpid()),
-                  static_cast<unsigned long>(counter.fetch_add(1, std::memory_order_relaxed)),
-                  static_cast<unsigned long>(rng()));
-    int fd = open_beneath(root_fd_.get(), name, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (is_reserved(k))
+      return fail(Code::kInvalidArgument,
+                  "key '" + k + "' is reserved: " + kTempDir + " holds temporary files");
+    std::string name = temp_name();
+    int fd = -ENOENT;
+    // Another writer's commit may remove the (empty) temporary directory between our
+    // mkdir and open: try again.
+    for (int attempt = 0; attempt < 5 && fd == -ENOENT; ++attempt) {
+      if (::mkdirat(root_fd_.get(), kTempDir, 0755) != 0 && errno != EEXIST)
+        return errno_error(errno, "create temporary directory for", k);
+      fd = open_beneath(root_fd_.get(), name, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    }
     if (fd < 0) return errno_error(-fd, "create temporary file for", k);
-    return std::make_unique<PosixWriter>(this, k, options, Fd(fd), name);
+    auto writer = std::make_unique<PosixWriter>(this, k, options, Fd(fd), name);
+    if (options.size_hint && *options.size_hint > 0) {
+      // Reserve the blocks first: a full disk is a clear NoSpace before any byte moves.
+      if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(*options.size_hint)); rc != 0) {
+        writer->abort();
+        return errno_error(rc, "reserve " + std::to_string(*options.size_hint) + " bytes for", k);
+      }
+    }
+    return writer;
   }
 
   Result<ListPage> list(const ListOptions& options) override {
@@ -244,7 +298,9 @@ class PosixStore : public Store {
 
   // Opens the directory that holds `key` (creating it if asked) and returns it with the
   // key's last component.
-  Result<std::pair<Fd, std::string>> open_parent(const std::string& key, bool create) {
+  // New directories are made durable when `durable` is set.
+  Result<std::pair<Fd, std::string>> open_parent(const std::string& key, bool create,
+                                                 bool durable = true) {
     size_t slash = key.rfind('/');
     if (slash == std::string::npos) {
       int fd = ::dup(root_fd_.get());
@@ -275,14 +331,10 @@ class PosixStore : public Store {
           return errno_error(errno, "create directory '" + sub + "' for", key);
         }
         // A new directory's entry must be durable too, or a committed object below it can
-        // vanish in a crash. (pfd is O_PATH; fsync needs a readable descriptor.)
-        int d = ::openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (d < 0 || ::fsync(d) != 0) {
-          int err = errno;
-          if (d >= 0) ::close(d);
-          return errno_error(err, "sync directory holding '" + sub + "' for", key);
-        }
-        ::close(d);
+        // vanish in a crash.
+        if (durable)
+          SLUICE_RETURN_IF_ERROR(sync_directory(pfd, "directory '" + sub + "' for object '" +
+                                                         key + "' in " + uri()));
       }
     }
     int fd = open_beneath(root_fd_.get(), dir, O_PATH | O_DIRECTORY);
@@ -296,6 +348,16 @@ class PosixStore : public Store {
   }
 
   int root_fd() const { return root_fd_.get(); }
+
+  // Removes the temporary directory once no writer uses it, so a one-off download leaves
+  // nothing beside the file. Fails harmlessly (ENOTEMPTY) while other writers are open.
+  void drop_temp_dir() { (void)::unlinkat(root_fd_.get(), kTempDir, AT_REMOVEDIR); }
+
+  // Removes temporary files left by dead processes of this host (kill -9, a crash).
+  void reap() {
+    int t = open_beneath(root_fd_.get(), kTempDir, O_RDONLY | O_DIRECTORY);
+    if (t >= 0) reap_stale_temps(root_fd_.get(), t);
+  }
 
  private:
   Status walk(const std::string& dir, const ListOptions& options, std::vector<std::string>& keys) {
@@ -321,7 +383,12 @@ class PosixStore : public Store {
     while (struct dirent* e = ::readdir(dp)) {
       std::string name = e->d_name;
       if (name == "." || name == "..") continue;
-      if (dir.empty() && name == kTempDir) continue;
+      if (name == kTempDir) {
+        int t = ::openat(::dirfd(dp), kTempDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (t >= 0) reap_stale_temps(::dirfd(dp), t);
+        continue;
+      }
+      if (is_legacy_temp(name)) continue;
       bool is_dir = e->d_type == DT_DIR;
       if (e->d_type == DT_UNKNOWN) {
         struct stat st;
@@ -352,16 +419,8 @@ class PosixStore : public Store {
 
 Status PosixWriter::append(std::span<const std::byte> data) {
   if (done_) return fail(Code::kInvalidArgument, "append to finished writer for '" + key_ + "'");
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd_.get(), data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      return failed(error_from_errno(errno, "write " + std::to_string(data.size() - off) +
-                                                " bytes at offset " + std::to_string(size_ + off) +
-                                                " of object '" + key_ + "' in " + store_->uri()));
-    off += static_cast<size_t>(n);
-  }
+  auto st = pwrite_full(fd_.get(), data, size_, "object '" + key_ + "' in " + store_->uri());
+  if (!st) return failed(st.error());
   size_ += data.size();
   return ok();
 }
@@ -371,12 +430,26 @@ Status PosixWriter::commit() {
   auto where = [&](std::string_view op) {
     return std::string(op) + " object '" + key_ + "' in " + store_->uri();
   };
-  if (::fdatasync(fd_.get()) != 0) return failed(error_from_errno(errno, where("sync")));
-  auto parent = store_->open_parent(key_, true);
+  // Blocks reserved for a size hint that was not reached are given back.
+  if (options_.size_hint && *options_.size_hint != size_ &&
+      ::ftruncate(fd_.get(), static_cast<off_t>(size_)) != 0)
+    return failed(error_from_errno(errno, where("truncate")));
+  if (options_.durable && ::fdatasync(fd_.get()) != 0)
+    return failed(error_from_errno(errno, where("sync")));
+  auto parent = store_->open_parent(key_, true, options_.durable);
   if (!parent) return failed(parent.error());
   auto& [dirfd, leaf] = *parent;
+#if SLUICE_HAVE_RENAMEAT2
   int rc = ::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(),
                        options_.overwrite ? 0 : RENAME_NOREPLACE);
+#else
+  // Without renameat2, an exclusive publish is a hard link (which fails if the name exists)
+  // followed by removing the temporary name.
+  int rc = options_.overwrite
+               ? ::renameat(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str())
+               : ::linkat(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(), 0);
+  if (rc == 0 && !options_.overwrite) (void)::unlinkat(store_->root_fd(), tmp_.c_str(), 0);
+#endif
   if (rc != 0) {
     int err = errno;
     if (err == EEXIST) return failed(Error(Code::kAlreadyExists, where("publish") + ": exists"));
@@ -385,10 +458,8 @@ Status PosixWriter::commit() {
   tmp_.clear();
   done_ = true;
   fd_.reset();
-  int d = ::openat(dirfd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d < 0) return std::unexpected(error_from_errno(errno, where("sync directory of")));
-  Fd dguard(d);
-  if (::fsync(d) != 0) return std::unexpected(error_from_errno(errno, where("sync directory of")));
+  store_->drop_temp_dir();
+  if (options_.durable) SLUICE_RETURN_IF_ERROR(sync_directory(dirfd.get(), where("publish")));
   return ok();
 }
 
@@ -396,8 +467,9 @@ void PosixWriter::abort() {
   done_ = true;
   fd_.reset();
   if (!tmp_.empty()) {
-    ::unlinkat(store_->root_fd(), tmp_.c_str(), 0);
+    (void)::unlinkat(store_->root_fd(), tmp_.c_str(), 0);  // best effort: it is debris only
     tmp_.clear();
+    store_->drop_temp_dir();
   }
 }
 
@@ -406,7 +478,9 @@ void PosixWriter::abort() {
 std::unique_ptr<Store> make_posix_store(std::string root) {
   int fd = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   // open_store checked the directory; if it vanished since, every call reports it.
-  return std::make_unique<PosixStore>(std::move(root), Fd(fd));
+  auto store = std::make_unique<PosixStore>(std::move(root), Fd(fd));
+  store->reap();
+  return store;
 }
 
 }  // namespace sluice::store

@@ -1,8 +1,5 @@
-#include <filesystem>
-
-#include "sluice/s3_store.h"
-#include "sluice/store.h"
-#include "sluice/store_wrapper.h"
+#include "sluice/store/store.h"
+#include "sluice/store/wrapper.h"
 
 namespace sluice::store {
 
@@ -78,33 +75,6 @@ Result<std::vector<ObjectInfo>> Store::list_all(std::string_view prefix) {
     opts.continuation = std::move(page.next_token);
   } while (!opts.continuation.empty());
   return all;
-}
-
-Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptions& options) {
-  std::unique_ptr<Store> store;
-  if (uri.starts_with("mem://")) {
-    std::string name(uri.substr(6));
-    if (name.empty()) return fail(Code::kInvalidArgument, "store URI 'mem://' needs a name");
-    store = open_named_memory_store(name);
-  } else if (uri.starts_with("s3://")) {
-    SLUICE_ASSIGN_OR_RETURN(store,
-                            s3::open_s3_store(uri, options.s3 ? *options.s3 : s3::S3Options{}));
-  } else if (uri.find("://") != std::string_view::npos && !uri.starts_with("file://")) {
-    return fail(Code::kUnsupported, "unsupported store URI '" + std::string(uri) +
-                                        "': known schemes are file://, s3:// and mem://");
-  } else {
-    std::string path(uri.starts_with("file://") ? uri.substr(7) : uri);
-    if (path.empty())
-      return fail(Code::kInvalidArgument, "store URI '" + std::string(uri) + "' has no path");
-    std::error_code ec;
-    std::filesystem::create_directories(path, ec);
-    if (ec) return fail_errno(ec.value(), "create store directory '" + path + "'");
-    if (!std::filesystem::is_directory(path, ec))
-      return fail(Code::kInvalidArgument, "store path '" + path + "' is not a directory");
-    store = make_posix_store(path);
-  }
-  if (options.registry) store = with_telemetry(std::move(store), *options.registry);
-  return store;
 }
 
 }  // namespace sluice::store

@@ -1,8 +1,8 @@
 // Records every store call into the telemetry registry: one request counter, one error
 // counter and one latency histogram per operation, plus bytes read and written. The
 // metric cells are looked up once, at wrap time, so recording is a few relaxed adds.
-#include "sluice/store_wrapper.h"
-#include "sluice/telemetry.h"
+#include "sluice/store/wrapper.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::store {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sluice/telemetry.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::telemetry {
 

@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "sluice/s3_store.h"
-#include "sluice/telemetry.h"
+#include "sluice/s3/store.h"
+#include "sluice/telemetry/registry.h"
 #include "test_util.h"
 
 namespace sluice::s3 {

@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sizes.h"
-#include "sluice/file_handle.h"
-#include "sluice/telemetry.h"
+#include "sluice/io/file_handle.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::cli {
 

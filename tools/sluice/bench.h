@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::cli {
 

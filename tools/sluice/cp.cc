@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sizes.h"
-#include "sluice/store.h"
-#include "sluice/telemetry.h"
+#include "sluice/store/store.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::cli {
 namespace fs = std::filesystem;

@@ -12,7 +12,7 @@
 #include "bench.h"
 #include "cp.h"
 #include "sizes.h"
-#include "sluice/io_engine.h"
+#include "sluice/io/engine.h"
 
 namespace {
 
@@ -66,7 +66,7 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
   cmd->add_flag("--verify", o.verify, "Check every byte read (or read back what was written)");
   cmd->add_flag("--json", json, "Print the result as one JSON object");
   cmd->add_option("--cuda-library", o.cuda_library,
-                  "libcudart to load for gpu/gds (default: libcudart.so, .so.12, .so.11.0)")
+                  "libcudart to load for gpu/gds (default: the first of libcudart.so, .so.13, .so.12, .so.11.0)")
       ->envname("SLUICE_CUDART");
   cmd->add_option("--cufile-library", o.cufile_library,
                   "libcufile to load for gds (default: libcufile.so.0)")

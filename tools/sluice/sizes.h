@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::cli {
 

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "sluice/io_engine.h"
-#include "sluice/telemetry.h"
+#include "sluice/io/engine.h"
+#include "sluice/telemetry/registry.h"
 #include "test_util.h"
 
 namespace sluice::io {

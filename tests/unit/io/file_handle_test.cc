@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "sluice/file_handle.h"
+#include "sluice/io/file_handle.h"
 #include "test_util.h"
 
 namespace sluice::io {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "sluice/mem_target.h"
+#include "sluice/mem/target.h"
 #include "test_util.h"
 
 namespace sluice::mem {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "sluice/fault_store.h"
+#include "sluice/testing/fault_store.h"
 #include "test_util.h"
 
 namespace sluice::store {

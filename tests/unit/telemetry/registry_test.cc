@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "sluice/telemetry.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::telemetry {
 namespace {

@@ -1,4 +1,4 @@
-// sluice/status.h: the one error model of sluice.
+// sluice/core/status.h: the one error model of sluice.
 //
 // Every fallible call returns `Result<T>` (a std::expected of T or Error) or `Status`
 // (Result<void>). An Error carries a small fixed code, a message that names the file, key
@@ -34,13 +34,19 @@ enum class Code : int {
   kInternal,          // a broken invariant inside sluice: a bug
 };
 
+// `text` with control characters (bytes below 0x20, and 0x7f) escaped as \n, \t, \r or
+// \xNN: safe to print on one line of a log or a terminal.
+std::string printable(std::string text);
+
 // The stable, lower-case name of a code ("not_found"), used in JSON and metrics.
 std::string_view code_name(Code code);
 
 class Error {
  public:
+  // Control characters in `message` (a key with a newline, a server's text) are escaped,
+  // so no message can forge a log line.
   Error(Code code, std::string message, int sys_errno = 0)
-      : code_(code), message_(std::move(message)), sys_errno_(sys_errno) {}
+      : code_(code), message_(printable(std::move(message))), sys_errno_(sys_errno) {}
 
   Code code() const { return code_; }
   const std::string& message() const { return message_; }
@@ -59,8 +65,17 @@ class Error {
   int sys_errno_;
 };
 
+// A value or an Error. [[nodiscard]]: dropping a Result (a commit(), a sync()) is a compile
+// error under -Werror; where a result is deliberately ignored, say why and cast to void.
 template <typename T>
-using Result = std::expected<T, Error>;
+class [[nodiscard]] Result : public std::expected<T, Error> {
+ public:
+  using Base = std::expected<T, Error>;
+  using Base::Base;
+  Result() = default;
+  // From the std::expected that the monadic operations (and_then, transform) return.
+  Result(Base other) : Base(std::move(other)) {}
+};
 using Status = Result<void>;
 
 inline Status ok() {

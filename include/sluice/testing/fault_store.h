@@ -1,4 +1,4 @@
-// sluice/fault_store.h: a Store decorator that injects faults, for tests.
+// sluice/testing/fault_store.h: a Store decorator that injects faults, for tests.
 //
 // Wrap any store, then script what goes wrong:
 //   auto faults = std::make_unique<FaultInjectionStore>(make_memory_store());
@@ -23,7 +23,7 @@
 #include <mutex>
 #include <set>
 
-#include "sluice/store_wrapper.h"
+#include "sluice/store/wrapper.h"
 
 namespace sluice::store {
 

@@ -1,4 +1,4 @@
-// sluice/s3_store.h: the s3:// store — any S3-compatible object store.
+// sluice/s3/store.h: the s3:// store — any S3-compatible object store.
 //
 // Opens `s3://bucket[/prefix]`; keys are relative to the prefix. Requests are signed with
 // AWS Signature Version 4 and sent over libcurl with connection reuse and at most
@@ -24,7 +24,7 @@
 #include <memory>
 #include <string>
 
-#include "sluice/store.h"
+#include "sluice/store/store.h"
 
 namespace sluice::s3 {
 
@@ -61,5 +61,9 @@ struct S3Location {
 Result<S3Location> parse_s3_uri(std::string_view uri);
 
 Result<std::unique_ptr<store::Store>> open_s3_store(std::string_view uri, const S3Options& options);
+
+// Registers the s3:// scheme with store::open_store, which then opens s3:// URIs with the
+// S3Options set in StoreOptions::backend (defaults when none). Idempotent.
+void register_scheme();
 
 }  // namespace sluice::s3

@@ -1,4 +1,4 @@
-// sluice/mem_target.h: where bytes land — host memory, or memory a copy engine must fill.
+// sluice/mem/target.h: where bytes land — host memory, or memory a copy engine must fill.
 //
 // Host memory is the default and always works: file I/O goes straight into it. A device
 // target (CUDA device memory, or the emulated device used in tests) cannot be the target
@@ -19,11 +19,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
-#include "sluice/buffer_pool.h"
-#include "sluice/status.h"
+#include "sluice/mem/buffer_pool.h"
+#include "sluice/core/status.h"
 
 namespace sluice::mem {
 
@@ -68,7 +69,9 @@ class Target {
   virtual bool done(uint64_t ticket) = 0;
 
   // Staging (bounce) buffers of `size` bytes that this target copies from fastest:
-  // page-locked host memory for CUDA. Created on first use, reused afterwards.
+  // page-locked host memory for CUDA. One pool per buffer size, created on first use and
+  // kept for the target's lifetime, so buffers leased from one pool stay valid while
+  // another size is asked for.
   BufferPool& staging(size_t buffer_size);
 
  protected:
@@ -78,7 +81,7 @@ class Target {
 
  private:
   std::mutex staging_mu_;
-  std::unique_ptr<BufferPool> staging_;  // guarded by staging_mu_
+  std::map<size_t, std::unique_ptr<BufferPool>> staging_;  // by buffer size; guarded by staging_mu_
 };
 
 // Ordinary host memory; copies are memcpy and complete at once.
@@ -92,7 +95,7 @@ std::unique_ptr<Target> make_emulated_device(size_t capacity_bytes);
 
 struct CudaOptions {
   int device = 0;
-  // libcudart to dlopen; empty tries libcudart.so, libcudart.so.12, libcudart.so.11.0.
+  // libcudart to dlopen; empty tries libcudart.so, then .so.13, .so.12 and .so.11.0.
   std::string library;
 };
 

@@ -1,4 +1,4 @@
-// sluice/store_wrapper.h: forwarding base for Store decorators.
+// sluice/store/wrapper.h: forwarding base for Store decorators.
 //
 // A decorator (fault injection, telemetry, quota charging, rate limiting) derives from
 // StoreWrapper and overrides only the calls it changes; every other call goes straight to
@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "sluice/store.h"
+#include "sluice/store/store.h"
 
 namespace sluice::store {
 

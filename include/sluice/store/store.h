@@ -1,9 +1,10 @@
-// sluice/store.h: the one interface every place bytes rest behind.
+// sluice/store/store.h: the one interface every place bytes rest behind.
 //
 // A Store is a flat namespace of keys ("datasets/shard-0001.tar") mapping to immutable
 // byte strings (objects), the common ground of a file system, an S3 bucket, a peer's cache
 // and memory. Backends: file:// (posix, local or shared file systems), mem:// (process
-// memory, for tests) and, later, s3:// and peer://. Decorators (StoreWrapper) add fault
+// memory, for tests); other backends (s3://, later cache:// and peer://) register their
+// scheme with register_scheme. Decorators (StoreWrapper) add fault
 // injection, telemetry, quota charging and rate limits around any of them.
 //
 // Contract:
@@ -28,21 +29,22 @@
 #pragma once
 
 #include <cstddef>
+#include <any>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <typeindex>
+#include <unordered_map>
 #include <vector>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::telemetry {
 class Registry;
-}
-namespace sluice::s3 {
-struct S3Options;
 }
 
 namespace sluice::store {
@@ -76,6 +78,13 @@ struct ReadOptions {
 
 struct WriteOptions {
   bool overwrite = true;  // false: commit fails with AlreadyExists if the key exists
+  // true: commit returns only once the object survives a crash. false lets a backend that
+  // can (file://) skip the flush to stable storage: the publish is still atomic, but a
+  // crash soon after may lose the object. Object stores are always durable.
+  bool durable = true;
+  // The object's final size, when known: lets file:// reserve the blocks up front, so a
+  // full disk fails at create() with NoSpace instead of midway.
+  std::optional<uint64_t> size_hint;
 };
 
 class Writer {
@@ -123,18 +132,48 @@ class Store {
 // Checks a key against the rules in the contract above.
 Status validate_key(std::string_view key);
 
-struct StoreOptions {
-  telemetry::Registry* registry = nullptr;  // where the store records metrics; may be null
-  const s3::S3Options* s3 = nullptr;        // endpoint and credentials for s3:// (else defaults)
+// Options only one backend understands, kept by type so this header never names them:
+//   StoreOptions o; o.backend.set(s3::S3Options{...}); open_store("s3://b", o);
+// and the s3 backend reads o.backend.get<s3::S3Options>() (null when none was set).
+class BackendOptions {
+ public:
+  template <typename T>
+  void set(T value) {
+    by_type_[std::type_index(typeid(T))] = std::move(value);
+  }
+  template <typename T>
+  const T* get() const {
+    auto it = by_type_.find(std::type_index(typeid(T)));
+    return it == by_type_.end() ? nullptr : std::any_cast<T>(&it->second);
+  }
+
+ private:
+  std::unordered_map<std::type_index, std::any> by_type_;
 };
 
-// Opens a store by URI:
+// What open_store hands to a backend.
+struct StoreOptions {
+  telemetry::Registry* registry = nullptr;  // where the store records metrics; may be null
+  BackendOptions backend;
+};
+
+// Opens a store by URI, through the backend registered for its scheme:
 //   file:///abs/path, file://rel/path or a plain path   the directory holding the objects
 //   mem://NAME                                            a process-local memory store; the
 //                                                         same NAME opens the same store
-//   s3://bucket[/prefix]                                  S3-compatible object storage
-//                                                         (see s3_store.h)
+// file:// and mem:// are always there; other backends register their scheme (s3:// with
+// s3::register_scheme(), see s3/store.h). Telemetry is added around the store when
+// options.registry is set.
 Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptions& options = {});
+
+// Opens a store of one scheme. `uri` is the whole URI ("s3://bucket/prefix").
+using StoreFactory =
+    std::function<Result<std::unique_ptr<Store>>(std::string_view uri, const StoreOptions&)>;
+// Makes open_store send URIs starting with "<scheme>://" to `factory`. Registering a scheme
+// again replaces its factory. Thread-safe.
+void register_scheme(std::string scheme, StoreFactory factory);
+// The schemes open_store knows now, sorted.
+std::vector<std::string> registered_schemes();
 
 std::unique_ptr<Store> make_posix_store(std::string root);
 // A fresh, private memory store.

@@ -1,4 +1,4 @@
-#include "sluice/buffer_pool.h"
+#include "sluice/mem/buffer_pool.h"
 
 #include <cerrno>
 #include <cstdlib>

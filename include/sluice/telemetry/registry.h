@@ -1,4 +1,4 @@
-// sluice/telemetry.h: counters, gauges and log-bucketed histograms.
+// sluice/telemetry/registry.h: counters, gauges and log-bucketed histograms.
 //
 // Contract:
 // - Metrics are created (or found) by name and labels through a Registry, which takes a

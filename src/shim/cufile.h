@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::io {
 

@@ -1,4 +1,4 @@
-// sluice/file_handle.h: the cuFile-shaped direct data path.
+// sluice/io/file_handle.h: the cuFile-shaped direct data path.
 //
 //   auto ctx = io::Context::open({}).value();                   // cuFileDriverOpen
 //   auto fh = io::FileHandle::open(ctx, "/data/shard", {}).value();  // cuFileHandleRegister
@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "sluice/io_engine.h"
-#include "sluice/mem_target.h"
-#include "sluice/status.h"
+#include "sluice/io/engine.h"
+#include "sluice/mem/target.h"
+#include "sluice/core/status.h"
 
 namespace sluice::io {
 

@@ -1,4 +1,4 @@
-#include "sluice/fault_store.h"
+#include "sluice/testing/fault_store.h"
 
 #include <optional>
 #include <thread>

@@ -1,4 +1,4 @@
-// sluice/buffer_pool.h: aligned, reusable I/O buffers.
+// sluice/mem/buffer_pool.h: aligned, reusable I/O buffers.
 //
 // O_DIRECT needs buffers aligned to the device's block size, and freshly allocated memory
 // is slow to touch the first time (about 2 GiB/s on our machines), so sluice allocates
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice {
 

@@ -1,4 +1,4 @@
-#include "cufile_shim.h"
+#include "shim/cufile.h"
 
 #include <dlfcn.h>
 

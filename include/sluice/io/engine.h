@@ -1,4 +1,4 @@
-// sluice/io_engine.h: asynchronous file I/O shaped like io_uring.
+// sluice/io/engine.h: asynchronous file I/O shaped like io_uring.
 //
 // Prepare requests, submit them, wait for at least N completions with a timeout, reap.
 // Two backends, chosen at run time by probing, never at build time:
@@ -21,7 +21,7 @@
 #include <span>
 #include <string>
 
-#include "sluice/status.h"
+#include "sluice/core/status.h"
 
 namespace sluice::telemetry {
 class Registry;

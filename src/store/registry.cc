@@ -1,0 +1,84 @@
+// The scheme registry behind open_store. file:// and mem:// are built in; every other
+// backend registers itself (s3::register_scheme), so this file never names one.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "sluice/store/store.h"
+#include "sluice/store/wrapper.h"
+
+namespace sluice::store {
+namespace {
+
+Result<std::unique_ptr<Store>> open_file(std::string_view uri, const StoreOptions&) {
+  std::string path(uri.starts_with("file://") ? uri.substr(7) : uri);
+  if (path.empty())
+    return fail(Code::kInvalidArgument, "store URI '" + std::string(uri) + "' has no path");
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return fail_errno(ec.value(), "create store directory '" + path + "'");
+  if (!std::filesystem::is_directory(path, ec))
+    return fail(Code::kInvalidArgument, "store path '" + path + "' is not a directory");
+  return make_posix_store(path);
+}
+
+Result<std::unique_ptr<Store>> open_mem(std::string_view uri, const StoreOptions&) {
+  std::string name(uri.substr(6));
+  if (name.empty()) return fail(Code::kInvalidArgument, "store URI 'mem://' needs a name");
+  return open_named_memory_store(name);
+}
+
+struct SchemeTable {
+  std::mutex mu;
+  std::map<std::string, StoreFactory, std::less<>> factories;  // guarded by mu
+};
+
+SchemeTable& table() {
+  static SchemeTable* const table = [] {
+    auto* fresh = new SchemeTable;  // never destroyed: stores may be opened during exit
+    fresh->factories["file"] = open_file;
+    fresh->factories["mem"] = open_mem;
+    return fresh;
+  }();
+  return *table;
+}
+
+}  // namespace
+
+void register_scheme(std::string scheme, StoreFactory factory) {
+  SchemeTable& t = table();
+  std::lock_guard lock(t.mu);
+  t.factories[std::move(scheme)] = std::move(factory);
+}
+
+std::vector<std::string> registered_schemes() {
+  SchemeTable& t = table();
+  std::lock_guard lock(t.mu);
+  std::vector<std::string> out;
+  for (auto& [name, f] : t.factories) out.push_back(name);
+  return out;
+}
+
+Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptions& options) {
+  size_t sep = uri.find("://");
+  // A plain path is a file:// store.
+  std::string scheme = sep == std::string_view::npos ? "file" : std::string(uri.substr(0, sep));
+  StoreFactory factory;
+  {
+    SchemeTable& t = table();
+    std::lock_guard lock(t.mu);
+    if (auto it = t.factories.find(scheme); it != t.factories.end()) factory = it->second;
+  }
+  if (!factory) {
+    std::string known;
+    for (auto& s : registered_schemes()) known += (known.empty() ? "" : ", ") + s + "://";
+    return fail(Code::kUnsupported, "unsupported store URI '" + std::string(uri) +
+                                        "': known schemes are " + known);
+  }
+  SLUICE_ASSIGN_OR_RETURN(auto store, factory(uri, options));
+  if (options.registry) store = with_telemetry(std::move(store), *options.registry);
+  return store;
+}
+
+}  // namespace sluice::store

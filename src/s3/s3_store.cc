@@ -130,6 +130,7 @@ class S3Writer : public store::Writer {
   S3Store* store_;
   std::string key_;
   store::WriteOptions options_;
+  size_t part_size_;
   std::vector<std::byte> buf_;
   std::string upload_id_;
   std::vector<Part> in_flight_;
@@ -143,7 +144,7 @@ class S3Store : public store::Store {
   S3Store(S3Location loc, S3Options opts)
       : loc_(std::move(loc)),
         opts_(std::move(opts)),
-        http_(HttpOptions{opts_.max_in_flight, 5000, 30}),
+        http_(HttpOptions{opts_.max_in_flight, 5000, std::max(1L, long{opts_.stall_timeout_s})}),
         parts_(std::max(1u, std::min(opts_.part_concurrency, 64u))),
         budget_(static_cast<int64_t>(opts_.retry_budget)) {
     std::string ep =
@@ -189,6 +190,7 @@ class S3Store : public store::Store {
     h.sink = r.sink;
     std::string what = r.method + " " + (r.key.empty() ? "s3://" + loc_.bucket : object_uri(r.key));
 
+    const auto started = std::chrono::steady_clock::now();
     for (unsigned attempt = 1;; ++attempt) {
       h.headers = r.headers;
       if (!opts_.access_key.empty()) {
@@ -210,6 +212,16 @@ class S3Store : public store::Store {
       if (!resp) {
         err = Error(resp.error().code(), what + ": " + resp.error().message());
         retryable = err->code() == Code::kUnavailable || err->code() == Code::kTimedOut;
+        // A stall (no progress for stall_timeout_s) is retried only while the request as a
+        // whole has not yet waited that long: a stalled server is abandoned in about
+        // stall_timeout_s, not max_attempts times it.
+        if (err->code() == Code::kTimedOut &&
+            std::chrono::steady_clock::now() - started >=
+                std::chrono::seconds(opts_.stall_timeout_s)) {
+          retryable = false;
+          err = err->with_context("stalled for " + std::to_string(opts_.stall_timeout_s) +
+                                  " s (the stall timeout)");
+        }
       } else if (resp->status == 416 && r.range_past_end_ok) {
         return std::move(*resp);
       } else if (resp->status >= 300 || resp->sink_overflow) {
@@ -308,8 +320,12 @@ class S3Store : public store::Store {
   }
 
   // One ranged GET into `dst`. Returns bytes read and, through `etag`, the object's ETag.
+  // Pinned to `if_match` and, when known, the object's size: not every server honours
+  // If-Match on a ranged GET (s3rver answers 206 regardless), so each response's ETag and
+  // Content-Range total are compared too.
   Result<size_t> get_range(const std::string& fk, uint64_t offset, std::span<std::byte> dst,
-                           const std::string& if_match, std::string* etag) {
+                           const std::string& if_match, std::optional<uint64_t> object_size,
+                           std::string* etag) {
     S3Request r{kGet, "GET", fk, {}, {}, {}, dst};
     r.headers.emplace_back(
         "Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + dst.size() - 1));
@@ -319,21 +335,31 @@ class S3Store : public store::Store {
     // Never return a partial or misplaced body: the length must match Content-Length and
     // the range must start where asked. A mismatch is retried, like a reset.
     r.check = [&](const HttpResponse& h) -> std::optional<Error> {
+      if (!if_match.empty() && h.header("etag") != if_match)
+        return Error(Code::kConflict, what + ": ETag " + h.header("etag") + " is not the " +
+                                          if_match + " the read is pinned to");
       std::string cl = h.header("content-length");
       if (cl.empty() || std::strtoull(cl.c_str(), nullptr, 10) != h.sink_bytes)
         return Error(Code::kUnavailable, what + ": body of " + std::to_string(h.sink_bytes) +
                                              " bytes, Content-Length '" + cl + "'");
+      uint64_t total = 0;
       if (h.status == 206) {
         std::string cr = h.header("content-range");  // "bytes a-b/total"
         uint64_t a = 0, b = 0;
-        if (std::sscanf(cr.c_str(), "bytes %lu-%lu", &a, &b) != 2 || a != offset ||
+        if (std::sscanf(cr.c_str(), "bytes %lu-%lu/%lu", &a, &b, &total) != 3 || a != offset ||
             b - a + 1 != h.sink_bytes)
           return Error(Code::kCorruption, what + ": Content-Range '" + cr +
                                               "' does not match the " +
                                               std::to_string(h.sink_bytes) + "-byte body");
       } else if (offset != 0) {
         return Error(Code::kCorruption, what + ": server ignored the Range header");
+      } else {
+        total = h.sink_bytes;  // 200: the whole object fit the range
       }
+      if (object_size && total != *object_size)
+        return Error(Code::kConflict, what + ": the object is " + std::to_string(total) +
+                                          " bytes now, not the " + std::to_string(*object_size) +
+                                          " the read is pinned to");
       return std::nullopt;
     };
     r.range_past_end_ok = true;
@@ -378,14 +404,16 @@ class S3Store : public store::Store {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
     if (dst.empty()) return size_t{0};
     std::string fk = full_key(key);
-    const size_t part = opts_.part_size;
+    const size_t part = options.split ? opts_.part_size : dst.size();
     if (offset == 0 && options.object_size && *options.object_size <= dst.size() &&
         *options.object_size <= part)
       return get_whole(fk, *options.object_size, dst, options.if_match);
+    if (options.object_size && offset >= *options.object_size) return size_t{0};
     std::string etag = options.if_match;
     size_t first_len = std::min(dst.size(), part);
-    SLUICE_ASSIGN_OR_RETURN(size_t first, get_range(fk, offset, dst.first(first_len), etag,
-                                                    etag.empty() ? &etag : nullptr));
+    SLUICE_ASSIGN_OR_RETURN(size_t first,
+                            get_range(fk, offset, dst.first(first_len), etag, options.object_size,
+                                      etag.empty() ? &etag : nullptr));
     if (first < first_len || dst.size() == first_len) return first;
     // The rest in parallel, every part pinned to the first part's ETag.
     std::vector<std::future<Result<size_t>>> futs;
@@ -395,8 +423,8 @@ class S3Store : public store::Store {
       ranges.emplace_back(at, len);
       auto p = std::make_shared<std::promise<Result<size_t>>>();
       futs.push_back(p->get_future());
-      parts_.post([this, p, fk, offset, at, len, dst, etag] {
-        p->set_value(get_range(fk, offset + at, dst.subspan(at, len), etag, nullptr));
+      parts_.post([this, p, fk, offset, at, len, dst, etag, size = options.object_size] {
+        p->set_value(get_range(fk, offset + at, dst.subspan(at, len), etag, size, nullptr));
       });
     }
     size_t total = first;
@@ -446,7 +474,10 @@ class S3Store : public store::Store {
     store::ListPage page;
     for (auto c : root.children("Contents")) {
       std::string k = c.child_value("Key");
-      if (!k.starts_with(loc_.prefix)) continue;
+      // The listing is untrusted: a key outside the prefix asked for is a broken server.
+      if (!k.starts_with(loc_.prefix + options.prefix))
+        return fail(Code::kCorruption, "list " + uri() + options.prefix + ": server returned key '" +
+                                           k + "', which is outside the prefix asked for");
       store::ObjectInfo info;
       info.key = k.substr(loc_.prefix.size());
       info.size = std::strtoull(c.child_value("Size"), nullptr, 10);
@@ -506,16 +537,31 @@ class S3Store : public store::Store {
   S3Metrics m_;
 };
 
+// S3 allows 10,000 parts: an upload whose size is known gets parts large enough for it.
+size_t part_size_for_upload(size_t configured, std::optional<uint64_t> size_hint) {
+  if (!size_hint) return configured;
+  constexpr uint64_t kMaxParts = 10000, kMiB = 1 << 20;
+  uint64_t needed = (*size_hint + kMaxParts - 1) / kMaxParts;
+  needed = (needed + kMiB - 1) / kMiB * kMiB;
+  return static_cast<size_t>(std::clamp<uint64_t>(needed, configured, kMaxPartSize));
+}
+
 S3Writer::S3Writer(S3Store* store, std::string key, store::WriteOptions options)
-    : store_(store), key_(std::move(key)), options_(options) {}
+    : store_(store),
+      key_(std::move(key)),
+      options_(options),
+      part_size_(part_size_for_upload(store->options().part_size, options.size_hint)) {}
 
 Status S3Writer::append(std::span<const std::byte> data) {
   if (finished_)
     return fail(Code::kInvalidArgument,
                 "append to finished writer for " + store_->object_uri(key_));
-  const size_t part = store_->options().part_size;
+  const size_t part = part_size_;
   while (!data.empty()) {
-    if (buf_.capacity() < part) buf_.reserve(part);
+    // Grow by what is written, not by the part size: a small object with a huge part size
+    // must not allocate the part.
+    if (buf_.capacity() - buf_.size() < data.size() && buf_.capacity() < part)
+      buf_.reserve(std::min(part, std::max(buf_.size() + data.size(), 2 * buf_.capacity())));
     size_t n = std::min(part - buf_.size(), data.size());
     buf_.insert(buf_.end(), data.begin(), data.begin() + static_cast<ptrdiff_t>(n));
     data = data.subspan(n);
@@ -638,7 +684,11 @@ void S3Writer::abort() {
 Result<std::unique_ptr<store::Store>> open_s3_store(std::string_view uri,
                                                     const S3Options& options) {
   SLUICE_ASSIGN_OR_RETURN(S3Location loc, parse_s3_uri(uri));
-  if (options.part_size == 0) return fail(Code::kInvalidArgument, "S3 part size must be positive");
+  if (options.part_size == 0 || options.part_size > kMaxPartSize)
+    return fail(Code::kInvalidArgument, "S3 part size " + std::to_string(options.part_size) +
+                                            " is outside 1 byte to 5 GiB (the S3 limit per part)");
+  if (options.stall_timeout_s == 0)
+    return fail(Code::kInvalidArgument, "S3 stall timeout must be at least 1 second");
   if (options.part_concurrency == 0 || options.max_in_flight == 0)
     return fail(Code::kInvalidArgument,
                 "S3 part concurrency and requests in flight must be at least 1");

@@ -24,6 +24,7 @@ settings below were chosen.
 import contextlib
 import ctypes
 import datetime
+import functools
 import hashlib
 import hmac
 import http.client
@@ -75,6 +76,7 @@ def find_rgw():
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _python_with_rados():
     """A Python that can import `rados`: this one, or Debian's (python3 on the PATH may
     be a separate build that cannot see Debian's packages)."""
@@ -98,6 +100,25 @@ def _die_with_parent():
     starting *thread*: create Rgw on a thread that outlives it.)"""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _sweep_stale_dirs():
+    """Removes the directories of harnesses that died without close() (SIGKILL): their
+    daemons died with them (see _die_with_parent), but the mon's store and the
+    logs stay behind. A directory is stale when the PID in its owner.pid no longer runs."""
+    tmp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            if not name.startswith("sluice-rgw-"):
+                continue
+            path = os.path.join(tmp, name)
+            try:
+                with open(os.path.join(path, "owner.pid")) as f:
+                    owner = int(f.read())
+            except (OSError, ValueError):
+                continue  # being created right now, or not ours
+            if owner != os.getpid() and not os.path.exists(f"/proc/{owner}"):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 # A child of /usr/bin/python3 that creates the OSD id and the pools through librados
@@ -154,11 +175,14 @@ class Rgw:
         self.closed = False
         self.access_key = ACCESS_KEY
         self.secret_key = SECRET_KEY
-        self.region = "us-east-1"  # RGW accepts any region in the SigV4 scope
+        self.region = "us-east-1"  # what the signer puts in the SigV4 scope; RGW takes any
         reason = find_rgw()
         if reason:
             raise RgwUnavailable(reason)
+        _sweep_stale_dirs()
         self.dir = tempfile.mkdtemp(prefix="sluice-rgw-")
+        with open(os.path.join(self.dir, "owner.pid"), "w") as f:
+            f.write(str(os.getpid()))
         self.mon_port = free_port()
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -167,7 +191,7 @@ class Rgw:
             self._start(memstore_bytes, buckets)
         except BaseException as e:  # a signal or Ctrl-C during start-up, too: never leave daemons
             self.close()
-            if isinstance(e, RgwUnavailable) or not isinstance(e, Exception):
+            if isinstance(e, (RgwUnavailable, ValueError)) or not isinstance(e, Exception):
                 raise
             raise RgwUnavailable(f"RGW did not start: {e!r}") from e
 
@@ -338,7 +362,8 @@ rgw enable usage log = false
     def _check_alive(self):
         for name, p in self.procs:
             if p.poll() is not None:
-                raise RgwUnavailable(f"ceph {name} exited with status {p.returncode}: " + self._log_tail(name))
+                raise RgwUnavailable(f"ceph {name} exited with status {p.returncode}: " +
+                                     self._log_tail(name))
 
     def _wait_http(self):
         """Until an anonymous GET / (ListBuckets) answers 200."""
@@ -377,6 +402,9 @@ rgw enable usage log = false
 
     def create_bucket(self, bucket):
         status, _, body = self.request("PUT", "/" + bucket)
+        if 400 <= status < 500:
+            # The caller's mistake (InvalidBucketName, say), not RGW's: fail, do not SKIP.
+            raise ValueError(f"creating bucket {bucket!r} got {status}: {body[:300]!r}")
         if status != 200:
             raise RgwUnavailable(f"creating bucket {bucket} got {status}: {body[:300]!r}")
 
@@ -464,8 +492,9 @@ def s3_request(endpoint, method, path, body=b"", headers=None, query="", *, acce
 
 def _serve(argv):
     import argparse
-    ap = argparse.ArgumentParser(prog="rgw_harness.py serve",
-                                 description="Start RGW, print one JSON line, stay up until stdin EOF or SIGTERM.")
+    ap = argparse.ArgumentParser(
+        prog="rgw_harness.py serve",
+        description="Start RGW, print one JSON line, stay up until stdin EOF or SIGTERM.")
     ap.add_argument("--bucket", action="append", default=[], help="a bucket to create (repeatable)")
     ap.add_argument("--no-stdin", action="store_true", help="ignore stdin; wait only for a signal")
     args = ap.parse_args(argv)
@@ -489,12 +518,13 @@ def _serve(argv):
             return 0
         print(json.dumps({"endpoint": rgw.endpoint, "access_key": rgw.access_key,
                           "secret_key": rgw.secret_key}), flush=True)
-        if args.no_stdin:
+        if args.no_stdin or sys.stdin is None:
             while True:
                 signal.pause()
         else:
-            # read() returns at EOF: the test closed its end of the pipe, or exited.
-            while sys.stdin.buffer.read(65536):
+            # An empty read is EOF: the test closed its end of the pipe, or exited (even
+            # killed), so the cluster never outlives the test that asked for it.
+            while sys.stdin.buffer.read1(65536):
                 pass
     except Stop:
         pass

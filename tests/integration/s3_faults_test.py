@@ -21,6 +21,7 @@ request, one fault:
                              took effect, the client never hears)
   - ("drop",)                do not forward; close the connection (FIN) without answering, as
                              a server does with a keep-alive connection it has timed out
+  - ("head-size", n)         forward, but answer a HEAD with Content-Length n
 and can swap an object mid-read (SwapAfterFirstRangedGet).
 
 Two things s3rver 3.7.1 lacks, which the proxy supplies so that sluice meets S3 semantics:
@@ -47,8 +48,10 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -173,8 +176,9 @@ class FaultProxy:
     None, tried in order under one lock (so their counters need no locking of their own); the
     first action returned applies. `swap`, if given, is a SwapAfterFirstRangedGet."""
 
-    def __init__(self, s3, rules=(), swap=None):
+    def __init__(self, s3, rules=(), swap=None, enforce_if_match=True):
         self.s3 = s3
+        self.enforce_if_match = enforce_if_match  # False: behave like s3rver (and some others)
         self.rules = list(rules)
         self.swap = swap
         self.lock = threading.Lock()
@@ -342,7 +346,7 @@ def _make_handler(proxy):
             if kind == "delay":
                 time.sleep(action[1])
 
-            if req.kind == "get" and req.headers.get("If-Match"):
+            if req.kind == "get" and req.headers.get("If-Match") and proxy.enforce_if_match:
                 # s3rver 3.7.1 ignores If-Match on GET: enforce it here, as S3 does.
                 status, etag = head_direct(s3, req.key)
                 wanted = [t.strip() for t in req.headers["If-Match"].split(",")]
@@ -392,6 +396,8 @@ def _make_handler(proxy):
                 for k, v in headers:
                     if kind == "eof" and k.lower() == "content-length":
                         continue
+                    if kind == "head-size" and k.lower() == "content-length":
+                        v = str(action[1])  # a HEAD that lies about the object's size
                     self.send_header(k, v)
                 if kind in ("truncate", "eof"):
                     self.send_header("Connection", "close")
@@ -674,6 +680,130 @@ def test_download_object_replaced_mid_read(ctx):
         assert_download_ok(r, dest, new)
 
 
+def test_download_replaced_mid_read_if_match_ignored(ctx):
+    # Like s3rver (and some S3-compatible servers), the proxy answers 206 to a ranged GET
+    # with a stale If-Match: sluice must see the new ETag on the response itself.
+    key = "dl-swap-noifmatch.bin"
+    ctx.seed_big(key)
+    new = bytes(b ^ 0xFF for b in ctx.big[:MiB]) + ctx.big[MiB:]  # same size, other ETag
+    d = ctx.fresh_dir(key)
+    swap = SwapAfterFirstRangedGet(key, new)
+    with FaultProxy(ctx.s3, [], swap, enforce_if_match=False) as p:
+        r = ctx.cp(p, f"s3://{BUCKET}/{key}", os.path.join(d, key))
+        assert swap.done, "the object was never swapped"
+        assert_failed_cleanly(r, f"s3://{BUCKET}/{key}", d)
+        assert "ETag" in r.stderr and "conflict" in r.stderr, describe(r)
+        assert retries(r) == 0, "a changed ETag must not be retried: " + describe(r)
+
+
+def test_download_head_size_disagrees_with_get(ctx):
+    # The HEAD says fewer bytes than the object has: the first GET's Content-Range total
+    # gives it away, and nothing short is written.
+    key = "dl-headlies.bin"
+    ctx.seed_big(key)
+    d = ctx.fresh_dir(key)
+    with FaultProxy(ctx.s3, [always(("head-size", BIG - 1000), where("head"))],
+                    enforce_if_match=False) as p:
+        r = ctx.cp(p, f"s3://{BUCKET}/{key}", os.path.join(d, key))
+        assert_failed_cleanly(r, f"s3://{BUCKET}/{key}", d)
+        assert "conflict" in r.stderr and str(BIG) in r.stderr, describe(r)
+
+
+def test_download_stalled_server_abandoned(ctx):
+    # The server accepts the GET and then says nothing: abandoned after --stall-timeout, not
+    # after max_attempts times it.
+    key = "dl-stall.bin"
+    ctx.seed_big(key)
+    d = ctx.fresh_dir(key)
+    with FaultProxy(ctx.s3, [always(("delay", 30, 0), where("get"))]) as p:
+        r = ctx.cp(p, f"s3://{BUCKET}/{key}", os.path.join(d, key), "--stall-timeout", "2")
+        assert_failed_cleanly(r, f"s3://{BUCKET}/{key}", d)
+        assert "stall" in r.stderr and "timed_out" in r.stderr, describe(r)
+        assert r.elapsed < 15, f"took {r.elapsed:.1f} s with a 2 s stall timeout"
+
+
+def start_cp(ctx, proxy, src, dst, *extra):
+    e = dict(os.environ, AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER")
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        e.pop(k, None)
+    return subprocess.Popen([ctx.binary, "cp", src, dst, "--json", "--no-progress", "--part-size", PART,
+                             "--endpoint-url", proxy.endpoint, *extra],
+                            env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(pred, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def test_download_interrupted_cleans_up(ctx):
+    # SIGINT (and SIGTERM) mid-download: exit 130 (143), and nothing left: no file, no
+    # temporary file, no .sluice-tmp directory.
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        key = f"dl-sig{int(sig)}.bin"
+        ctx.seed_big(key)
+        d = ctx.fresh_dir(key)
+        with FaultProxy(ctx.s3, [always(("delay", 0, 1.5), where("get"))]) as p:
+            proc = start_cp(ctx, p, f"s3://{BUCKET}/{key}", os.path.join(d, key))
+            wait_for(lambda: len(p.seen("get")) >= 2)
+            time.sleep(0.3)
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, f"rc {proc.returncode}, expected {code}: {out} {err}"
+        assert json.loads(out.strip().splitlines()[-1])["cancelled"] is True, out
+        assert os.listdir(d) == [], f"left behind in {d}: {os.listdir(d)}"
+
+
+def test_upload_interrupted_aborts_multipart(ctx):
+    # Twelve parts, each answered after 1 s, eight in flight: the signal comes while parts
+    # are still being handed to the upload (a signal during the final commit lets it finish).
+    key = "ul-sigterm.bin"
+    d = ctx.fresh_dir(key)
+    src = os.path.join(d, "src.bin")
+    with open(src, "wb") as f:
+        f.write(ctx.big * 3)
+    with FaultProxy(ctx.s3, [always(("delay", 1.0, 0), where("put-part"))]) as p:
+        proc = start_cp(ctx, p, src, f"s3://{BUCKET}/{key}")
+        wait_for(lambda: len(p.seen("put-part")) >= 1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 143, f"rc {proc.returncode}: {out} {err}"
+        assert p.created_uploads and p.aborted_uploads == p.created_uploads, \
+            f"created {p.created_uploads}, aborted {p.aborted_uploads}"
+        assert_no_object(ctx, p, key)
+    assert os.listdir(d) == ["src.bin"]
+
+
+def test_kill9_debris_is_ignored_then_reaped(ctx):
+    # kill -9 mid-download leaves the temporary file; a recursive upload of that directory
+    # must not upload it, and the next run that opens the directory removes it (its owner is
+    # gone).
+    key = "dl-kill9.bin"
+    ctx.seed_big(key)
+    d = ctx.fresh_dir("kill9")
+    with FaultProxy(ctx.s3, [always(("delay", 0, 1.5), where("get"))]) as p:
+        proc = start_cp(ctx, p, f"s3://{BUCKET}/{key}", os.path.join(d, key))
+        wait_for(lambda: len(p.seen("get")) >= 2)
+        time.sleep(0.3)
+        proc.kill()
+        proc.communicate(timeout=30)
+    tmp = os.path.join(d, ".sluice-tmp")
+    assert os.path.isdir(tmp) and os.listdir(tmp), f"kill -9 left no temporary file: {os.listdir(d)}"
+    with open(os.path.join(d, "real.txt"), "wb") as f:
+        f.write(b"the only object")
+    with FaultProxy(ctx.s3) as p:
+        r = ctx.cp(p, d, f"s3://{BUCKET}/after-kill/", "--recursive")
+        assert r.returncode == 0, describe(r)
+        assert r.summary["objects"] == 1, describe(r)
+    status, _ = head_direct(ctx.s3, "after-kill/real.txt")
+    assert status == 200
+    assert not os.path.exists(tmp), f"stale temporary files not removed: {os.listdir(tmp)}"
+
+
 def test_download_403(ctx):
     key = "dl-403.bin"
     ctx.seed_big(key)
@@ -905,6 +1035,12 @@ TESTS = [
     test_download_every_get_truncated,
     test_download_dropped_keepalive,
     test_download_object_replaced_mid_read,
+    test_download_replaced_mid_read_if_match_ignored,
+    test_download_head_size_disagrees_with_get,
+    test_download_stalled_server_abandoned,
+    test_download_interrupted_cleans_up,
+    test_upload_interrupted_aborts_multipart,
+    test_kill9_debris_is_ignored_then_reaped,
     test_download_403,
     test_download_403_on_get,
     test_download_404,

@@ -181,7 +181,7 @@ def test_clear_failures(s3, work):
         (["cp", os.path.join(work, "missing-file"), "s3://test/k"], "missing-file"),
         (["cp", work, "s3://test/k"], "--recursive"),
         (["cp", "s3://test/prefix/", work], "--recursive"),
-        (["cp", os.path.join(work, "a"), os.path.join(work, "b")], "s3://"),
+        (["cp", os.path.join(work, "a"), os.path.join(work, "b")], "stat " + os.path.join(work, "a")),
         (["cp", "s3://UPPER/k", work], "bucket"),
     ]
     for args, want in cases:

@@ -3,9 +3,15 @@
 #include "bench.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <linux/magic.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
+
+#include <cmath>
 
 #include <atomic>
 #include <chrono>
@@ -18,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sizes.h"
+#include "sluice/core/fd.h"
 #include "sluice/io/file_handle.h"
 #include "sluice/telemetry/registry.h"
 
@@ -156,6 +163,55 @@ Status lay_out(const std::shared_ptr<io::Context>& ctx, const std::string& path,
   return fh.sync();
 }
 
+// What --file names, checked before anything is opened: a benchmark may lay out (write) a
+// regular file that is missing or too short, and nothing else. A read never writes a block
+// device; a FIFO, socket or character device would hang or mislead; /proc and /sys are
+// not storage.
+struct BenchTarget {
+  bool exists = false;
+  bool block_device = false;
+  uint64_t size = 0;  // the file's or the device's size in bytes
+};
+
+Result<BenchTarget> inspect_target(const std::string& path, bool write) {
+  BenchTarget t;
+  std::string dir = path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  struct statfs fs;
+  if (::statfs(dir.empty() ? "/" : dir.c_str(), &fs) == 0 &&
+      (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
+    return fail(Code::kInvalidArgument,
+                "--file " + path + " is under /proc or /sys, which hold no storage to measure");
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) != 0) {
+    if (errno != ENOENT) return fail_errno(errno, "stat --file " + path);
+    return t;
+  }
+  t.exists = true;
+  if (S_ISDIR(sb.st_mode)) return fail(Code::kInvalidArgument, "--file " + path + " is a directory");
+  if (S_ISREG(sb.st_mode)) {
+    t.size = static_cast<uint64_t>(sb.st_size);
+    return t;
+  }
+  if (!S_ISBLK(sb.st_mode))
+    return fail(Code::kInvalidArgument,
+                "--file " + path + " is a " +
+                    (S_ISFIFO(sb.st_mode)   ? "FIFO"
+                     : S_ISSOCK(sb.st_mode) ? "socket"
+                     : S_ISCHR(sb.st_mode)  ? "character device"
+                                            : "special file") +
+                    ", not a regular file or block device");
+  if (write)
+    return fail(Code::kInvalidArgument, "--file " + path +
+                                            " is a block device: a write benchmark would destroy "
+                                            "its contents, so sluice bench only reads devices");
+  t.block_device = true;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return fail_errno(errno, "open block device " + path);
+  if (::ioctl(fd.get(), BLKGETSIZE64, &t.size) != 0)
+    return fail_errno(errno, "size of block device " + path);
+  return t;
+}
+
 struct ThreadStats {
   uint64_t bytes = 0, ops = 0;
   telemetry::HistogramSnapshot lat;
@@ -217,22 +273,32 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   if (o.qd == 0 || o.qd > 1024) return fail(Code::kInvalidArgument, "--qd must be 1..1024");
   if (o.threads == 0 || o.threads > 256)
     return fail(Code::kInvalidArgument, "--threads must be 1..256");
-  if (o.runtime < 0) return fail(Code::kInvalidArgument, "--runtime must not be negative");
+  if (!std::isfinite(o.runtime) || o.runtime < 0 || o.runtime > 1e7)
+    return fail(Code::kInvalidArgument,
+                "--runtime must be a number of seconds from 0 to 10000000");
 
   // The size to work over: given, or the existing file's.
   if (o.size && *o.size == 0) return fail(Code::kInvalidArgument, "--size must be greater than 0");
   uint64_t size = o.size.value_or(0);
-  struct stat sb;
-  bool exists = ::stat(o.file.c_str(), &sb) == 0;
-  if (exists && S_ISDIR(sb.st_mode))
-    return fail(Code::kInvalidArgument, "--file " + o.file + " is a directory");
+  SLUICE_ASSIGN_OR_RETURN(BenchTarget target_file, inspect_target(o.file, is_write(o.rw)));
+  const bool exists = target_file.exists;
   if (!o.size) {
     if (!exists)
       return fail(Code::kNotFound,
                   "--file " + o.file + " does not exist; give --size to create it");
-    size = static_cast<uint64_t>(sb.st_size);
+    size = target_file.size;
     if (size == 0)
       return fail(Code::kInvalidArgument, "--file " + o.file + " is empty; give --size");
+  }
+  if (target_file.block_device) {
+    if (size > target_file.size)
+      return fail(Code::kInvalidArgument, "--size " + std::to_string(size) + " is larger than " +
+                                              o.file + " (" + std::to_string(target_file.size) +
+                                              " bytes)");
+    if (o.verify)
+      return fail(Code::kInvalidArgument,
+                  "--verify needs sluice's pattern in the file; block device " + o.file +
+                      " is never written, so it cannot hold it");
   }
   if (size < o.bs)
     return fail(Code::kInvalidArgument,
@@ -246,7 +312,7 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   co.cufile_library = o.cufile_library;
   io::OpenOptions oo;
   oo.write = is_write(o.rw) || !exists;
-  oo.create = true;
+  oo.create = !target_file.block_device;
   switch (o.mode) {
     case BenchMode::kBuffered:
       oo.direct = io::DirectMode::kOff;
@@ -294,7 +360,7 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   // first, so every block, written in this run or not, must read back as the pattern.
   if (o.verify && is_write(o.rw) && ::truncate(o.file.c_str(), 0) != 0 && errno != ENOENT)
     return fail_errno(errno, "truncate " + o.file + " before a verified write");
-  if (!is_write(o.rw) || !exists || o.verify)
+  if (!target_file.block_device && (!is_write(o.rw) || !exists || o.verify))
     SLUICE_RETURN_IF_ERROR(lay_out(ctx, o.file, size, o.progress));
   SLUICE_ASSIGN_OR_RETURN(io::FileHandle fh, io::FileHandle::open(ctx, o.file, oo));
 

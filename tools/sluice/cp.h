@@ -1,26 +1,30 @@
-// `sluice cp`: copies between local paths and s3:// URIs.
+// `sluice cp`: copies between any two stores (local paths, s3://, mem://) with
+// xfer::copy; this file only turns the command line's two locations into stores and keys.
 #pragma once
 
+#include <atomic>
 #include <string>
 
-#include "sluice/s3/store.h"
 #include "sluice/core/status.h"
+#include "sluice/s3/store.h"
 
 namespace sluice::cli {
 
 struct CpOptions {
   std::string src, dst;
   bool recursive = false;
-  unsigned jobs = 32;     // objects copied at once (with --recursive); HTTP requests are
-                          // still bounded by S3Options::max_in_flight
-  bool progress = false;  // a progress bar on stderr
-  bool fsync = false;     // make each downloaded file durable before it is renamed into place
-  s3::S3Options s3;
+  unsigned jobs = 32;          // objects copied at once (with --recursive)
+  uint64_t part_size = 0;      // bytes per part; 0 chooses from each object's size
+  bool progress = false;       // a progress bar on stderr
+  bool fsync = false;          // make each local file durable before it is renamed into place
+  s3::S3Options s3;            // for s3:// locations; max_in_flight is the copy's budget
+  const std::atomic<bool>* cancel = nullptr;  // set from a signal handler: stop and clean up
 };
 
 struct CpSummary {
   uint64_t objects = 0, bytes = 0, failed = 0, retries = 0;
   double seconds = 0;
+  bool cancelled = false;
   std::string first_error;  // when failed > 0
 
   std::string text() const;
@@ -28,7 +32,8 @@ struct CpSummary {
 };
 
 // Copies; a failed object leaves nothing at its destination. Returns the summary even
-// when some objects failed (failed > 0); an error only when nothing could start.
+// when some objects failed (failed > 0) or the copy was cancelled; an error only when
+// nothing could start (a bad location, a failed listing, a source that is a FIFO).
 Result<CpSummary> run_cp(const CpOptions& options);
 
 }  // namespace sluice::cli

@@ -1,6 +1,9 @@
 // The sluice command line. Only this layer reads the environment and prints.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -98,17 +101,43 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
 struct CpArgs {
   CpOptions cp;
   AwsFlags aws;
-  uint64_t part_size = 8 << 20;
+  std::string part_size = "auto";
   unsigned max_in_flight = 16;
+  unsigned stall_timeout_s = 30;
   bool json = false;
   bool no_progress = false;
 };
 
+// SIGINT and SIGTERM during a copy: the first asks the copy to stop (writers are aborted,
+// so no temporary file or open multipart upload is left) and sluice exits 128+signal; a
+// second one exits at once.
+std::atomic<bool> g_cancel{false};
+volatile sig_atomic_t g_signal = 0;
+static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+
+void on_stop_signal(int sig) {
+  if (g_cancel.load()) ::_exit(128 + sig);
+  g_signal = sig;
+  g_cancel.store(true);
+}
+
+void catch_stop_signals() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
 void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   auto* cmd = app.add_subcommand(
-      "cp", "Copy between local paths and s3:// URIs (one object, or a prefix with --recursive)");
-  cmd->add_option("SRC", a.cp.src, "Source: a local path or s3://bucket/key")->required();
-  cmd->add_option("DST", a.cp.dst, "Destination: a local path or s3://bucket/key")->required();
+      "cp",
+      "Copy between local paths, s3:// and mem:// (one object, or a prefix with --recursive). "
+      "Nothing partial is ever left at the destination; Ctrl-C stops and cleans up.");
+  cmd->add_option("SRC", a.cp.src, "Source: a local path, s3://bucket/key or mem://name/key")
+      ->required();
+  cmd->add_option("DST", a.cp.dst, "Destination: a local path, s3://bucket/key or mem://name/key")
+      ->required();
   cmd->add_flag("-r,--recursive", a.cp.recursive,
                 "Copy every object under a prefix / file under a directory");
   cmd->add_option("-j,--jobs", a.cp.jobs, "Objects copied at once with --recursive")
@@ -117,11 +146,18 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
                   "S3 endpoint, e.g. http://127.0.0.1:4568 (else AWS_ENDPOINT_URL, ~/.aws/config)");
   cmd->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
   cmd->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
-  cmd->add_option("--part-size", a.part_size, "Multipart part and ranged-GET size")
-      ->transform(size_validator())
-      ->default_str("8M");
-  cmd->add_option("--max-in-flight", a.max_in_flight, "HTTP requests in flight at most")
-      ->default_val(16);
+  cmd->add_option("--part-size", a.part_size,
+                  "Bytes per part read and multipart part (at most 5G); auto: about 8 parts "
+                  "per object, 8M to 64M for reads, 8M for uploads")
+      ->default_str("auto");
+  cmd->add_option("--max-in-flight", a.max_in_flight,
+                  "Part reads and HTTP requests in flight at most, across all objects")
+      ->default_val(16)
+      ->check(CLI::Range(1u, 1024u));
+  cmd->add_option("--stall-timeout", a.stall_timeout_s,
+                  "Seconds without progress before a request to S3 is abandoned")
+      ->default_val(30)
+      ->check(CLI::Range(1u, 86400u));
   cmd->add_flag("--json", a.json, "Print the summary as JSON");
   cmd->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
   cmd->add_flag("--fsync", a.cp.fsync,
@@ -133,16 +169,29 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       return;
     }
     a.cp.s3 = *s3;
-    a.cp.s3.part_size = a.part_size;
+    if (a.part_size != "auto") {
+      auto size = parse_size(a.part_size);
+      if (!size || *size == 0 || *size > s3::kMaxPartSize) {
+        rc = report_error(Error(Code::kInvalidArgument,
+                                "--part-size '" + a.part_size + "': " +
+                                    (size ? "must be 1 byte to 5G" : size.error().message())));
+        return;
+      }
+      a.cp.part_size = *size;
+      a.cp.s3.part_size = *size;
+    }
     a.cp.s3.max_in_flight = a.max_in_flight;
+    a.cp.s3.stall_timeout_s = a.stall_timeout_s;
     a.cp.progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+    a.cp.cancel = &g_cancel;
+    catch_stop_signals();
     auto sum = run_cp(a.cp);
     if (!sum) {
       rc = report_error(sum.error());
       return;
     }
     std::printf("%s\n", a.json ? sum->json().c_str() : sum->text().c_str());
-    rc = sum->failed ? 1 : 0;
+    rc = sum->cancelled ? 128 + g_signal : sum->failed ? 1 : 0;
   });
 }
 

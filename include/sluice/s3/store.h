@@ -34,23 +34,27 @@ struct S3Options {
   std::string access_key;
   std::string secret_key;
   std::string session_token;
-  bool path_style =
-      true;  // bucket in the path (custom endpoints); false: virtual host
-             // HTTP requests in flight at once across the store. Too many collapse a server's
+  bool path_style = true;  // bucket in the path (custom endpoints); false: virtual host
+  // HTTP requests in flight at once across the store. Too many collapse a server's
   // throughput (a single-threaded s3rver thrashes at 32); 16 keeps one AWS prefix busy.
   unsigned max_in_flight = 16;
-  // Multipart part size and parallel ranged-GET size. AWS needs at least 5 MiB for every
-  // part but the last.
+  // Multipart part size and parallel ranged-GET size, at most 5 GiB (kMaxPartSize). AWS
+  // needs at least 5 MiB for every part but the last.
   size_t part_size = 8 << 20;
   unsigned part_concurrency = 8;  // parts of one object (up or down) in flight at once
   unsigned max_attempts = 5;
   unsigned base_delay_ms = 50;
   unsigned max_delay_ms = 5000;
   unsigned retry_budget = 500;  // tokens: a retry costs 5, a success returns 1
+  // A request that makes no progress (under 1 KiB/s) for this long is abandoned with
+  // TimedOut, retries included.
+  unsigned stall_timeout_s = 30;
   // Records sluice_s3_requests_total, sluice_s3_retries_total, sluice_s3_bytes_total and
   // sluice_s3_latency_seconds by operation, if set.
   telemetry::Registry* registry = nullptr;
 };
+
+inline constexpr size_t kMaxPartSize = size_t{5} << 30;
 
 struct S3Location {
   std::string bucket;

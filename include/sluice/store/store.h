@@ -74,6 +74,9 @@ struct ReadOptions {
   // The object's size, when the caller knows it (from a listing). Lets an object store
   // read a whole small object with one plain GET instead of a ranged one.
   std::optional<uint64_t> object_size;
+  // false: send one request per read, where a backend would otherwise split a large read
+  // into parallel requests (s3://); for callers that keep their own reads in parallel.
+  bool split = true;
 };
 
 struct WriteOptions {

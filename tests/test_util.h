@@ -77,6 +77,15 @@ inline std::span<const std::byte> as_bytes(const std::string& s) {
   return std::as_bytes(std::span(s.data(), s.size()));
 }
 
+// RUN_ALL_TESTS, but returns 77 (ctest's SKIP_RETURN_CODE) when tests were skipped and
+// none passed, so a binary that could test nothing here says SKIP rather than pass.
+inline int run_all_tests_skip_aware() {
+  int rc = RUN_ALL_TESTS();
+  const ::testing::UnitTest* u = ::testing::UnitTest::GetInstance();
+  if (rc == 0 && u->successful_test_count() == 0 && u->skipped_test_count() > 0) return 77;
+  return rc;
+}
+
 }  // namespace sluice::testing
 
 #define SKIP_BECAUSE(reason) GTEST_SKIP() << "SKIP: " << (reason)

@@ -18,26 +18,27 @@ Result<size_t> pread_full(int fd, std::span<std::byte> dst, uint64_t offset,
                           std::string_view what) {
   size_t done = 0;
   while (done < dst.size()) {
-    ssize_t n = ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
-      return fail_errno(errno, "read " + std::string(what) + " at offset " +
-                                   std::to_string(offset + done));
+      return fail_errno(
+          errno, "read " + std::string(what) + " at offset " + std::to_string(offset + done));
     if (n == 0) break;
     done += static_cast<size_t>(n);
   }
   return done;
 }
 
-Status pwrite_full(int fd, std::span<const std::byte> src, uint64_t offset,
-                   std::string_view what) {
+Status pwrite_full(int fd, std::span<const std::byte> src, uint64_t offset, std::string_view what) {
   size_t done = 0;
   while (done < src.size()) {
-    ssize_t n = ::pwrite(fd, src.data() + done, src.size() - done, static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pwrite(fd, src.data() + done, src.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
-      return fail_errno(errno, "write " + std::string(what) + " at offset " +
-                                   std::to_string(offset + done));
+      return fail_errno(
+          errno, "write " + std::string(what) + " at offset " + std::to_string(offset + done));
     done += static_cast<size_t>(n);
   }
   return ok();

@@ -215,9 +215,8 @@ class S3Store : public store::Store {
         // A stall (no progress for stall_timeout_s) is retried only while the request as a
         // whole has not yet waited that long: a stalled server is abandoned in about
         // stall_timeout_s, not max_attempts times it.
-        if (err->code() == Code::kTimedOut &&
-            std::chrono::steady_clock::now() - started >=
-                std::chrono::seconds(opts_.stall_timeout_s)) {
+        if (err->code() == Code::kTimedOut && std::chrono::steady_clock::now() - started >=
+                                                  std::chrono::seconds(opts_.stall_timeout_s)) {
           retryable = false;
           err = err->with_context("stalled for " + std::to_string(opts_.stall_timeout_s) +
                                   " s (the stall timeout)");
@@ -476,8 +475,9 @@ class S3Store : public store::Store {
       std::string k = c.child_value("Key");
       // The listing is untrusted: a key outside the prefix asked for is a broken server.
       if (!k.starts_with(loc_.prefix + options.prefix))
-        return fail(Code::kCorruption, "list " + uri() + options.prefix + ": server returned key '" +
-                                           k + "', which is outside the prefix asked for");
+        return fail(Code::kCorruption, "list " + uri() + options.prefix +
+                                           ": server returned key '" + k +
+                                           "', which is outside the prefix asked for");
       store::ObjectInfo info;
       info.key = k.substr(loc_.prefix.size());
       info.size = std::strtoull(c.child_value("Size"), nullptr, 10);

@@ -40,8 +40,8 @@ struct CudaApi {
 };
 
 // The names tried when no library is given, newest major version first.
-inline constexpr const char* kCudartNames[] = {"libcudart.so",    "libcudart.so.13",
-                                               "libcudart.so.12", "libcudart.so.11.0"};
+inline constexpr const char* kCudartNames[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                                               "libcudart.so.11.0"};
 
 // Loads `library`, or the first of kCudartNames that loads. Unsupported, naming every
 // library tried and why, when none does or one lacks an entry point.

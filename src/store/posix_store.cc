@@ -10,8 +10,8 @@
 // opening the store (or listing past a .sluice-tmp directory) removes those whose process
 // is gone.
 #include <dirent.h>
-#include <signal.h>
 #include <fcntl.h>
+#include <signal.h>
 #if SLUICE_HAVE_OPENAT2
 #include <linux/openat2.h>
 #endif
@@ -333,8 +333,8 @@ class PosixStore : public Store {
         // A new directory's entry must be durable too, or a committed object below it can
         // vanish in a crash.
         if (durable)
-          SLUICE_RETURN_IF_ERROR(sync_directory(pfd, "directory '" + sub + "' for object '" +
-                                                         key + "' in " + uri()));
+          SLUICE_RETURN_IF_ERROR(
+              sync_directory(pfd, "directory '" + sub + "' for object '" + key + "' in " + uri()));
       }
     }
     int fd = open_beneath(root_fd_.get(), dir, O_PATH | O_DIRECTORY);

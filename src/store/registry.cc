@@ -73,8 +73,8 @@ Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptio
   if (!factory) {
     std::string known;
     for (auto& s : registered_schemes()) known += (known.empty() ? "" : ", ") + s + "://";
-    return fail(Code::kUnsupported, "unsupported store URI '" + std::string(uri) +
-                                        "': known schemes are " + known);
+    return fail(Code::kUnsupported,
+                "unsupported store URI '" + std::string(uri) + "': known schemes are " + known);
   }
   SLUICE_ASSIGN_OR_RETURN(auto store, factory(uri, options));
   if (options.registry) store = with_telemetry(std::move(store), *options.registry);

@@ -31,7 +31,8 @@ struct PartBuffer {
 // `max_bytes` of part buffers held, across every object. The idle buffers are kept here.
 class PartBudget {
  public:
-  PartBudget(unsigned slots, uint64_t max_bytes) : slots_(std::max(1u, slots)), max_bytes_(max_bytes) {}
+  PartBudget(unsigned slots, uint64_t max_bytes)
+      : slots_(std::max(1u, slots)), max_bytes_(max_bytes) {}
 
   // Takes a slot and a buffer of at least `len` bytes. With `wait` false, returns nothing
   // when the budget is spent; with it true, waits for room. A lone request always fits,
@@ -75,9 +76,9 @@ class PartBudget {
   const uint64_t max_bytes_;
   std::mutex mu_;
   std::condition_variable cv_;
-  unsigned in_flight_ = 0;         // guarded by mu_
-  uint64_t bytes_ = 0;             // guarded by mu_
-  std::vector<PartBuffer> idle_;   // guarded by mu_
+  unsigned in_flight_ = 0;        // guarded by mu_
+  uint64_t bytes_ = 0;            // guarded by mu_
+  std::vector<PartBuffer> idle_;  // guarded by mu_
 };
 
 // Shared by every object of one copy.
@@ -198,10 +199,10 @@ Result<store::ObjectInfo> Copier::copy_one(const CopyItem& item) {
   } else {
     SLUICE_ASSIGN_OR_RETURN(info, src_.stat(item.src_key));
   }
-  SLUICE_ASSIGN_OR_RETURN(auto writer,
-                          dst_.create(item.dst_key, store::WriteOptions{.overwrite = options_.overwrite,
-                                                                        .durable = options_.durable,
-                                                                        .size_hint = info.size}));
+  SLUICE_ASSIGN_OR_RETURN(
+      auto writer, dst_.create(item.dst_key, store::WriteOptions{.overwrite = options_.overwrite,
+                                                                 .durable = options_.durable,
+                                                                 .size_hint = info.size}));
   Status st = copy_parts(item, info, *writer);
   // The last chance to stop: once commit starts, the object is published whole.
   if (st && cancelled()) st = fail(Code::kCancelled, "copy of '" + item.src_key + "' cancelled");
@@ -299,8 +300,8 @@ CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyIt
       }
     }
   };
-  unsigned jobs = static_cast<unsigned>(
-      std::clamp<size_t>(items.size(), 1, std::max(1u, options.jobs)));
+  unsigned jobs =
+      static_cast<unsigned>(std::clamp<size_t>(items.size(), 1, std::max(1u, options.jobs)));
   std::vector<std::thread> threads;
   for (unsigned j = 1; j < jobs; ++j) threads.emplace_back(job);
   job();
@@ -325,9 +326,9 @@ Result<std::vector<CopyItem>> plan_prefix(store::Store& src, std::string_view sr
     if (obj.key.ends_with('/')) continue;  // a "folder" marker object
     std::string dst_key = std::string(dst_prefix) + obj.key.substr(src_prefix.size());
     if (auto st = store::validate_key(dst_key); !st)
-      return fail(Code::kInvalidArgument, "listed key '" + obj.key + "' in " + src.uri() +
-                                              " makes no valid destination: " +
-                                              st.error().message());
+      return fail(Code::kInvalidArgument,
+                  "listed key '" + obj.key + "' in " + src.uri() +
+                      " makes no valid destination: " + st.error().message());
     items.push_back(CopyItem{obj.key, std::move(dst_key), std::move(obj)});
   }
   return items;

@@ -50,6 +50,60 @@ expect_fail "bs larger than size" "smaller than --bs" "$SLUICE" bench --file "$w
 expect_fail "gpu without CUDA" "gpu" "$SLUICE" bench --file "$work/f.dat" --mode gpu --cuda-library libcudart-absent.so
 expect_fail "gds without cuFile" "gds" "$SLUICE" bench --file "$work/f.dat" --mode gds --cuda-library libcudart-absent.so
 
+# Defect 1: a read benchmark never writes, and never lays out anything but a regular file.
+if command -v losetup >/dev/null && truncate -s 16M "$work/disk.img" &&
+   dev=$(losetup --find --show "$work/disk.img" 2>/dev/null); then
+  head -c 16M /dev/urandom > "$work/disk.orig"
+  dd if="$work/disk.orig" of="$dev" bs=1M status=none conv=fsync
+  if "$SLUICE" bench --file "$dev" --size 8M --rw read --mode direct >/dev/null 2>"$work/err" &&
+     cmp -s "$dev" "$work/disk.orig"; then ok "bench read on a block device leaves it untouched"
+  else bad "bench read on a block device: $(cat "$work/err"); cmp: $(cmp "$dev" "$work/disk.orig" 2>&1)"; fi
+  expect_fail "bench write on a block device is refused" "block device" "$SLUICE" bench --file "$dev" --size 1M --rw write
+  expect_fail "bench --verify on a block device is refused" "--verify" "$SLUICE" bench --file "$dev" --size 1M --verify
+  expect_fail "bench --size past the device's end" "larger than" "$SLUICE" bench --file "$dev" --size 32M
+  cmp -s "$dev" "$work/disk.orig" && ok "refused runs left the device untouched" || bad "device changed"
+  losetup -d "$dev"
+else
+  echo "SKIP - block device checks: no loop device here (losetup needs root and /dev/loop-control)"
+fi
+mkfifo "$work/fifo"
+expect_fail "bench on a FIFO fails at once" "FIFO" timeout 10 "$SLUICE" bench --file "$work/fifo" --size 1M
+expect_fail "bench on a character device" "character device" "$SLUICE" bench --file /dev/null --size 1M
+expect_fail "bench under /proc" "/proc" "$SLUICE" bench --file /proc/self/status --size 1M
+expect_fail "bench --runtime nan" "--runtime" "$SLUICE" bench --file "$work/f.dat" --runtime nan
+expect_fail "bench --runtime inf" "--runtime" "$SLUICE" bench --file "$work/f.dat" --runtime inf
+
+# Usage errors name what is wrong and exit 2.
+expect_usage() {  # like expect_fail, but the exit status must be 2
+  local name=$1 want=$2; shift 2
+  local err; err=$("$@" 2>&1 >/dev/null); local rc=$?
+  if [[ $rc -eq 2 && "$err" == *"$want"* ]]; then ok "$name"; else bad "$name (rc=$rc, stderr: $err)"; fi
+}
+expect_usage "unknown command is named" "frobnicate" "$SLUICE" frobnicate
+printf 'x' > "$work/same"
+expect_usage "cp onto itself" "same" "$SLUICE" cp "$work/same" "$work/same"
+expect_usage "cp --part-size above 5G" "--part-size" "$SLUICE" cp "$work/same" "$work/other" --part-size 100G
+
+# cp between local paths and memory, and its guards.
+head -c 3000000 /dev/urandom > "$work/src.bin"
+long=$(printf 'n%.0s' $(seq 250))
+if "$SLUICE" cp "$work/src.bin" "$work/dst/$long" --no-progress >/dev/null 2>"$work/err" && cmp -s "$work/src.bin" "$work/dst/$long" &&
+   [[ $(ls -A "$work/dst") == "$long" ]]; then ok "cp file to file, 250-byte name, nothing else left"
+else bad "cp file to file: $(cat "$work/err")"; fi
+if "$SLUICE" cp "$work/src.bin" mem://scratch/k --json | grep -q '"objects":1'; then ok "cp file to mem://"
+else bad "cp file to mem://"; fi
+expect_fail "cp of a FIFO fails at once" "not a regular file" timeout 10 "$SLUICE" cp "$work/fifo" "$work/out"
+expect_fail "cp error with a newline in the name stays on one line" 'a\nb' "$SLUICE" cp "$work/a
+b" "$work/out"
+if command -v setpriv >/dev/null && [[ $(id -u) -eq 0 ]]; then
+  mkdir -p "$work/locked" && chmod 755 "$work/locked" && chmod 755 "$work"
+  mkdir -p "$work/tree" && printf 'x' > "$work/tree/f" && chmod -R a+rX "$work/tree"
+  expect_fail "cp -r into a directory that cannot be created names the cause" "permission_denied" \
+    setpriv --reuid 65534 --regid 65534 --clear-groups "$SLUICE" cp -r "$work/tree" "$work/locked/sub/dir"
+else
+  echo "SKIP - permission check: needs root and setpriv to run as another user"
+fi
+
 # The demo runs twice in a row (it owns its files and starts fresh each time).
 for run in 1 2; do
   if SLUICE_HOME="$work/home" "$SLUICE" demo --size 8M >"$work/demo.out" 2>&1 && grep -q "uring     read" "$work/demo.out"; then

@@ -5,7 +5,7 @@ a loopback HTTP proxy that misbehaves on command.
     /usr/bin/python3 tests/integration/s3_faults_test.py build/bin/sluice
 
 Standard library only (Debian's /usr/bin/python3). Prints "SKIP: s3rver not installed" and
-exits 0 without s3rver (see s3_harness.find_s3rver).
+exits 77 (SKIP to ctest) without s3rver (see s3_harness.find_s3rver).
 
 The proxy (FaultProxy) forwards every request (GET, HEAD, PUT, POST, DELETE) with its headers
 and body to s3rver and streams the answer back; each test gives it rules that pick, per
@@ -1068,7 +1068,7 @@ def main():
     binary = os.path.abspath(sys.argv[1])
     if not find_s3rver():
         print("SKIP: s3rver not installed")
-        sys.exit(0)
+        sys.exit(77)  # ctest's SKIP_RETURN_CODE
     t0 = time.monotonic()
     s3 = S3rver()
     scratch = tempfile.mkdtemp(prefix="sluice-s3faults-")

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "sluice/s3/store.h"
 #include "sluice/core/status.h"
+#include "sluice/s3/store.h"
 
 namespace sluice::cli {
 

@@ -187,19 +187,19 @@ Result<BenchTarget> inspect_target(const std::string& path, bool write) {
     return t;
   }
   t.exists = true;
-  if (S_ISDIR(sb.st_mode)) return fail(Code::kInvalidArgument, "--file " + path + " is a directory");
+  if (S_ISDIR(sb.st_mode))
+    return fail(Code::kInvalidArgument, "--file " + path + " is a directory");
   if (S_ISREG(sb.st_mode)) {
     t.size = static_cast<uint64_t>(sb.st_size);
     return t;
   }
   if (!S_ISBLK(sb.st_mode))
-    return fail(Code::kInvalidArgument,
-                "--file " + path + " is a " +
-                    (S_ISFIFO(sb.st_mode)   ? "FIFO"
-                     : S_ISSOCK(sb.st_mode) ? "socket"
-                     : S_ISCHR(sb.st_mode)  ? "character device"
-                                            : "special file") +
-                    ", not a regular file or block device");
+    return fail(Code::kInvalidArgument, "--file " + path + " is a " +
+                                            (S_ISFIFO(sb.st_mode)   ? "FIFO"
+                                             : S_ISSOCK(sb.st_mode) ? "socket"
+                                             : S_ISCHR(sb.st_mode)  ? "character device"
+                                                                    : "special file") +
+                                            ", not a regular file or block device");
   if (write)
     return fail(Code::kInvalidArgument, "--file " + path +
                                             " is a block device: a write benchmark would destroy "
@@ -274,8 +274,7 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   if (o.threads == 0 || o.threads > 256)
     return fail(Code::kInvalidArgument, "--threads must be 1..256");
   if (!std::isfinite(o.runtime) || o.runtime < 0 || o.runtime > 1e7)
-    return fail(Code::kInvalidArgument,
-                "--runtime must be a number of seconds from 0 to 10000000");
+    return fail(Code::kInvalidArgument, "--runtime must be a number of seconds from 0 to 10000000");
 
   // The size to work over: given, or the existing file's.
   if (o.size && *o.size == 0) return fail(Code::kInvalidArgument, "--size must be greater than 0");

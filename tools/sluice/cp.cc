@@ -67,8 +67,8 @@ Result<Location> parse_location(const std::string& s) {
     if (loc.store_uri == "mem://")
       return fail(Code::kInvalidArgument, "'" + s + "' names no memory store");
   } else if (s.find("://") != std::string::npos && !s.starts_with("file://")) {
-    return fail(Code::kInvalidArgument, "'" + s + "': unknown scheme (use a local path, " +
-                                            "file://, s3:// or mem://)");
+    return fail(Code::kInvalidArgument,
+                "'" + s + "': unknown scheme (use a local path, " + "file://, s3:// or mem://)");
   } else {
     loc.local = true;
     loc.path = s.starts_with("file://") ? s.substr(7) : s;
@@ -155,8 +155,9 @@ Status refuse_overlap(const Side& src, const Side& dst, bool recursive) {
 }
 
 void draw(const xfer::CopyProgress& p, double seconds, bool final) {
-  double frac = p.bytes_total ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
-                              : (final ? 1.0 : 0.0);
+  double frac = p.bytes_total
+                    ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
+                    : (final ? 1.0 : 0.0);
   frac = std::min(frac, 1.0);
   int width = 30, filled = static_cast<int>(frac * width);
   std::string bar(static_cast<size_t>(filled), '=');
@@ -223,11 +224,11 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   sum.retries = registry.counter("sluice_s3_retries_total").value();
   for (auto& f : report.failures) {
     if (sum.first_error.empty()) sum.first_error = f.error.to_string();
-    std::fprintf(stderr, "sluice: cp %s: %s\n",
-                 printable(src_store->uri() + (src_store->uri().ends_with('/') ? "" : "/") +
-                           f.src_key)
-                     .c_str(),
-                 f.error.to_string().c_str());
+    std::fprintf(
+        stderr, "sluice: cp %s: %s\n",
+        printable(src_store->uri() + (src_store->uri().ends_with('/') ? "" : "/") + f.src_key)
+            .c_str(),
+        f.error.to_string().c_str());
   }
   return sum;
 }

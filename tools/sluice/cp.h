@@ -13,11 +13,11 @@ namespace sluice::cli {
 struct CpOptions {
   std::string src, dst;
   bool recursive = false;
-  unsigned jobs = 32;          // objects copied at once (with --recursive)
-  uint64_t part_size = 0;      // bytes per part; 0 chooses from each object's size
-  bool progress = false;       // a progress bar on stderr
-  bool fsync = false;          // make each local file durable before it is renamed into place
-  s3::S3Options s3;            // for s3:// locations; max_in_flight is the copy's budget
+  unsigned jobs = 32;      // objects copied at once (with --recursive)
+  uint64_t part_size = 0;  // bytes per part; 0 chooses from each object's size
+  bool progress = false;   // a progress bar on stderr
+  bool fsync = false;      // make each local file durable before it is renamed into place
+  s3::S3Options s3;        // for s3:// locations; max_in_flight is the copy's budget
   const std::atomic<bool>* cancel = nullptr;  // set from a signal handler: stop and clean up
 };
 

@@ -69,7 +69,8 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
   cmd->add_flag("--verify", o.verify, "Check every byte read (or read back what was written)");
   cmd->add_flag("--json", json, "Print the result as one JSON object");
   cmd->add_option("--cuda-library", o.cuda_library,
-                  "libcudart to load for gpu/gds (default: the first of libcudart.so, .so.13, .so.12, .so.11.0)")
+                  "libcudart to load for gpu/gds (default: the first of libcudart.so, .so.13, "
+                  ".so.12, .so.11.0)")
       ->envname("SLUICE_CUDART");
   cmd->add_option("--cufile-library", o.cufile_library,
                   "libcufile to load for gds (default: libcufile.so.0)")
@@ -289,6 +290,20 @@ int main(int argc, char** argv) {
   add_demo(app, demo_size, rc);
   CpArgs cp;
   add_cp(app, cp, rc);
+  // CLI11 only says "A subcommand is required" for a word it does not know: name it.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) {
+      std::fprintf(stderr, "sluice: error: unknown command '%s' (commands: %s; see --help)\n",
+                   printable(argv[1]).c_str(), known.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

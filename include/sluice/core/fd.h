@@ -42,11 +42,9 @@ class UniqueFd {
 };
 
 // Reads until `dst` is full or the file ends; returns the bytes read.
-Result<size_t> pread_full(int fd, std::span<std::byte> dst, uint64_t offset,
-                          std::string_view what);
+Result<size_t> pread_full(int fd, std::span<std::byte> dst, uint64_t offset, std::string_view what);
 // Writes all of `src` at `offset`.
-Status pwrite_full(int fd, std::span<const std::byte> src, uint64_t offset,
-                   std::string_view what);
+Status pwrite_full(int fd, std::span<const std::byte> src, uint64_t offset, std::string_view what);
 // Writes all of `src` at the descriptor's file position.
 Status write_full(int fd, std::span<const std::byte> src, std::string_view what);
 // Makes a directory's entries durable: fsync of a readable descriptor of the directory

@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
+#include "sluice/core/status.h"
 #include "sluice/io/engine.h"
 #include "sluice/mem/target.h"
-#include "sluice/core/status.h"
 
 namespace sluice::io {
 

@@ -23,8 +23,8 @@
 #include <memory>
 #include <string>
 
-#include "sluice/mem/buffer_pool.h"
 #include "sluice/core/status.h"
+#include "sluice/mem/buffer_pool.h"
 
 namespace sluice::mem {
 

@@ -28,8 +28,8 @@
 //   thread at a time.
 #pragma once
 
-#include <cstddef>
 #include <any>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>

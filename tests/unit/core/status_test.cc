@@ -59,4 +59,14 @@ TEST(Status, MacrosPropagateErrors) {
 }
 
 }  // namespace
+TEST(Status, ControlCharactersInMessagesAreEscaped) {
+  // Defect 9: a key with a newline must not print a second, forged log line.
+  Error e(Code::kNotFound, "object 'a\nsluice: error: forged\r\t\x1b[2J' missing");
+  EXPECT_EQ(e.message(), "object 'a\\nsluice: error: forged\\r\\t\\x1b[2J' missing");
+  EXPECT_EQ(e.to_string().find('\n'), std::string::npos);
+  EXPECT_EQ(e.with_context("ctx\n").message().find('\n'), std::string::npos);
+  EXPECT_EQ(printable("plain/key ok"), "plain/key ok");
+  EXPECT_EQ(printable(std::string("nul\0byte", 8)), "nul\\x00byte");
+}
+
 }  // namespace sluice

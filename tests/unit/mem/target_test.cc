@@ -70,5 +70,35 @@ TEST(Staging, BuffersAreAlignedAndReused) {
   EXPECT_EQ(pool.acquire().value().data(), first);
 }
 
+TEST(Staging, OnePoolPerSizeOutlivesRequestsForOtherSizes) {
+  // Defect 10: asking for a second size replaced the pool while buffers of the first were
+  // still leased; giving them back then wrote into freed memory (ASan sees it).
+  auto dev = make_emulated_device(1 << 20);
+  BufferPool& a = dev->staging(1 << 16);
+  auto leased = a.acquire().value();
+  BufferPool& b = dev->staging(1 << 20);
+  auto other = b.acquire().value();
+  EXPECT_NE(&a, &b);
+  EXPECT_EQ(&dev->staging(1 << 16), &a);  // the same pool again, not a fresh one
+  std::memset(leased.data(), 1, leased.size());
+  leased = PooledBuffer();  // back to its own pool, which still exists
+  EXPECT_EQ(a.idle(), 1u);
+  EXPECT_EQ(b.idle(), 0u);
+}
+
+TEST(Cuda, MissingOrDriverlessRuntimeIsUnsupportedAndNamesTheLibrary) {
+  auto none = open_cuda_target(CudaOptions{.library = "libcudart-does-not-exist.so"});
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code(), Code::kUnsupported);
+  EXPECT_NE(none.error().message().find("libcudart-does-not-exist.so"), std::string::npos);
+  // A CUDA 13 runtime without a driver (this machine, CI) loads, then says why it cannot
+  // run; a machine with neither says the library is missing. Both are Unsupported.
+  auto v13 = open_cuda_target(CudaOptions{.library = "libcudart.so.13"});
+  if (v13) GTEST_SKIP() << "SKIP: a CUDA device is present; this test is for machines without";
+  EXPECT_EQ(v13.error().code(), Code::kUnsupported);
+  EXPECT_NE(v13.error().message().find("libcudart.so.13"), std::string::npos)
+      << v13.error().message();
+}
+
 }  // namespace
 }  // namespace sluice::mem

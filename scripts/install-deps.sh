@@ -20,7 +20,7 @@ packages=(
   clang-format                                   # formatting check
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(fio awscli curl)
+  packages+=(fio awscli curl rclone)
 fi
 
 missing=()

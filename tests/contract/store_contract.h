@@ -33,7 +33,9 @@ struct ContractBackend {
   bool atomic_overwrite = true;        // a reader never sees a half-written overwrite
 };
 
-inline void PrintTo(const ContractBackend& b, std::ostream* os) { *os << b.name; }
+inline void PrintTo(const ContractBackend& b, std::ostream* os) {
+  *os << b.name;
+}
 
 inline std::string contract_name(const ::testing::TestParamInfo<ContractBackend>& info) {
   return info.param.name;
@@ -210,8 +212,9 @@ TEST_P(StoreContract, RemoveDeletes) {
 
 TEST_P(StoreContract, ConcurrentWritersOfOneKeyNeverMix) {
   if (!GetParam().atomic_overwrite)
-    SKIP_BECAUSE(GetParam().name + " is not atomic on overwrite: a reader can see an empty "
-                                   "object while a PUT of the same key runs");
+    SKIP_BECAUSE(GetParam().name +
+                 " is not atomic on overwrite: a reader can see an empty "
+                 "object while a PUT of the same key runs");
   // Each writer writes a distinct, self-consistent object; a reader must only ever see
   // one of them whole.
   std::vector<std::thread> threads;

@@ -132,33 +132,33 @@ TEST(PosixStore, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
   // Defect 3: kill -9 leaves a temporary file; the next process that opens the store
   // removes it, but never one whose owner still runs.
   TempDir dir;
-  {
+  pid_t child = ::fork();
+  if (child == 0) {  // dies mid-write, as under kill -9: no commit, no abort
     auto store = open_store(dir.path()).value();
     auto w = store->create("in-progress", {}).value();
-    ASSERT_TRUE(w->append(as_bytes("x")));
-    (void)w.release();  // as if the process died: the writer never commits or aborts
+    (void)w->append(as_bytes("x"));
+    ::_exit(0);
   }
-  std::vector<std::string> temps;
-  for (auto& e : std::filesystem::directory_iterator(dir.file(".sluice-tmp")))
-    temps.push_back(e.path().filename().string());
-  ASSERT_EQ(temps.size(), 1u);
-  // Re-own the leftover by a process that has exited, and add one of a live process (us).
-  pid_t child = ::fork();
-  if (child == 0) ::_exit(0);
   ASSERT_GT(child, 0);
   ::waitpid(child, nullptr, 0);
-  std::string live = temps[0];
-  std::string dead = temps[0];
-  size_t p = dead.find("-p") + 2, q = dead.find('-', p);
-  dead.replace(p, q - p, std::to_string(child));
-  std::filesystem::rename(dir.file(".sluice-tmp/" + live), dir.file(".sluice-tmp/" + dead));
-  std::ofstream(dir.file(".sluice-tmp/" + live)) << "live";
-  std::ofstream(dir.file(".sluice-tmp/not-ours")) << "kept";
-  auto again = open_store(dir.path()).value();
-  EXPECT_FALSE(std::filesystem::exists(dir.file(".sluice-tmp/" + dead)));
-  EXPECT_TRUE(std::filesystem::exists(dir.file(".sluice-tmp/" + live)));
+  auto count = [&] {
+    size_t n = 0;
+    for (auto& e : std::filesystem::directory_iterator(dir.file(".sluice-tmp")))
+      n += !e.is_directory();
+    return n;
+  };
+  ASSERT_EQ(count(), 1u);
+  std::ofstream(dir.file(".sluice-tmp/not-ours")) << "kept";  // no sluice name: left alone
+  auto store = open_store(dir.path()).value();  // the dead child's file goes, nothing else
+  EXPECT_EQ(count(), 1u);
   EXPECT_TRUE(std::filesystem::exists(dir.file(".sluice-tmp/not-ours")));
+  auto live = store->create("ours", {}).value();  // a live writer of this process
+  ASSERT_TRUE(live->append(as_bytes("y")));
+  auto again = open_store(dir.path()).value();  // keeps the live writer's file
+  EXPECT_EQ(count(), 2u);
   EXPECT_TRUE(again->list_all("")->empty());
+  ASSERT_TRUE(live->commit());
+  EXPECT_EQ(again->list_all("")->size(), 1u);
 }
 
 TEST(PosixStore, TemporaryDirectoriesAtAnyDepthAreNotObjects) {

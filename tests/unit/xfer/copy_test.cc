@@ -198,8 +198,8 @@ TEST(Copy, FailuresAreReportedPerObjectAndLeaveNothing) {
   faults->fail_nth(store::FaultOp::kRead, 4, Code::kIoError);
   TempDir dir;
   auto dst = store::open_store(dir.path()).value();
-  auto report = copy_all(*faults, *dst, items, CopyOptions{.concurrency = 1, .jobs = 1,
-                                                           .part_size = kMiB});
+  auto report =
+      copy_all(*faults, *dst, items, CopyOptions{.concurrency = 1, .jobs = 1, .part_size = kMiB});
   EXPECT_EQ(report.objects, 4u);
   ASSERT_EQ(report.failures.size(), 2u);
   std::set<std::string> failed;

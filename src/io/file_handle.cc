@@ -167,7 +167,28 @@ struct Entry {
   bool live = false;
 };
 
-enum class Stage { kNeedBuffer, kCopyIn, kReady, kInFlight, kCopyOut, kDone };
+// Where one segment of a request is. The transitions, and who makes them:
+//
+//   kNeedBuffer --start_waiting: staging buffer leased--> kReady        (reads; host writes,
+//                                                                         after a memcpy in)
+//   kNeedBuffer --start_waiting: device-to-host copy queued--> kCopyIn  (writes from a device)
+//   kCopyIn     --drain_copies: the copy finished--> kReady
+//   kReady      --submit_ready: handed to the engine--> kInFlight
+//   kInFlight   --handle: EINVAL on O_DIRECT (now buffered), EINTR/EAGAIN, a short write,
+//                 or a short read that is not the end of the file--> kReady (resubmitted)
+//   kInFlight   --handle: host-to-device copy queued (bounced read to a device)--> kCopyOut
+//   kCopyOut    --drain_copies: the copy finished--> kDone
+//   kInFlight   --handle: complete, or any other error--> kDone
+// Segments that need no staging (aligned host memory) start at kReady. A segment of an
+// entry that has already failed goes straight to kDone wherever it is picked up.
+enum class Stage {
+  kNeedBuffer,  // waits for a staging buffer (bounced segments only)
+  kCopyIn,      // a write's bytes are being copied from the device into staging
+  kReady,       // queued for the engine (ready_)
+  kInFlight,    // submitted; its completion is awaited
+  kCopyOut,     // a read's bytes are being copied from staging to the device
+  kDone,        // finished or failed; its slot is free
+};
 
 struct Segment {
   uint32_t entry = 0;
@@ -381,7 +402,7 @@ bool Transfer::start_waiting() {
     Segment& seg = segs_[s];
     Entry& e = entries_[seg.entry];
     progressed = true;
-    if (e.error) {
+    if (e.error) {  // the entry already failed: kNeedBuffer -> kDone
       finish_segment(s);
       continue;
     }
@@ -393,10 +414,10 @@ bool Transfer::start_waiting() {
     }
     seg.staging = std::move(*buf);
     ++staging_in_use_;
-    if (!e.write) {
+    if (!e.write) {  // a read fills the staging buffer: kNeedBuffer -> kReady
       seg.stage = Stage::kReady;
       ready_.push_back(s);
-    } else if (e.target) {
+    } else if (e.target) {  // a write from a device copies into it first: -> kCopyIn
       auto t = e.target->copy_to_host(seg.staging.data(), e.base + seg.rel, seg.len);
       if (!t) {
         fail_segment(s, t.error());
@@ -405,7 +426,7 @@ bool Transfer::start_waiting() {
       seg.ticket = *t;
       seg.stage = Stage::kCopyIn;
       copy_in_.push_back(s);
-    } else {
+    } else {  // a write from unaligned host memory: copied in now, kNeedBuffer -> kReady
       std::memcpy(seg.staging.data(), e.base + seg.rel, seg.len);
       seg.stage = Stage::kReady;
       ready_.push_back(s);
@@ -422,7 +443,7 @@ bool Transfer::submit_ready() {
     ready_.pop_front();
     Segment& seg = segs_[s];
     Entry& e = entries_[seg.entry];
-    if (e.error) {
+    if (e.error) {  // the entry already failed: kReady -> kDone
       finish_segment(s);
       continue;
     }
@@ -431,7 +452,7 @@ bool Transfer::submit_ready() {
     batch_.push_back(Request{e.write ? OpCode::kWrite : OpCode::kRead,
                              seg.direct ? e.file->dfd : e.file->fd, buf, seg.len - seg.got,
                              e.offset + seg.rel + seg.got, s});
-    seg.stage = Stage::kInFlight;
+    seg.stage = Stage::kInFlight;  // kReady -> kInFlight
   }
   if (batch_.empty()) return false;
   if (auto st = engine_.submit(batch_); !st) {
@@ -452,9 +473,9 @@ bool Transfer::drain_copies() {
   while (!copy_in_.empty()) {
     uint32_t s = copy_in_.front();
     Segment& seg = segs_[s];
-    if (!entries_[seg.entry].target->done(seg.ticket)) break;
+    if (!entries_[seg.entry].target->done(seg.ticket)) break;  // copies finish in order
     copy_in_.pop_front();
-    seg.stage = Stage::kReady;
+    seg.stage = Stage::kReady;  // kCopyIn -> kReady
     ready_.push_back(s);
     progressed = true;
   }
@@ -463,7 +484,7 @@ bool Transfer::drain_copies() {
     Segment& seg = segs_[s];
     if (!entries_[seg.entry].target->done(seg.ticket)) break;
     copy_out_.pop_front();
-    finish_segment(s);
+    finish_segment(s);  // kCopyOut -> kDone
     progressed = true;
   }
   return progressed;
@@ -477,19 +498,19 @@ Status Transfer::handle(const Completion& c) {
   Entry& e = entries_[seg.entry];
   if (c.result < 0) {
     int err = static_cast<int>(-c.result);
-    if (err == EINVAL && seg.direct) {
+    if (err == EINVAL && seg.direct) {  // the file system refuses O_DIRECT: kInFlight -> kReady
       e.file->break_direct(e.offset + seg.rel + seg.got);
       seg.direct = false;
       seg.stage = Stage::kReady;
       ready_.push_front(s);
       return ok();
     }
-    if (err == EINTR || err == EAGAIN) {
+    if (err == EINTR || err == EAGAIN) {  // try again: kInFlight -> kReady
       seg.stage = Stage::kReady;
       ready_.push_front(s);
       return ok();
     }
-    fail_segment(s, io_error(seg, e, err));
+    fail_segment(s, io_error(seg, e, err));  // kInFlight -> kDone, the entry failed
     return ok();
   }
   uint32_t n = static_cast<uint32_t>(c.result);
@@ -516,12 +537,12 @@ Status Transfer::handle(const Completion& c) {
     return ok();
   }
   if (seg.got < seg.len) e.short_at = std::min<uint64_t>(e.short_at, seg.rel + seg.got);
-  if (!seg.bounce || seg.got == 0) {
+  if (!seg.bounce || seg.got == 0) {  // the bytes are where they belong: kInFlight -> kDone
     finish_segment(s);
-  } else if (!e.target) {
+  } else if (!e.target) {  // bounced into unaligned host memory: copied out now, -> kDone
     std::memcpy(e.base + seg.rel, seg.staging.data(), seg.got);
     finish_segment(s);
-  } else {
+  } else {  // bounced to a device: kInFlight -> kCopyOut
     auto t = e.target->copy_to_target(e.base + seg.rel, seg.staging.data(), seg.got);
     if (!t) {
       fail_segment(s, t.error());

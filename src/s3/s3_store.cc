@@ -178,13 +178,13 @@ class S3Store : public store::Store {
   // Signs and sends one request, retrying what may succeed later. HTTP errors come back
   // as Errors naming the bucket, key and S3 error code.
   Result<HttpResponse> send(const S3Request& r) {
-    HttpRequest h;
-    h.method = r.method;
     // Path style: /bucket[/key]; virtual-host style: /[key] (the bucket is in the host).
     std::string path = opts_.path_style ? "/" + loc_.bucket : "";
     if (!r.key.empty()) path += "/" + uri_encode(r.key, false);
     if (path.empty()) path = "/";
     std::string query = canonical_query(r.query);
+    HttpRequest h;
+    h.method = r.method;
     h.url = scheme_ + "://" + host_ + path + (query.empty() ? "" : "?" + query);
     h.body = r.body;
     h.sink = r.sink;
@@ -192,46 +192,15 @@ class S3Store : public store::Store {
 
     const auto started = std::chrono::steady_clock::now();
     for (unsigned attempt = 1;; ++attempt) {
-      h.headers = r.headers;
-      if (!opts_.access_key.empty()) {
-        SigningRequest sr{r.method, host_, path, r.query, r.headers, std::string(kUnsignedPayload)};
-        if (r.body.empty()) sr.payload_sha256 = std::string(kEmptyPayloadSha256);
-        auto signed_req =
-            sign_v4(sr, Credentials{opts_.access_key, opts_.secret_key, opts_.session_token},
-                    opts_.region, "s3", std::time(nullptr));
-        for (auto& kv : signed_req.headers) h.headers.push_back(kv);
-      }
+      h.headers = signed_headers(r, path);
       uint64_t t0 = telemetry::now_ns();
       auto resp = http_.perform(h);
       if (m_.requests[r.op]) {
         m_.requests[r.op]->add();
         m_.latency[r.op]->record(telemetry::now_ns() - t0);
       }
-      std::optional<Error> err;
-      bool retryable = false;
-      if (!resp) {
-        err = Error(resp.error().code(), what + ": " + resp.error().message());
-        retryable = err->code() == Code::kUnavailable || err->code() == Code::kTimedOut;
-        // A stall (no progress for stall_timeout_s) is retried only while the request as a
-        // whole has not yet waited that long: a stalled server is abandoned in about
-        // stall_timeout_s, not max_attempts times it.
-        if (err->code() == Code::kTimedOut && std::chrono::steady_clock::now() - started >=
-                                                  std::chrono::seconds(opts_.stall_timeout_s)) {
-          retryable = false;
-          err = err->with_context("stalled for " + std::to_string(opts_.stall_timeout_s) +
-                                  " s (the stall timeout)");
-        }
-      } else if (resp->status == 416 && r.range_past_end_ok) {
-        return std::move(*resp);
-      } else if (resp->status >= 300 || resp->sink_overflow) {
-        auto [e, retry] = classify(*resp, what);
-        err = std::move(e);
-        retryable = retry;
-      } else if (r.check) {
-        err = r.check(*resp);
-        retryable = err.has_value() && err->code() == Code::kUnavailable;
-      }
-      if (!err) {
+      Verdict v = judge(r, resp, what, started);
+      if (v.done) {
         if (m_.bytes_in) {
           m_.bytes_in->add(resp->sink_bytes + resp->body.size());
           m_.bytes_out->add(r.body.size());
@@ -241,22 +210,79 @@ class S3Store : public store::Store {
           budget_.fetch_add(1, std::memory_order_relaxed);
         return std::move(*resp);
       }
-      if (!retryable || attempt >= opts_.max_attempts)
+      if (!v.retryable || attempt >= opts_.max_attempts)
         return std::unexpected(
-            attempt > 1 ? err->with_context("after " + std::to_string(attempt) + " attempts")
-                        : *err);
-      // Relaxed: the budget is a soft, approximate limit on retry storms.
-      if (budget_.fetch_sub(5, std::memory_order_relaxed) < 5) {
-        budget_.fetch_add(5, std::memory_order_relaxed);
-        return std::unexpected(err->with_context("retry budget exhausted"));
-      }
-      if (m_.retries) m_.retries->add();
-      // Exponential backoff with full jitter.
-      uint64_t cap = std::min<uint64_t>(opts_.max_delay_ms,
-                                        uint64_t{opts_.base_delay_ms} << std::min(attempt, 20u));
-      thread_local std::mt19937_64 rng(std::random_device{}());
-      std::this_thread::sleep_for(std::chrono::milliseconds(cap ? rng() % (cap + 1) : 0));
+            attempt > 1 ? v.error->with_context("after " + std::to_string(attempt) + " attempts")
+                        : *v.error);
+      SLUICE_RETURN_IF_ERROR(back_off(attempt, *v.error));
     }
+  }
+
+  // The request's headers with the SigV4 Authorization (none for anonymous requests).
+  HeaderList signed_headers(const S3Request& r, const std::string& path) const {
+    HeaderList headers = r.headers;
+    if (opts_.access_key.empty()) return headers;
+    SigningRequest sr{r.method, host_, path, r.query, r.headers, std::string(kUnsignedPayload)};
+    if (r.body.empty()) sr.payload_sha256 = std::string(kEmptyPayloadSha256);
+    auto signed_req =
+        sign_v4(sr, Credentials{opts_.access_key, opts_.secret_key, opts_.session_token},
+                opts_.region, "s3", std::time(nullptr));
+    for (auto& kv : signed_req.headers) headers.push_back(kv);
+    return headers;
+  }
+
+  // What one attempt's outcome means: done (a usable answer), or an error that may or may
+  // not be worth another attempt.
+  struct Verdict {
+    bool done = false;
+    std::optional<Error> error;
+    bool retryable = false;
+  };
+
+  Verdict judge(const S3Request& r, const Result<HttpResponse>& resp, const std::string& what,
+                std::chrono::steady_clock::time_point started) const {
+    if (!resp) {  // transport: refused, reset, timed out, truncated
+      Error e(resp.error().code(), what + ": " + resp.error().message());
+      // A stall (no progress for stall_timeout_s) is retried only while the request as a
+      // whole has not yet waited that long: a stalled server is abandoned in about
+      // stall_timeout_s, not max_attempts times it.
+      if (e.code() == Code::kTimedOut &&
+          std::chrono::steady_clock::now() - started >= std::chrono::seconds(opts_.stall_timeout_s))
+        return {false,
+                e.with_context("stalled for " + std::to_string(opts_.stall_timeout_s) +
+                               " s (the stall timeout)"),
+                false};
+      bool retry = e.code() == Code::kUnavailable || e.code() == Code::kTimedOut;
+      return {false, std::move(e), retry};
+    }
+    if (resp->status == 416 && r.range_past_end_ok) return {true};
+    if (resp->status >= 300 || resp->sink_overflow) {
+      auto [e, retry] = classify(*resp, what);
+      return {false, std::move(e), retry};
+    }
+    if (r.check) {
+      if (auto e = r.check(*resp)) {
+        bool retry = e->code() == Code::kUnavailable;  // a short body: like a reset
+        return {false, std::move(e), retry};
+      }
+    }
+    return {true};
+  }
+
+  // Sleeps before another attempt (exponential backoff with full jitter), unless the
+  // store-wide retry budget is spent.
+  Status back_off(unsigned attempt, const Error& why) {
+    // Relaxed: the budget is a soft, approximate limit on retry storms.
+    if (budget_.fetch_sub(5, std::memory_order_relaxed) < 5) {
+      budget_.fetch_add(5, std::memory_order_relaxed);
+      return std::unexpected(why.with_context("retry budget exhausted"));
+    }
+    if (m_.retries) m_.retries->add();
+    uint64_t cap = std::min<uint64_t>(opts_.max_delay_ms,
+                                      uint64_t{opts_.base_delay_ms} << std::min(attempt, 20u));
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    std::this_thread::sleep_for(std::chrono::milliseconds(cap ? rng() % (cap + 1) : 0));
+    return ok();
   }
 
   std::pair<Error, bool> classify(const HttpResponse& resp, const std::string& what) const {

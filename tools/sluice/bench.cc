@@ -266,7 +266,9 @@ std::string BenchResult::text() const {
   return buf;
 }
 
-Result<BenchResult> run_bench(const BenchOptions& o) {
+namespace {
+
+Status validate(const BenchOptions& o) {
   if (o.file.empty()) return fail(Code::kInvalidArgument, "--file is required");
   if (o.bs == 0) return fail(Code::kInvalidArgument, "--bs must be greater than 0");
   if (o.bs > (1u << 30)) return fail(Code::kInvalidArgument, "--bs above 1 GiB");
@@ -275,34 +277,47 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
     return fail(Code::kInvalidArgument, "--threads must be 1..256");
   if (!std::isfinite(o.runtime) || o.runtime < 0 || o.runtime > 1e7)
     return fail(Code::kInvalidArgument, "--runtime must be a number of seconds from 0 to 10000000");
-
-  // The size to work over: given, or the existing file's.
   if (o.size && *o.size == 0) return fail(Code::kInvalidArgument, "--size must be greater than 0");
-  uint64_t size = o.size.value_or(0);
-  SLUICE_ASSIGN_OR_RETURN(BenchTarget target_file, inspect_target(o.file, is_write(o.rw)));
-  const bool exists = target_file.exists;
+  return ok();
+}
+
+// The target and the bytes of it to work over: given, or the existing file's.
+struct BenchPlan {
+  BenchTarget file;
+  uint64_t size = 0;
+};
+
+Result<BenchPlan> plan_target(const BenchOptions& o) {
+  BenchPlan plan;
+  SLUICE_ASSIGN_OR_RETURN(plan.file, inspect_target(o.file, is_write(o.rw)));
+  plan.size = o.size.value_or(0);
   if (!o.size) {
-    if (!exists)
+    if (!plan.file.exists)
       return fail(Code::kNotFound,
                   "--file " + o.file + " does not exist; give --size to create it");
-    size = target_file.size;
-    if (size == 0)
+    plan.size = plan.file.size;
+    if (plan.size == 0)
       return fail(Code::kInvalidArgument, "--file " + o.file + " is empty; give --size");
   }
-  if (target_file.block_device) {
-    if (size > target_file.size)
-      return fail(Code::kInvalidArgument, "--size " + std::to_string(size) + " is larger than " +
-                                              o.file + " (" + std::to_string(target_file.size) +
-                                              " bytes)");
+  if (plan.file.block_device) {
+    if (plan.size > plan.file.size)
+      return fail(Code::kInvalidArgument, "--size " + std::to_string(plan.size) +
+                                              " is larger than " + o.file + " (" +
+                                              std::to_string(plan.file.size) + " bytes)");
     if (o.verify)
       return fail(Code::kInvalidArgument,
                   "--verify needs sluice's pattern in the file; block device " + o.file +
                       " is never written, so it cannot hold it");
   }
-  if (size < o.bs)
-    return fail(Code::kInvalidArgument,
-                "--size " + std::to_string(size) + " is smaller than --bs " + std::to_string(o.bs));
+  if (plan.size < o.bs)
+    return fail(Code::kInvalidArgument, "--size " + std::to_string(plan.size) +
+                                            " is smaller than --bs " + std::to_string(o.bs));
+  return plan;
+}
 
+// The engine and open flags each mode stands for.
+std::pair<io::ContextOptions, io::OpenOptions> configure(const BenchOptions& o,
+                                                         const BenchPlan& plan) {
   io::ContextOptions co;
   co.engine.queue_depth = o.qd;
   co.chunk_size = std::max<size_t>(
@@ -310,8 +325,8 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   co.staging_buffers = std::max(8u, o.qd);
   co.cufile_library = o.cufile_library;
   io::OpenOptions oo;
-  oo.write = is_write(o.rw) || !exists;
-  oo.create = !target_file.block_device;
+  oo.write = is_write(o.rw) || !plan.file.exists;
+  oo.create = !plan.file.block_device;
   switch (o.mode) {
     case BenchMode::kBuffered:
       oo.direct = io::DirectMode::kOff;
@@ -332,199 +347,211 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   }
   // Only gds asks for cuFile; every other mode takes the POSIX path on purpose.
   oo.compat = o.mode == BenchMode::kGds ? io::CompatMode::kOff : io::CompatMode::kOn;
+  return {co, oo};
+}
 
-  // The memory the bytes land in.
-  std::unique_ptr<mem::Target> target;
-  if (o.mode == BenchMode::kBounce) {
-    target = mem::make_emulated_device(static_cast<size_t>(o.bs) * o.qd * o.threads + (1 << 20));
-  } else if (o.mode == BenchMode::kGpu || o.mode == BenchMode::kGds) {
-    mem::CudaOptions cu;
-    cu.library = o.cuda_library;
-    auto t = mem::open_cuda_target(cu);
-    if (!t)
-      return std::unexpected(
-          t.error().with_context(std::string("--mode ") + std::string(bench_mode_name(o.mode))));
-    target = std::move(*t);
-  }
+// The memory the bytes land in: none (host buffers), the emulated device, or CUDA.
+Result<std::unique_ptr<mem::Target>> open_memory(const BenchOptions& o) {
+  if (o.mode == BenchMode::kBounce)
+    return mem::make_emulated_device(static_cast<size_t>(o.bs) * o.qd * o.threads + (1 << 20));
+  if (o.mode != BenchMode::kGpu && o.mode != BenchMode::kGds) return std::unique_ptr<mem::Target>();
+  mem::CudaOptions cu;
+  cu.library = o.cuda_library;
+  auto t = mem::open_cuda_target(cu);
+  if (!t)
+    return std::unexpected(
+        t.error().with_context(std::string("--mode ") + std::string(bench_mode_name(o.mode))));
+  return std::move(*t);
+}
 
-  SLUICE_ASSIGN_OR_RETURN(auto ctx, io::Context::open(co));
-  {
-    // Check the directory is writable before laying anything out.
-    auto parent = o.file.substr(0, o.file.rfind('/') == std::string::npos ? 0 : o.file.rfind('/'));
-    if ((!exists || is_write(o.rw)) && ::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
-      return fail_errno(errno, "directory '" + (parent.empty() ? std::string(".") : parent) +
-                                   "' of --file " + o.file + " is not writable");
-  }
+// Lays out what the run reads (regular files only; never a device).
+Status prepare_file(const BenchOptions& o, const BenchPlan& plan,
+                    const std::shared_ptr<io::Context>& ctx) {
+  const bool exists = plan.file.exists;
+  // Check the directory is writable before laying anything out.
+  auto parent = o.file.substr(0, o.file.rfind('/') == std::string::npos ? 0 : o.file.rfind('/'));
+  if ((!exists || is_write(o.rw)) && ::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
+    return fail_errno(errno, "directory '" + (parent.empty() ? std::string(".") : parent) +
+                                 "' of --file " + o.file + " is not writable");
   // Reads need the file there; --verify of writes lays the pattern over the whole range
   // first, so every block, written in this run or not, must read back as the pattern.
   if (o.verify && is_write(o.rw) && ::truncate(o.file.c_str(), 0) != 0 && errno != ENOENT)
     return fail_errno(errno, "truncate " + o.file + " before a verified write");
-  if (!target_file.block_device && (!is_write(o.rw) || !exists || o.verify))
-    SLUICE_RETURN_IF_ERROR(lay_out(ctx, o.file, size, o.progress));
-  SLUICE_ASSIGN_OR_RETURN(io::FileHandle fh, io::FileHandle::open(ctx, o.file, oo));
+  if (!plan.file.block_device && (!is_write(o.rw) || !exists || o.verify))
+    SLUICE_RETURN_IF_ERROR(lay_out(ctx, o.file, plan.size, o.progress));
+  return ok();
+}
 
-  const uint64_t blocks = size / o.bs;
-  const bool write = is_write(o.rw), random = is_random(o.rw);
-  const bool verify_inline = o.verify && !write;
-  std::vector<ThreadStats> stats(o.threads);
+// What every worker thread of one run shares.
+struct RunState {
+  const BenchOptions& o;
+  std::shared_ptr<io::Context> ctx;
+  io::FileHandle& fh;
+  mem::Target* target;  // null: host buffers
+  uint64_t blocks;
   std::atomic<bool> stop{false};
   // Workers set up (buffers touched, batch leased), report ready, then wait for `go`, so
   // the clock and CPU accounting cover only the I/O.
   std::atomic<unsigned> ready{0};
   std::atomic<bool> go{false};
+};
 
-  auto worker = [&](unsigned t) {
-    ThreadStats& st = stats[t];
-    auto fail_with = [&](Error e) {
-      st.error = std::move(e);
-      stop.store(true);
-      ready.fetch_add(1);  // never leave the starter waiting (extra counts are harmless)
-      ready.notify_all();
-    };
-    // One buffer slot per request in flight.
-    std::vector<AlignedBuffer> host(target ? 0 : o.qd);
-    mem::Allocation dev;
-    for (auto& h : host) {
-      auto b = AlignedBuffer::allocate(o.bs);
-      if (!b) return fail_with(b.error());
-      h = std::move(*b);
-      std::memset(h.data(), 0, o.bs);  // touch once, so first-touch cost is not measured
+// One submitting thread: `qd` slots, each a buffer and a request in flight.
+class Worker {
+ public:
+  Worker(RunState& run, unsigned index, ThreadStats& stats)
+      : run_(run), o_(run.o), t_(index), st_(stats) {}
+
+  void run() {
+    if (auto s = set_up(); !s) return fail_with(s.error());
+    run_.ready.fetch_add(1);
+    run_.ready.notify_all();
+    run_.go.wait(false);
+    if (auto s = loop(); !s) return fail_with(s.error());
+    st_.lat = lat_.snapshot();
+  }
+
+ private:
+  void fail_with(Error e) {
+    st_.error = std::move(e);
+    run_.stop.store(true);
+    run_.ready.fetch_add(1);  // never leave the starter waiting (extra counts are harmless)
+    run_.ready.notify_all();
+  }
+
+  Status set_up() {
+    host_.resize(run_.target ? 0 : o_.qd);
+    for (auto& h : host_) {
+      SLUICE_ASSIGN_OR_RETURN(h, AlignedBuffer::allocate(o_.bs));
+      std::memset(h.data(), 0, o_.bs);  // touch once, so first-touch cost is not measured
     }
-    if (target) {
-      auto a = target->allocate(o.bs * o.qd);
-      if (!a) return fail_with(a.error());
-      dev = std::move(*a);
+    if (run_.target) {
+      SLUICE_ASSIGN_OR_RETURN(dev_, run_.target->allocate(o_.bs * o_.qd));
     }
-    AlignedBuffer check;
-    if (o.verify) {
-      auto b = AlignedBuffer::allocate(o.bs);
-      if (!b) return fail_with(b.error());
-      check = std::move(*b);
+    if (o_.verify) {
+      SLUICE_ASSIGN_OR_RETURN(check_, AlignedBuffer::allocate(o_.bs));
     }
     // Created after the buffers, so it is destroyed (and drained) before them.
-    auto batch = io::Batch::create(ctx, o.qd);
-    if (!batch) return fail_with(batch.error());
-    auto slot_buffer = [&](unsigned slot) {
-      return target ? io::Buffer{dev.get(), dev.size(), target.get()}
-                    : io::Buffer::host(host[slot].data(), o.bs);
-    };
-    auto slot_offset = [&](unsigned slot) -> size_t { return target ? size_t{slot} * o.bs : 0; };
+    SLUICE_ASSIGN_OR_RETURN(batch_, io::Batch::create(run_.ctx, o_.qd));
+    first_ = run_.blocks * t_ / o_.threads;
+    uint64_t last = run_.blocks * (t_ + 1) / o_.threads;
+    span_ = std::max<uint64_t>(last - first_, 1);
+    quota_ = o_.runtime > 0 ? UINT64_MAX : (random() ? run_.blocks / o_.threads : span_);
+    rng_.seed(0x5111CEULL + t_);
+    issued_at_.resize(o_.qd);
+    offset_of_.resize(o_.qd);
+    for (unsigned i = 0; i < o_.qd; ++i) free_slots_.push_back(o_.qd - 1 - i);
+    return ok();
+  }
 
-    uint64_t first = blocks * t / o.threads, last = blocks * (t + 1) / o.threads;
-    uint64_t span = std::max<uint64_t>(last - first, 1);
-    uint64_t next = 0;
-    const uint64_t quota = o.runtime > 0 ? UINT64_MAX : (random ? blocks / o.threads : span);
-    std::mt19937_64 rng(0x5111CEULL + t);
-    std::vector<uint64_t> issued_at(o.qd), offset_of(o.qd);
-    std::vector<unsigned> free_slots;
-    for (unsigned i = 0; i < o.qd; ++i) free_slots.push_back(o.qd - 1 - i);
-    telemetry::Histogram lat;
-    uint64_t issued = 0;
+  bool write() const { return is_write(o_.rw); }
+  bool random() const { return is_random(o_.rw); }
+  io::Buffer slot_buffer(unsigned slot) {
+    return run_.target ? io::Buffer{dev_.get(), dev_.size(), run_.target}
+                       : io::Buffer::host(host_[slot].data(), o_.bs);
+  }
+  size_t slot_offset(unsigned slot) const { return run_.target ? size_t{slot} * o_.bs : 0; }
+  std::byte* slot_device(unsigned slot) {
+    return static_cast<std::byte*>(dev_.get()) + slot_offset(slot);
+  }
 
-    auto prepare = [&](unsigned slot, uint64_t off) -> Status {
-      if (!write) return ok();
-      if (o.verify && !target) fill_pattern(host[slot].data(), o.bs, off);
-      if (o.verify && target) {
-        fill_pattern(check.data(), o.bs, off);
-        SLUICE_ASSIGN_OR_RETURN(
-            uint64_t tk,
-            target->copy_to_target(static_cast<std::byte*>(dev.get()) + slot_offset(slot),
-                                   check.data(), o.bs));
-        SLUICE_RETURN_IF_ERROR(target->wait(tk));
-      }
+  // A verified write carries the pattern of its offset (copied to the device first).
+  Status fill(unsigned slot, uint64_t off) {
+    if (!write() || !o_.verify) return ok();
+    if (!run_.target) {
+      fill_pattern(host_[slot].data(), o_.bs, off);
       return ok();
-    };
+    }
+    fill_pattern(check_.data(), o_.bs, off);
+    SLUICE_ASSIGN_OR_RETURN(uint64_t tk,
+                            run_.target->copy_to_target(slot_device(slot), check_.data(), o_.bs));
+    return run_.target->wait(tk);
+  }
 
-    ready.fetch_add(1);
-    ready.notify_all();
-    go.wait(false);
+  // Checks one completed request: its length and, for verified reads, every byte.
+  Status complete(unsigned slot, size_t n) {
+    if (n != o_.bs)
+      return fail(Code::kIoError, "short " + std::string(write() ? "write" : "read") + " of " +
+                                      std::to_string(n) + " bytes at offset " +
+                                      std::to_string(offset_of_[slot]) + " of " + o_.file);
+    if (!o_.verify || write()) return ok();
+    const std::byte* got = host_.empty() ? nullptr : host_[slot].data();
+    if (run_.target) {
+      SLUICE_ASSIGN_OR_RETURN(uint64_t tk,
+                              run_.target->copy_to_host(check_.data(), slot_device(slot), o_.bs));
+      SLUICE_RETURN_IF_ERROR(run_.target->wait(tk));
+      got = check_.data();
+    }
+    int64_t bad = check_pattern(got, o_.bs, offset_of_[slot]);
+    if (bad >= 0)
+      return fail(Code::kCorruption,
+                  "verify failed: wrong byte at offset " + std::to_string(bad) + " of " + o_.file +
+                      " (was the file written by something other than sluice bench?)");
+    return ok();
+  }
+
+  // Keeps every free slot busy until the quota is issued (or the run stops), and reaps.
+  Status loop() {
     std::vector<io::BatchIO> ios;
     std::vector<io::BatchResult> results;
     while (true) {
       ios.clear();
-      while (!free_slots.empty() && issued < quota && !stop.load(std::memory_order_relaxed)) {
-        unsigned slot = free_slots.back();
-        free_slots.pop_back();
-        uint64_t blk = random ? rng() % blocks : first + (next++ % span);
-        uint64_t off = blk * o.bs;
-        if (auto s = prepare(slot, off); !s) return fail_with(s.error());
-        offset_of[slot] = off;
-        issued_at[slot] = telemetry::now_ns();
-        ios.push_back(io::BatchIO{write ? io::OpCode::kWrite : io::OpCode::kRead, &fh,
-                                  slot_buffer(slot), o.bs, off, slot_offset(slot), slot});
-        ++issued;
+      while (!free_slots_.empty() && issued_ < quota_ &&
+             !run_.stop.load(std::memory_order_relaxed)) {
+        unsigned slot = free_slots_.back();
+        free_slots_.pop_back();
+        uint64_t blk = random() ? rng_() % run_.blocks : first_ + (next_++ % span_);
+        uint64_t off = blk * o_.bs;
+        SLUICE_RETURN_IF_ERROR(fill(slot, off));
+        offset_of_[slot] = off;
+        issued_at_[slot] = telemetry::now_ns();
+        ios.push_back(io::BatchIO{write() ? io::OpCode::kWrite : io::OpCode::kRead, &run_.fh,
+                                  slot_buffer(slot), o_.bs, off, slot_offset(slot), slot});
+        ++issued_;
       }
-      if (!ios.empty())
-        if (auto s = batch->submit(ios); !s) return fail_with(s.error());
-      if (batch->in_flight() == 0) break;
+      if (!ios.empty()) SLUICE_RETURN_IF_ERROR(batch_->submit(ios));
+      if (batch_->in_flight() == 0) return ok();
       results.clear();
-      auto n = batch->wait(results, 1, std::chrono::seconds(30));
-      if (!n) return fail_with(n.error());
+      SLUICE_RETURN_IF_ERROR(batch_->wait(results, 1, std::chrono::seconds(30)));
       uint64_t now = telemetry::now_ns();
       for (auto& r : results) {
         unsigned slot = static_cast<unsigned>(r.cookie);
-        if (!r.result) return fail_with(r.result.error());
-        lat.record(now - issued_at[slot]);
-        st.bytes += *r.result;
-        ++st.ops;
-        if (*r.result != o.bs)
-          return fail_with(
-              Error(Code::kIoError, "short " + std::string(write ? "write" : "read") + " of " +
-                                        std::to_string(*r.result) + " bytes at offset " +
-                                        std::to_string(offset_of[slot]) + " of " + o.file));
-        if (verify_inline) {
-          const std::byte* got = host.empty() ? nullptr : host[slot].data();
-          if (target) {
-            auto tk = target->copy_to_host(
-                check.data(), static_cast<std::byte*>(dev.get()) + slot_offset(slot), o.bs);
-            if (!tk) return fail_with(tk.error());
-            if (auto w = target->wait(*tk); !w) return fail_with(w.error());
-            got = check.data();
-          }
-          int64_t bad = check_pattern(got, o.bs, offset_of[slot]);
-          if (bad >= 0)
-            return fail_with(Error(
-                Code::kCorruption,
-                "verify failed: wrong byte at offset " + std::to_string(bad) + " of " + o.file +
-                    " (was the file written by something other than sluice bench?)"));
-        }
-        free_slots.push_back(slot);
+        if (!r.result) return std::unexpected(r.result.error());
+        lat_.record(now - issued_at_[slot]);
+        st_.bytes += *r.result;
+        ++st_.ops;
+        SLUICE_RETURN_IF_ERROR(complete(slot, *r.result));
+        free_slots_.push_back(slot);
       }
     }
-    st.lat = lat.snapshot();
-  };
-
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
-  for (unsigned r; (r = ready.load()) < o.threads;) ready.wait(r);
-  struct rusage r0, r1;
-  ::getrusage(RUSAGE_SELF, &r0);
-  auto t0 = std::chrono::steady_clock::now();
-  go.store(true);
-  go.notify_all();
-  if (o.runtime > 0) {
-    auto until = t0 + std::chrono::duration<double>(o.runtime);
-    while (!stop.load() && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    stop.store(true);
   }
-  for (auto& th : threads) th.join();
-  auto t1 = std::chrono::steady_clock::now();
-  ::getrusage(RUSAGE_SELF, &r1);
-  for (auto& st : stats)
-    if (st.error) return std::unexpected(*st.error);
 
-  // A written file is verified by reading it back through the same path.
-  if (write) SLUICE_RETURN_IF_ERROR(fh.sync());
+  RunState& run_;
+  const BenchOptions& o_;
+  const unsigned t_;
+  ThreadStats& st_;
+  std::vector<AlignedBuffer> host_;  // one buffer per slot (host memory runs)
+  mem::Allocation dev_;              // qd slots of device memory (device runs)
+  AlignedBuffer check_;              // verification scratch
+  std::optional<io::Batch> batch_;
+  uint64_t first_ = 0, span_ = 1, next_ = 0, quota_ = 0, issued_ = 0;
+  std::mt19937_64 rng_;
+  std::vector<uint64_t> issued_at_, offset_of_;
+  std::vector<unsigned> free_slots_;
+  telemetry::Histogram lat_;
+};
 
+BenchResult summarize(const BenchOptions& o, const BenchPlan& plan, const io::FileHandle& fh,
+                      const mem::Target* target, const std::vector<ThreadStats>& stats,
+                      double seconds, double user_s, double sys_s) {
   BenchResult res;
   res.mode = bench_mode_name(o.mode);
   res.rw = bench_rw_name(o.rw);
   auto report = fh.path_report();
-  res.path = report.describe(target.get());
+  res.path = report.describe(target);
   res.path_why = report.why;
   res.bs = o.bs;
-  res.size = size;
+  res.size = plan.size;
   res.qd = o.qd;
   res.threads = o.threads;
   telemetry::HistogramSnapshot lat;
@@ -533,7 +560,7 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
     res.ops += st.ops;
     lat.merge(st.lat);
   }
-  res.seconds = std::chrono::duration<double>(t1 - t0).count();
+  res.seconds = seconds;
   res.throughput_gib_s = static_cast<double>(res.bytes) / res.seconds / (1 << 30);
   res.iops = static_cast<double>(res.ops) / res.seconds;
   res.lat_avg_us = lat.mean() / 1e3;
@@ -541,30 +568,73 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   res.lat_p99_us = lat.quantile(0.99) / 1e3;
   res.lat_p999_us = lat.quantile(0.999) / 1e3;
   res.lat_max_us = static_cast<double>(lat.max) / 1e3;
-  double user = cpu_seconds(r1, true) - cpu_seconds(r0, true);
-  double sys = cpu_seconds(r1, false) - cpu_seconds(r0, false);
-  res.cpu_user_pct = user / res.seconds * 100;
-  res.cpu_sys_pct = sys / res.seconds * 100;
+  res.cpu_user_pct = user_s / res.seconds * 100;
+  res.cpu_sys_pct = sys_s / res.seconds * 100;
   res.cpu_pct = res.cpu_user_pct + res.cpu_sys_pct;
-
-  if (o.verify && write) {
-    // Read the whole range back and check every byte: written blocks carry the pattern.
-    const size_t chunk = 16 << 20;
-    SLUICE_ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::allocate(chunk));
-    SLUICE_ASSIGN_OR_RETURN(auto rh, io::FileHandle::open(ctx, o.file, {}));
-    for (uint64_t off = 0; off < blocks * o.bs; off += chunk) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, blocks * o.bs - off));
-      SLUICE_ASSIGN_OR_RETURN(size_t got, rh.read(io::Buffer::host(buf.data(), n), n, off));
-      if (got != n)
-        return fail(Code::kCorruption,
-                    "verify: " + o.file + " ends at " + std::to_string(off + got));
-      int64_t bad = check_pattern(buf.data(), n, off);
-      if (bad >= 0)
-        return fail(Code::kCorruption,
-                    "verify failed: wrong byte at offset " + std::to_string(bad) + " of " + o.file);
-    }
-  }
   res.verified = o.verify;
+  return res;
+}
+
+// After a verified write: the whole range read back, every written block the pattern.
+Status verify_written(const BenchOptions& o, const std::shared_ptr<io::Context>& ctx,
+                      uint64_t bytes) {
+  const size_t chunk = 16 << 20;
+  SLUICE_ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::allocate(chunk));
+  SLUICE_ASSIGN_OR_RETURN(auto rh, io::FileHandle::open(ctx, o.file, {}));
+  for (uint64_t off = 0; off < bytes; off += chunk) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, bytes - off));
+    SLUICE_ASSIGN_OR_RETURN(size_t got, rh.read(io::Buffer::host(buf.data(), n), n, off));
+    if (got != n)
+      return fail(Code::kCorruption, "verify: " + o.file + " ends at " + std::to_string(off + got));
+    int64_t bad = check_pattern(buf.data(), n, off);
+    if (bad >= 0)
+      return fail(Code::kCorruption,
+                  "verify failed: wrong byte at offset " + std::to_string(bad) + " of " + o.file);
+  }
+  return ok();
+}
+
+}  // namespace
+
+Result<BenchResult> run_bench(const BenchOptions& o) {
+  SLUICE_RETURN_IF_ERROR(validate(o));
+  SLUICE_ASSIGN_OR_RETURN(BenchPlan plan, plan_target(o));
+  auto [co, oo] = configure(o, plan);
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<mem::Target> target, open_memory(o));
+  SLUICE_ASSIGN_OR_RETURN(auto ctx, io::Context::open(co));
+  SLUICE_RETURN_IF_ERROR(prepare_file(o, plan, ctx));
+  SLUICE_ASSIGN_OR_RETURN(io::FileHandle fh, io::FileHandle::open(ctx, o.file, oo));
+
+  RunState run{o, ctx, fh, target.get(), plan.size / o.bs};
+  std::vector<ThreadStats> stats(o.threads);
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < o.threads; ++t)
+    threads.emplace_back([&run, &stats, t] { Worker(run, t, stats[t]).run(); });
+  for (unsigned r; (r = run.ready.load()) < o.threads;) run.ready.wait(r);
+  struct rusage r0, r1;
+  ::getrusage(RUSAGE_SELF, &r0);
+  auto t0 = std::chrono::steady_clock::now();
+  run.go.store(true);
+  run.go.notify_all();
+  if (o.runtime > 0) {
+    auto until = t0 + std::chrono::duration<double>(o.runtime);
+    while (!run.stop.load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    run.stop.store(true);
+  }
+  for (auto& th : threads) th.join();
+  auto t1 = std::chrono::steady_clock::now();
+  ::getrusage(RUSAGE_SELF, &r1);
+  for (auto& st : stats)
+    if (st.error) return std::unexpected(*st.error);
+
+  // A written file is verified by reading it back through the same path.
+  if (is_write(o.rw)) SLUICE_RETURN_IF_ERROR(fh.sync());
+  BenchResult res =
+      summarize(o, plan, fh, target.get(), stats, std::chrono::duration<double>(t1 - t0).count(),
+                cpu_seconds(r1, true) - cpu_seconds(r0, true),
+                cpu_seconds(r1, false) - cpu_seconds(r0, false));
+  if (o.verify && is_write(o.rw)) SLUICE_RETURN_IF_ERROR(verify_written(o, ctx, run.blocks * o.bs));
   return res;
 }
 

@@ -336,7 +336,7 @@ Result<std::vector<CopyItem>> plan_prefix(store::Store& src, std::string_view sr
 
 uint64_t part_size_for(uint64_t object_size) {
   uint64_t eighth = (object_size / 8 + kMiB - 1) / kMiB * kMiB;
-  return std::clamp<uint64_t>(eighth, 8 * kMiB, 64 * kMiB);
+  return std::clamp<uint64_t>(eighth, 8 * kMiB, 32 * kMiB);
 }
 
 }  // namespace sluice::xfer

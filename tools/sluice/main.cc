@@ -149,7 +149,7 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   cmd->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
   cmd->add_option("--part-size", a.part_size,
                   "Bytes per part read and multipart part (at most 5G); auto: about 8 parts "
-                  "per object, 8M to 64M for reads, 8M for uploads")
+                  "per object, 8M to 32M for reads, 8M for uploads")
       ->default_str("auto");
   cmd->add_option("--max-in-flight", a.max_in_flight,
                   "Part reads and HTTP requests in flight at most, across all objects")

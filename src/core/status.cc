@@ -7,13 +7,14 @@
 namespace sluice {
 
 std::string printable(std::string text) {
-  auto is_control = [](unsigned char c) { return c < 0x20 || c == 0x7f; };
-  if (std::none_of(text.begin(), text.end(), [&](char c) { return is_control(c); })) return text;
+  // Backslashes are escaped too, so a literal "\\n" in a name never reads as a newline.
+  auto needs_escape = [](unsigned char c) { return c < 0x20 || c == 0x7f || c == '\\'; };
+  if (std::none_of(text.begin(), text.end(), [&](char c) { return needs_escape(c); })) return text;
   std::string out;
   out.reserve(text.size() + 8);
   for (char ch : text) {
     auto c = static_cast<unsigned char>(ch);
-    if (!is_control(c)) {
+    if (!needs_escape(c)) {
       out += ch;
     } else if (c == '\n') {
       out += "\\n";
@@ -21,6 +22,8 @@ std::string printable(std::string text) {
       out += "\\t";
     } else if (c == '\r') {
       out += "\\r";
+    } else if (c == '\\') {
+      out += "\\\\";
     } else {
       static constexpr char kHex[] = "0123456789abcdef";
       out += "\\x";
@@ -94,8 +97,9 @@ static Code code_for_errno(int err) {
       return Code::kInvalidArgument;
     case ENOSPC:
     case EDQUOT:
-    case EFBIG:
       return Code::kNoSpace;
+    case EFBIG:  // a file larger than the file system allows: not a full disk
+      return Code::kInvalidArgument;
     case EACCES:
     case EPERM:
     case EROFS:
@@ -106,6 +110,7 @@ static Code code_for_errno(int err) {
     case ENOSYS:
     case EOPNOTSUPP:
       return Code::kUnsupported;
+    case EINTR:  // interrupted: worth another try, unlike a cancel by the user
     case EAGAIN:
     case EBUSY:
     case ECONNREFUSED:
@@ -116,7 +121,6 @@ static Code code_for_errno(int err) {
     case ETIMEDOUT:
       return Code::kTimedOut;
     case ECANCELED:
-    case EINTR:
       return Code::kCancelled;
     default:
       return Code::kIoError;

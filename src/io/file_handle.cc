@@ -19,6 +19,7 @@
 
 #include "core/executor.h"
 #include "shim/cufile.h"
+#include "sluice/core/fd.h"
 #include "sluice/mem/buffer_pool.h"
 
 namespace sluice::io {
@@ -28,8 +29,8 @@ namespace sluice::io {
 
 struct FileState {
   std::string path;
-  int fd = -1;   // buffered descriptor: unaligned heads and tails, and the fallback
-  int dfd = -1;  // O_DIRECT descriptor, or -1
+  UniqueFd fd;   // buffered descriptor: unaligned heads and tails, and the fallback
+  UniqueFd dfd;  // O_DIRECT descriptor, or none
   bool writable = false;
   // Set when direct I/O that opened fine fails with EINVAL at run time (some file systems
   // accept O_DIRECT on open and refuse it per request); later requests go buffered.
@@ -40,7 +41,7 @@ struct FileState {
   mutable std::mutex mu;
   std::string why;  // guarded by mu
 
-  bool direct() const { return dfd >= 0 && !direct_broken.load(std::memory_order_relaxed); }
+  bool direct() const { return dfd.valid() && !direct_broken.load(std::memory_order_relaxed); }
 
   void note(const std::string& s) {
     std::lock_guard lock(mu);
@@ -55,8 +56,6 @@ struct FileState {
 
   ~FileState() {
     if (gds_handle) gds->deregister(gds_handle);
-    if (dfd >= 0) ::close(dfd);
-    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -450,8 +449,8 @@ bool Transfer::submit_ready() {
     if (seg.direct && !e.file->direct()) seg.direct = false;  // O_DIRECT broke meanwhile
     std::byte* buf = (seg.bounce ? seg.staging.data() : e.base + seg.rel) + seg.got;
     batch_.push_back(Request{e.write ? OpCode::kWrite : OpCode::kRead,
-                             seg.direct ? e.file->dfd : e.file->fd, buf, seg.len - seg.got,
-                             e.offset + seg.rel + seg.got, s});
+                             seg.direct ? e.file->dfd.get() : e.file->fd.get(), buf,
+                             seg.len - seg.got, e.offset + seg.rel + seg.got, s});
     seg.stage = Stage::kInFlight;  // kReady -> kInFlight
   }
   if (batch_.empty()) return false;
@@ -620,19 +619,19 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
   int flags = (options.write ? O_RDWR : O_RDONLY) | O_CLOEXEC;
   if (options.create) flags |= O_CREAT;
   if (options.truncate) flags |= O_TRUNC;
-  st->fd = ::open(path.c_str(), flags, options.mode);
-  if (st->fd < 0)
+  st->fd.reset(::open(path.c_str(), flags, options.mode));
+  if (!st->fd.valid())
     return fail_errno(errno, std::string("open ") + path + (options.write ? " for writing" : ""));
   struct stat sb;
-  if (::fstat(st->fd, &sb) == 0 && S_ISDIR(sb.st_mode))
+  if (::fstat(st->fd.get(), &sb) == 0 && S_ISDIR(sb.st_mode))
     return fail(Code::kInvalidArgument, "open " + path + ": is a directory");
 
   if (options.direct == DirectMode::kOff) {
     st->note("Buffered I/O: O_DIRECT turned off by option.");
   } else {
     int dflags = (flags & ~(O_CREAT | O_TRUNC)) | O_DIRECT;
-    st->dfd = ::open(path.c_str(), dflags);
-    if (st->dfd < 0) {
+    st->dfd.reset(::open(path.c_str(), dflags));
+    if (!st->dfd.valid()) {
       int err = errno;
       if (options.direct == DirectMode::kOn)
         return fail(Code::kUnsupported, "open " + path + " with O_DIRECT: " + std::strerror(err) +
@@ -643,10 +642,9 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
       // Both descriptors must be the same file: a rename between the two opens would
       // otherwise mix two versions in one read.
       struct stat a, b;
-      if (::fstat(st->fd, &a) != 0 || ::fstat(st->dfd, &b) != 0 || a.st_dev != b.st_dev ||
-          a.st_ino != b.st_ino) {
-        ::close(st->dfd);
-        st->dfd = -1;
+      if (::fstat(st->fd.get(), &a) != 0 || ::fstat(st->dfd.get(), &b) != 0 ||
+          a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+        st->dfd.reset();
         st->note("Buffered I/O: the file was replaced while it was being opened.");
       } else {
         st->note("O_DIRECT for 4 KiB-aligned ranges, page cache for unaligned heads and tails.");
@@ -657,8 +655,9 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
 
   if (options.compat != CompatMode::kOn) {
     auto lib = CuFileLibrary::get(ctx->options().cufile_library);
-    Result<void*> h = lib ? (*lib)->register_fd(st->dfd >= 0 ? st->dfd : st->fd, path)
-                          : Result<void*>(std::unexpected(lib.error()));
+    Result<void*> h =
+        lib ? (*lib)->register_fd(st->dfd.valid() ? st->dfd.get() : st->fd.get(), path)
+            : Result<void*>(std::unexpected(lib.error()));
     if (h) {
       st->gds = *lib;
       st->gds_handle = *h;
@@ -723,15 +722,16 @@ std::future<Result<size_t>> FileHandle::write_async(const Buffer& src, size_t si
 }
 
 Status FileHandle::sync() {
-  for (int fd : {state_->fd, state_->dfd}) {
-    if (fd >= 0 && ::fdatasync(fd) != 0) return fail_errno(errno, "sync " + state_->path);
+  for (const UniqueFd* fd : {&state_->fd, &state_->dfd}) {
+    if (fd->valid() && ::fdatasync(fd->get()) != 0)
+      return fail_errno(errno, "sync " + state_->path);
   }
   return ok();
 }
 
 Result<uint64_t> FileHandle::size() const {
   struct stat sb;
-  if (::fstat(state_->fd, &sb) != 0) return fail_errno(errno, "stat " + state_->path);
+  if (::fstat(state_->fd.get(), &sb) != 0) return fail_errno(errno, "stat " + state_->path);
   return static_cast<uint64_t>(sb.st_size);
 }
 

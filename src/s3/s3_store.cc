@@ -84,6 +84,17 @@ std::string xml_escape(std::string_view s) {
   return out;
 }
 
+// ETags compared as servers and proxies vary them: without a weak prefix ("W/") or quotes.
+std::string_view bare_etag(std::string_view e) {
+  if (e.starts_with("W/")) e.remove_prefix(2);
+  if (e.size() >= 2 && e.front() == '"' && e.back() == '"') e = e.substr(1, e.size() - 2);
+  return e;
+}
+
+bool same_etag(std::string_view a, std::string_view b) {
+  return bare_etag(a) == bare_etag(b);
+}
+
 int64_t parse_http_date(const std::string& s) {
   struct tm tm = {};
   if (!::strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S", &tm)) return 0;
@@ -144,7 +155,10 @@ class S3Store : public store::Store {
   S3Store(S3Location loc, S3Options opts)
       : loc_(std::move(loc)),
         opts_(std::move(opts)),
-        http_(HttpOptions{opts_.max_in_flight, 5000, std::max(1L, long{opts_.stall_timeout_s})}),
+        // Each attempt may stall for half the stall timeout, so one retry (on a fresh
+        // connection) still fits in it.
+        http_(HttpOptions{opts_.max_in_flight, 5000,
+                          std::max(1L, static_cast<long>(opts_.stall_timeout_s) / 2)}),
         parts_(std::max(1u, std::min(opts_.part_concurrency, 64u))),
         budget_(static_cast<int64_t>(opts_.retry_budget)) {
     std::string ep =
@@ -243,9 +257,9 @@ class S3Store : public store::Store {
                 std::chrono::steady_clock::time_point started) const {
     if (!resp) {  // transport: refused, reset, timed out, truncated
       Error e(resp.error().code(), what + ": " + resp.error().message());
-      // A stall (no progress for stall_timeout_s) is retried only while the request as a
-      // whole has not yet waited that long: a stalled server is abandoned in about
-      // stall_timeout_s, not max_attempts times it.
+      // A stall (no progress for half of stall_timeout_s) is retried only while the request
+      // as a whole has not yet waited stall_timeout_s: a stalled server is abandoned in
+      // about stall_timeout_s, not max_attempts times it.
       if (e.code() == Code::kTimedOut &&
           std::chrono::steady_clock::now() - started >= std::chrono::seconds(opts_.stall_timeout_s))
         return {false,
@@ -360,7 +374,7 @@ class S3Store : public store::Store {
     // Never return a partial or misplaced body: the length must match Content-Length and
     // the range must start where asked. A mismatch is retried, like a reset.
     r.check = [&](const HttpResponse& h) -> std::optional<Error> {
-      if (!if_match.empty() && h.header("etag") != if_match)
+      if (!if_match.empty() && !same_etag(h.header("etag"), if_match))
         return Error(Code::kConflict, what + ": ETag " + h.header("etag") + " is not the " +
                                           if_match + " the read is pinned to");
       std::string cl = h.header("content-length");
@@ -418,7 +432,7 @@ class S3Store : public store::Store {
             resp.error().with_context(object_uri(fk) + " changed since it was listed"));
       return std::unexpected(resp.error());
     }
-    if (!if_match.empty() && resp->header("etag") != if_match)
+    if (!if_match.empty() && !same_etag(resp->header("etag"), if_match))
       return fail(Code::kConflict, object_uri(fk) + " changed since it was listed (ETag " +
                                        if_match + ", now " + resp->header("etag") + ")");
     return resp->sink_bytes;
@@ -563,10 +577,13 @@ class S3Store : public store::Store {
   S3Metrics m_;
 };
 
-// S3 allows 10,000 parts: an upload whose size is known gets parts large enough for it.
+// S3 refuses parts under 5 MiB (but the last), and only at CompleteMultipartUpload, after
+// every byte was sent; and it allows 10,000 parts, so an upload whose size is known gets
+// parts large enough for it.
 size_t part_size_for_upload(size_t configured, std::optional<uint64_t> size_hint) {
+  constexpr uint64_t kMaxParts = 10000, kMiB = 1 << 20, kMinPart = 5 * kMiB;
+  configured = std::max<size_t>(configured, kMinPart);
   if (!size_hint) return configured;
-  constexpr uint64_t kMaxParts = 10000, kMiB = 1 << 20;
   uint64_t needed = (*size_hint + kMaxParts - 1) / kMaxParts;
   needed = (needed + kMiB - 1) / kMiB * kMiB;
   return static_cast<size_t>(std::clamp<uint64_t>(needed, configured, kMaxPartSize));

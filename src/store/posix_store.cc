@@ -75,11 +75,20 @@ int open_beneath(int dirfd, const std::string& path, int flags, mode_t mode = 0)
   }
 }
 
+// dup(2) returning -errno on failure, like open_beneath.
+int dup_fd(int fd) {
+  int d = ::dup(fd);
+  return d >= 0 ? d : -errno;
+}
+
+// Changes whenever the file's bytes may have: a rewrite in place of the same size, even with
+// its mtime set back (rsync --inplace -t, touch -r), still moves ctime.
 std::string etag_of(const struct stat& st) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%lx-%lx-%lx", static_cast<unsigned long>(st.st_ino),
-                static_cast<unsigned long>(st.st_size),
-                static_cast<unsigned long>(st.st_mtim.tv_sec * 1000000000L + st.st_mtim.tv_nsec));
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%lx-%lx-%lx-%lx-%lx", static_cast<unsigned long>(st.st_dev),
+                static_cast<unsigned long>(st.st_ino), static_cast<unsigned long>(st.st_size),
+                static_cast<unsigned long>(st.st_mtim.tv_sec * 1000000000L + st.st_mtim.tv_nsec),
+                static_cast<unsigned long>(st.st_ctim.tv_sec * 1000000000L + st.st_ctim.tv_nsec));
   return buf;
 }
 
@@ -108,13 +117,31 @@ std::string temp_name() {
   return name;
 }
 
-// True for a temporary file of this host whose owning process is gone.
-bool is_stale_temp(const char* name) {
+// A writer holds an open-file-description lock on its temporary file for as long as it
+// lives; the kernel drops it when the process dies. Taking the lock therefore proves the
+// owner is gone, across PID namespaces that share the directory (containers) and, on NFSv4,
+// across hosts, where a PID alone proves nothing.
+bool lock_whole_file(int fd) {
+  struct flock fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;  // l_start = l_len = 0: the whole file
+  return ::fcntl(fd, F_OFD_SETLK, &fl) == 0;
+}
+
+// True for a temporary file of this host whose owning process is gone: its PID does not
+// exist here and nobody holds its lock.
+bool is_stale_temp(int dirfd, const char* name) {
   unsigned host = 0;
   int pid = 0;
   if (std::sscanf(name, "h%8x-p%d-", &host, &pid) != 2 || host != host_id() || pid <= 0)
     return false;
-  return ::kill(pid, 0) != 0 && errno == ESRCH;
+  if (::kill(pid, 0) == 0 || errno != ESRCH) return false;
+  UniqueFd fd(::openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  if (lock_whole_file(fd.get())) return true;
+  // Held (EAGAIN, EACCES): a live owner elsewhere. No locks on this file system: the PID
+  // is all there is to go by.
+  return errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL;
 }
 
 // Removes the stale temporary files in the .sluice-tmp directory `tmpfd` (opened for
@@ -126,7 +153,7 @@ void reap_stale_temps(int parentfd, int tmpfd) {
     return;
   }
   while (struct dirent* e = ::readdir(dp))
-    if (is_stale_temp(e->d_name)) (void)::unlinkat(::dirfd(dp), e->d_name, 0);
+    if (is_stale_temp(::dirfd(dp), e->d_name)) (void)::unlinkat(::dirfd(dp), e->d_name, 0);
   ::closedir(dp);
   (void)::unlinkat(parentfd, kTempDir, AT_REMOVEDIR);  // fails while others write: fine
 }
@@ -166,7 +193,9 @@ class PosixWriter : public Writer {
   Status append(std::span<const std::byte> data) override;
   Status commit() override;
   void abort() override;
-  uint64_t size() const override { return size_; }
+  uint64_t size() const override { return size_.load(std::memory_order_relaxed); }
+  bool positional() const override { return true; }
+  Status write_at(uint64_t offset, std::span<const std::byte> data) override;
 
  private:
   Status failed(Error e) {
@@ -179,8 +208,9 @@ class PosixWriter : public Writer {
   WriteOptions options_;
   Fd fd_;
   std::string tmp_;  // name under .sluice-tmp/, empty once published or removed
-  uint64_t size_ = 0;
-  bool done_ = false;
+  // The end of the furthest byte written. Atomic: write_at may run on several threads.
+  std::atomic<uint64_t> size_{0};
+  std::atomic<bool> done_{false};
 };
 
 class PosixStore : public Store {
@@ -215,10 +245,19 @@ class PosixStore : public Store {
     if (::fstat(fd, &st) != 0) return errno_error(errno, "stat", k);
     if (!S_ISREG(st.st_mode))
       return fail(Code::kNotFound, "object '" + k + "' in " + uri() + " is not a regular file");
-    if (!options.if_match.empty() && etag_of(st) != options.if_match)
+    auto changed = [&] {
       return fail(Code::kConflict, "object '" + k + "' in " + uri() +
                                        " changed: etag is no longer " + options.if_match);
-    return pread_full(fd, dst, offset, "object '" + k + "' in " + uri());
+    };
+    if (!options.if_match.empty() && etag_of(st) != options.if_match) return changed();
+    SLUICE_ASSIGN_OR_RETURN(size_t n,
+                            pread_full(fd, dst, offset, "object '" + k + "' in " + uri()));
+    // A write during the read would make a blend: a pinned read checks again after it.
+    if (!options.if_match.empty()) {
+      if (::fstat(fd, &st) != 0) return errno_error(errno, "stat", k);
+      if (etag_of(st) != options.if_match) return changed();
+    }
+    return n;
   }
 
   Result<std::unique_ptr<Writer>> create(std::string_view key,
@@ -239,11 +278,22 @@ class PosixStore : public Store {
     }
     if (fd < 0) return errno_error(-fd, "create temporary file for", k);
     auto writer = std::make_unique<PosixWriter>(this, k, options, Fd(fd), name);
+    if (!lock_whole_file(fd)) {  // a file system without locks: reaping goes by PIDs alone
+      int err = errno;
+      if (err != ENOLCK && err != EOPNOTSUPP && err != EINVAL) {
+        writer->abort();
+        return errno_error(err, "lock temporary file for", k);
+      }
+    }
     if (options.size_hint && *options.size_hint > 0) {
       // Reserve the blocks first: a full disk is a clear NoSpace before any byte moves.
-      if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(*options.size_hint)); rc != 0) {
+      // fallocate(2), not posix_fallocate: where the file system cannot reserve (NFSv3,
+      // some FUSE), glibc's emulation writes every block, doubling the I/O.
+      if (::fallocate(fd, 0, 0, static_cast<off_t>(*options.size_hint)) != 0 &&
+          errno != EOPNOTSUPP && errno != ENOSYS) {
+        int err = errno;
         writer->abort();
-        return errno_error(rc, "reserve " + std::to_string(*options.size_hint) + " bytes for", k);
+        return errno_error(err, "reserve " + std::to_string(*options.size_hint) + " bytes for", k);
       }
     }
     return writer;
@@ -321,9 +371,9 @@ class PosixStore : public Store {
         if (fd != -ENOENT) return errno_error(-fd, "open directory '" + sub + "' for", key);
         size_t up = sub.rfind('/');
         int pfd = up == std::string::npos
-                      ? ::dup(root_fd_.get())
+                      ? dup_fd(root_fd_.get())
                       : open_beneath(root_fd_.get(), sub.substr(0, up), O_PATH | O_DIRECTORY);
-        if (pfd < 0) return errno_error(pfd == -1 ? errno : -pfd, "open directory for", key);
+        if (pfd < 0) return errno_error(-pfd, "open directory for", key);
         Fd pguard(pfd);
         std::string leaf = up == std::string::npos ? sub : sub.substr(up + 1);
         if (::mkdirat(pfd, leaf.c_str(), 0755) != 0) {
@@ -343,6 +393,13 @@ class PosixStore : public Store {
   }
 
   std::unexpected<Error> errno_error(int err, std::string_view op, std::string_view key) const {
+    if (err == EXDEV || err == ELOOP)  // openat2 RESOLVE_BENEATH refused the path
+      return std::unexpected(Error(Code::kInvalidArgument,
+                                   std::string(op) + " object '" + std::string(key) + "' in " +
+                                       uri() +
+                                       ": a symlink on its path leads outside the store "
+                                       "(or loops)",
+                                   err));
     return std::unexpected(
         error_from_errno(err, std::string(op) + " object '" + std::string(key) + "' in " + uri()));
   }
@@ -361,10 +418,10 @@ class PosixStore : public Store {
 
  private:
   Status walk(const std::string& dir, const ListOptions& options, std::vector<std::string>& keys) {
-    int fd = dir.empty() ? ::dup(root_fd_.get())
+    int fd = dir.empty() ? dup_fd(root_fd_.get())
                          : open_beneath(root_fd_.get(), dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0) {
-      int err = fd == -1 ? errno : -fd;
+      int err = -fd;
       if (err == ENOENT || err == ENOTDIR) return ok();  // nothing under this prefix
       return errno_error(err, "list", dir);
     }
@@ -418,10 +475,20 @@ class PosixStore : public Store {
 };
 
 Status PosixWriter::append(std::span<const std::byte> data) {
-  if (done_) return fail(Code::kInvalidArgument, "append to finished writer for '" + key_ + "'");
-  auto st = pwrite_full(fd_.get(), data, size_, "object '" + key_ + "' in " + store_->uri());
-  if (!st) return failed(st.error());
-  size_ += data.size();
+  auto st = write_at(size_.load(std::memory_order_relaxed), data);
+  if (!st) abort();  // appends run on one thread: nothing else writes to fd_
+  return st;
+}
+
+Status PosixWriter::write_at(uint64_t offset, std::span<const std::byte> data) {
+  if (done_) return fail(Code::kInvalidArgument, "write to finished writer for '" + key_ + "'");
+  auto st = pwrite_full(fd_.get(), data, offset, "object '" + key_ + "' in " + store_->uri());
+  if (!st) return std::unexpected(st.error());  // the caller aborts; other threads may write
+  uint64_t end = offset + data.size();
+  // Relaxed: commit (after every write_at returned, by the contract) reads the final value.
+  for (uint64_t cur = size_.load(std::memory_order_relaxed);
+       end > cur && !size_.compare_exchange_weak(cur, end, std::memory_order_relaxed);) {
+  }
   return ok();
 }
 
@@ -431,8 +498,9 @@ Status PosixWriter::commit() {
     return std::string(op) + " object '" + key_ + "' in " + store_->uri();
   };
   // Blocks reserved for a size hint that was not reached are given back.
-  if (options_.size_hint && *options_.size_hint != size_ &&
-      ::ftruncate(fd_.get(), static_cast<off_t>(size_)) != 0)
+  const uint64_t size = size_.load(std::memory_order_relaxed);
+  if (options_.size_hint && *options_.size_hint != size &&
+      ::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0)
     return failed(error_from_errno(errno, where("truncate")));
   if (options_.durable && ::fdatasync(fd_.get()) != 0)
     return failed(error_from_errno(errno, where("sync")));

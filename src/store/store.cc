@@ -24,6 +24,11 @@ Status validate_key(std::string_view key) {
   return ok();
 }
 
+Status Writer::write_at(uint64_t offset, std::span<const std::byte>) {
+  return fail(Code::kUnsupported,
+              "this writer takes bytes in order only (write_at " + std::to_string(offset) + ")");
+}
+
 Status Store::put(std::string_view key, std::span<const std::byte> data,
                   const WriteOptions& options) {
   SLUICE_ASSIGN_OR_RETURN(auto writer, create(key, options));

@@ -1,15 +1,18 @@
 // Copying between stores. One object is copied by one job thread, its "owner": it reads the
-// first part itself, then keeps a window of parts in flight on the copy's part pool and
-// appends them to the destination Writer in order as they arrive. The part budget bounds
-// the reads in flight (and their buffers) across every owner at once.
+// first part itself, then keeps as many parts in flight on the copy's part pool as the
+// budget allows. A destination that takes positional writes (file://) gets each part
+// written at its offset by the pool thread that read it, as soon as it arrives; any other
+// destination gets the parts appended in order by the owner. The part budget bounds the
+// reads in flight and the bytes of their buffers across every owner at once.
 #include "sluice/xfer/copy.h"
 
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
-#include <future>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -27,46 +30,58 @@ struct PartBuffer {
   uint64_t capacity = 0;
 };
 
-// The copy's one concurrency budget: at most `slots` part reads in flight and at most
-// `max_bytes` of part buffers held, across every object. The idle buffers are kept here.
+// The copy's one concurrency budget: at most `slots` part reads in flight, and at most
+// `max_bytes` of part buffers, in flight and idle together (a lone part may exceed it, so
+// a copy always makes progress). Idle buffers are kept here for reuse.
 class PartBudget {
  public:
   PartBudget(unsigned slots, uint64_t max_bytes)
       : slots_(std::max(1u, slots)), max_bytes_(max_bytes) {}
 
   // Takes a slot and a buffer of at least `len` bytes. With `wait` false, returns nothing
-  // when the budget is spent; with it true, waits for room. A lone request always fits,
-  // whatever its size, so a copy can always make progress.
-  std::optional<PartBuffer> acquire(uint64_t len, bool wait) {
+  // when the budget is spent; with it true, waits for room.
+  Result<std::optional<PartBuffer>> acquire(uint64_t len, bool wait) {
     std::unique_lock lock(mu_);
     auto fits = [&] {
-      return in_flight_ == 0 || (in_flight_ < slots_ && bytes_ + len <= max_bytes_);
+      return in_flight_ == 0 || (in_flight_ < slots_ && held_ + len <= max_bytes_);
     };
-    if (!wait && !fits()) return std::nullopt;
+    if (!wait && !fits()) return std::optional<PartBuffer>();
     cv_.wait(lock, fits);
-    ++in_flight_;
-    bytes_ += len;
-    // Reuse the smallest idle buffer that is large enough; otherwise allocate, dropping
-    // one idle buffer so idle memory does not pile up across part sizes.
+    // The smallest idle buffer that is large enough; else a new one, after giving up idle
+    // buffers until the new one fits beside what is held.
     auto best = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it)
       if (it->capacity >= len && (best == idle_.end() || it->capacity < best->capacity)) best = it;
+    PartBuffer b;
     if (best != idle_.end()) {
-      PartBuffer b = std::move(*best);
+      b = std::move(*best);
       idle_.erase(best);
-      return b;
+      idle_bytes_ -= b.capacity;
+    } else {
+      while (!idle_.empty() && held_ + idle_bytes_ + len > max_bytes_) {
+        idle_bytes_ -= idle_.back().capacity;
+        idle_.pop_back();
+      }
+      b.data.reset(new (std::nothrow) std::byte[len]);
+      if (!b.data)
+        return fail(Code::kNoSpace, "cannot allocate a " + std::to_string(len) +
+                                        "-byte part buffer (lower --part-size)");
+      b.capacity = len;
     }
-    if (!idle_.empty()) idle_.pop_back();
-    lock.unlock();
-    return PartBuffer{std::unique_ptr<std::byte[]>(new std::byte[len]), len};
+    ++in_flight_;
+    held_ += b.capacity;
+    return std::optional<PartBuffer>(std::move(b));
   }
 
-  void release(PartBuffer buffer, uint64_t len) {
+  void release(PartBuffer buffer) {
     {
       std::lock_guard lock(mu_);
       --in_flight_;
-      bytes_ -= len;
-      if (idle_.size() < slots_) idle_.push_back(std::move(buffer));
+      held_ -= buffer.capacity;
+      if (idle_.size() < slots_ && held_ + idle_bytes_ + buffer.capacity <= max_bytes_) {
+        idle_bytes_ += buffer.capacity;
+        idle_.push_back(std::move(buffer));
+      }
     }
     cv_.notify_all();
   }
@@ -77,8 +92,41 @@ class PartBudget {
   std::mutex mu_;
   std::condition_variable cv_;
   unsigned in_flight_ = 0;        // guarded by mu_
-  uint64_t bytes_ = 0;            // guarded by mu_
+  uint64_t held_ = 0;             // capacity of the buffers in flight; guarded by mu_
+  uint64_t idle_bytes_ = 0;       // capacity of idle_; guarded by mu_
   std::vector<PartBuffer> idle_;  // guarded by mu_
+};
+
+// One part of one object, from its read to its write.
+struct Part {
+  uint64_t offset = 0, len = 0;
+  PartBuffer buffer;
+  Status result = ok();  // the read's (and, for positional writes, the write's) outcome
+  bool written = false;  // positional: already at its place in the destination
+};
+
+// The parts of one object that have finished on the pool, for its owner to collect.
+class Arrivals {
+ public:
+  void push(std::unique_ptr<Part> p) {
+    {
+      std::lock_guard lock(mu_);
+      done_.push_back(std::move(p));
+    }
+    cv_.notify_one();
+  }
+  std::unique_ptr<Part> pop() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !done_.empty(); });
+    auto p = std::move(done_.front());
+    done_.pop_front();
+    return p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Part>> done_;  // guarded by mu_
 };
 
 // Shared by every object of one copy.
@@ -97,19 +145,13 @@ class Copier {
   Result<store::ObjectInfo> copy_one(const CopyItem& item);
 
   std::atomic<uint64_t> bytes_done{0};
+  std::atomic<uint64_t> bytes_total{0};  // sizes of the objects known so far
 
  private:
-  struct Part {
-    uint64_t offset = 0, len = 0;
-    PartBuffer buffer;
-    std::future<Result<size_t>> read;
-  };
-
   Status copy_parts(const CopyItem& item, const store::ObjectInfo& info, store::Writer& writer);
-  std::unique_ptr<Part> start_read(const std::string& key, const store::ObjectInfo& info,
-                                   uint64_t offset, uint64_t part, bool wait);
-  Status finish_part(Part& part, const CopyItem& item, const store::ObjectInfo& info,
-                     store::Writer& writer);
+  // Reads one part (and writes it, when the writer is positional) into `p`.
+  void transfer(Part& p, const std::string& key, const store::ObjectInfo& info,
+                store::Writer& writer) const;
 
   store::Store& src_;
   store::Store& dst_;
@@ -118,86 +160,114 @@ class Copier {
   Executor pool_;  // runs the part reads; as many threads as the budget has slots
 };
 
-std::unique_ptr<Copier::Part> Copier::start_read(const std::string& key,
-                                                 const store::ObjectInfo& info, uint64_t offset,
-                                                 uint64_t part, bool wait) {
-  uint64_t len = std::min(part, info.size - offset);
-  auto buffer = budget_.acquire(len, wait);
-  if (!buffer) return nullptr;
-  auto p = std::make_unique<Part>();
-  p->offset = offset;
-  p->len = len;
-  p->buffer = std::move(*buffer);
-  auto promise = std::make_shared<std::promise<Result<size_t>>>();
-  p->read = promise->get_future();
-  std::span<std::byte> dst(p->buffer.data.get(), len);
-  // Every part is pinned to the version first seen; `split = false`: this copy already
-  // keeps parts in parallel, the store must not fan one part out again.
+void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& info,
+                      store::Writer& writer) const {
+  std::span<std::byte> dst(p.buffer.data.get(), p.len);
+  // Pinned to the version first seen; `split = false`: this copy already keeps parts in
+  // parallel, the store must not fan one part out again.
   store::ReadOptions ro{.if_match = info.etag, .object_size = info.size, .split = false};
-  pool_.post([src = &src_, key, offset, dst, ro, promise] {
-    promise->set_value(src->read_full(key, offset, dst, ro));
-  });
-  return p;
-}
-
-Status Copier::finish_part(Part& part, const CopyItem& item, const store::ObjectInfo& info,
-                           store::Writer& writer) {
-  auto n = part.read.get();
-  Status st = ok();
+  auto n = src_.read_full(key, p.offset, dst, ro);
   if (!n) {
-    st = std::unexpected(n.error());
-  } else if (*n != part.len) {
-    st = fail(Code::kConflict, "source '" + item.src_key + "' ended at " +
-                                   std::to_string(part.offset + *n) + " bytes, but its size was " +
-                                   std::to_string(info.size) +
-                                   " when the copy started (it shrank or was replaced)");
-  } else {
-    st = writer.append(std::span<const std::byte>(part.buffer.data.get(), part.len));
-    if (st) bytes_done.fetch_add(part.len, std::memory_order_relaxed);
+    p.result = std::unexpected(n.error());
+  } else if (*n != p.len) {
+    p.result =
+        fail(Code::kConflict, "source '" + key + "' ended at " + std::to_string(p.offset + *n) +
+                                  " bytes, but its size was " + std::to_string(info.size) +
+                                  " when the copy started (it shrank or was replaced)");
+  } else if (writer.positional()) {
+    p.result = writer.write_at(p.offset, dst);
+    p.written = p.result.has_value();
   }
-  budget_.release(std::move(part.buffer), part.len);
-  return st;
 }
 
 Status Copier::copy_parts(const CopyItem& item, const store::ObjectInfo& info,
                           store::Writer& writer) {
   const uint64_t part = options_.part_size ? options_.part_size : part_size_for(info.size);
-  std::deque<std::unique_ptr<Part>> window;  // parts in flight, in offset order
-  uint64_t next = 0;                         // offset of the next part to start
+  Arrivals arrivals;
+  std::map<uint64_t, std::unique_ptr<Part>> waiting;  // arrived, not yet appended (in order)
+  uint64_t next = 0;                                  // offset of the next part to start
+  uint64_t appended = 0;  // offset up to which the destination has the bytes
+  unsigned in_flight = 0;
   Status st = ok();
-  // The first part alone; then as many as the budget allows, waiting for room only when
-  // this object has nothing in flight.
-  bool first = true;
-  while (st && (next < info.size || !window.empty())) {
-    if (cancelled()) {
-      st = fail(Code::kCancelled, "copy of '" + item.src_key + "' cancelled");
-      break;
+
+  // Takes a part's bytes into the destination: already there (positional), or appended
+  // in order once every part before it is in.
+  auto land = [&](std::unique_ptr<Part> p) {
+    if (st && !p->result) st = std::move(p->result);
+    if (!st || p->written) {
+      if (st) bytes_done.fetch_add(p->len, std::memory_order_relaxed);
+      budget_.release(std::move(p->buffer));
+      return;
     }
-    while (next < info.size && (window.empty() || !first)) {
-      auto p = start_read(item.src_key, info, next, part, window.empty());
-      if (!p) break;
-      next += p->len;
-      window.push_back(std::move(p));
+    waiting.emplace(p->offset, std::move(p));
+    for (auto it = waiting.begin(); st && it != waiting.end() && it->first == appended;
+         it = waiting.erase(it)) {
+      Part& q = *it->second;
+      if (!q.written) st = writer.append(std::span<const std::byte>(q.buffer.data.get(), q.len));
+      if (st) {
+        appended += q.len;
+        bytes_done.fetch_add(q.len, std::memory_order_relaxed);
+      }
+      budget_.release(std::move(q.buffer));
     }
-    first = false;
-    st = finish_part(*window.front(), item, info, writer);
-    window.pop_front();
+  };
+  // The next part with its buffer, or null when the budget is spent (or failed).
+  auto take = [&](bool wait) -> std::unique_ptr<Part> {
+    uint64_t len = std::min(part, info.size - next);
+    auto buffer = budget_.acquire(len, wait);
+    if (!buffer) st = std::unexpected(buffer.error());
+    if (!buffer || !*buffer) return nullptr;
+    auto p = std::make_unique<Part>();
+    p->offset = next;
+    p->len = len;
+    p->buffer = std::move(**buffer);
+    next += len;
+    return p;
+  };
+  auto start = [&](bool wait) -> bool {
+    auto p = take(wait);
+    if (!p) return false;
+    ++in_flight;
+    pool_.post([this, &arrivals, &item, &info, &writer, part = p.release()] {
+      std::unique_ptr<Part> owned(part);
+      transfer(*owned, item.src_key, info, writer);
+      arrivals.push(std::move(owned));
+    });
+    return true;
+  };
+
+  // The first part alone, on this thread: a refused or missing object costs one request,
+  // the rest are read only once this version has been seen, and a small object needs no
+  // hand-off to the pool at all.
+  if (next < info.size) {
+    if (auto p = take(true)) {
+      transfer(*p, item.src_key, info, writer);
+      land(std::move(p));
+    }
   }
-  // Parts still in flight write into buffers this frame owns: wait for them.
-  for (auto& p : window) {
-    p->read.wait();
-    budget_.release(std::move(p->buffer), p->len);
+  while (in_flight > 0 || (st && next < info.size)) {
+    if (st && cancelled()) st = fail(Code::kCancelled, "copy of '" + item.src_key + "' cancelled");
+    // As many parts as the budget allows; wait for room only with nothing in flight.
+    while (st && next < info.size && start(in_flight == 0)) {
+    }
+    if (in_flight == 0) break;
+    --in_flight;
+    land(arrivals.pop());
   }
+  for (auto& [offset, p] : waiting) budget_.release(std::move(p->buffer));
   return st;
 }
 
 Result<store::ObjectInfo> Copier::copy_one(const CopyItem& item) {
   if (cancelled()) return fail(Code::kCancelled, "copy of '" + item.src_key + "' cancelled");
   store::ObjectInfo info;
-  if (item.info) {
+  // An empty object from a listing is looked at once more: without it the copy would send
+  // no request at all, and publish an empty object that may have been deleted or replaced.
+  if (item.info && item.info->size > 0) {
     info = *item.info;
   } else {
     SLUICE_ASSIGN_OR_RETURN(info, src_.stat(item.src_key));
+    if (!item.info) bytes_total.fetch_add(info.size, std::memory_order_relaxed);
   }
   SLUICE_ASSIGN_OR_RETURN(
       auto writer, dst_.create(item.dst_key, store::WriteOptions{.overwrite = options_.overwrite,
@@ -262,7 +332,7 @@ Result<store::ObjectInfo> copy(store::Store& src, std::string_view src_key, stor
   CopyItem item{std::string(src_key), std::string(dst_key), std::nullopt};
   ProgressTicker ticker(options, [&] {
     return CopyProgress{.bytes_done = copier.bytes_done.load(std::memory_order_relaxed),
-                        .bytes_total = 0,
+                        .bytes_total = copier.bytes_total.load(std::memory_order_relaxed),
                         .objects_total = 1};
   });
   return copier.copy_one(item);
@@ -276,11 +346,12 @@ CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyIt
   std::mutex mu;
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> done{0}, failed{0};
-  uint64_t total_bytes = 0;
-  for (auto& item : items) total_bytes += item.info ? item.info->size : 0;
+  uint64_t listed = 0;  // sizes from the plan; the rest are added as objects are stat'd
+  for (auto& item : items) listed += item.info ? item.info->size : 0;
+  copier.bytes_total.fetch_add(listed, std::memory_order_relaxed);
   ProgressTicker ticker(options, [&] {
     return CopyProgress{.bytes_done = copier.bytes_done.load(std::memory_order_relaxed),
-                        .bytes_total = total_bytes,
+                        .bytes_total = copier.bytes_total.load(std::memory_order_relaxed),
                         .objects_done = done.load(std::memory_order_relaxed),
                         .objects_failed = failed.load(std::memory_order_relaxed),
                         .objects_total = items.size()};
@@ -294,7 +365,7 @@ CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyIt
         ++report.objects;
         report.bytes += r->size;
         done.fetch_add(1, std::memory_order_relaxed);
-      } else if (r.error().code() != Code::kCancelled) {
+      } else if (r.error().code() != Code::kCancelled || !copier.cancelled()) {
         report.failures.push_back(CopyFailure{items[i].src_key, r.error()});
         failed.fetch_add(1, std::memory_order_relaxed);
       }
@@ -307,16 +378,17 @@ CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyIt
   job();
   for (auto& t : threads) t.join();
   ticker.stop();
-  report.cancelled = copier.cancelled();
+  // Cancelled only if the cancel cost something: a signal after the last commit did not.
+  report.cancelled = copier.cancelled() && report.objects + report.failures.size() < items.size();
   report.seconds = seconds_since(t0);
   return report;
 }
 
-Result<std::vector<CopyItem>> plan_prefix(store::Store& src, std::string_view src_prefix,
-                                          std::string_view dst_prefix) {
+Result<CopyPlan> plan_prefix(store::Store& src, std::string_view src_prefix,
+                             std::string_view dst_prefix) {
   SLUICE_ASSIGN_OR_RETURN(auto objects, src.list_all(src_prefix));
-  std::vector<CopyItem> items;
-  items.reserve(objects.size());
+  CopyPlan plan;
+  plan.items.reserve(objects.size());
   for (auto& obj : objects) {
     // A listing is untrusted input: a key outside the prefix is a broken or hostile server.
     if (!obj.key.starts_with(src_prefix))
@@ -325,13 +397,16 @@ Result<std::vector<CopyItem>> plan_prefix(store::Store& src, std::string_view sr
                                               "', which is outside that prefix");
     if (obj.key.ends_with('/')) continue;  // a "folder" marker object
     std::string dst_key = std::string(dst_prefix) + obj.key.substr(src_prefix.size());
-    if (auto st = store::validate_key(dst_key); !st)
-      return fail(Code::kInvalidArgument,
-                  "listed key '" + obj.key + "' in " + src.uri() +
-                      " makes no valid destination: " + st.error().message());
-    items.push_back(CopyItem{obj.key, std::move(dst_key), std::move(obj)});
+    if (auto st = store::validate_key(dst_key); !st) {
+      plan.rejected.push_back(
+          CopyFailure{obj.key, Error(Code::kInvalidArgument,
+                                     "listed key '" + obj.key + "' in " + src.uri() +
+                                         " makes no valid destination: " + st.error().message())});
+      continue;
+    }
+    plan.items.push_back(CopyItem{obj.key, std::move(dst_key), std::move(obj)});
   }
-  return items;
+  return plan;
 }
 
 uint64_t part_size_for(uint64_t object_size) {

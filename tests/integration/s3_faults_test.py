@@ -22,6 +22,7 @@ request, one fault:
   - ("drop",)                do not forward; close the connection (FIN) without answering, as
                              a server does with a keep-alive connection it has timed out
   - ("head-size", n)         forward, but answer a HEAD with Content-Length n
+  - ("list-extra", key)      forward, but add `key` to a ListObjectsV2 answer
 and can swap an object mid-read (SwapAfterFirstRangedGet).
 
 Two things s3rver 3.7.1 lacks, which the proxy supplies so that sluice meets S3 semantics:
@@ -58,6 +59,14 @@ import threading
 import time
 import traceback
 import urllib.parse
+
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: sluice opens 16 connections at once, and the
+    # overflow was reset, which showed up as retries no fault had caused. Real servers
+    # listen with far more.
+    request_queue_size = 128
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from s3_harness import Runner, S3rver, find_s3rver, sluice  # noqa: E402
@@ -187,7 +196,7 @@ class FaultProxy:
         self.created_uploads = []
         self.aborted_uploads = []
         self.errors = []         # tracebacks from handler threads
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        self.server = _Server(("127.0.0.1", 0), _make_handler(self))
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -373,8 +382,16 @@ def _make_handler(proxy):
                 has_body = req.method != "HEAD" and resp.status not in (204, 304)
                 length = resp.getheader("Content-Length")
                 buffered = None
-                if has_body and (length is None or req.kind == "initiate"):
+                if has_body and (length is None or req.kind == "initiate" or kind == "list-extra"):
                     buffered = resp.read()
+                    headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+                    headers.append(("Content-Length", str(len(buffered))))
+                    length = str(len(buffered))
+                if kind == "list-extra" and resp.status == 200:
+                    # A buggy or hostile server: a key the listing was not asked for.
+                    extra = (f"<Contents><Key>{action[1]}</Key><Size>1</Size>"
+                             f"<ETag>&quot;x&quot;</ETag></Contents>").encode()
+                    buffered = buffered.replace(b"</ListBucketResult>", extra + b"</ListBucketResult>")
                     headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
                     headers.append(("Content-Length", str(len(buffered))))
                     length = str(len(buffered))
@@ -804,6 +821,22 @@ def test_kill9_debris_is_ignored_then_reaped(ctx):
     assert not os.path.exists(tmp), f"stale temporary files not removed: {os.listdir(tmp)}"
 
 
+def test_listing_outside_the_prefix_is_refused(ctx):
+    # Defect 5: a listing with a key outside the prefix asked for is an error naming the
+    # key, not an abort and not a silent skip; nothing is downloaded. A key inside it that
+    # would escape the destination fails that object alone (exit 1), naming it.
+    put_direct(ctx.s3, "listed/a.bin", b"a")
+    for evil, why, copied in (("elsewhere/evil.bin", "outside the prefix", []),
+                              ("listed/../../escape", "no valid destination", ["a.bin"])):
+        d = ctx.fresh_dir("listed")
+        with FaultProxy(ctx.s3, [always(("list-extra", evil), where("list"))]) as p:
+            r = ctx.cp(p, f"s3://{BUCKET}/listed/", d, "--recursive")
+        assert r.returncode == 1, describe(r)
+        assert evil in r.stderr and why in r.stderr, describe(r)
+        assert sorted(os.listdir(d)) == copied, os.listdir(d)
+        assert not os.path.exists(os.path.join(os.path.dirname(d), "escape"))
+
+
 def test_download_403(ctx):
     key = "dl-403.bin"
     ctx.seed_big(key)
@@ -1041,6 +1074,7 @@ TESTS = [
     test_download_interrupted_cleans_up,
     test_upload_interrupted_aborts_multipart,
     test_kill9_debris_is_ignored_then_reaped,
+    test_listing_outside_the_prefix_is_refused,
     test_download_403,
     test_download_403_on_get,
     test_download_404,

@@ -18,6 +18,14 @@ import tempfile
 import threading
 import urllib.parse
 
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: sluice opens 16 connections at once, and the
+    # overflow was reset, which showed up as retries no fault had caused. Real servers
+    # listen with far more.
+    request_queue_size = 128
+
 sys.path.insert(0, os.path.dirname(__file__))
 from s3_harness import Runner, S3rver, find_s3rver  # noqa: E402
 from s3_harness import sluice as run_sluice  # noqa: E402
@@ -160,7 +168,7 @@ class VerifyingProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_any
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -53,27 +54,37 @@ struct Location {
   std::string text;       // as given, for messages
 };
 
+// "scheme://" at the start, with a scheme as RFC 3986 spells one; anything else is a path.
+std::string_view scheme_of(std::string_view s) {
+  size_t sep = s.find("://");
+  if (sep == std::string_view::npos || sep == 0) return {};
+  std::string_view scheme = s.substr(0, sep);
+  if (!std::islower(static_cast<unsigned char>(scheme[0]))) return {};
+  for (char c : scheme)
+    if (!std::islower(static_cast<unsigned char>(c)) &&
+        !std::isdigit(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.')
+      return {};
+  return scheme;
+}
+
+// A URI names a store by its scheme and first component (s3://BUCKET, mem://NAME), and the
+// key or prefix in it by the rest; whether the scheme is known is open_store's to say.
 Result<Location> parse_location(const std::string& s) {
   Location loc{.text = s};
-  if (s.starts_with("s3://")) {
-    SLUICE_ASSIGN_OR_RETURN(s3::S3Location l, s3::parse_s3_uri(s));
-    loc.store_uri = "s3://" + l.bucket;
-    loc.path = l.prefix;
-  } else if (s.starts_with("mem://")) {
-    std::string rest = s.substr(6);
-    size_t slash = rest.find('/');
-    loc.store_uri = "mem://" + rest.substr(0, slash);
-    if (slash != std::string::npos) loc.path = rest.substr(slash + 1);
-    if (loc.store_uri == "mem://")
-      return fail(Code::kInvalidArgument, "'" + s + "' names no memory store");
-  } else if (s.find("://") != std::string::npos && !s.starts_with("file://")) {
-    return fail(Code::kInvalidArgument,
-                "'" + s + "': unknown scheme (use a local path, " + "file://, s3:// or mem://)");
-  } else {
+  std::string_view scheme = scheme_of(s);
+  if (scheme.empty() || scheme == "file") {
     loc.local = true;
-    loc.path = s.starts_with("file://") ? s.substr(7) : s;
+    loc.path = scheme.empty() ? s : s.substr(7);
     if (loc.path.empty()) return fail(Code::kInvalidArgument, "'" + s + "' names no path");
+    return loc;
   }
+  std::string rest = s.substr(scheme.size() + 3);
+  size_t slash = rest.find('/');
+  if (rest.empty() || slash == 0)
+    return fail(Code::kInvalidArgument,
+                "'" + s + "' names no " + (scheme == "s3" ? "bucket" : "store"));
+  loc.store_uri = std::string(scheme) + "://" + rest.substr(0, slash);
+  if (slash != std::string::npos) loc.path = rest.substr(slash + 1);
   return loc;
 }
 
@@ -195,11 +206,11 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   SLUICE_ASSIGN_OR_RETURN(auto src_store, store::open_store(src.store_uri, so));
   SLUICE_ASSIGN_OR_RETURN(auto dst_store, store::open_store(dst.store_uri, so));
 
-  std::vector<xfer::CopyItem> items;
+  xfer::CopyPlan plan;
   if (o.recursive) {
-    SLUICE_ASSIGN_OR_RETURN(items, xfer::plan_prefix(*src_store, src.key, dst.key));
+    SLUICE_ASSIGN_OR_RETURN(plan, xfer::plan_prefix(*src_store, src.key, dst.key));
   } else {
-    items.push_back(xfer::CopyItem{src.key, dst.key, std::nullopt});
+    plan.items.push_back(xfer::CopyItem{src.key, dst.key, std::nullopt});
   }
 
   xfer::CopyOptions co{.concurrency = o.s3.max_in_flight,
@@ -212,7 +223,8 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   if (o.progress) co.on_progress = [&](const xfer::CopyProgress& p) { draw(p, elapsed(), false); };
-  xfer::CopyReport report = xfer::copy_all(*src_store, *dst_store, items, co);
+  xfer::CopyReport report = xfer::copy_all(*src_store, *dst_store, plan.items, co);
+  report.failures.insert(report.failures.begin(), plan.rejected.begin(), plan.rejected.end());
   if (o.progress) std::fputc('\n', stderr);
 
   CpSummary sum;

@@ -113,18 +113,22 @@ struct CpArgs {
 // so no temporary file or open multipart upload is left) and sluice exits 128+signal; a
 // second one exits at once.
 std::atomic<bool> g_cancel{false};
-volatile sig_atomic_t g_signal = 0;
-static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
+              "set from a signal handler");
 
 void on_stop_signal(int sig) {
   if (g_cancel.load()) ::_exit(128 + sig);
-  g_signal = sig;
+  g_signal.store(sig);
   g_cancel.store(true);
 }
 
 void catch_stop_signals() {
   struct sigaction sa = {};
   sa.sa_handler = on_stop_signal;
+  // SA_RESTART: system calls the signal interrupts carry on; the copy stops at its next
+  // part boundary instead.
+  sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
@@ -192,7 +196,7 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       return;
     }
     std::printf("%s\n", a.json ? sum->json().c_str() : sum->text().c_str());
-    rc = sum->cancelled ? 128 + g_signal : sum->failed ? 1 : 0;
+    rc = sum->cancelled ? 128 + g_signal.load() : sum->failed ? 1 : 0;
   });
 }
 

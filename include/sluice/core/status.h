@@ -35,7 +35,8 @@ enum class Code : int {
 };
 
 // `text` with control characters (bytes below 0x20, and 0x7f) escaped as \n, \t, \r or
-// \xNN: safe to print on one line of a log or a terminal.
+// \xNN, and backslashes as \\: safe to print on one line of a log or a terminal, and
+// unambiguous. Bytes from 0x80 up (UTF-8) are kept.
 std::string printable(std::string text);
 
 // The stable, lower-case name of a code ("not_found"), used in JSON and metrics.

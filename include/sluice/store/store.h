@@ -25,7 +25,7 @@
 //   S3's DELETE is idempotent and cannot, so it succeeds there.
 // - A Writer must not outlive the Store that created it.
 // - All methods may be called concurrently from many threads; a Writer is used by one
-//   thread at a time.
+//   thread at a time (except Writer::write_at, where a writer supports it).
 #pragma once
 
 #include <any>
@@ -100,8 +100,16 @@ class Writer {
   virtual Status commit() = 0;
   // Discards the pending object. Safe to call more than once, and after a failure.
   virtual void abort() = 0;
-  // Bytes appended so far.
+  // Bytes appended so far (or, for positional writes, the end of the furthest one).
   virtual uint64_t size() const = 0;
+
+  // Positional writes, for writers that can take the parts of an object in any order
+  // (file://): a copy then writes each part as it arrives instead of holding it until the
+  // parts before it are in. A writer that supports them may have write_at called from
+  // several threads at once (never together with append); commit publishes bytes
+  // [0, size()). Others return false / Unsupported.
+  virtual bool positional() const { return false; }
+  virtual Status write_at(uint64_t offset, std::span<const std::byte> data);
 };
 
 class Store {

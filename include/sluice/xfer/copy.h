@@ -14,8 +14,9 @@
 //   `max_buffer_bytes` of buffers in all. Buffers are reused, not allocated per part.
 // - The first part of each object is read alone: a refused or missing object costs one
 //   request, and the rest of the parts are read only once that version has been seen.
-// - Untrusted listings are checked: a listed key outside the requested prefix, or one
-//   that makes no valid destination key, fails that object with an error naming the key.
+// - Untrusted listings are checked: a listed key outside the requested prefix fails the
+//   plan (the server is broken); one that makes no valid destination key (S3 allows "a//b"
+//   and "x/../y") is set aside as a failure of that object, naming the key.
 //
 // Threads: the copy runs on threads it owns and returns when every object is done or
 // failed. `on_progress` is called from one of them. Stores must be safe for concurrent
@@ -101,11 +102,17 @@ Result<store::ObjectInfo> copy(store::Store& src, std::string_view src_key, stor
 CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyItem> items,
                     const CopyOptions& options = {});
 
+// What to copy, and the listed objects that cannot be copied (named, with the reason).
+struct CopyPlan {
+  std::vector<CopyItem> items;
+  std::vector<CopyFailure> rejected;
+};
+
 // Plans the copy of every object under `src_prefix` of `src` to `dst_prefix` + the rest of
 // its key (keys ending in '/', the "folder" markers of object stores, are skipped), in
-// listing order. Errors: the listing's, or InvalidArgument naming the first listed key
-// that lies outside the prefix or makes an invalid destination key.
-Result<std::vector<CopyItem>> plan_prefix(store::Store& src, std::string_view src_prefix,
-                                          std::string_view dst_prefix);
+// listing order. A key that makes an invalid destination key goes to `rejected`. Errors:
+// the listing's, or InvalidArgument naming a listed key that lies outside the prefix.
+Result<CopyPlan> plan_prefix(store::Store& src, std::string_view src_prefix,
+                             std::string_view dst_prefix);
 
 }  // namespace sluice::xfer

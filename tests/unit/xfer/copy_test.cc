@@ -249,7 +249,7 @@ TEST(Copy, ProgressEndsAtTheTotals) {
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(src->put("p" + std::to_string(i), random_bytes(kMiB)));
   }
-  auto plan = plan_prefix(*src, "p", "q/").value();
+  auto plan = plan_prefix(*src, "p", "q/").value().items;
   ASSERT_EQ(plan.size(), 3u);
   EXPECT_EQ(plan[0].dst_key, "q/0");
   auto dst = store::make_memory_store();
@@ -270,8 +270,9 @@ TEST(PlanPrefix, UntrustedListingsAreChecked) {
   ASSERT_TRUE(lying->put("data/a", as_bytes("a")));
   lying->extra_keys = {"data/dir/"};  // a folder marker (S3 consoles make them): skipped
   auto plan = plan_prefix(*lying, "data/", "out/").value();
-  ASSERT_EQ(plan.size(), 1u);
-  EXPECT_EQ(plan[0].dst_key, "out/a");
+  ASSERT_EQ(plan.items.size(), 1u);
+  EXPECT_EQ(plan.items[0].dst_key, "out/a");
+  EXPECT_TRUE(plan.rejected.empty());
 
   lying->extra_keys = {"elsewhere/evil"};
   auto r = plan_prefix(*lying, "data/", "out/");
@@ -279,11 +280,14 @@ TEST(PlanPrefix, UntrustedListingsAreChecked) {
   EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
   EXPECT_NE(r.error().message().find("elsewhere/evil"), std::string::npos);
 
-  // A key that would escape the destination ("data/../x" -> "out/../x") is refused too.
+  // A key that would escape the destination ("data/../x" -> "out/../x") is set aside as a
+  // failure of that object, naming it; the rest of the prefix still copies.
   lying->extra_keys = {"data/../x"};
-  r = plan_prefix(*lying, "data/", "out/");
-  ASSERT_FALSE(r);
-  EXPECT_NE(r.error().message().find("data/../x"), std::string::npos);
+  auto escaping = plan_prefix(*lying, "data/", "out/").value();
+  ASSERT_EQ(escaping.items.size(), 1u);
+  ASSERT_EQ(escaping.rejected.size(), 1u);
+  EXPECT_EQ(escaping.rejected[0].src_key, "data/../x");
+  EXPECT_NE(escaping.rejected[0].error.message().find("no valid destination"), std::string::npos);
 }
 
 TEST(Copy, LongestLegalNamesFit) {

@@ -316,6 +316,40 @@ TEST(Copy, ExclusiveCopyKeepsTheExistingObject) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(kept.data()), kept.size()), "old");
 }
 
+TEST(Copy, EmptyListedObjectsAreLookedAtAgain) {
+  // An object listed empty costs no read; without a second look it would be published
+  // empty even after it was deleted or replaced.
+  auto src = store::make_memory_store();
+  auto dst = store::make_memory_store();
+  ASSERT_TRUE(src->put("e", as_bytes("")));
+  auto plan = plan_prefix(*src, "", "").value().items;
+  ASSERT_EQ(plan.size(), 1u);
+  ASSERT_TRUE(src->put("e", as_bytes("now with bytes")));  // replaced after the listing
+  auto report = copy_all(*src, *dst, plan);
+  ASSERT_EQ(report.objects, 1u);
+  EXPECT_EQ(dst->get("e").value().size(), 14u);
+  ASSERT_TRUE(src->remove("e"));  // deleted after the listing
+  auto gone = copy_all(*src, *dst, plan);
+  ASSERT_EQ(gone.failures.size(), 1u);
+  EXPECT_EQ(gone.failures[0].error.code(), Code::kNotFound);
+}
+
+TEST(Copy, PositionalAndInOrderDestinationsGetTheSameBytes) {
+  // file:// takes parts at their offsets as they arrive; mem:// gets them appended in order.
+  auto slow = std::make_unique<store::FaultInjectionStore>(store::make_memory_store());
+  auto data = random_bytes(9 * kMiB + 3, 77);
+  ASSERT_TRUE(slow->put("obj", data));
+  slow->set_latency(std::chrono::milliseconds(3));
+  TempDir dir;
+  auto file = store::open_store(dir.path()).value();
+  auto mem = store::make_memory_store();
+  CopyOptions o{.concurrency = 6, .part_size = kMiB};
+  ASSERT_TRUE(copy(*slow, "obj", *file, "obj", o));
+  ASSERT_TRUE(copy(*slow, "obj", *mem, "obj", o));
+  EXPECT_EQ(file->get("obj").value(), data);
+  EXPECT_EQ(mem->get("obj").value(), data);
+}
+
 TEST(PartSize, ChosenFromTheObjectSize) {
   EXPECT_EQ(part_size_for(0), 8 * kMiB);
   EXPECT_EQ(part_size_for(10 * kMiB), 8 * kMiB);

@@ -13,7 +13,7 @@ namespace sluice::cli {
 struct CpOptions {
   std::string src, dst;
   bool recursive = false;
-  unsigned jobs = 32;      // objects copied at once (with --recursive)
+  unsigned jobs = 16;      // objects copied at once (with --recursive)
   uint64_t part_size = 0;  // bytes per part; 0 chooses from each object's size
   bool progress = false;   // a progress bar on stderr
   bool fsync = false;      // make each local file durable before it is renamed into place

@@ -146,7 +146,8 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   cmd->add_flag("-r,--recursive", a.cp.recursive,
                 "Copy every object under a prefix / file under a directory");
   cmd->add_option("-j,--jobs", a.cp.jobs, "Objects copied at once with --recursive")
-      ->default_val(32);
+      ->default_val(16)
+      ->check(CLI::Range(1u, 1024u));
   cmd->add_option("--endpoint-url", a.aws.endpoint_url,
                   "S3 endpoint, e.g. http://127.0.0.1:4568 (else AWS_ENDPOINT_URL, ~/.aws/config)");
   cmd->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");

@@ -7,8 +7,9 @@
 namespace sluice {
 
 std::string printable(std::string text) {
-  // Backslashes are escaped too, so a literal "\\n" in a name never reads as a newline.
-  auto needs_escape = [](unsigned char c) { return c < 0x20 || c == 0x7f || c == '\\'; };
+  // Backslashes are not escaped: that keeps printable(printable(x)) == printable(x), so a
+  // message that quotes another error's message is not escaped twice.
+  auto needs_escape = [](unsigned char c) { return c < 0x20 || c == 0x7f; };
   if (std::none_of(text.begin(), text.end(), [&](char c) { return needs_escape(c); })) return text;
   std::string out;
   out.reserve(text.size() + 8);
@@ -22,8 +23,6 @@ std::string printable(std::string text) {
       out += "\\t";
     } else if (c == '\r') {
       out += "\\r";
-    } else if (c == '\\') {
-      out += "\\\\";
     } else {
       static constexpr char kHex[] = "0123456789abcdef";
       out += "\\x";

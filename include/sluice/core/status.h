@@ -35,8 +35,9 @@ enum class Code : int {
 };
 
 // `text` with control characters (bytes below 0x20, and 0x7f) escaped as \n, \t, \r or
-// \xNN, and backslashes as \\: safe to print on one line of a log or a terminal, and
-// unambiguous. Bytes from 0x80 up (UTF-8) are kept.
+// \xNN: safe to print on one line of a log or a terminal. Idempotent (backslashes are
+// kept as they are), so messages that quote messages are not escaped twice. Bytes from
+// 0x80 up (UTF-8) are kept.
 std::string printable(std::string text);
 
 // The stable, lower-case name of a code ("not_found"), used in JSON and metrics.

@@ -267,6 +267,8 @@ class PosixStore : public Store {
     if (is_reserved(k))
       return fail(Code::kInvalidArgument,
                   "key '" + k + "' is reserved: " + kTempDir + " holds temporary files");
+    if (auto parent = open_parent(k, false); parent)  // no parent yet: nothing to replace
+      SLUICE_RETURN_IF_ERROR(check_replaceable(parent->first.get(), parent->second, k));
     std::string name = temp_name();
     int fd = -ENOENT;
     // Another writer's commit may remove the (empty) temporary directory between our
@@ -406,6 +408,17 @@ class PosixStore : public Store {
 
   int root_fd() const { return root_fd_.get(); }
 
+  // A commit replaces an object (a regular file, or a symlink to one), never a FIFO, a
+  // device or a socket that happens to sit at the key: renaming over /dev/null or a named
+  // pipe would destroy something that is not the store's.
+  Status check_replaceable(int dirfd, const std::string& leaf, const std::string& key) const {
+    struct stat st;
+    if (::fstatat(dirfd, leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return ok();
+    if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode)) return ok();
+    return fail(Code::kInvalidArgument, "object '" + key + "' in " + uri() +
+                                            " would replace a FIFO, device or socket; refusing");
+  }
+
   // Removes the temporary directory once no writer uses it, so a one-off download leaves
   // nothing beside the file. Fails harmlessly (ENOTEMPTY) while other writers are open.
   void drop_temp_dir() { (void)::unlinkat(root_fd_.get(), kTempDir, AT_REMOVEDIR); }
@@ -507,6 +520,7 @@ Status PosixWriter::commit() {
   auto parent = store_->open_parent(key_, true, options_.durable);
   if (!parent) return failed(parent.error());
   auto& [dirfd, leaf] = *parent;
+  if (auto st = store_->check_replaceable(dirfd.get(), leaf, key_); !st) return failed(st.error());
 #if SLUICE_HAVE_RENAMEAT2
   int rc = ::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(),
                        options_.overwrite ? 0 : RENAME_NOREPLACE);

@@ -93,6 +93,8 @@ else bad "cp file to file: $(cat "$work/err")"; fi
 if "$SLUICE" cp "$work/src.bin" mem://scratch/k --json | grep -q '"objects":1'; then ok "cp file to mem://"
 else bad "cp file to mem://"; fi
 expect_fail "cp of a FIFO fails at once" "not a regular file" timeout 10 "$SLUICE" cp "$work/fifo" "$work/out"
+expect_fail "cp onto a FIFO refuses to replace it" "FIFO" timeout 10 "$SLUICE" cp "$work/src.bin" "$work/fifo"
+[[ -p "$work/fifo" ]] && ok "the FIFO is still a FIFO" || bad "cp replaced the FIFO"
 expect_fail "cp error with a newline in the name stays on one line" 'a\nb' "$SLUICE" cp "$work/a
 b" "$work/out"
 if command -v setpriv >/dev/null && [[ $(id -u) -eq 0 ]]; then

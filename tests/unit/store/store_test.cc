@@ -187,6 +187,28 @@ TEST(PosixStore, SpecialFilesAreRefusedWithoutHanging) {
   EXPECT_FALSE(store->stat("fifo"));
 }
 
+TEST(PosixStore, NeverReplacesAFifoOrDevice) {
+  // `sluice cp file /dev/null` must not rename a regular file over /dev/null.
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("pipe").c_str(), 0644), 0);
+  auto store = open_store(dir.path()).value();
+  auto r = store->put("pipe", as_bytes("x"));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("FIFO"), std::string::npos);
+  // Made after create() checked: the commit checks again.
+  auto w = store->create("later", {}).value();
+  ASSERT_TRUE(w->append(as_bytes("x")));
+  ASSERT_EQ(::mkfifo(dir.file("later").c_str(), 0644), 0);
+  EXPECT_FALSE(w->commit());
+  struct stat st;
+  ASSERT_EQ(::lstat(dir.file("pipe").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(::lstat(dir.file("later").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_FALSE(std::filesystem::exists(dir.file(".sluice-tmp")));
+}
+
 TEST(PosixStore, SizeHintReservesSpaceAndFailsEarlyWhenFull) {
   sluice::testing::ScratchMount m("tmpfs", "size=1m");
   if (!m.ok()) SKIP_BECAUSE(m.why());

@@ -16,6 +16,7 @@ packages=(
   python3-botocore                               # S3 signing cross-check (sigv4_botocore_test)
   libcurl4-openssl-dev                           # HTTP for the s3:// store
   libpugixml-dev                                 # S3 XML responses
+  libxxhash-dev                                  # XXH3 checksums of cache chunks
   libinih-dev                                    # ~/.aws/credentials and ~/.aws/config
   clang-format                                   # formatting check
 )

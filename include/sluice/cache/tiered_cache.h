@@ -1,0 +1,177 @@
+// sluice/cache/tiered_cache.h: RAM and NVMe tiers in front of any store.
+//
+//   CacheOptions o;
+//   o.directory = "/nvme/sluice-cache";  o.ram_bytes = 8_GiB;  o.disk_bytes = 1_TiB;
+//   auto cache = TieredCache::open(open_store("s3://bucket/data").value(), o).value();
+//   cache->read("shard-0001.tar", offset, buffer);   // RAM, then NVMe, then the bucket
+//
+// A TieredCache is a Store. Objects are cut into chunks of `chunk_size` bytes (an object
+// smaller than a chunk is one chunk); a read is served chunk by chunk from the RAM tier,
+// else the NVMe tier, else one read of the backing store, after which the chunk may enter
+// both tiers (each tier's EvictionPolicy decides). Writes, listings and removals go to the
+// backing store; a write or a removal through the cache drops the cached copy of that key.
+//
+// Contract:
+// - Never stale: every chunk is bound to its object's etag, and a chunk is only served for
+//   the etag the cache believes current. That belief is refreshed by a stat of the backing
+//   store when it is older than `revalidate_after` (or never, with `offline`); a changed
+//   etag drops every chunk of the old version. All chunks of one read() come from one
+//   version: reads of the backing store are pinned to it with if_match, and if the object
+//   changes mid-read the read starts over once on the new version, then fails Conflict.
+// - Never corrupt: every chunk carries an XXH3-64 checksum, verified on every read from the
+//   NVMe tier. A mismatch drops the chunk, counts it (checksum_failures) and reads it from
+//   the backing store again. Bytes from the backing store are checked against the object's
+//   size: a short read is Corruption and is never cached.
+// - Each tier's bytes stay within its limit: the RAM tier holds at most `ram_bytes` of
+//   chunks, the NVMe tier at most `disk_bytes` (lengths rounded up to 4 KiB). Buffers of
+//   reads in progress (at most one chunk per concurrent read) are outside both limits.
+// - Single-flight: concurrent misses on one chunk make one backing read; the others wait
+//   for it (singleflight_joins). A failed fill caches nothing and fails every waiter.
+// - Persistent: the NVMe tier's chunk files and its index (docs/formats/cache-index.md)
+//   survive a restart and kill -9 at any moment; a chunk whose index record was not written
+//   is discarded at open. One process owns a cache directory at a time (a lock);
+//   open() of a directory another process owns fails with Unavailable.
+// - All methods may be called from many threads at once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/cache/policy.h"
+#include "sluice/core/fd.h"
+#include "sluice/store/store.h"
+
+namespace sluice::io {
+class Context;
+}
+namespace sluice::telemetry {
+class Registry;
+}
+
+namespace sluice::cache {
+
+struct CacheOptions {
+  // The NVMe tier's directory (created if missing). Empty: a RAM tier only.
+  std::string directory;
+  uint64_t ram_bytes = 1ULL << 30;
+  uint64_t disk_bytes = 16ULL << 30;
+  uint64_t chunk_size = 4ULL << 20;  // 64 KiB to 1 GiB
+  PolicyKind policy = PolicyKind::kS3Fifo;
+  // How old the cache's knowledge of an object (size, etag) may be before a read stats the
+  // backing store again.
+  std::chrono::milliseconds revalidate_after{1000};
+  // Trust what the cache knows and never stat for revalidation (objects not cached yet are
+  // still looked up). For data known not to change.
+  bool offline = false;
+  // Bytes of NVMe writes queued behind fills; a fill finding the queue full skips the NVMe
+  // tier for that chunk rather than wait.
+  uint64_t disk_write_queue_bytes = 256ULL << 20;
+  // Prefetch of declared reads: bytes fetched ahead and not yet read, at most; threads.
+  uint64_t prefetch_bytes = 256ULL << 20;
+  unsigned prefetch_threads = 4;
+  // The data path for the NVMe tier; null: one opened with defaults (io_uring where the
+  // kernel has it, O_DIRECT where the file system allows it).
+  std::shared_ptr<io::Context> io;
+  // Where hit, miss, eviction and fill metrics go; null: a registry of the cache's own.
+  telemetry::Registry* registry = nullptr;
+};
+
+// Where a chunk lies in the NVMe tier, for a caller that reads it with its own data path
+// (io::FileHandle into device memory). `fd` is open read-only: the bytes stay readable
+// even if the chunk is evicted meanwhile. The caller should check `xxh3` over the bytes.
+struct ChunkExtent {
+  UniqueFd fd;
+  std::string path;
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+  uint64_t object_offset = 0;  // where the chunk starts in the object
+  uint64_t xxh3 = 0;
+};
+
+// One read the caller will make: `length` bytes of `key` from `offset` (0: to the end).
+struct PlannedRead {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+struct TierStats {
+  uint64_t bytes = 0, capacity = 0, chunks = 0;
+  uint64_t hits = 0, hit_bytes = 0;
+};
+
+struct CacheStats {
+  TierStats ram, disk;
+  uint64_t misses = 0, miss_bytes = 0;  // reads of the backing store
+  uint64_t evictions = 0, checksum_failures = 0, stale_drops = 0;
+  uint64_t singleflight_joins = 0, disk_writes_skipped = 0;
+  uint64_t prefetched = 0, prefetch_hits = 0, prefetch_wasted = 0;
+  std::string directory, policy, io_path;
+};
+
+struct CachedChunk {
+  std::string key;
+  std::string etag;
+  uint64_t index = 0, length = 0;
+  bool in_ram = false, on_disk = false, pinned = false;
+};
+
+struct VerifyReport {
+  uint64_t chunks = 0, bytes = 0;
+  std::vector<std::string> corrupt;  // "key chunk N: why"; each one was dropped
+};
+
+class TieredCache : public store::Store {
+ public:
+  static Result<std::unique_ptr<TieredCache>> open(std::unique_ptr<store::Store> backing,
+                                                   CacheOptions options);
+  ~TieredCache() override;
+
+  // Store. stat answers from what the cache knows while it is fresh (see revalidate_after).
+  Result<store::ObjectInfo> stat(std::string_view key) override;
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options = {}) override;
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions& options) override;
+  Result<store::ListPage> list(const store::ListOptions& options) override;
+  Status remove(std::string_view key) override;
+  std::string uri() const override;
+
+  // Declares reads to come, in order: the cache fetches ahead (within prefetch_bytes) and,
+  // under PolicyKind::kDeclared, evicts by the declared order. Appends to what was
+  // declared before.
+  Status declare(std::span<const PlannedRead> order);
+  // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
+  Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
+
+  // Pins (or unpins) every cached chunk of keys under `prefix`, and chunks of them cached
+  // later: pinned chunks are never evicted. Returns the chunks pinned now.
+  Result<uint64_t> pin(std::string_view prefix, bool pinned = true);
+  // Drops every cached chunk of keys under `prefix` (pinned ones too). Returns how many.
+  Result<uint64_t> evict(std::string_view prefix);
+  // Re-reads every NVMe chunk and checks its checksum; corrupt ones are dropped.
+  Result<VerifyReport> verify();
+  std::vector<CachedChunk> chunks(std::string_view prefix) const;
+  CacheStats stats() const;
+  const CacheOptions& options() const;
+
+  struct Impl;
+
+ private:
+  explicit TieredCache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Registers "cache+<scheme>://" for every scheme open_store knows now (cache+s3://b/p,
+// cache+file:///data): the backing store is opened with the rest of the URI and the same
+// StoreOptions; CacheOptions come from options.backend.get<CacheOptions>() (a RAM-only
+// cache with defaults when none is set).
+void register_scheme();
+
+}  // namespace sluice::cache

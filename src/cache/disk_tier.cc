@@ -1,0 +1,506 @@
+#include "cache/disk_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "sluice/io/file_handle.h"
+#include "sluice/store/store.h"
+
+namespace sluice::cache {
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'L', 'U', 'C', 'I', 'D', 'X', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderSize = 24;    // magic, version, reserved, xxh3 of the first 16
+constexpr size_t kMaxPayload = 4096;  // keys and etags are at most 1024 bytes each
+constexpr uint64_t kMaxChunk = 1ULL << 30;
+constexpr uint32_t kAdd = 1, kRemove = 2;
+
+uint64_t on_disk(uint64_t length) {
+  return (length + 4095) & ~uint64_t{4095};
+}
+
+// Little-endian encoding, whatever the host.
+void put(std::vector<std::byte>& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
+}
+void put_str(std::vector<std::byte>& out, const std::string& s) {
+  put(out, s.size(), 2);
+  for (char c : s) out.push_back(static_cast<std::byte>(c));
+}
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> b) : b_(b) {}
+  bool get(uint64_t& v, int bytes) {
+    if (b_.size() - pos_ < static_cast<size_t>(bytes)) return false;
+    v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(b_[pos_ + i]) << (8 * i);
+    pos_ += bytes;
+    return true;
+  }
+  bool get_str(std::string& s, size_t max) {
+    uint64_t n;
+    if (!get(n, 2) || n > max || b_.size() - pos_ < n) return false;
+    s.assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == b_.size(); }
+
+ private:
+  std::span<const std::byte> b_;
+  size_t pos_ = 0;
+};
+
+std::vector<std::byte> header() {
+  std::vector<std::byte> h;
+  for (char c : kMagic) h.push_back(static_cast<std::byte>(c));
+  put(h, kVersion, 4);
+  put(h, 0, 4);
+  put(h, checksum(h), 8);
+  return h;
+}
+
+// A record: u32 payload length, u32 type, payload, u64 XXH3 of everything before it.
+std::vector<std::byte> record(uint32_t type, const std::vector<std::byte>& payload) {
+  std::vector<std::byte> r;
+  put(r, payload.size(), 4);
+  put(r, type, 4);
+  r.insert(r.end(), payload.begin(), payload.end());
+  put(r, checksum(r), 8);
+  return r;
+}
+
+std::vector<std::byte> add_payload(const DiskTier::Entry& e) {
+  std::vector<std::byte> p;
+  put(p, e.file_id, 8);
+  put(p, e.key.index, 8);
+  put(p, e.length, 8);
+  put(p, e.xxh3, 8);
+  put(p, e.object_size, 8);
+  put(p, static_cast<uint64_t>(e.object_mtime_ns), 8);
+  put_str(p, e.key.key);
+  put_str(p, e.key.etag);
+  return p;
+}
+
+bool parse_add(std::span<const std::byte> payload, DiskTier::Entry& e) {
+  Reader r(payload);
+  uint64_t mtime = 0;
+  bool ok = r.get(e.file_id, 8) && r.get(e.key.index, 8) && r.get(e.length, 8) &&
+            r.get(e.xxh3, 8) && r.get(e.object_size, 8) && r.get(mtime, 8) &&
+            r.get_str(e.key.key, 1024) && r.get_str(e.key.etag, 1024) && r.done();
+  e.object_mtime_ns = static_cast<int64_t>(mtime);
+  // Every field is untrusted: a record that parses but names nonsense is dropped too.
+  return ok && e.file_id != 0 && e.length > 0 && e.length <= kMaxChunk &&
+         store::validate_key(e.key.key).has_value() && !e.key.etag.empty() &&
+         e.key.index <= e.object_size / e.length;
+}
+
+}  // namespace
+
+DiskTier::DiskTier(Options options)
+    : options_(std::move(options)), policy_(make_policy(options_.policy, options_.capacity)) {}
+
+DiskTier::~DiskTier() = default;
+
+std::string DiskTier::path_of(uint64_t file_id) const {
+  char name[48];
+  std::snprintf(name, sizeof name, "/chunks/%02" PRIx64 "/%016" PRIx64, file_id & 0xff, file_id);
+  return options_.directory + name;
+}
+
+Result<std::unique_ptr<DiskTier>> DiskTier::open(Options options) {
+  if (!options.io) return fail(Code::kInvalidArgument, "cache: no I/O context for the NVMe tier");
+  std::error_code ec;
+  std::filesystem::create_directories(options.directory + "/chunks", ec);
+  if (ec) {
+    return fail_errno(ec.value(), "create cache directory " + options.directory);
+  }
+  std::unique_ptr<DiskTier> t(new DiskTier(std::move(options)));
+  SLUICE_RETURN_IF_ERROR(t->lock_directory());
+  SLUICE_RETURN_IF_ERROR(t->replay());
+  SLUICE_RETURN_IF_ERROR(t->open_log_for_append());
+  return t;
+}
+
+Status DiskTier::lock_directory() {
+  std::string path = options_.directory + "/LOCK";
+  lock_fd_.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock_fd_.valid()) return fail_errno(errno, "open " + path);
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  if (::fcntl(lock_fd_.get(), F_OFD_SETLK, &fl) != 0) {
+    int err = errno;
+    if (err != EAGAIN && err != EACCES) return fail_errno(err, "lock " + path);
+    char buf[32] = {};
+    (void)pread_full(lock_fd_.get(), std::as_writable_bytes(std::span(buf, sizeof buf - 1)), 0,
+                     path);
+    return fail(Code::kUnavailable,
+                "cache directory " + options_.directory + " is in use by another process (pid " +
+                    std::string(buf, strnlen(buf, sizeof buf)) +
+                    "): share it through sluiced, or give this process its own cache directory");
+  }
+  std::string pid = std::to_string(::getpid());
+  if (::ftruncate(lock_fd_.get(), 0) != 0) return fail_errno(errno, "truncate " + path);
+  return pwrite_full(lock_fd_.get(), std::as_bytes(std::span(pid)), 0, path);
+}
+
+Status DiskTier::replay() {
+  std::string path = options_.directory + "/index.log";
+  std::vector<std::byte> log;
+  {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid() && errno != ENOENT) return fail_errno(errno, "open " + path);
+    if (fd.valid()) {
+      struct stat st;
+      if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
+      log.resize(static_cast<size_t>(st.st_size));
+      SLUICE_ASSIGN_OR_RETURN(size_t n, pread_full(fd.get(), log, 0, path));
+      log.resize(n);
+    }
+  }
+  std::unordered_map<uint64_t, Entry> live;  // by file id
+  std::vector<uint64_t> order;               // file ids, oldest record first
+  size_t good_end = 0;
+  if (log.size() >= kHeaderSize) {
+    std::vector<std::byte> want = header();
+    if (!std::equal(want.begin(), want.end(), log.begin())) {
+      return fail(Code::kCorruption, path + ": not a sluice cache index of version " +
+                                         std::to_string(kVersion) +
+                                         " (bad header); move the cache directory away");
+    }
+    size_t pos = kHeaderSize;
+    good_end = pos;
+    while (log.size() - pos >= 16) {
+      Reader r{std::span<const std::byte>(log).subspan(pos, 8)};
+      uint64_t len = 0, type = 0, sum = 0;
+      (void)r.get(len, 4);
+      (void)r.get(type, 4);
+      if (len > kMaxPayload || log.size() - pos < 16 + len) break;
+      Reader s{std::span<const std::byte>(log).subspan(pos + 8 + len, 8)};
+      (void)s.get(sum, 8);
+      if (checksum(std::span<const std::byte>(log).subspan(pos, 8 + len)) != sum) break;
+      auto payload = std::span<const std::byte>(log).subspan(pos + 8, len);
+      Entry e;
+      if (type == kAdd && parse_add(payload, e)) {
+        if (!live.contains(e.file_id)) order.push_back(e.file_id);
+        e.ready = true;
+        live[e.file_id] = e;
+      } else if (type == kRemove) {
+        Reader p(payload);
+        uint64_t id = 0;
+        if (p.get(id, 8)) live.erase(id);
+      }
+      ++log_records_;
+      pos += 16 + len;
+      good_end = pos;
+    }
+  }
+  open_report_.truncated_tail = log.size() > good_end && good_end > 0;
+
+  // Chunk files on disk: those with a live record of the right size stay; the rest go.
+  std::set<uint64_t> kept;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(options_.directory + "/chunks", ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    std::string name = it->path().filename().string();
+    char* end = nullptr;
+    uint64_t id = std::strtoull(name.c_str(), &end, 16);
+    auto e = live.find(id);
+    if (name.size() == 16 && *end == '\0' && e != live.end() &&
+        path_of(id) == it->path().string() && it->file_size(ec) == e->second.length) {
+      kept.insert(id);
+      next_file_id_ = std::max(next_file_id_, id + 1);
+      continue;
+    }
+    ++open_report_.orphans;
+    std::filesystem::remove(it->path(), ec);
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t id : order) {
+      auto e = live.find(id);
+      if (e == live.end()) continue;
+      if (!kept.contains(id)) {
+        ++open_report_.dropped;
+        continue;
+      }
+      ChunkId cid = e->second.key.id();
+      if (entries_.contains(cid)) {  // two files for one chunk: keep the first
+        std::filesystem::remove(path_of(id), ec);
+        ++open_report_.dropped;
+        continue;
+      }
+      Admission a = policy_->restore(cid, on_disk(e->second.length));
+      std::vector<uint64_t> gone;
+      for (ChunkId v : a.evicted) forget_locked(v, gone);
+      for (uint64_t g : gone) std::filesystem::remove(path_of(g), ec);
+      if (!a.admitted) {
+        std::filesystem::remove(path_of(id), ec);
+        ++open_report_.dropped;
+        continue;
+      }
+      entries_[cid] = e->second;
+      ++open_report_.restored;
+    }
+  }
+  // Start the log afresh from what survived: it drops dead records and a torn tail.
+  std::lock_guard llock(log_mu_);
+  return compact_locked();
+}
+
+Status DiskTier::open_log_for_append() {
+  std::lock_guard lock(log_mu_);
+  if (log_fd_.valid()) return ok();
+  std::string path = options_.directory + "/index.log";
+  log_fd_.reset(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
+  if (!log_fd_.valid()) return fail_errno(errno, "open " + path);
+  return ok();
+}
+
+// Writes a new log holding one add record per ready entry, then renames it over the old
+// one. log_mu_ is held; takes mu_ briefly to copy the entries.
+Status DiskTier::compact_locked() {
+  std::vector<std::byte> out = header();
+  size_t records = 0;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, e] : entries_) {
+      if (!e.ready) continue;
+      std::vector<std::byte> r = record(kAdd, add_payload(e));
+      out.insert(out.end(), r.begin(), r.end());
+      ++records;
+    }
+  }
+  std::string path = options_.directory + "/index.log", tmp = path + ".new";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) return fail_errno(errno, "create " + tmp);
+  SLUICE_RETURN_IF_ERROR(write_full(fd.get(), out, tmp));
+  if (::fsync(fd.get()) != 0) return fail_errno(errno, "fsync " + tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail_errno(errno, "rename " + tmp);
+  UniqueFd dir(::open(options_.directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.valid()) SLUICE_RETURN_IF_ERROR(sync_directory(dir.get(), options_.directory));
+  log_fd_.reset(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
+  if (!log_fd_.valid()) return fail_errno(errno, "open " + path);
+  log_records_ = records;
+  return ok();
+}
+
+Status DiskTier::append_locked(std::span<const std::byte> rec) {
+  SLUICE_RETURN_IF_ERROR(write_full(log_fd_.get(), rec, options_.directory + "/index.log"));
+  ++log_records_;
+  uint64_t live = chunk_count();
+  if (log_records_ > 2 * live + 4096) return compact_locked();
+  return ok();
+}
+
+Status DiskTier::append_add(const Entry& e) {
+  std::vector<std::byte> r = record(kAdd, add_payload(e));
+  std::lock_guard lock(log_mu_);
+  return append_locked(r);
+}
+
+Status DiskTier::append_remove(uint64_t file_id) {
+  std::vector<std::byte> p;
+  put(p, file_id, 8);
+  std::vector<std::byte> r = record(kRemove, p);
+  std::lock_guard lock(log_mu_);
+  return append_locked(r);
+}
+
+void DiskTier::forget_locked(ChunkId id, std::vector<uint64_t>& files) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  policy_->erase(id);
+  files.push_back(it->second.file_id);
+  entries_.erase(it);
+}
+
+// Unlinks evicted chunk files and records their removal. An open reader keeps its bytes.
+void DiskTier::discard(const std::vector<uint64_t>& files) {
+  for (uint64_t f : files) {
+    ::unlink(path_of(f).c_str());
+    // Best effort: a lost remove record leaves a record without a file, dropped at open.
+    (void)append_remove(f);
+  }
+}
+
+std::optional<DiskTier::Entry> DiskTier::find(const ChunkKey& key) {
+  ChunkId id = key.id();
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || !it->second.ready || it->second.key != key) return std::nullopt;
+  policy_->on_hit(id);
+  return it->second;
+}
+
+Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
+  std::string path = path_of(e.file_id);
+  io::OpenOptions oo;
+  oo.compat = io::CompatMode::kOn;  // host memory: no cuFile
+  auto fh = io::FileHandle::open(options_.io, path, oo);
+  if (!fh) {
+    if (fh.error().code() == Code::kNotFound) return std::unexpected(fh.error());
+    return std::unexpected(fh.error().with_context("cache chunk of '" + e.key.key + "'"));
+  }
+  auto n = fh->read(io::Buffer::host(dst.data(), e.length), e.length, 0);
+  std::string why;
+  if (!n) {
+    why = n.error().message();
+  } else if (*n != e.length) {
+    why = "file holds " + std::to_string(*n) + " of " + std::to_string(e.length) + " bytes";
+  } else if (checksum(dst.first(e.length)) != e.xxh3) {
+    why = "checksum mismatch";
+  }
+  if (why.empty()) return ok();
+  std::vector<uint64_t> gone;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(e.key.id());
+    if (it != entries_.end() && it->second.file_id == e.file_id) forget_locked(it->first, gone);
+  }
+  discard(gone);
+  return fail(Code::kCorruption, "cache chunk " + std::to_string(e.key.index) + " of '" +
+                                     e.key.key + "' (" + path + "): " + why + "; dropped");
+}
+
+Result<bool> DiskTier::write(const Chunk& chunk, bool pinned) {
+  ChunkId id = chunk.key.id();
+  Entry e;
+  e.key = chunk.key;
+  e.length = chunk.length;
+  e.xxh3 = chunk.xxh3;
+  e.object_size = chunk.object_size;
+  e.object_mtime_ns = chunk.object_mtime_ns;
+  e.pinned = pinned;
+  std::vector<uint64_t> gone;
+  {
+    std::lock_guard lock(mu_);
+    if (entries_.contains(id)) return false;
+    Admission a = policy_->admit(id, on_disk(chunk.length));
+    for (ChunkId v : a.evicted) {
+      forget_locked(v, gone);
+      if (options_.evictions) options_.evictions->add();
+    }
+    if (a.admitted) {
+      if (pinned) policy_->set_pinned(id, true);
+      e.file_id = next_file_id_++;
+      entries_[id] = e;  // not ready: invisible to find() until written and recorded
+    }
+  }
+  discard(gone);
+  if (e.file_id == 0) return false;
+
+  std::string path = path_of(e.file_id);
+  auto written = [&]() -> Status {
+    io::OpenOptions oo;
+    oo.write = oo.create = oo.truncate = true;
+    oo.compat = io::CompatMode::kOn;
+    auto fh = io::FileHandle::open(options_.io, path, oo);
+    if (!fh && fh.error().code() == Code::kNotFound) {  // its fan-out directory is missing
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+      fh = io::FileHandle::open(options_.io, path, oo);
+    }
+    if (!fh) return std::unexpected(fh.error());
+    SLUICE_ASSIGN_OR_RETURN(
+        size_t n, fh->write(io::Buffer::host(chunk.buf.data(), chunk.length), chunk.length, 0));
+    if (n != chunk.length) return fail(Code::kIoError, "short write of " + path);
+    return ok();
+  }();
+  bool still_ours = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(id);
+    still_ours = it != entries_.end() && it->second.file_id == e.file_id;
+    if (still_ours && written) {
+      it->second.ready = true;
+    } else if (still_ours) {
+      policy_->erase(id);
+      entries_.erase(it);
+    }
+  }
+  if (!written || !still_ours) {
+    ::unlink(path.c_str());
+    if (!written)
+      return std::unexpected(written.error().with_context("caching '" + chunk.key.key + "'"));
+    return false;
+  }
+  e.ready = true;
+  // The record goes last: a crash before it leaves an orphan file, deleted at open.
+  SLUICE_RETURN_IF_ERROR(append_add(e));
+  return true;
+}
+
+size_t DiskTier::drop_if(const std::function<bool(const ChunkKey&)>& match) {
+  std::vector<uint64_t> gone;
+  {
+    std::lock_guard lock(mu_);
+    std::vector<ChunkId> ids;
+    for (const auto& [id, e] : entries_) {
+      if (match(e.key)) ids.push_back(id);
+    }
+    for (ChunkId id : ids) forget_locked(id, gone);
+  }
+  discard(gone);
+  return gone.size();
+}
+
+size_t DiskTier::pin_if(const std::function<bool(const ChunkKey&)>& match, bool pinned) {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (auto& [id, e] : entries_) {
+    if (!match(e.key)) continue;
+    policy_->set_pinned(id, pinned);
+    e.pinned = pinned;
+    ++n;
+  }
+  return n;
+}
+
+void DiskTier::declare(std::span<const ChunkId> order) {
+  std::lock_guard lock(mu_);
+  policy_->declare(order);
+}
+
+std::vector<DiskTier::Entry> DiskTier::entries() const {
+  std::lock_guard lock(mu_);
+  std::vector<Entry> out;
+  for (const auto& [id, e] : entries_) {
+    if (e.ready) out.push_back(e);
+  }
+  return out;
+}
+
+uint64_t DiskTier::bytes() const {
+  std::lock_guard lock(mu_);
+  return policy_->resident_bytes();
+}
+
+uint64_t DiskTier::chunk_count() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+std::string DiskTier::io_path() const {
+  // Opened on the index: the directory's file system decides O_DIRECT for every chunk.
+  io::OpenOptions oo;
+  oo.compat = io::CompatMode::kOn;
+  auto fh = io::FileHandle::open(options_.io, options_.directory + "/index.log", oo);
+  return fh ? fh->path_report().describe() : "unknown (" + fh.error().message() + ")";
+}
+
+}  // namespace sluice::cache

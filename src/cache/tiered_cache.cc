@@ -1,0 +1,627 @@
+// TieredCache: a read goes chunk by chunk to the RAM tier, the NVMe tier, then (one fill
+// per chunk at a time) the backing store; see tiered_cache.h for the contract.
+#include "sluice/cache/tiered_cache.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <thread>
+
+#include "cache/disk_tier.h"
+#include "cache/ram_tier.h"
+#include "sluice/io/file_handle.h"
+#include "sluice/store/wrapper.h"
+#include "sluice/telemetry/registry.h"
+
+namespace sluice::cache {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ChunkResult = Result<std::shared_ptr<const Chunk>>;
+
+struct ObjectMeta {
+  store::ObjectInfo info;
+  std::optional<Clock::time_point> checked;  // last stat or listing; none: restored
+};
+
+// A fill in progress: the first miss on a chunk reads it, later ones wait here.
+struct Flight {
+  ChunkKey key;
+  std::shared_future<ChunkResult> result;
+};
+
+struct Metrics {
+  explicit Metrics(telemetry::Registry& r)
+      : ram_hits(r.counter("sluice_cache_hits_total", {{"tier", "ram"}},
+                           "Chunk reads served by a tier")),
+        disk_hits(r.counter("sluice_cache_hits_total", {{"tier", "disk"}})),
+        ram_hit_bytes(
+            r.counter("sluice_cache_hit_bytes_total", {{"tier", "ram"}}, "Bytes served by a tier")),
+        disk_hit_bytes(r.counter("sluice_cache_hit_bytes_total", {{"tier", "disk"}})),
+        misses(r.counter("sluice_cache_misses_total", {}, "Chunk reads sent to the backing store")),
+        miss_bytes(
+            r.counter("sluice_cache_miss_bytes_total", {}, "Bytes read from the backing store")),
+        ram_evictions(r.counter("sluice_cache_evictions_total",
+                                {{"tier", "ram"}, {"reason", "capacity"}},
+                                "Chunks dropped from a tier, by reason")),
+        disk_evictions(
+            r.counter("sluice_cache_evictions_total", {{"tier", "disk"}, {"reason", "capacity"}})),
+        stale(r.counter("sluice_cache_evictions_total", {{"tier", "any"}, {"reason", "stale"}})),
+        corrupt(
+            r.counter("sluice_cache_evictions_total", {{"tier", "disk"}, {"reason", "corrupt"}})),
+        commanded(
+            r.counter("sluice_cache_evictions_total", {{"tier", "any"}, {"reason", "command"}})),
+        checksum_failures(r.counter("sluice_cache_checksum_failures_total", {},
+                                    "NVMe chunks whose checksum did not match")),
+        joins(r.counter("sluice_cache_singleflight_joins_total", {},
+                        "Misses that waited for another reader's fill")),
+        disk_skipped(r.counter("sluice_cache_disk_writes_skipped_total", {},
+                               "Fills not written to NVMe: write queue full or write failed")),
+        fill_ns(r.histogram("sluice_cache_fill_seconds", {},
+                            "Time to fill a chunk from the backing store", 1e-9)) {}
+  telemetry::Counter &ram_hits, &disk_hits, &ram_hit_bytes, &disk_hit_bytes, &misses, &miss_bytes;
+  telemetry::Counter &ram_evictions, &disk_evictions, &stale, &corrupt, &commanded;
+  telemetry::Counter &checksum_failures, &joins, &disk_skipped;
+  telemetry::Histogram& fill_ns;
+};
+
+std::function<bool(const ChunkKey&)> key_is(std::string key) {
+  return [key = std::move(key)](const ChunkKey& c) { return c.key == key; };
+}
+
+std::function<bool(const ChunkKey&)> key_under(std::string prefix) {
+  return [prefix = std::move(prefix)](const ChunkKey& c) { return c.key.starts_with(prefix); };
+}
+
+}  // namespace
+
+struct TieredCache::Impl {
+  Impl(std::unique_ptr<store::Store> b, CacheOptions o)
+      : backing(std::move(b)),
+        options(std::move(o)),
+        own_registry(options.registry ? nullptr : std::make_unique<telemetry::Registry>()),
+        registry(options.registry ? options.registry : own_registry.get()),
+        m(*registry),
+        pool(round_up(options.chunk_size), 16),
+        ram(std::make_unique<RamTier>(options.ram_bytes, options.policy, &m.ram_evictions)) {}
+
+  static size_t round_up(uint64_t n) { return static_cast<size_t>((n + 4095) & ~uint64_t{4095}); }
+
+  std::unique_ptr<store::Store> backing;
+  CacheOptions options;
+  std::unique_ptr<telemetry::Registry> own_registry;
+  telemetry::Registry* registry;
+  Metrics m;
+  BufferPool pool;  // full-size chunk buffers; declared before the tiers that hold them
+  std::unique_ptr<RamTier> ram;
+  std::unique_ptr<DiskTier> disk;
+
+  std::mutex meta_mu;
+  std::map<std::string, ObjectMeta, std::less<>> meta;  // guarded by meta_mu
+
+  std::mutex flight_mu;
+  std::unordered_map<ChunkId, std::shared_ptr<Flight>> flights;  // guarded by flight_mu
+
+  mutable std::mutex pin_mu;
+  std::vector<std::string> pinned_prefixes;  // guarded by pin_mu
+
+  // NVMe writes happen behind fills, on one thread, so a cold read does not wait for them.
+  std::mutex wq_mu;
+  std::condition_variable wq_cv;
+  std::deque<std::shared_ptr<const Chunk>> wq;  // guarded by wq_mu
+  uint64_t wq_bytes = 0;                        // guarded by wq_mu
+  bool stopping = false;                        // guarded by wq_mu
+  std::thread writer;
+
+  ~Impl() {
+    {
+      std::lock_guard lock(wq_mu);
+      stopping = true;
+    }
+    wq_cv.notify_all();
+    if (writer.joinable()) writer.join();
+  }
+
+  bool pinned(const std::string& key) const {
+    std::lock_guard lock(pin_mu);
+    return std::any_of(pinned_prefixes.begin(), pinned_prefixes.end(),
+                       [&](const std::string& p) { return key.starts_with(p); });
+  }
+
+  uint64_t chunk_length(uint64_t object_size, uint64_t index) const {
+    uint64_t start = index * options.chunk_size;
+    return std::min<uint64_t>(options.chunk_size, object_size - start);
+  }
+
+  // Records what the backing store says an object is; drops chunks of another version.
+  void learn(const store::ObjectInfo& info) {
+    bool changed = false;
+    {
+      std::lock_guard lock(meta_mu);
+      auto it = meta.find(info.key);
+      if (it == meta.end()) {
+        meta.emplace(info.key, ObjectMeta{info, Clock::now()});
+        return;
+      }
+      changed = it->second.info.etag != info.etag;
+      it->second = ObjectMeta{info, Clock::now()};
+    }
+    if (!changed) return;
+    auto old = [&](const ChunkKey& c) { return c.key == info.key && c.etag != info.etag; };
+    uint64_t n = ram->drop_if(old) + (disk ? disk->drop_if(old) : 0);
+    m.stale.add(n);
+  }
+
+  bool current_version(const ChunkKey& key) {
+    std::lock_guard lock(meta_mu);
+    auto it = meta.find(key.key);
+    return it != meta.end() && it->second.info.etag == key.etag;
+  }
+
+  // Forgets an object entirely (written or removed through the cache, or gone).
+  uint64_t forget(const std::string& key) {
+    {
+      std::lock_guard lock(meta_mu);
+      meta.erase(key);
+    }
+    return ram->drop_if(key_is(key)) + (disk ? disk->drop_if(key_is(key)) : 0);
+  }
+
+  // What the cache believes `key` is now, revalidated when older than revalidate_after.
+  Result<store::ObjectInfo> current(std::string_view key, bool force) {
+    {
+      std::lock_guard lock(meta_mu);
+      auto it = meta.find(key);
+      if (it != meta.end() && !force) {
+        const ObjectMeta& om = it->second;
+        if (options.offline ||
+            (om.checked && Clock::now() - *om.checked < options.revalidate_after)) {
+          return om.info;
+        }
+      }
+    }
+    auto st = backing->stat(key);
+    if (!st) {
+      if (st.error().code() == Code::kNotFound) m.stale.add(forget(std::string(key)));
+      return st;
+    }
+    learn(*st);
+    return st;
+  }
+
+  Result<std::shared_ptr<Chunk>> new_chunk(const ChunkKey& key, uint64_t length,
+                                           const store::ObjectInfo& info) {
+    auto c = std::make_shared<Chunk>();
+    c->key = key;
+    c->length = length;
+    c->object_size = info.size;
+    c->object_mtime_ns = info.mtime_ns;
+    if (length == options.chunk_size) {
+      SLUICE_ASSIGN_OR_RETURN(c->buf, pool.acquire());
+    } else {  // a short last chunk or a small object: only what it needs
+      SLUICE_ASSIGN_OR_RETURN(AlignedBuffer b, AlignedBuffer::allocate(round_up(length)));
+      c->buf = PooledBuffer(nullptr, std::move(b));
+    }
+    return c;
+  }
+
+  void enqueue_disk_write(std::shared_ptr<const Chunk> c) {
+    if (!disk) return;
+    {
+      std::lock_guard lock(wq_mu);
+      if (stopping || wq_bytes + c->length > options.disk_write_queue_bytes) {
+        m.disk_skipped.add();
+        return;
+      }
+      wq_bytes += c->length;
+      wq.push_back(std::move(c));
+    }
+    wq_cv.notify_one();
+  }
+
+  void write_loop() {
+    std::unique_lock lock(wq_mu);
+    for (;;) {
+      wq_cv.wait(lock, [&] { return stopping || !wq.empty(); });
+      if (wq.empty()) return;  // stopping, and every queued write done
+      std::shared_ptr<const Chunk> c = std::move(wq.front());
+      wq.pop_front();
+      lock.unlock();
+      // A version dropped while its write waited is not written: the drop (forget, learn)
+      // saw only the tiers, not this queue. Forget and learn change the metadata before
+      // they drop chunks, so checking it before and after the write closes the window;
+      // a drop during the write itself is caught by DiskTier::write (its entry is gone).
+      if (current_version(c->key)) {
+        auto w = disk->write(*c, pinned(c->key.key));
+        if (!w) m.disk_skipped.add();
+        // Dropped between the check and the write's admission: drop it now.
+        if (w && *w && !current_version(c->key)) {
+          (void)disk->drop_if([&](const ChunkKey& k) { return k == c->key; });
+        }
+      }
+      lock.lock();
+      wq_bytes -= c->length;
+    }
+  }
+
+  // Reads one chunk from the backing store, pinned to the version in `info`.
+  ChunkResult fetch(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length) {
+    uint64_t t0 = telemetry::now_ns();
+    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Chunk> c, new_chunk(key, length, info));
+    store::ReadOptions ro;
+    ro.if_match = info.etag;
+    ro.object_size = info.size;
+    auto dst = std::span<std::byte>(c->buf.data(), length);
+    SLUICE_ASSIGN_OR_RETURN(size_t n,
+                            backing->read_full(key.key, key.index * options.chunk_size, dst, ro));
+    if (n != length) {
+      return fail(Code::kCorruption, "'" + key.key + "' in " + backing->uri() + " ended at byte " +
+                                         std::to_string(key.index * options.chunk_size + n) +
+                                         ", before its size " + std::to_string(info.size) +
+                                         "; nothing cached");
+    }
+    c->xxh3 = checksum(c->bytes());
+    m.misses.add();
+    m.miss_bytes.add(length);
+    m.fill_ns.record(telemetry::now_ns() - t0);
+    return std::shared_ptr<const Chunk>(std::move(c));
+  }
+
+  // The chunk from the backing store, with one fill per chunk at a time.
+  ChunkResult fill(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length) {
+    ChunkId id = key.id();
+    std::promise<ChunkResult> mine;
+    std::shared_ptr<Flight> joined;
+    {
+      std::lock_guard lock(flight_mu);
+      auto it = flights.find(id);
+      if (it != flights.end() && it->second->key == key) {
+        joined = it->second;
+      } else if (it == flights.end()) {
+        flights.emplace(id, std::make_shared<Flight>(Flight{key, mine.get_future().share()}));
+      } else {
+        return fetch(info, key, length);  // an id collision: no sharing, no caching risk
+      }
+    }
+    if (joined) {
+      m.joins.add();
+      return joined->result.get();
+    }
+    ChunkResult r = fetch(info, key, length);
+    if (r) {
+      bool pin = pinned(key.key);
+      (void)ram->offer(*r, pin);  // the tiers decide whether to keep it
+      enqueue_disk_write(*r);
+    }
+    mine.set_value(r);
+    std::lock_guard lock(flight_mu);
+    flights.erase(id);
+    return r;
+  }
+
+  // From the NVMe tier into `out` (bytes [within, within + out.size()) of the chunk).
+  // false: not there (or corrupt, now dropped): the caller goes to the backing store.
+  Result<bool> from_disk(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,
+                         uint64_t within, std::span<std::byte> out) {
+    if (!disk) return false;
+    std::optional<DiskTier::Entry> e = disk->find(key);
+    if (!e) return false;
+    std::shared_ptr<Chunk> c;
+    std::span<std::byte> into = out;
+    bool whole = within == 0 && out.size() == length;
+    if (!whole || options.ram_bytes > 0) {  // through a buffer the RAM tier can keep
+      SLUICE_ASSIGN_OR_RETURN(c, new_chunk(key, length, info));
+      into = std::span<std::byte>(c->buf.data(), length);
+    }
+    Status s = disk->read(*e, into);
+    if (!s) {
+      if (s.error().code() == Code::kCorruption) {
+        m.checksum_failures.add();
+        m.corrupt.add();
+      }
+      return false;  // evicted meanwhile, or corrupt and dropped: refetch
+    }
+    m.disk_hits.add();
+    m.disk_hit_bytes.add(out.size());
+    if (c) {
+      c->xxh3 = e->xxh3;
+      std::memcpy(out.data(), c->buf.data() + within, out.size());
+      (void)ram->offer(std::move(c), pinned(key.key));
+    }
+    return true;
+  }
+
+  Status read_chunk(const store::ObjectInfo& info, uint64_t index, uint64_t within,
+                    std::span<std::byte> out) {
+    ChunkKey key{info.key, info.etag, index};
+    uint64_t length = chunk_length(info.size, index);
+    if (std::shared_ptr<const Chunk> c = ram->find(key)) {
+      std::memcpy(out.data(), c->buf.data() + within, out.size());
+      m.ram_hits.add();
+      m.ram_hit_bytes.add(out.size());
+      return ok();
+    }
+    SLUICE_ASSIGN_OR_RETURN(bool done, from_disk(info, key, length, within, out));
+    if (done) return ok();
+    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> c, fill(info, key, length));
+    std::memcpy(out.data(), c->buf.data() + within, out.size());
+    return ok();
+  }
+
+  Result<size_t> read_version(const store::ObjectInfo& info, uint64_t offset,
+                              std::span<std::byte> dst) {
+    if (offset >= info.size) return size_t{0};
+    uint64_t n = std::min<uint64_t>(dst.size(), info.size - offset);
+    for (uint64_t pos = offset; pos < offset + n;) {
+      uint64_t index = pos / options.chunk_size;
+      uint64_t within = pos - index * options.chunk_size;
+      uint64_t take = std::min(chunk_length(info.size, index) - within, offset + n - pos);
+      SLUICE_RETURN_IF_ERROR(read_chunk(info, index, within, dst.subspan(pos - offset, take)));
+      pos += take;
+    }
+    return static_cast<size_t>(n);
+  }
+
+  // Seeds what the cache knows of objects from the NVMe tier's records, unchecked.
+  void restore_meta() {
+    if (!disk) return;
+    std::lock_guard lock(meta_mu);
+    for (const DiskTier::Entry& e : disk->entries()) {
+      store::ObjectInfo info{e.key.key, e.object_size, e.object_mtime_ns, e.key.etag};
+      meta.try_emplace(e.key.key, ObjectMeta{info, std::nullopt});
+    }
+  }
+};
+
+namespace {
+
+// A Writer through the cache: once it commits, the cached copy of the key is dropped.
+class InvalidatingWriter final : public store::Writer {
+ public:
+  InvalidatingWriter(std::unique_ptr<store::Writer> w, TieredCache::Impl& cache, std::string key)
+      : w_(std::move(w)), cache_(cache), key_(std::move(key)) {}
+  Status append(std::span<const std::byte> data) override { return w_->append(data); }
+  Status commit() override {
+    Status s = w_->commit();
+    cache_.m.stale.add(cache_.forget(key_));
+    return s;
+  }
+  void abort() override { w_->abort(); }
+  uint64_t size() const override { return w_->size(); }
+  bool positional() const override { return w_->positional(); }
+  Status write_at(uint64_t offset, std::span<const std::byte> data) override {
+    return w_->write_at(offset, data);
+  }
+
+ private:
+  std::unique_ptr<store::Writer> w_;
+  TieredCache::Impl& cache_;
+  std::string key_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::Store> backing,
+                                                       CacheOptions options) {
+  if (!backing) return fail(Code::kInvalidArgument, "cache: no backing store");
+  if (options.chunk_size < (64 << 10) || options.chunk_size > (1ULL << 30)) {
+    return fail(Code::kInvalidArgument, "cache: chunk size " + std::to_string(options.chunk_size) +
+                                            " is outside 64 KiB to 1 GiB");
+  }
+  auto impl = std::make_unique<Impl>(std::move(backing), std::move(options));
+  CacheOptions& o = impl->options;
+  if (!o.directory.empty()) {
+    if (!o.io) {
+      SLUICE_ASSIGN_OR_RETURN(o.io, io::Context::open({}));
+    }
+    DiskTier::Options d{o.directory, o.disk_bytes, o.policy, o.io, &impl->m.disk_evictions};
+    SLUICE_ASSIGN_OR_RETURN(impl->disk, DiskTier::open(std::move(d)));
+    impl->restore_meta();
+    impl->writer = std::thread([p = impl.get()] { p->write_loop(); });
+  }
+  return std::unique_ptr<TieredCache>(new TieredCache(std::move(impl)));
+}
+
+TieredCache::TieredCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TieredCache::~TieredCache() = default;
+
+Result<store::ObjectInfo> TieredCache::stat(std::string_view key) {
+  SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+  return impl_->current(key, false);
+}
+
+Result<size_t> TieredCache::read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                                 const store::ReadOptions& options) {
+  SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+  for (int attempt = 0;; ++attempt) {
+    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, attempt > 0));
+    if (!options.if_match.empty() && options.if_match != info.etag) {
+      return fail(Code::kConflict, "'" + std::string(key) + "' changed: etag " + info.etag +
+                                       ", not " + options.if_match);
+    }
+    if (options.object_size && *options.object_size != info.size && attempt == 0) continue;
+    Result<size_t> r = impl_->read_version(info, offset, dst);
+    // The object changed under the read: start over once on the version there now.
+    if (!r && r.error().code() == Code::kConflict && attempt == 0 && options.if_match.empty()) {
+      continue;
+    }
+    return r;
+  }
+}
+
+Result<std::unique_ptr<store::Writer>> TieredCache::create(std::string_view key,
+                                                           const store::WriteOptions& options) {
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<store::Writer> w, impl_->backing->create(key, options));
+  return std::unique_ptr<store::Writer>(
+      std::make_unique<InvalidatingWriter>(std::move(w), *impl_, std::string(key)));
+}
+
+Result<store::ListPage> TieredCache::list(const store::ListOptions& options) {
+  SLUICE_ASSIGN_OR_RETURN(store::ListPage page, impl_->backing->list(options));
+  for (const store::ObjectInfo& o : page.objects) impl_->learn(o);  // a listing revalidates
+  return page;
+}
+
+Status TieredCache::remove(std::string_view key) {
+  Status s = impl_->backing->remove(key);
+  if (store::validate_key(key)) impl_->m.stale.add(impl_->forget(std::string(key)));
+  return s;
+}
+
+std::string TieredCache::uri() const {
+  return "cache+" + impl_->backing->uri();
+}
+
+Status TieredCache::declare(std::span<const PlannedRead> order) {
+  std::vector<ChunkId> ids;
+  for (const PlannedRead& r : order) {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(r.key));
+    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(r.key, false));
+    if (r.offset >= info.size) continue;
+    uint64_t end = r.length == 0 ? info.size : std::min(info.size, r.offset + r.length);
+    for (uint64_t i = r.offset / impl_->options.chunk_size; i * impl_->options.chunk_size < end;
+         ++i) {
+      ids.push_back(ChunkKey{info.key, info.etag, i}.id());
+    }
+  }
+  impl_->ram->declare(ids);
+  if (impl_->disk) impl_->disk->declare(ids);
+  return ok();
+}
+
+Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset) {
+  SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+  if (!impl_->disk) return std::optional<ChunkExtent>();
+  SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, false));
+  if (offset >= info.size) return std::optional<ChunkExtent>();
+  uint64_t index = offset / impl_->options.chunk_size;
+  std::optional<DiskTier::Entry> e = impl_->disk->find(ChunkKey{info.key, info.etag, index});
+  if (!e) return std::optional<ChunkExtent>();
+  ChunkExtent x;
+  x.path = impl_->disk->path_of(e->file_id);
+  x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!x.fd.valid()) return std::optional<ChunkExtent>();  // evicted just now
+  x.length = e->length;
+  x.object_offset = index * impl_->options.chunk_size;
+  x.xxh3 = e->xxh3;
+  return std::optional<ChunkExtent>(std::move(x));
+}
+
+Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
+  {
+    std::lock_guard lock(impl_->pin_mu);
+    auto& v = impl_->pinned_prefixes;
+    if (pinned) {
+      if (std::find(v.begin(), v.end(), prefix) == v.end()) v.emplace_back(prefix);
+    } else {
+      std::erase(v, std::string(prefix));
+    }
+  }
+  auto match = key_under(std::string(prefix));
+  uint64_t n = impl_->ram->pin_if(match, pinned);
+  if (impl_->disk) n += impl_->disk->pin_if(match, pinned);
+  return n;
+}
+
+Result<uint64_t> TieredCache::evict(std::string_view prefix) {
+  auto match = key_under(std::string(prefix));
+  uint64_t n = impl_->ram->drop_if(match) + (impl_->disk ? impl_->disk->drop_if(match) : 0);
+  impl_->m.commanded.add(n);
+  return n;
+}
+
+Result<VerifyReport> TieredCache::verify() {
+  VerifyReport rep;
+  if (!impl_->disk) return rep;
+  AlignedBuffer buf;
+  for (const DiskTier::Entry& e : impl_->disk->entries()) {
+    if (buf.size() < e.length) {
+      SLUICE_ASSIGN_OR_RETURN(buf, AlignedBuffer::allocate(Impl::round_up(e.length)));
+    }
+    Status s = impl_->disk->read(e, std::span<std::byte>(buf.data(), e.length));
+    if (!s && s.error().code() == Code::kNotFound) continue;  // evicted meanwhile
+    ++rep.chunks;
+    rep.bytes += e.length;
+    if (!s) {
+      impl_->m.checksum_failures.add();
+      impl_->m.corrupt.add();
+      rep.corrupt.push_back(s.error().message());
+    }
+  }
+  return rep;
+}
+
+std::vector<CachedChunk> TieredCache::chunks(std::string_view prefix) const {
+  std::map<std::tuple<std::string, std::string, uint64_t>, CachedChunk> all;
+  for (const RamTier::Entry& e : impl_->ram->entries()) {
+    const ChunkKey& k = e.chunk->key;
+    if (!k.key.starts_with(prefix)) continue;
+    CachedChunk& c = all[{k.key, k.etag, k.index}];
+    c = CachedChunk{k.key, k.etag, k.index, e.chunk->length, true, c.on_disk, c.pinned || e.pinned};
+  }
+  if (impl_->disk) {
+    for (const DiskTier::Entry& e : impl_->disk->entries()) {
+      if (!e.key.key.starts_with(prefix)) continue;
+      CachedChunk& c = all[{e.key.key, e.key.etag, e.key.index}];
+      c = CachedChunk{e.key.key, e.key.etag, e.key.index,         e.length,
+                      c.in_ram,  true,       c.pinned || e.pinned};
+    }
+  }
+  std::vector<CachedChunk> out;
+  for (auto& [k, c] : all) out.push_back(std::move(c));
+  return out;
+}
+
+CacheStats TieredCache::stats() const {
+  const Impl& i = *impl_;
+  CacheStats s;
+  s.ram = TierStats{i.ram->bytes(), i.ram->capacity(), i.ram->chunk_count(), i.m.ram_hits.value(),
+                    i.m.ram_hit_bytes.value()};
+  if (i.disk) {
+    s.disk = TierStats{i.disk->bytes(), i.disk->capacity(), i.disk->chunk_count(),
+                       i.m.disk_hits.value(), i.m.disk_hit_bytes.value()};
+    s.io_path = i.disk->io_path();
+  }
+  s.misses = i.m.misses.value();
+  s.miss_bytes = i.m.miss_bytes.value();
+  s.evictions = i.m.ram_evictions.value() + i.m.disk_evictions.value();
+  s.checksum_failures = i.m.checksum_failures.value();
+  s.stale_drops = i.m.stale.value();
+  s.singleflight_joins = i.m.joins.value();
+  s.disk_writes_skipped = i.m.disk_skipped.value();
+  s.directory = i.options.directory;
+  s.policy = std::string(policy_name(i.options.policy));
+  return s;
+}
+
+const CacheOptions& TieredCache::options() const {
+  return impl_->options;
+}
+
+void register_scheme() {
+  for (const std::string& scheme : store::registered_schemes()) {
+    if (scheme.starts_with("cache+")) continue;
+    store::register_scheme(
+        "cache+" + scheme,
+        [](std::string_view uri,
+           const store::StoreOptions& so) -> Result<std::unique_ptr<store::Store>> {
+          std::string_view inner = uri.substr(6);  // after "cache+"
+          SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> backing,
+                                  store::open_store(inner, so));
+          const CacheOptions* co = so.backend.get<CacheOptions>();
+          CacheOptions o = co ? *co : CacheOptions{};
+          if (!o.registry) o.registry = so.registry;
+          SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<TieredCache> c,
+                                  TieredCache::open(std::move(backing), o));
+          return std::unique_ptr<store::Store>(std::move(c));
+        });
+  }
+}
+
+}  // namespace sluice::cache

@@ -1,0 +1,475 @@
+// TieredCache over a memory or file:// backing store: byte-exact reads, single-flight,
+// staleness, persistence, corruption, kill -9 during fills, limits under concurrency.
+#include "sluice/cache/tiered_cache.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "sluice/store/wrapper.h"
+#include "sluice/testing/fault_store.h"
+#include "test_util.h"
+
+namespace sluice::cache {
+namespace {
+
+namespace fs = std::filesystem;
+using store::FaultInjectionStore;
+using store::FaultOp;
+
+constexpr uint64_t kChunk = 64 << 10;
+
+std::vector<std::byte> pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+using sluice::testing::TempDir;
+
+CacheOptions small_options(const std::string& dir = "") {
+  CacheOptions o;
+  o.directory = dir;
+  o.chunk_size = kChunk;
+  o.ram_bytes = 4 << 20;
+  o.disk_bytes = 16 << 20;
+  return o;
+}
+
+// A backing store shared with the test, so the test can replace objects behind the cache.
+struct Backing {
+  std::string name =
+      "cache-test-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
+  std::unique_ptr<store::Store> open() { return store::open_named_memory_store(name); }
+};
+
+std::unique_ptr<TieredCache> open_cache(std::unique_ptr<store::Store> backing, CacheOptions o) {
+  auto c = TieredCache::open(std::move(backing), std::move(o));
+  EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().to_string());
+  return c ? std::move(*c) : nullptr;
+}
+
+std::vector<std::byte> read_range(store::Store& s, const std::string& key, uint64_t off,
+                                  size_t len) {
+  std::vector<std::byte> out(len);
+  auto n = s.read_full(key, off, out);
+  EXPECT_TRUE(n.has_value()) << key << " @" << off << ": " << (n ? "" : n.error().to_string());
+  out.resize(n ? *n : 0);
+  return out;
+}
+
+TEST(TieredCache, ReadsAreByteExactForEveryRangeShape) {
+  TempDir dir;
+  Backing b;
+  auto backing = b.open();
+  const std::vector<size_t> sizes = {1, kChunk - 1, kChunk, kChunk + 1, 3 * kChunk + 123};
+  std::map<std::string, std::vector<std::byte>> objects;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::string key = "obj/" + std::to_string(sizes[i]);
+    objects[key] = pattern(sizes[i], i);
+    ASSERT_TRUE(backing->put(key, objects[key]));
+  }
+  // RAM only, RAM and NVMe, NVMe only: each serves the same bytes, cold and warm.
+  for (int variant = 0; variant < 3; ++variant) {
+    CacheOptions o = small_options(variant == 0 ? "" : dir.path() + "/v" + std::to_string(variant));
+    if (variant == 2) o.ram_bytes = 0;
+    auto cache = open_cache(b.open(), o);
+    ASSERT_TRUE(cache);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const auto& [key, want] : objects) {
+        const uint64_t n = want.size();
+        std::vector<std::pair<uint64_t, size_t>> shapes = {{0, n},       {0, 1},  {n - 1, 1},
+                                                           {0, n + 100}, {n, 10}, {n / 2, n}};
+        if (n > kChunk) {
+          shapes.push_back({kChunk - 1, 2});            // across a boundary
+          shapes.push_back({kChunk, kChunk});           // exactly one chunk
+          shapes.push_back({kChunk - 7, kChunk + 14});  // a chunk and both neighbours' edges
+        }
+        for (auto [off, len] : shapes) {
+          auto got = read_range(*cache, key, off, len);
+          uint64_t end = std::min<uint64_t>(n, off + len);
+          std::vector<std::byte> expect(want.begin() + std::min<uint64_t>(off, n),
+                                        want.begin() + end);
+          ASSERT_EQ(got, expect) << "variant " << variant << " pass " << pass << " " << key << " @"
+                                 << off << "+" << len;
+        }
+      }
+      if (variant == 2 && pass == 0) cache.reset(), cache = open_cache(b.open(), o);
+    }
+    CacheStats s = cache->stats();
+    EXPECT_GT(s.ram.hits + s.disk.hits, 0u) << "variant " << variant;
+  }
+}
+
+TEST(TieredCache, ConcurrentMissesOnOneChunkReadTheBackingStoreOnce) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(kChunk, 1)));
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  faults->set_latency(std::chrono::milliseconds(50));
+  FaultInjectionStore* f = faults.get();
+  CacheOptions o = small_options();
+  o.revalidate_after = std::chrono::hours(1);
+  auto cache = open_cache(std::move(faults), o);
+  ASSERT_TRUE(cache->stat("k").has_value());  // one stat, outside the race
+  std::vector<std::thread> ts;
+  std::atomic<int> good{0};
+  for (int i = 0; i < 16; ++i) {
+    ts.emplace_back([&] {
+      std::vector<std::byte> out(kChunk);
+      auto n = cache->read_full("k", 0, out);
+      if (n && *n == kChunk && out == pattern(kChunk, 1)) ++good;
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(good.load(), 16);
+  EXPECT_EQ(f->calls(FaultOp::kRead), 1u);
+  EXPECT_GT(cache->stats().singleflight_joins, 0u);
+}
+
+TEST(TieredCache, AReplacedObjectIsNeverServedAfterRevalidation) {
+  TempDir dir;
+  Backing b;
+  auto writer = b.open();
+  ASSERT_TRUE(writer->put("k", pattern(3 * kChunk, 1)));
+  CacheOptions o = small_options(dir.path());
+  o.revalidate_after = std::chrono::milliseconds(0);  // every read checks
+  auto cache = open_cache(b.open(), o);
+  EXPECT_EQ(read_range(*cache, "k", 0, 3 * kChunk), pattern(3 * kChunk, 1));
+  ASSERT_TRUE(writer->put("k", pattern(2 * kChunk, 2)));  // behind the cache's back
+  EXPECT_EQ(read_range(*cache, "k", 0, 3 * kChunk), pattern(2 * kChunk, 2));
+  EXPECT_GT(cache->stats().stale_drops, 0u);
+  ASSERT_TRUE(writer->remove("k"));
+  std::vector<std::byte> out(10);
+  auto r = cache->read("k", 0, out);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kNotFound);
+  EXPECT_TRUE(cache->chunks("k").empty());
+}
+
+TEST(TieredCache, WritesAndRemovesThroughTheCacheDropTheCachedCopy) {
+  Backing b;
+  CacheOptions o = small_options();
+  o.revalidate_after = std::chrono::hours(1);  // only the write itself can invalidate
+  auto cache = open_cache(b.open(), o);
+  ASSERT_TRUE(cache->put("k", pattern(100, 1)));
+  EXPECT_EQ(read_range(*cache, "k", 0, 100), pattern(100, 1));
+  ASSERT_TRUE(cache->put("k", pattern(100, 2)));
+  EXPECT_EQ(read_range(*cache, "k", 0, 100), pattern(100, 2));
+  ASSERT_TRUE(cache->remove("k"));
+  std::vector<std::byte> out(10);
+  EXPECT_FALSE(cache->read("k", 0, out).has_value());
+}
+
+TEST(TieredCache, OfflineTrustsWhatItKnows) {
+  Backing b;
+  auto writer = b.open();
+  ASSERT_TRUE(writer->put("k", pattern(100, 1)));
+  CacheOptions o = small_options();
+  o.offline = true;
+  auto cache = open_cache(b.open(), o);
+  EXPECT_EQ(read_range(*cache, "k", 0, 100), pattern(100, 1));
+  ASSERT_TRUE(writer->put("k", pattern(100, 2)));
+  EXPECT_EQ(read_range(*cache, "k", 0, 100), pattern(100, 1));  // as documented
+}
+
+TEST(TieredCache, RestartServesFromNvmeWithoutTheBackingStore) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("a", pattern(5 * kChunk + 7, 1)));
+  ASSERT_TRUE(b.open()->put("b", pattern(100, 2)));
+  {
+    auto cache = open_cache(b.open(), small_options(dir.path()));
+    read_range(*cache, "a", 0, 6 * kChunk);
+    read_range(*cache, "b", 0, 100);
+  }  // closing drains the NVMe writes
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  FaultInjectionStore* f = faults.get();
+  CacheOptions o = small_options(dir.path());
+  o.offline = true;
+  auto cache = open_cache(std::move(faults), o);
+  EXPECT_EQ(read_range(*cache, "a", 0, 6 * kChunk), pattern(5 * kChunk + 7, 1));
+  EXPECT_EQ(read_range(*cache, "b", 0, 100), pattern(100, 2));
+  EXPECT_EQ(f->calls(FaultOp::kRead), 0u);
+  EXPECT_EQ(f->calls(FaultOp::kStat), 0u);
+  EXPECT_EQ(cache->stats().disk.chunks, 7u);
+  auto x = cache->locate("a", kChunk + 5);
+  ASSERT_TRUE(x.has_value() && x->has_value());
+  EXPECT_EQ((*x)->object_offset, kChunk);
+  EXPECT_EQ((*x)->length, kChunk);
+  EXPECT_TRUE((*x)->fd.valid());
+}
+
+// Flips one byte in every chunk file on disk.
+void flip_every_chunk(const std::string& dir) {
+  for (auto& e : fs::recursive_directory_iterator(dir + "/chunks")) {
+    if (!e.is_regular_file()) continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(10);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x20;
+    f.seekp(10);
+    f.write(&c, 1);
+  }
+}
+
+TEST(TieredCache, BitFlipsAreDetectedAndRefetched) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("a", pattern(3 * kChunk, 1)));
+  { read_range(*open_cache(b.open(), small_options(dir.path())), "a", 0, 3 * kChunk); }
+  flip_every_chunk(dir.path());
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  {
+    auto cache = open_cache(b.open(), o);
+    EXPECT_EQ(read_range(*cache, "a", 0, 3 * kChunk), pattern(3 * kChunk, 1));
+    EXPECT_EQ(cache->stats().checksum_failures, 3u);
+    EXPECT_EQ(cache->stats().misses, 3u);
+  }
+  // verify finds flips too, and drops what it finds.
+  flip_every_chunk(dir.path());
+  auto cache = open_cache(b.open(), o);
+  auto rep = cache->verify();
+  ASSERT_TRUE(rep.has_value());
+  EXPECT_EQ(rep->chunks, 3u);
+  EXPECT_EQ(rep->corrupt.size(), 3u);
+  EXPECT_EQ(cache->stats().disk.chunks, 0u);
+}
+
+TEST(TieredCache, OpenDropsOrphansRecordsWithoutFilesAndATornTail) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("a", pattern(4 * kChunk, 1)));
+  { read_range(*open_cache(b.open(), small_options(dir.path())), "a", 0, 4 * kChunk); }
+  // An orphan (a fill cut short), a missing file, a torn append.
+  fs::create_directories(dir.path() + "/chunks/ff");
+  std::ofstream(dir.path() + "/chunks/ff/00000000000000ff") << "half a chunk";
+  std::vector<fs::path> files;
+  for (auto& e : fs::recursive_directory_iterator(dir.path() + "/chunks")) {
+    if (e.is_regular_file() && e.path().filename() != "00000000000000ff") files.push_back(e.path());
+  }
+  ASSERT_EQ(files.size(), 4u);
+  fs::remove(files[0]);
+  std::ofstream(dir.path() + "/index.log", std::ios::app) << "\x30\x00\x00\x00\x01garbage";
+  CacheOptions o = small_options(dir.path());
+  auto cache = open_cache(b.open(), o);
+  EXPECT_EQ(cache->stats().disk.chunks, 3u);
+  EXPECT_FALSE(fs::exists(dir.path() + "/chunks/ff/00000000000000ff"));
+  EXPECT_EQ(read_range(*cache, "a", 0, 4 * kChunk), pattern(4 * kChunk, 1));
+}
+
+TEST(TieredCache, ABadIndexHeaderIsAClearError) {
+  TempDir dir;
+  fs::create_directories(dir.path());
+  std::ofstream(dir.path() + "/index.log") << "this is not an index file at all";
+  Backing b;
+  auto c = TieredCache::open(b.open(), small_options(dir.path()));
+  ASSERT_FALSE(c.has_value());
+  EXPECT_EQ(c.error().code(), Code::kCorruption);
+  EXPECT_NE(c.error().message().find("index.log"), std::string::npos);
+}
+
+TEST(TieredCache, ASecondOwnerOfTheDirectoryIsToldToUseTheDaemon) {
+  TempDir dir;
+  Backing b;
+  auto first = open_cache(b.open(), small_options(dir.path()));
+  pid_t pid = ::fork();
+  if (pid == 0) {  // another process: OFD locks are per open file description
+    auto c = TieredCache::open(b.open(), small_options(dir.path()));
+    bool told = !c && c.error().code() == Code::kUnavailable &&
+                c.error().message().find("sluiced") != std::string::npos;
+    ::_exit(told ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(TieredCache, BackingFailuresCacheNothing) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(2 * kChunk, 1)));
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  FaultInjectionStore* f = faults.get();
+  auto cache = open_cache(std::move(faults), small_options());
+  f->fail_nth(FaultOp::kRead, 1, Code::kUnavailable);
+  std::vector<std::byte> out(2 * kChunk);
+  auto r = cache->read_full("k", 0, out);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kUnavailable);
+  EXPECT_TRUE(cache->chunks("").empty() || cache->chunks("").size() == 0u);
+  EXPECT_EQ(read_range(*cache, "k", 0, 2 * kChunk), pattern(2 * kChunk, 1));
+}
+
+// A backing store whose stat claims more bytes than its reads give.
+class LyingStat : public store::StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  Result<store::ObjectInfo> stat(std::string_view key) override {
+    auto s = target().stat(key);
+    if (s) s->size += 10;
+    return s;
+  }
+};
+
+TEST(TieredCache, AnObjectShorterThanItsSizeIsCorruptionAndNotCached) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(100, 1)));
+  auto cache = open_cache(std::make_unique<LyingStat>(b.open()), small_options());
+  std::vector<std::byte> out(200);
+  auto r = cache->read("k", 0, out);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kCorruption);
+  EXPECT_NE(r.error().message().find("'k'"), std::string::npos);
+  EXPECT_TRUE(cache->chunks("").empty());
+}
+
+TEST(TieredCache, LimitsHoldWithSixteenReadersOverThreeTimesTheCache) {
+  TempDir dir;
+  Backing b;
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 1 << 20;
+  o.disk_bytes = 2 << 20;
+  const int kObjects = 24;  // 24 x 4 chunks x 64 KiB = 6 MiB: 3x the NVMe tier
+  for (int i = 0; i < kObjects; ++i)
+    ASSERT_TRUE(b.open()->put("o" + std::to_string(i), pattern(4 * kChunk, i)));
+  auto cache = open_cache(b.open(), o);
+  std::atomic<bool> done{false}, over{false}, wrong{false};
+  std::thread watch([&] {
+    while (!done) {
+      CacheStats s = cache->stats();
+      if (s.ram.bytes > o.ram_bytes || s.disk.bytes > o.disk_bytes) over = true;
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 16; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 150; ++i) {
+        int obj = rng() % kObjects;
+        uint64_t off = rng() % (4 * kChunk), len = 1 + rng() % (2 * kChunk);
+        std::vector<std::byte> out(len);
+        auto n = cache->read_full("o" + std::to_string(obj), off, out);
+        auto want = pattern(4 * kChunk, obj);
+        uint64_t end = std::min<uint64_t>(4 * kChunk, off + len);
+        if (!n || *n != end - off ||
+            !std::equal(out.begin(), out.begin() + *n, want.begin() + off)) {
+          wrong = true;
+        }
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  done = true;
+  watch.join();
+  EXPECT_FALSE(wrong);
+  EXPECT_FALSE(over);
+  CacheStats s = cache->stats();
+  EXPECT_LE(s.ram.bytes, o.ram_bytes);
+  EXPECT_LE(s.disk.bytes, o.disk_bytes);
+  EXPECT_GT(s.evictions, 0u);
+}
+
+// kill -9 at random moments while a child fills the cache from a file:// store; every
+// restart must find a consistent index and serve only correct bytes.
+TEST(TieredCache, KillNineDuringFillsNeverServesACorruptChunk) {
+  TempDir data, dir;
+  const int kObjects = 12;
+  {
+    auto s = store::open_store("file://" + data.path()).value();
+    for (int i = 0; i < kObjects; ++i)
+      ASSERT_TRUE(s->put("o" + std::to_string(i), pattern(8 * kChunk + i, i)));
+  }
+  std::mt19937 rng(99);
+  for (int round = 0; round < 12; ++round) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      CacheOptions o = small_options(dir.path());
+      o.disk_bytes = 3 << 20;  // smaller than the data: evictions and index records churn
+      auto c = TieredCache::open(store::open_store("file://" + data.path()).value(), o);
+      if (!c) ::_exit(3);
+      std::mt19937 r(round);
+      for (;;) {
+        std::vector<std::byte> out(8 * kChunk + kObjects);
+        (void)(*c)->read_full("o" + std::to_string(r() % kObjects), 0, out);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 200));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status))
+        << "round " << round << " child exited " << WEXITSTATUS(status);
+
+    CacheOptions o = small_options(dir.path());
+    o.disk_bytes = 3 << 20;
+    o.ram_bytes = 0;
+    auto cache = open_cache(store::open_store("file://" + data.path()).value(), o);
+    ASSERT_TRUE(cache);
+    auto rep = cache->verify();
+    ASSERT_TRUE(rep.has_value());
+    EXPECT_TRUE(rep->corrupt.empty()) << "round " << round << ": " << rep->corrupt.front();
+    for (int i = 0; i < kObjects; ++i) {
+      ASSERT_EQ(read_range(*cache, "o" + std::to_string(i), 0, 9 * kChunk),
+                pattern(8 * kChunk + i, i))
+          << "round " << round;
+    }
+  }
+}
+
+TEST(TieredCache, PinnedChunksStayAndEvictDropsByPrefix) {
+  Backing b;
+  CacheOptions o = small_options();
+  o.ram_bytes = 8 * kChunk;
+  for (int i = 0; i < 32; ++i)
+    ASSERT_TRUE(b.open()->put("d/" + std::to_string(i), pattern(kChunk, i)));
+  ASSERT_TRUE(b.open()->put("keep/x", pattern(kChunk, 100)));
+  auto cache = open_cache(b.open(), o);
+  ASSERT_TRUE(cache->pin("keep/").has_value());
+  read_range(*cache, "keep/x", 0, kChunk);
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 32; ++i) read_range(*cache, "d/" + std::to_string(i), 0, kChunk);
+  }
+  auto kept = cache->chunks("keep/");
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_TRUE(kept[0].pinned && kept[0].in_ram);
+  auto n = cache->evict("keep/");
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(*n, 1u);
+  EXPECT_TRUE(cache->chunks("keep/").empty());
+}
+
+TEST(TieredCache, RejectsBadOptionsAndKeys) {
+  Backing b;
+  CacheOptions o = small_options();
+  o.chunk_size = 100;
+  auto c = TieredCache::open(b.open(), o);
+  ASSERT_FALSE(c.has_value());
+  EXPECT_EQ(c.error().code(), Code::kInvalidArgument);
+  auto cache = open_cache(b.open(), small_options());
+  std::vector<std::byte> out(1);
+  EXPECT_EQ(cache->read("../x", 0, out).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(cache->stat("").error().code(), Code::kInvalidArgument);
+}
+
+TEST(TieredCache, OpensByUri) {
+  register_scheme();
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(100, 1)));
+  auto s = store::open_store("cache+mem://" + b.name);
+  ASSERT_TRUE(s.has_value()) << s.error().to_string();
+  EXPECT_EQ((*s)->uri(), "cache+mem://" + b.name);
+  EXPECT_EQ(read_range(**s, "k", 0, 100), pattern(100, 1));
+}
+
+}  // namespace
+}  // namespace sluice::cache

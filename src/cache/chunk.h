@@ -13,12 +13,13 @@
 namespace sluice::cache {
 
 struct ChunkKey {
-  std::string key;   // the object's key in the backing store
-  std::string etag;  // the version the bytes belong to
+  std::string store;  // the backing store's identity (CacheOptions::store_id)
+  std::string key;    // the object's key in the backing store
+  std::string etag;   // the version the bytes belong to
   uint64_t index = 0;
 
   bool operator==(const ChunkKey&) const = default;
-  // XXH3-64 of the three fields. Tiers index by it and compare the whole key on lookup,
+  // XXH3-64 of the four fields. Tiers index by it and compare the whole key on lookup,
   // so a collision is a miss, never wrong bytes.
   ChunkId id() const;
 };

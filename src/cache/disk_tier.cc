@@ -21,7 +21,7 @@ namespace {
 constexpr char kMagic[8] = {'S', 'L', 'U', 'C', 'I', 'D', 'X', '1'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderSize = 24;    // magic, version, reserved, xxh3 of the first 16
-constexpr size_t kMaxPayload = 4096;  // keys and etags are at most 1024 bytes each
+constexpr size_t kMaxPayload = 8192;  // store ids 2048 bytes, keys and etags 1024 at most
 constexpr uint64_t kMaxChunk = 1ULL << 30;
 constexpr uint32_t kAdd = 1, kRemove = 2;
 
@@ -89,6 +89,7 @@ std::vector<std::byte> add_payload(const DiskTier::Entry& e) {
   put(p, e.xxh3, 8);
   put(p, e.object_size, 8);
   put(p, static_cast<uint64_t>(e.object_mtime_ns), 8);
+  put_str(p, e.key.store);
   put_str(p, e.key.key);
   put_str(p, e.key.etag);
   return p;
@@ -99,7 +100,8 @@ bool parse_add(std::span<const std::byte> payload, DiskTier::Entry& e) {
   uint64_t mtime = 0;
   bool ok = r.get(e.file_id, 8) && r.get(e.key.index, 8) && r.get(e.length, 8) &&
             r.get(e.xxh3, 8) && r.get(e.object_size, 8) && r.get(mtime, 8) &&
-            r.get_str(e.key.key, 1024) && r.get_str(e.key.etag, 1024) && r.done();
+            r.get_str(e.key.store, 2048) && r.get_str(e.key.key, 1024) &&
+            r.get_str(e.key.etag, 1024) && r.done();
   e.object_mtime_ns = static_cast<int64_t>(mtime);
   // Every field is untrusted: a record that parses but names nonsense is dropped too.
   return ok && e.file_id != 0 && e.length > 0 && e.length <= kMaxChunk &&

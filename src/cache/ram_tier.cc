@@ -8,6 +8,8 @@ namespace sluice::cache {
 ChunkId ChunkKey::id() const {
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
+  XXH3_64bits_update(&st, store.data(), store.size());
+  XXH3_64bits_update(&st, "", 1);
   XXH3_64bits_update(&st, etag.data(), etag.size());
   XXH3_64bits_update(&st, "", 1);
   XXH3_64bits_update(&st, key.data(), key.size());

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <future>
 #include <map>
 #include <thread>
@@ -71,12 +72,16 @@ struct Metrics {
   telemetry::Histogram& fill_ns;
 };
 
-std::function<bool(const ChunkKey&)> key_is(std::string key) {
-  return [key = std::move(key)](const ChunkKey& c) { return c.key == key; };
+std::function<bool(const ChunkKey&)> key_is(std::string store, std::string key) {
+  return [store = std::move(store), key = std::move(key)](const ChunkKey& c) {
+    return c.store == store && c.key == key;
+  };
 }
 
-std::function<bool(const ChunkKey&)> key_under(std::string prefix) {
-  return [prefix = std::move(prefix)](const ChunkKey& c) { return c.key.starts_with(prefix); };
+std::function<bool(const ChunkKey&)> key_under(std::string store, std::string prefix) {
+  return [store = std::move(store), prefix = std::move(prefix)](const ChunkKey& c) {
+    return c.store == store && c.key.starts_with(prefix);
+  };
 }
 
 }  // namespace
@@ -85,6 +90,7 @@ struct TieredCache::Impl {
   Impl(std::unique_ptr<store::Store> b, CacheOptions o)
       : backing(std::move(b)),
         options(std::move(o)),
+        store_id(options.store_id.empty() ? backing->uri() : options.store_id),
         own_registry(options.registry ? nullptr : std::make_unique<telemetry::Registry>()),
         registry(options.registry ? options.registry : own_registry.get()),
         m(*registry),
@@ -95,6 +101,7 @@ struct TieredCache::Impl {
 
   std::unique_ptr<store::Store> backing;
   CacheOptions options;
+  std::string store_id;  // options.store_id, or the backing store's URI
   std::unique_ptr<telemetry::Registry> own_registry;
   telemetry::Registry* registry;
   Metrics m;
@@ -109,7 +116,8 @@ struct TieredCache::Impl {
   std::unordered_map<ChunkId, std::shared_ptr<Flight>> flights;  // guarded by flight_mu
 
   mutable std::mutex pin_mu;
-  std::vector<std::string> pinned_prefixes;  // guarded by pin_mu
+  std::vector<std::string> pinned_prefixes;  // this store's; guarded by pin_mu
+  std::vector<std::string> other_pins;       // other stores' lines of DIR/pins; pin_mu
 
   // NVMe writes happen behind fills, on one thread, so a cold read does not wait for them.
   std::mutex wq_mu;
@@ -126,6 +134,42 @@ struct TieredCache::Impl {
     }
     wq_cv.notify_all();
     if (writer.joinable()) writer.join();
+  }
+
+  // DIR/pins: one line per pinned prefix, "<store id>\t<prefix>", for every store.
+  std::string pins_path() const { return options.directory + "/pins"; }
+
+  void load_pins() {
+    if (options.directory.empty()) return;
+    std::ifstream in(pins_path());
+    std::string line;
+    std::lock_guard lock(pin_mu);
+    while (std::getline(in, line)) {
+      size_t tab = line.find('\t');
+      if (tab == std::string::npos) continue;
+      if (line.substr(0, tab) == store_id)
+        pinned_prefixes.push_back(line.substr(tab + 1));
+      else
+        other_pins.push_back(line);
+    }
+  }
+
+  Status save_pins() {
+    if (options.directory.empty()) return ok();
+    std::string text;
+    {
+      std::lock_guard lock(pin_mu);
+      for (const std::string& l : other_pins) text += l + "\n";
+      for (const std::string& p : pinned_prefixes) text += store_id + "\t" + p + "\n";
+    }
+    std::string tmp = pins_path() + ".new";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << text;
+      if (!out.flush()) return fail(Code::kIoError, "write " + tmp);
+    }
+    if (::rename(tmp.c_str(), pins_path().c_str()) != 0) return fail_errno(errno, "rename " + tmp);
+    return ok();
   }
 
   bool pinned(const std::string& key) const {
@@ -153,7 +197,9 @@ struct TieredCache::Impl {
       it->second = ObjectMeta{info, Clock::now()};
     }
     if (!changed) return;
-    auto old = [&](const ChunkKey& c) { return c.key == info.key && c.etag != info.etag; };
+    auto old = [&](const ChunkKey& c) {
+      return c.store == store_id && c.key == info.key && c.etag != info.etag;
+    };
     uint64_t n = ram->drop_if(old) + (disk ? disk->drop_if(old) : 0);
     m.stale.add(n);
   }
@@ -170,7 +216,8 @@ struct TieredCache::Impl {
       std::lock_guard lock(meta_mu);
       meta.erase(key);
     }
-    return ram->drop_if(key_is(key)) + (disk ? disk->drop_if(key_is(key)) : 0);
+    auto match = key_is(store_id, key);
+    return ram->drop_if(match) + (disk ? disk->drop_if(match) : 0);
   }
 
   // What the cache believes `key` is now, revalidated when older than revalidate_after.
@@ -339,7 +386,7 @@ struct TieredCache::Impl {
 
   Status read_chunk(const store::ObjectInfo& info, uint64_t index, uint64_t within,
                     std::span<std::byte> out) {
-    ChunkKey key{info.key, info.etag, index};
+    ChunkKey key{store_id, info.key, info.etag, index};
     uint64_t length = chunk_length(info.size, index);
     if (std::shared_ptr<const Chunk> c = ram->find(key)) {
       std::memcpy(out.data(), c->buf.data() + within, out.size());
@@ -373,6 +420,7 @@ struct TieredCache::Impl {
     if (!disk) return;
     std::lock_guard lock(meta_mu);
     for (const DiskTier::Entry& e : disk->entries()) {
+      if (e.key.store != store_id) continue;
       store::ObjectInfo info{e.key.key, e.object_size, e.object_mtime_ns, e.key.etag};
       meta.try_emplace(e.key.key, ObjectMeta{info, std::nullopt});
     }
@@ -423,6 +471,10 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
     DiskTier::Options d{o.directory, o.disk_bytes, o.policy, o.io, &impl->m.disk_evictions};
     SLUICE_ASSIGN_OR_RETURN(impl->disk, DiskTier::open(std::move(d)));
     impl->restore_meta();
+    impl->load_pins();
+    for (const std::string& p : impl->pinned_prefixes) {
+      (void)impl->disk->pin_if(key_under(impl->store_id, p), true);
+    }
     impl->writer = std::thread([p = impl.get()] { p->write_loop(); });
   }
   return std::unique_ptr<TieredCache>(new TieredCache(std::move(impl)));
@@ -487,7 +539,7 @@ Status TieredCache::declare(std::span<const PlannedRead> order) {
     uint64_t end = r.length == 0 ? info.size : std::min(info.size, r.offset + r.length);
     for (uint64_t i = r.offset / impl_->options.chunk_size; i * impl_->options.chunk_size < end;
          ++i) {
-      ids.push_back(ChunkKey{info.key, info.etag, i}.id());
+      ids.push_back(ChunkKey{impl_->store_id, info.key, info.etag, i}.id());
     }
   }
   impl_->ram->declare(ids);
@@ -501,7 +553,8 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, false));
   if (offset >= info.size) return std::optional<ChunkExtent>();
   uint64_t index = offset / impl_->options.chunk_size;
-  std::optional<DiskTier::Entry> e = impl_->disk->find(ChunkKey{info.key, info.etag, index});
+  std::optional<DiskTier::Entry> e =
+      impl_->disk->find(ChunkKey{impl_->store_id, info.key, info.etag, index});
   if (!e) return std::optional<ChunkExtent>();
   ChunkExtent x;
   x.path = impl_->disk->path_of(e->file_id);
@@ -514,6 +567,9 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
 }
 
 Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
+  if (prefix.find_first_of("\t\n") != std::string_view::npos) {
+    return fail(Code::kInvalidArgument, "pin: a prefix cannot hold a tab or a newline");
+  }
   {
     std::lock_guard lock(impl_->pin_mu);
     auto& v = impl_->pinned_prefixes;
@@ -523,14 +579,15 @@ Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
       std::erase(v, std::string(prefix));
     }
   }
-  auto match = key_under(std::string(prefix));
+  SLUICE_RETURN_IF_ERROR(impl_->save_pins());
+  auto match = key_under(impl_->store_id, std::string(prefix));
   uint64_t n = impl_->ram->pin_if(match, pinned);
   if (impl_->disk) n += impl_->disk->pin_if(match, pinned);
   return n;
 }
 
 Result<uint64_t> TieredCache::evict(std::string_view prefix) {
-  auto match = key_under(std::string(prefix));
+  auto match = key_under(impl_->store_id, std::string(prefix));
   uint64_t n = impl_->ram->drop_if(match) + (impl_->disk ? impl_->disk->drop_if(match) : 0);
   impl_->m.commanded.add(n);
   return n;
@@ -557,20 +614,25 @@ Result<VerifyReport> TieredCache::verify() {
   return rep;
 }
 
-std::vector<CachedChunk> TieredCache::chunks(std::string_view prefix) const {
-  std::map<std::tuple<std::string, std::string, uint64_t>, CachedChunk> all;
+std::vector<CachedChunk> TieredCache::chunks(std::string_view prefix, bool all_stores) const {
+  auto wanted = [&](const ChunkKey& k) {
+    return (all_stores || k.store == impl_->store_id) && k.key.starts_with(prefix);
+  };
+  std::map<std::tuple<std::string, std::string, std::string, uint64_t>, CachedChunk> all;
   for (const RamTier::Entry& e : impl_->ram->entries()) {
     const ChunkKey& k = e.chunk->key;
-    if (!k.key.starts_with(prefix)) continue;
-    CachedChunk& c = all[{k.key, k.etag, k.index}];
-    c = CachedChunk{k.key, k.etag, k.index, e.chunk->length, true, c.on_disk, c.pinned || e.pinned};
+    if (!wanted(k)) continue;
+    CachedChunk& c = all[{k.store, k.key, k.etag, k.index}];
+    c = CachedChunk{k.store,         k.key, k.etag,    k.index,
+                    e.chunk->length, true,  c.on_disk, c.pinned || e.pinned};
   }
   if (impl_->disk) {
     for (const DiskTier::Entry& e : impl_->disk->entries()) {
-      if (!e.key.key.starts_with(prefix)) continue;
-      CachedChunk& c = all[{e.key.key, e.key.etag, e.key.index}];
-      c = CachedChunk{e.key.key, e.key.etag, e.key.index,         e.length,
-                      c.in_ram,  true,       c.pinned || e.pinned};
+      const ChunkKey& k = e.key;
+      if (!wanted(k)) continue;
+      CachedChunk& c = all[{k.store, k.key, k.etag, k.index}];
+      c = CachedChunk{k.store,  k.key,    k.etag, k.index,
+                      e.length, c.in_ram, true,   c.pinned || e.pinned};
     }
   }
   std::vector<CachedChunk> out;

@@ -57,8 +57,13 @@ class Registry;
 namespace sluice::cache {
 
 struct CacheOptions {
-  // The NVMe tier's directory (created if missing). Empty: a RAM tier only.
+  // The NVMe tier's directory (created if missing). Empty: a RAM tier only. One directory
+  // may hold the chunks of many backing stores (one node-wide budget); they are told
+  // apart by store_id.
   std::string directory;
+  // Names the backing store in chunk keys; empty: its URI. Two caches over the same data
+  // reached by different URIs can share chunks by giving the same id.
+  std::string store_id;
   uint64_t ram_bytes = 1ULL << 30;
   uint64_t disk_bytes = 16ULL << 30;
   uint64_t chunk_size = 4ULL << 20;  // 64 KiB to 1 GiB
@@ -116,6 +121,7 @@ struct CacheStats {
 };
 
 struct CachedChunk {
+  std::string store;  // the backing store's identity
   std::string key;
   std::string etag;
   uint64_t index = 0, length = 0;
@@ -151,13 +157,16 @@ class TieredCache : public store::Store {
   Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
 
   // Pins (or unpins) every cached chunk of keys under `prefix`, and chunks of them cached
-  // later: pinned chunks are never evicted. Returns the chunks pinned now.
+  // later: pinned chunks are never evicted. Pins persist in the cache directory (DIR/pins).
+  // Returns the chunks pinned now.
   Result<uint64_t> pin(std::string_view prefix, bool pinned = true);
   // Drops every cached chunk of keys under `prefix` (pinned ones too). Returns how many.
   Result<uint64_t> evict(std::string_view prefix);
   // Re-reads every NVMe chunk and checks its checksum; corrupt ones are dropped.
   Result<VerifyReport> verify();
-  std::vector<CachedChunk> chunks(std::string_view prefix) const;
+  // Cached chunks of keys under `prefix` of this cache's backing store, or of every store
+  // whose chunks share the directory.
+  std::vector<CachedChunk> chunks(std::string_view prefix, bool all_stores = false) const;
   CacheStats stats() const;
   const CacheOptions& options() const;
 

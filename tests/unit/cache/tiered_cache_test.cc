@@ -448,6 +448,30 @@ TEST(TieredCache, PinnedChunksStayAndEvictDropsByPrefix) {
   EXPECT_TRUE(cache->chunks("keep/").empty());
 }
 
+TEST(TieredCache, StoresSharingADirectoryStayApartAndPinsPersist) {
+  TempDir dir;
+  Backing a, b;
+  ASSERT_TRUE(a.open()->put("k", pattern(100, 1)));
+  ASSERT_TRUE(b.open()->put("k", pattern(100, 2)));
+  {
+    auto ca = open_cache(a.open(), small_options(dir.path()));
+    ASSERT_TRUE(ca->pin("k").has_value());
+    EXPECT_EQ(read_range(*ca, "k", 0, 100), pattern(100, 1));
+  }
+  {
+    auto cb = open_cache(b.open(), small_options(dir.path()));
+    EXPECT_EQ(read_range(*cb, "k", 0, 100), pattern(100, 2));
+    EXPECT_EQ(cb->chunks("").size(), 1u);
+    EXPECT_EQ(cb->chunks("", true).size(), 2u);
+    EXPECT_FALSE(cb->chunks("")[0].pinned);
+  }
+  auto ca = open_cache(a.open(), small_options(dir.path()));
+  auto mine = ca->chunks("");
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_TRUE(mine[0].pinned);
+  EXPECT_EQ(mine[0].store, a.open()->uri());
+}
+
 TEST(TieredCache, RejectsBadOptionsAndKeys) {
   Backing b;
   CacheOptions o = small_options();

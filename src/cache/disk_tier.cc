@@ -176,9 +176,12 @@ Status DiskTier::replay() {
   std::unordered_map<uint64_t, Entry> live;  // by file id
   std::vector<uint64_t> order;               // file ids, oldest record first
   size_t good_end = 0;
-  if (log.size() >= kHeaderSize) {
-    std::vector<std::byte> want = header();
-    if (!std::equal(want.begin(), want.end(), log.begin())) {
+  std::vector<std::byte> want = header();
+  // Shorter than a header: a first write cut short is a prefix of one; anything else is
+  // someone else's file, and is not overwritten.
+  bool torn_header = log.size() < kHeaderSize && std::equal(log.begin(), log.end(), want.begin());
+  if (!log.empty() && !torn_header) {
+    if (log.size() < kHeaderSize || !std::equal(want.begin(), want.end(), log.begin())) {
       return fail(Code::kCorruption, path + ": not a sluice cache index of version " +
                                          std::to_string(kVersion) +
                                          " (bad header); move the cache directory away");

@@ -147,10 +147,14 @@ struct TieredCache::Impl {
     while (std::getline(in, line)) {
       size_t tab = line.find('\t');
       if (tab == std::string::npos) continue;
-      if (line.substr(0, tab) == store_id)
-        pinned_prefixes.push_back(line.substr(tab + 1));
-      else
+      std::string store = line.substr(0, tab), prefix = line.substr(tab + 1);
+      if (store == store_id) {
+        pinned_prefixes.push_back(prefix);
+      } else {
         other_pins.push_back(line);
+      }
+      // Every store's pins hold in the NVMe tier, whichever store this cache reads.
+      if (disk) (void)disk->pin_if(key_under(store, prefix), true);
     }
   }
 
@@ -472,9 +476,6 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
     SLUICE_ASSIGN_OR_RETURN(impl->disk, DiskTier::open(std::move(d)));
     impl->restore_meta();
     impl->load_pins();
-    for (const std::string& p : impl->pinned_prefixes) {
-      (void)impl->disk->pin_if(key_under(impl->store_id, p), true);
-    }
     impl->writer = std::thread([p = impl.get()] { p->write_loop(); });
   }
   return std::unique_ptr<TieredCache>(new TieredCache(std::move(impl)));

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "location.h"
 #include "sizes.h"
 #include "sluice/store/store.h"
 #include "sluice/telemetry/registry.h"
@@ -27,7 +28,12 @@ std::string CpSummary::text() const {
                 static_cast<unsigned long>(retries), retries == 1 ? "y" : "ies",
                 failed ? (", " + std::to_string(failed) + " FAILED").c_str() : "",
                 cancelled ? ", INTERRUPTED (nothing partial was left behind)" : "");
-  return buf;
+  std::string out = buf;
+  if (cached) {
+    out += "\ncache: " + format_size(static_cast<double>(cache_hit_bytes)) + " from the cache, " +
+           format_size(static_cast<double>(cache_miss_bytes)) + " from the source";
+  }
+  return out;
 }
 
 std::string CpSummary::json() const {
@@ -40,53 +46,11 @@ std::string CpSummary::json() const {
       {"failed", failed},
       {"cancelled", cancelled}};
   if (failed) j["error"] = first_error;
+  if (cached) j["cache"] = {{"hit_bytes", cache_hit_bytes}, {"miss_bytes", cache_miss_bytes}};
   return j.dump();
 }
 
 namespace {
-
-// One side of a copy as the user wrote it: a local path, or a store URI and the key or
-// prefix inside it.
-struct Location {
-  bool local = false;
-  std::string store_uri;  // "s3://bucket", "mem://name"; empty for a local path
-  std::string path;       // the local path, or the key or prefix within the store
-  std::string text;       // as given, for messages
-};
-
-// "scheme://" at the start, with a scheme as RFC 3986 spells one; anything else is a path.
-std::string_view scheme_of(std::string_view s) {
-  size_t sep = s.find("://");
-  if (sep == std::string_view::npos || sep == 0) return {};
-  std::string_view scheme = s.substr(0, sep);
-  if (!std::islower(static_cast<unsigned char>(scheme[0]))) return {};
-  for (char c : scheme)
-    if (!std::islower(static_cast<unsigned char>(c)) &&
-        !std::isdigit(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.')
-      return {};
-  return scheme;
-}
-
-// A URI names a store by its scheme and first component (s3://BUCKET, mem://NAME), and the
-// key or prefix in it by the rest; whether the scheme is known is open_store's to say.
-Result<Location> parse_location(const std::string& s) {
-  Location loc{.text = s};
-  std::string_view scheme = scheme_of(s);
-  if (scheme.empty() || scheme == "file") {
-    loc.local = true;
-    loc.path = scheme.empty() ? s : s.substr(7);
-    if (loc.path.empty()) return fail(Code::kInvalidArgument, "'" + s + "' names no path");
-    return loc;
-  }
-  std::string rest = s.substr(scheme.size() + 3);
-  size_t slash = rest.find('/');
-  if (rest.empty() || slash == 0)
-    return fail(Code::kInvalidArgument,
-                "'" + s + "' names no " + (scheme == "s3" ? "bucket" : "store"));
-  loc.store_uri = std::string(scheme) + "://" + rest.substr(0, slash);
-  if (slash != std::string::npos) loc.path = rest.substr(slash + 1);
-  return loc;
-}
 
 // A store and the key (one object) or prefix (recursive) within it.
 struct Side {
@@ -124,6 +88,17 @@ Result<Side> source_object(const Location& l) {
   fs::path real = fs::canonical(l.path, ec);
   if (ec) return fail_errno(ec.value(), "resolve " + l.path);
   return Side{"file://" + parent_or_dot(real), real.filename().string()};
+}
+
+// A local source read through the cache is named from the root (file:///, the key its
+// absolute path), so every command names one file's chunks the same way.
+Result<Side> cached_local(const Side& s) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::path(s.store_uri.substr(7)) / s.key, ec);
+  if (ec) return fail_errno(ec.value(), "resolve " + s.store_uri.substr(7) + "/" + s.key);
+  std::string key = p.string().substr(1);
+  if (s.key.empty() || s.key.ends_with('/')) key = as_prefix(key);
+  return Side{"file:///", key};
 }
 
 // The destination of a one-object copy whose source object is called `name`.
@@ -165,7 +140,9 @@ Status refuse_overlap(const Side& src, const Side& dst, bool recursive) {
   return ok();
 }
 
-void draw(const xfer::CopyProgress& p, double seconds, bool final) {
+}  // namespace
+
+void draw_progress(const xfer::CopyProgress& p, double seconds, bool final) {
   double frac = p.bytes_total
                     ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
                     : (final ? 1.0 : 0.0);
@@ -181,10 +158,9 @@ void draw(const xfer::CopyProgress& p, double seconds, bool final) {
                static_cast<unsigned long>(p.objects_total), final ? "\n" : "");
 }
 
-}  // namespace
-
 Result<CpSummary> run_cp(const CpOptions& o) {
   s3::register_scheme();
+  cache::register_scheme();
   SLUICE_ASSIGN_OR_RETURN(Location from, parse_location(o.src));
   SLUICE_ASSIGN_OR_RETURN(Location to, parse_location(o.dst));
 
@@ -197,13 +173,19 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     dst = destination_object(to, fs::path(src.key).filename().string());
   }
   SLUICE_RETURN_IF_ERROR(refuse_overlap(src, dst, o.recursive));
+  bool cached = o.cache || from.cached;
+  if (cached && from.local) {
+    SLUICE_ASSIGN_OR_RETURN(src, cached_local(src));
+  }
 
   telemetry::Registry registry;
   store::StoreOptions so{.registry = nullptr};
   s3::S3Options s3o = o.s3;
   s3o.registry = &registry;
   so.backend.set(s3o);
-  SLUICE_ASSIGN_OR_RETURN(auto src_store, store::open_store(src.store_uri, so));
+  so.backend.set(o.cache_options);
+  SLUICE_ASSIGN_OR_RETURN(auto src_store,
+                          store::open_store((cached ? "cache+" : "") + src.store_uri, so));
   SLUICE_ASSIGN_OR_RETURN(auto dst_store, store::open_store(dst.store_uri, so));
 
   xfer::CopyPlan plan;
@@ -222,7 +204,8 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  if (o.progress) co.on_progress = [&](const xfer::CopyProgress& p) { draw(p, elapsed(), false); };
+  if (o.progress)
+    co.on_progress = [&](const xfer::CopyProgress& p) { draw_progress(p, elapsed(), false); };
   xfer::CopyReport report = xfer::copy_all(*src_store, *dst_store, plan.items, co);
   report.failures.insert(report.failures.begin(), plan.rejected.begin(), plan.rejected.end());
   if (o.progress) std::fputc('\n', stderr);
@@ -234,6 +217,12 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   sum.cancelled = report.cancelled;
   sum.seconds = report.seconds;
   sum.retries = registry.counter("sluice_s3_retries_total").value();
+  if (auto* c = dynamic_cast<cache::TieredCache*>(src_store.get())) {
+    cache::CacheStats cs = c->stats();
+    sum.cached = true;
+    sum.cache_hit_bytes = cs.ram.hit_bytes + cs.disk.hit_bytes;
+    sum.cache_miss_bytes = cs.miss_bytes;
+  }
   for (auto& f : report.failures) {
     if (sum.first_error.empty()) sum.first_error = f.error.to_string();
     std::fprintf(

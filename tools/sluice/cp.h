@@ -5,8 +5,10 @@
 #include <atomic>
 #include <string>
 
+#include "sluice/cache/tiered_cache.h"
 #include "sluice/core/status.h"
 #include "sluice/s3/store.h"
+#include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
 
@@ -19,6 +21,8 @@ struct CpOptions {
   bool fsync = false;      // make each local file durable before it is renamed into place
   s3::S3Options s3;        // for s3:// locations; max_in_flight is the copy's budget
   const std::atomic<bool>* cancel = nullptr;  // set from a signal handler: stop and clean up
+  bool cache = false;                         // read the source through the tiered cache
+  cache::CacheOptions cache_options;          // for --cache and cache+ sources
 };
 
 struct CpSummary {
@@ -26,6 +30,8 @@ struct CpSummary {
   double seconds = 0;
   bool cancelled = false;
   std::string first_error;  // when failed > 0
+  bool cached = false;      // read through the cache: where the bytes came from
+  uint64_t cache_hit_bytes = 0, cache_miss_bytes = 0;
 
   std::string text() const;
   std::string json() const;
@@ -35,5 +41,8 @@ struct CpSummary {
 // when some objects failed (failed > 0) or the copy was cancelled; an error only when
 // nothing could start (a bad location, a failed listing, a source that is a FIFO).
 Result<CpSummary> run_cp(const CpOptions& options);
+
+// A one-line progress bar on stderr (ends the line when `final`).
+void draw_progress(const xfer::CopyProgress& p, double seconds, bool final);
 
 }  // namespace sluice::cli

@@ -13,6 +13,8 @@
 
 #include "aws_config.h"
 #include "bench.h"
+#include "cache_cmd.h"
+#include "common.h"
 #include "cp.h"
 #include "sizes.h"
 #include "sluice/io/engine.h"
@@ -21,17 +23,6 @@ namespace {
 
 using namespace sluice;
 using namespace sluice::cli;
-
-std::string sluice_home() {
-  if (const char* h = std::getenv("SLUICE_HOME"); h && *h) return h;
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.sluice";
-  return ".sluice";
-}
-
-int report_error(const Error& e) {
-  std::fprintf(stderr, "sluice: error: %s\n", e.to_string().c_str());
-  return e.code() == Code::kInvalidArgument ? 2 : 1;
-}
 
 // Wraps parse_size as a CLI11 option transform, so "--bs 4K" fails with a clear message.
 auto size_validator() {
@@ -101,6 +92,7 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
 
 struct CpArgs {
   CpOptions cp;
+  CacheFlags cache;
   AwsFlags aws;
   std::string part_size = "auto";
   unsigned max_in_flight = 16;
@@ -168,6 +160,9 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   cmd->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
   cmd->add_flag("--fsync", a.cp.fsync,
                 "Make each downloaded file durable (fsync) before renaming it into place");
+  cmd->add_flag("--cache", a.cp.cache,
+                "Read the source through the tiered cache (as a cache+ source URI does)");
+  add_cache_flags(cmd, a.cache);
   cmd->callback([&] {
     auto s3 = load_s3_options(a.aws);
     if (!s3) {
@@ -175,6 +170,12 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       return;
     }
     a.cp.s3 = *s3;
+    auto co = cache_options(a.cache, sluice_home());
+    if (!co) {
+      rc = report_error(co.error());
+      return;
+    }
+    a.cp.cache_options = *co;
     if (a.part_size != "auto") {
       auto size = parse_size(a.part_size);
       if (!size || *size == 0 || *size > s3::kMaxPartSize) {
@@ -295,6 +296,8 @@ int main(int argc, char** argv) {
   add_demo(app, demo_size, rc);
   CpArgs cp;
   add_cp(app, cp, rc);
+  CacheArgs cache_args;
+  add_cache_commands(app, cache_args, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
   // CLI11 only says "A subcommand is required" for a word it does not know: name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

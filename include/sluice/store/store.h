@@ -191,5 +191,8 @@ std::unique_ptr<Store> make_posix_store(std::string root);
 std::unique_ptr<Store> make_memory_store(std::string name = "anonymous");
 // The process-wide memory store called `name` (what mem://NAME opens).
 std::unique_ptr<Store> open_named_memory_store(const std::string& name);
+// A store that keeps nothing: writes succeed and vanish, reads and stats are NotFound.
+// The destination of a copy done only for its reads (cache warming, benchmarks).
+std::unique_ptr<Store> make_discard_store();
 
 }  // namespace sluice::store

@@ -1,0 +1,494 @@
+#include "cache_cmd.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "cp.h"
+#include "location.h"
+#include "sizes.h"
+#include "sluice/s3/store.h"
+#include "sluice/xfer/copy.h"
+
+namespace sluice::cli {
+namespace fs = std::filesystem;
+
+void add_cache_flags(CLI::App* cmd, CacheFlags& f) {
+  cmd->add_option("--cache-dir", f.dir,
+                  "Cache directory (NVMe tier and index; default $SLUICE_HOME/cache)");
+  cmd->add_option("--cache-ram", f.ram, "RAM tier limit (0: no RAM tier)")->default_str("256M");
+  cmd->add_option("--cache-size", f.disk, "NVMe tier limit")->default_str("16G");
+  cmd->add_option(
+         "--chunk-size", f.chunk,
+         "Chunk size, 64K to 1G (a cache directory's chunks keep the size they were cut at)")
+      ->default_str("4M");
+  cmd->add_option("--policy", f.policy, "Eviction policy: s3fifo, lru or declared")
+      ->default_str("s3fifo");
+  cmd->add_option(
+         "--revalidate-ms", f.revalidate_ms,
+         "Re-check an object's etag with the source when what the cache knows is older than this")
+      ->default_val(1000);
+  cmd->add_flag("--offline", f.offline, "Trust the cache: never re-check objects it holds");
+}
+
+Result<cache::CacheOptions> cache_options(const CacheFlags& f, const std::string& home) {
+  cache::CacheOptions o;
+  o.directory = f.dir.empty() ? home + "/cache" : f.dir;
+  auto size = [](const char* flag, const std::string& text) -> Result<uint64_t> {
+    auto v = parse_size(text);
+    if (!v)
+      return fail(Code::kInvalidArgument,
+                  std::string(flag) + " '" + text + "': " + v.error().message());
+    return v;
+  };
+  SLUICE_ASSIGN_OR_RETURN(o.ram_bytes, size("--cache-ram", f.ram));
+  SLUICE_ASSIGN_OR_RETURN(o.disk_bytes, size("--cache-size", f.disk));
+  SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size("--chunk-size", f.chunk));
+  SLUICE_ASSIGN_OR_RETURN(o.policy, cache::parse_policy(f.policy));
+  o.revalidate_after = std::chrono::milliseconds(f.revalidate_ms);
+  o.offline = f.offline;
+  return o;
+}
+
+namespace {
+
+// A backing store for commands that only look after the cache directory (stat, verify,
+// ls): every call says there is none.
+class NoBackingStore final : public store::Store {
+ public:
+  Result<store::ObjectInfo> stat(std::string_view key) override { return none(key); }
+  Result<size_t> read(std::string_view key, uint64_t, std::span<std::byte>,
+                      const store::ReadOptions&) override {
+    return none(key);
+  }
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions&) override {
+    return none(key);
+  }
+  Result<store::ListPage> list(const store::ListOptions& o) override { return none(o.prefix); }
+  Status remove(std::string_view key) override { return none(key); }
+  std::string uri() const override { return "none://"; }
+
+ private:
+  static std::unexpected<Error> none(std::string_view key) {
+    return fail(Code::kUnavailable,
+                "'" + std::string(key) + "': this command opened the cache without its source");
+  }
+};
+
+struct Target {
+  std::unique_ptr<cache::TieredCache> cache;
+  std::string key;  // key or prefix in the cache's backing store
+};
+
+// Opens the store `text` names (a URI, or a local path, cache+ or not) behind the cache.
+// Local files are named from the root (file:///, key = absolute path), as cp --cache does.
+Result<Target> open_target(const std::string& text, const CacheArgs& a, const std::string& home) {
+  SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(text));
+  std::string store_uri = loc.store_uri, key = loc.path;
+  if (loc.local) {
+    std::error_code ec;
+    fs::path p = fs::weakly_canonical(loc.path, ec);
+    if (ec) return fail_errno(ec.value(), "resolve " + loc.path);
+    store_uri = "file:///";
+    key = p.string().substr(1);
+    if (loc.path.ends_with('/') && !key.empty() && !key.ends_with('/')) key += '/';
+  }
+  s3::register_scheme();
+  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
+  store::StoreOptions so;
+  so.backend.set(s3o);
+  SLUICE_ASSIGN_OR_RETURN(auto backing, store::open_store(store_uri, so));
+  SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(a.cache, home));
+  SLUICE_ASSIGN_OR_RETURN(auto c, cache::TieredCache::open(std::move(backing), co));
+  return Target{std::move(c), key};
+}
+
+Result<std::unique_ptr<cache::TieredCache>> open_directory_only(const CacheArgs& a,
+                                                                const std::string& home) {
+  SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(a.cache, home));
+  co.ram_bytes = 0;
+  co.store_id = "none://";
+  return cache::TieredCache::open(std::make_unique<NoBackingStore>(), co);
+}
+
+std::string tiers(const cache::CachedChunk& c) {
+  return std::string(c.in_ram ? "ram" : "") + (c.in_ram && c.on_disk ? "+" : "") +
+         (c.on_disk ? "nvme" : "");
+}
+
+int cmd_stat(const CacheArgs& a, const std::string& home) {
+  auto c = open_directory_only(a, home);
+  if (!c) return report_error(c.error());
+  cache::CacheStats s = (*c)->stats();
+  struct PerStore {
+    uint64_t chunks = 0, bytes = 0, pinned = 0, objects = 0;
+    std::string last_key;
+  };
+  std::map<std::string, PerStore> stores;
+  for (const cache::CachedChunk& ch : (*c)->chunks("", true)) {
+    PerStore& p = stores[ch.store];
+    ++p.chunks;
+    p.bytes += ch.length;
+    p.pinned += ch.pinned;
+    if (ch.key != p.last_key) ++p.objects, p.last_key = ch.key;
+  }
+  if (a.json) {
+    nlohmann::json j = {
+        {"directory", s.directory},
+        {"policy", s.policy},
+        {"io_path", s.io_path},
+        {"nvme",
+         {{"bytes", s.disk.bytes}, {"capacity", s.disk.capacity}, {"chunks", s.disk.chunks}}}};
+    j["stores"] = nlohmann::json::array();
+    for (const auto& [name, p] : stores) {
+      j["stores"].push_back({{"store", name},
+                             {"objects", p.objects},
+                             {"chunks", p.chunks},
+                             {"bytes", p.bytes},
+                             {"pinned_chunks", p.pinned}});
+    }
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("cache %s (policy %s, %s)\n", s.directory.c_str(), s.policy.c_str(),
+              s.io_path.c_str());
+  std::printf("NVMe tier: %s of %s in %lu chunks\n",
+              format_size(static_cast<double>(s.disk.bytes)).c_str(),
+              format_size(static_cast<double>(s.disk.capacity)).c_str(),
+              static_cast<unsigned long>(s.disk.chunks));
+  for (const auto& [name, p] : stores) {
+    std::printf("  %-40s %6lu objects %8lu chunks %12s%s\n", name.c_str(),
+                static_cast<unsigned long>(p.objects), static_cast<unsigned long>(p.chunks),
+                format_size(static_cast<double>(p.bytes)).c_str(),
+                p.pinned ? (" (" + std::to_string(p.pinned) + " pinned)").c_str() : "");
+  }
+  if (stores.empty()) std::printf("  (empty)\n");
+  return 0;
+}
+
+int cmd_ls(const CacheArgs& a, const std::string& home) {
+  std::vector<cache::CachedChunk> chunks;
+  if (a.target.empty()) {
+    auto c = open_directory_only(a, home);
+    if (!c) return report_error(c.error());
+    chunks = (*c)->chunks("", true);
+  } else {
+    auto t = open_target(a.target, a, home);
+    if (!t) return report_error(t.error());
+    chunks = t->cache->chunks(t->key);
+  }
+  nlohmann::json j = nlohmann::json::array();
+  for (const cache::CachedChunk& c : chunks) {
+    if (a.json) {
+      j.push_back({{"store", c.store},
+                   {"key", c.key},
+                   {"etag", c.etag},
+                   {"chunk", c.index},
+                   {"bytes", c.length},
+                   {"tiers", tiers(c)},
+                   {"pinned", c.pinned}});
+    } else {
+      std::printf("%-5s %10lu %s%s chunk %lu%s\n", tiers(c).c_str(),
+                  static_cast<unsigned long>(c.length), c.store.c_str(), printable(c.key).c_str(),
+                  static_cast<unsigned long>(c.index), c.pinned ? " pinned" : "");
+    }
+  }
+  if (a.json) std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+int cmd_verify(const CacheArgs& a, const std::string& home) {
+  auto c = open_directory_only(a, home);
+  if (!c) return report_error(c.error());
+  auto rep = (*c)->verify();
+  if (!rep) return report_error(rep.error());
+  if (a.json) {
+    std::printf(
+        "%s\n",
+        nlohmann::json({{"chunks", rep->chunks}, {"bytes", rep->bytes}, {"corrupt", rep->corrupt}})
+            .dump()
+            .c_str());
+  } else {
+    for (const std::string& why : rep->corrupt)
+      std::fprintf(stderr, "sluice: cache verify: %s\n", why.c_str());
+    std::printf("verified %lu chunks (%s): %zu corrupt%s\n",
+                static_cast<unsigned long>(rep->chunks),
+                format_size(static_cast<double>(rep->bytes)).c_str(), rep->corrupt.size(),
+                rep->corrupt.empty() ? "" : ", dropped (the next read fetches them again)");
+  }
+  return rep->corrupt.empty() ? 0 : 1;
+}
+
+// evict, pin, unpin: one call on a URI prefix.
+int cmd_prefix(const CacheArgs& a, const std::string& home, const std::string& verb) {
+  auto t = open_target(a.target, a, home);
+  if (!t) return report_error(t.error());
+  Result<uint64_t> n =
+      verb == "evict" ? t->cache->evict(t->key) : t->cache->pin(t->key, verb == "pin");
+  if (!n) return report_error(n.error());
+  if (a.json) {
+    std::printf("%s\n", nlohmann::json({{verb, a.target}, {"chunks", *n}}).dump().c_str());
+  } else {
+    std::printf("%s %s: %lu chunk%s%s\n",
+                verb == "evict" ? "evicted"
+                : verb == "pin" ? "pinned"
+                                : "unpinned",
+                a.target.c_str(), static_cast<unsigned long>(*n), *n == 1 ? "" : "s",
+                verb == "pin" ? " now, and whatever of it is cached later" : "");
+  }
+  return 0;
+}
+
+// The keys `warm --list FILE` names: one URI or path per line, all in one store.
+Result<std::vector<xfer::CopyItem>> list_file_items(const std::string& file,
+                                                    const std::string& store_uri,
+                                                    const std::string& first_text) {
+  std::ifstream in(file);
+  if (!in) return fail_errno(errno, "open " + file);
+  std::vector<xfer::CopyItem> items;
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty() || line[0] == '#') continue;
+    SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(line));
+    std::string uri = loc.local ? "file:///" : loc.store_uri;
+    std::string key = loc.local ? fs::weakly_canonical(loc.path).string().substr(1) : loc.path;
+    if (uri != store_uri && !(loc.local && store_uri == "file:///")) {
+      return fail(Code::kInvalidArgument, file + " line " + std::to_string(n) + ": '" + line +
+                                              "' is not in the same store as '" + first_text + "'");
+    }
+    items.push_back(xfer::CopyItem{key, key, std::nullopt});
+  }
+  return items;
+}
+
+int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& cancel) {
+  std::string first = a.target;
+  if (first.empty() && !a.list_file.empty()) {
+    std::ifstream in(a.list_file);
+    while (std::getline(in, first) && (first.empty() || first[0] == '#')) {
+    }
+  }
+  if (first.empty()) {
+    return report_error(
+        Error(Code::kInvalidArgument, "warm: give a URI prefix, or --list FILE of URIs"));
+  }
+  auto t = open_target(first, a, home);
+  if (!t) return report_error(t.error());
+  std::vector<xfer::CopyItem> items;
+  if (!a.list_file.empty()) {
+    auto loc = parse_location(first);
+    std::string uri = loc && !loc->local ? loc->store_uri : "file:///";
+    auto li = list_file_items(a.list_file, uri, first);
+    if (!li) return report_error(li.error());
+    items = std::move(*li);
+  } else {
+    auto plan = xfer::plan_prefix(*t->cache, t->key, t->key);
+    if (!plan) return report_error(plan.error());
+    items = std::move(plan->items);
+    for (const xfer::CopyFailure& f : plan->rejected) {
+      std::fprintf(stderr, "sluice: cache warm: skipped '%s': %s\n", f.src_key.c_str(),
+                   f.error.message().c_str());
+    }
+  }
+  auto discard = store::make_discard_store();
+  xfer::CopyOptions co;
+  co.jobs = a.jobs;
+  co.cancel = cancel.flag;
+  if (cancel.install) cancel.install();
+  auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  if (progress)
+    co.on_progress = [&](const xfer::CopyProgress& p) { draw_progress(p, elapsed(), false); };
+  xfer::CopyReport rep = xfer::copy_all(*t->cache, *discard, items, co);
+  if (progress) std::fputc('\n', stderr);
+  for (const xfer::CopyFailure& f : rep.failures) {
+    std::fprintf(stderr, "sluice: cache warm %s: %s\n", f.src_key.c_str(),
+                 f.error.to_string().c_str());
+  }
+  cache::CacheStats s = t->cache->stats();
+  uint64_t hit = s.ram.hit_bytes + s.disk.hit_bytes;
+  if (a.json) {
+    std::printf("%s\n", nlohmann::json({{"objects", rep.objects},
+                                        {"bytes", rep.bytes},
+                                        {"seconds", rep.seconds},
+                                        {"already_cached_bytes", hit},
+                                        {"fetched_bytes", s.miss_bytes},
+                                        {"failed", rep.failures.size()},
+                                        {"cancelled", rep.cancelled}})
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("warmed %lu objects, %s in %.2f s: %s fetched, %s already cached%s%s\n",
+                static_cast<unsigned long>(rep.objects),
+                format_size(static_cast<double>(rep.bytes)).c_str(), rep.seconds,
+                format_size(static_cast<double>(s.miss_bytes)).c_str(),
+                format_size(static_cast<double>(hit)).c_str(),
+                rep.failures.empty()
+                    ? ""
+                    : (", " + std::to_string(rep.failures.size()) + " FAILED").c_str(),
+                rep.cancelled ? ", INTERRUPTED" : "");
+  }
+  return rep.cancelled ? 130 : rep.failures.empty() ? 0 : 1;
+}
+
+// "A-B" (inclusive, as HTTP and curl -r), "A-" (to the end), or "-N" (the last N bytes).
+Result<std::pair<uint64_t, std::optional<uint64_t>>> parse_range(const std::string& r,
+                                                                 uint64_t size) {
+  size_t dash = r.find('-');
+  auto bad = [&](const std::string& why) {
+    return fail(Code::kInvalidArgument, "--range '" + r + "': " + why);
+  };
+  if (dash == std::string::npos) return bad("expected A-B, A- or -N");
+  std::string a = r.substr(0, dash), b = r.substr(dash + 1);
+  if (a.empty()) {
+    auto n = parse_size(b);
+    if (!n) return bad(n.error().message());
+    return std::pair{size - std::min(size, *n), std::optional<uint64_t>(size)};
+  }
+  auto from = parse_size(a);
+  if (!from) return bad(from.error().message());
+  if (b.empty()) return std::pair{*from, std::optional<uint64_t>()};
+  auto to = parse_size(b);
+  if (!to) return bad(to.error().message());
+  if (*to < *from) return bad("the end is before the start");
+  return std::pair{*from, std::optional<uint64_t>(*to + 1)};
+}
+
+int cmd_cat(const CacheArgs& a, const std::string& home) {
+  auto loc = parse_location(a.target);
+  if (!loc) return report_error(loc.error());
+  std::unique_ptr<store::Store> plain;
+  store::Store* src = nullptr;
+  std::string key;
+  std::unique_ptr<cache::TieredCache> cache;
+  if (loc->cached || a.use_cache) {
+    auto t = open_target(a.target, a, home);
+    if (!t) return report_error(t.error());
+    cache = std::move(t->cache);
+    key = t->key;
+    src = cache.get();
+  } else {
+    s3::register_scheme();
+    auto s3o = load_s3_options(a.aws);
+    if (!s3o) return report_error(s3o.error());
+    store::StoreOptions so;
+    so.backend.set(*s3o);
+    std::string uri = loc->local ? "file://" + (fs::path(loc->path).has_parent_path()
+                                                    ? fs::path(loc->path).parent_path().string()
+                                                    : std::string("."))
+                                 : loc->store_uri;
+    key = loc->local ? fs::path(loc->path).filename().string() : loc->path;
+    auto s = store::open_store(uri, so);
+    if (!s) return report_error(s.error());
+    plain = std::move(*s);
+    src = plain.get();
+  }
+  auto info = src->stat(key);
+  if (!info) return report_error(info.error());
+  uint64_t from = 0, to = info->size;
+  if (!a.range.empty()) {
+    auto r = parse_range(a.range, info->size);
+    if (!r) return report_error(r.error());
+    from = r->first;
+    to = std::min(info->size, r->second.value_or(info->size));
+  }
+  std::vector<std::byte> buf(8 << 20);
+  store::ReadOptions ro;
+  ro.if_match = info->etag;  // one version from the first byte to the last
+  ro.object_size = info->size;
+  for (uint64_t pos = from; pos < to;) {
+    auto n = src->read_full(key, pos,
+                            std::span(buf).first(std::min<uint64_t>(buf.size(), to - pos)), ro);
+    if (!n) return report_error(n.error());
+    if (*n == 0)
+      return report_error(Error(Code::kCorruption, "'" + a.target + "' ended at byte " +
+                                                       std::to_string(pos) + ", before its size " +
+                                                       std::to_string(info->size)));
+    if (std::fwrite(buf.data(), 1, *n, stdout) != *n)
+      return report_error(error_from_errno(errno, "write to stdout"));
+    pos += *n;
+  }
+  if (std::fflush(stdout) != 0) return report_error(error_from_errno(errno, "write to stdout"));
+  return 0;
+}
+
+}  // namespace
+
+void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHook cancel, int& rc) {
+  auto* cat = app.add_subcommand("cat",
+                                 "Write an object (or --range of it) to stdout; through the cache "
+                                 "for cache+ URIs or with --cache");
+  cat->add_option(
+         "URI", a.target,
+         "s3://bucket/key, a local path, mem://name/key; cache+ in front reads through the cache")
+      ->required();
+  cat->add_option("--range", a.range, "Bytes A-B (inclusive, like curl -r), A- or -N (the last N)");
+  cat->add_flag("--cache", a.use_cache, "Read through the tiered cache");
+  cat->add_option("--endpoint-url", a.aws.endpoint_url,
+                  "S3 endpoint (else AWS_ENDPOINT_URL, ~/.aws/config)");
+  cat->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
+  cat->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
+  add_cache_flags(cat, a.cache);
+  cat->callback([&, home] { rc = cmd_cat(a, home); });
+
+  auto* cache = app.add_subcommand(
+      "cache", "Look after the local cache directory (the embedded cache; no daemon)");
+  cache->require_subcommand(1);
+  auto with_common = [&](CLI::App* c, bool source) {
+    add_cache_flags(c, a.cache);
+    c->add_flag("--json", a.json, "Print the result as JSON");
+    if (source) {
+      c->add_option("--endpoint-url", a.aws.endpoint_url,
+                    "S3 endpoint (else AWS_ENDPOINT_URL, ~/.aws/config)");
+      c->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
+      c->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
+    }
+    return c;
+  };
+  with_common(
+      cache->add_subcommand("stat", "Tier sizes and what each source store has in the cache"),
+      false)
+      ->callback([&, home] { rc = cmd_stat(a, home); });
+  auto* ls = with_common(
+      cache->add_subcommand("ls", "List cached chunks (of every store, or under a URI prefix)"),
+      true);
+  ls->add_option("PREFIX", a.target, "URI prefix: s3://bucket/data/, /local/dir/");
+  ls->callback([&, home] { rc = cmd_ls(a, home); });
+  auto* warm = with_common(
+      cache->add_subcommand("warm",
+                            "Read objects into the cache ahead of use, in parallel, with progress"),
+      true);
+  warm->add_option("PREFIX", a.target, "URI prefix to warm: every object under it");
+  warm->add_option("--list", a.list_file, "File of URIs to warm, one per line (all in one store)");
+  warm->add_option("-j,--jobs", a.jobs, "Objects read at once")
+      ->default_val(16)
+      ->check(CLI::Range(1u, 1024u));
+  warm->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
+  warm->callback([&, home, cancel] { rc = cmd_warm(a, home, cancel); });
+  for (const char* verb : {"evict", "pin", "unpin"}) {
+    const char* what = std::string(verb) == "evict" ? "Drop every cached chunk under a URI prefix"
+                       : std::string(verb) == "pin"
+                           ? "Keep every chunk under a URI prefix (now and later) from eviction"
+                           : "Undo pin";
+    auto* c = with_common(cache->add_subcommand(verb, what), true);
+    c->add_option("PREFIX", a.target, "URI prefix: s3://bucket/data/, /local/dir/")->required();
+    c->callback([&, home, v = std::string(verb)] { rc = cmd_prefix(a, home, v); });
+  }
+  with_common(cache->add_subcommand(
+                  "verify", "Re-read every NVMe chunk and check its checksum; drop corrupt ones"),
+              false)
+      ->callback([&, home] { rc = cmd_verify(a, home); });
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,51 @@
+// `sluice cache stat|ls|warm|evict|pin|unpin|verify` and `sluice cat`: the tiered cache
+// from the command line, on the local cache directory (the embedded default: no daemon).
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "aws_config.h"
+#include "sluice/cache/tiered_cache.h"
+
+namespace sluice::cli {
+
+// The cache settings every command that reads through the cache takes.
+struct CacheFlags {
+  std::string dir;  // --cache-dir; default $SLUICE_HOME/cache
+  std::string ram = "256M", disk = "16G", chunk = "4M";
+  std::string policy = "s3fifo";
+  unsigned revalidate_ms = 1000;
+  bool offline = false;
+};
+
+void add_cache_flags(CLI::App* cmd, CacheFlags& flags);
+// The library's options from the flags; `home` is $SLUICE_HOME.
+Result<cache::CacheOptions> cache_options(const CacheFlags& flags, const std::string& home);
+
+struct CacheArgs {
+  CacheFlags cache;
+  AwsFlags aws;
+  std::string target;      // URI or URI prefix (ls, warm, evict, pin, unpin, cat)
+  std::string list_file;   // warm --list
+  std::string range;       // cat --range A-B
+  bool use_cache = false;  // cat --cache
+  bool json = false;
+  bool no_progress = false;
+  unsigned jobs = 16;
+};
+
+// How a long command (warm) learns of Ctrl-C: `install` sets up the signal handlers that
+// set `flag`.
+struct CancelHook {
+  const std::atomic<bool>* flag = nullptr;
+  void (*install)() = nullptr;
+};
+
+// Adds `cat` and `cache` to the app; each sets rc when it runs. `home` is $SLUICE_HOME.
+void add_cache_commands(CLI::App& app, CacheArgs& args, std::string home, CancelHook cancel,
+                        int& rc);
+
+}  // namespace sluice::cli

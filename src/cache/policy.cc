@@ -420,6 +420,28 @@ class DeclaredPolicy final : public EvictionPolicy {
 
 }  // namespace
 
+std::vector<double> replay_trace(EvictionPolicy& p, std::span<const std::vector<ChunkId>> epochs,
+                                 uint64_t chunk_bytes, TraceDeclare declare) {
+  if (declare == TraceDeclare::kAll) {
+    for (const auto& e : epochs) p.declare(e);
+  }
+  std::vector<double> ratios;
+  for (const auto& epoch : epochs) {
+    if (declare == TraceDeclare::kEachEpoch) p.declare(epoch);
+    size_t hits = 0;
+    for (ChunkId id : epoch) {
+      if (p.contains(id)) {
+        p.on_hit(id);
+        ++hits;
+      } else {
+        (void)p.admit(id, chunk_bytes);
+      }
+    }
+    ratios.push_back(epoch.empty() ? 0.0 : static_cast<double>(hits) / epoch.size());
+  }
+  return ratios;
+}
+
 std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, uint64_t capacity_bytes) {
   switch (kind) {
     case PolicyKind::kLru:

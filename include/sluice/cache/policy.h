@@ -79,4 +79,17 @@ class EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> make_policy(PolicyKind kind, uint64_t capacity_bytes);
 
+// What a policy is told of a trace before it is replayed.
+enum class TraceDeclare {
+  kNothing,    // reads only
+  kEachEpoch,  // each epoch's order, as that epoch starts (what a loader can do)
+  kAll,        // every epoch's order up front (with kDeclared: the offline optimum)
+};
+
+// Replays epochs of reads of `chunk_bytes`-sized chunks through `policy` (admitting on
+// every miss); returns each epoch's hit ratio. For trace tests and capacity planning.
+std::vector<double> replay_trace(EvictionPolicy& policy,
+                                 std::span<const std::vector<ChunkId>> epochs, uint64_t chunk_bytes,
+                                 TraceDeclare declare);
+
 }  // namespace sluice::cache

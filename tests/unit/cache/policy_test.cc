@@ -15,26 +15,10 @@ namespace {
 
 constexpr uint64_t kChunk = 4 << 20;
 
-// Reads `epochs` (each a list of chunk ids) through `p`; returns the hit ratio per epoch.
-// With declare_each, each epoch's order is declared to the policy when the epoch starts.
 std::vector<double> replay(EvictionPolicy& p, const std::vector<std::vector<ChunkId>>& epochs,
                            bool declare_each) {
-  std::vector<double> ratios;
-  for (const auto& epoch : epochs) {
-    if (declare_each) p.declare(epoch);
-    size_t hits = 0;
-    for (ChunkId id : epoch) {
-      if (p.contains(id)) {
-        p.on_hit(id);
-        ++hits;
-      } else {
-        (void)p.admit(id, kChunk);
-      }
-      EXPECT_LE(p.resident_bytes(), p.capacity());
-    }
-    ratios.push_back(static_cast<double>(hits) / epoch.size());
-  }
-  return ratios;
+  return replay_trace(p, epochs, kChunk,
+                      declare_each ? TraceDeclare::kEachEpoch : TraceDeclare::kNothing);
 }
 
 std::vector<ChunkId> in_order(size_t n) {
@@ -79,8 +63,7 @@ TEST(PolicyTrace, DeclaredOrderNearOfflineOptimum) {
   std::vector<double> got = replay(*declared, epochs, true);
 
   auto oracle = make_policy(PolicyKind::kDeclared, cache_chunks * kChunk);
-  for (const auto& e : epochs) oracle->declare(e);
-  std::vector<double> best = replay(*oracle, epochs, false);
+  std::vector<double> best = replay_trace(*oracle, epochs, kChunk, TraceDeclare::kAll);
 
   auto s3 = make_policy(PolicyKind::kS3Fifo, cache_chunks * kChunk);
   std::vector<double> s3r = replay(*s3, epochs, false);

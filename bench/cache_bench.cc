@@ -163,9 +163,15 @@ int main(int argc, char** argv) {
       std::fwrite(block.data(), 1, std::min<uint64_t>(kChunk, size - done), f);
     }
     std::fclose(f);
-    auto c = open_cache(data, dir, 0);
-    read_all(*c, size, threads);  // fills the NVMe tier (written behind the reads)
-    return 0;                     // closing drains the NVMe writes
+    // Fills the NVMe tier. Writes go behind the reads through a bounded queue, and a fill
+    // that finds it full skips the NVMe tier: pass again until every chunk is there.
+    for (int pass = 0; pass < 10; ++pass) {
+      auto c = open_cache(data, dir, 0);
+      read_all(*c, size, threads);
+      if (pass > 0 && c->stats().misses == 0) return 0;
+    }  // closing a cache drains its NVMe writes
+    std::fprintf(stderr, "cache_bench: the NVMe tier did not fill in 10 passes\n");
+    return 1;
   }
   uint64_t size = std::filesystem::file_size(big);
   double seconds = 0;

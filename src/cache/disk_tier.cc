@@ -352,6 +352,12 @@ std::optional<DiskTier::Entry> DiskTier::find(const ChunkKey& key) {
   return it->second;
 }
 
+bool DiskTier::contains(const ChunkKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key.id());
+  return it != entries_.end() && it->second.key == key;
+}
+
 Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
   std::string path = path_of(e.file_id);
   io::OpenOptions oo;

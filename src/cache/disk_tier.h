@@ -55,6 +55,8 @@ class DiskTier {
 
   // The entry of a readable chunk (a hit for the policy), or nullopt.
   std::optional<Entry> find(const ChunkKey& key);
+  // Whether the chunk is here or being written (not a hit).
+  bool contains(const ChunkKey& key) const;
   // Reads the chunk of `e` into dst (e.length bytes) and checks its checksum. A mismatch is
   // Corruption and drops the chunk; NotFound means it was evicted meanwhile.
   Status read(const Entry& e, std::span<std::byte> dst);

@@ -301,6 +301,12 @@ struct TieredCache::Impl {
     }
   }
 
+  std::unexpected<Error> ended_early(const store::ObjectInfo& info, uint64_t at) const {
+    return fail(Code::kCorruption, "'" + info.key + "' in " + backing->uri() + " ended at byte " +
+                                       std::to_string(at) + ", before its size " +
+                                       std::to_string(info.size) + "; nothing cached");
+  }
+
   // Reads one chunk from the backing store, pinned to the version in `info`.
   ChunkResult fetch(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length) {
     uint64_t t0 = telemetry::now_ns();
@@ -311,12 +317,7 @@ struct TieredCache::Impl {
     auto dst = std::span<std::byte>(c->buf.data(), length);
     SLUICE_ASSIGN_OR_RETURN(size_t n,
                             backing->read_full(key.key, key.index * options.chunk_size, dst, ro));
-    if (n != length) {
-      return fail(Code::kCorruption, "'" + key.key + "' in " + backing->uri() + " ended at byte " +
-                                         std::to_string(key.index * options.chunk_size + n) +
-                                         ", before its size " + std::to_string(info.size) +
-                                         "; nothing cached");
-    }
+    if (n != length) return ended_early(info, key.index * options.chunk_size + n);
     c->xxh3 = checksum(c->bytes());
     m.misses.add();
     m.miss_bytes.add(length);
@@ -388,23 +389,96 @@ struct TieredCache::Impl {
     return true;
   }
 
-  Status read_chunk(const store::ObjectInfo& info, uint64_t index, uint64_t within,
-                    std::span<std::byte> out) {
-    ChunkKey key{store_id, info.key, info.etag, index};
-    uint64_t length = chunk_length(info.size, index);
+  // From the RAM tier, else the NVMe tier; false when neither holds the chunk.
+  Result<bool> from_tiers(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,
+                          uint64_t within, std::span<std::byte> out) {
     if (std::shared_ptr<const Chunk> c = ram->find(key)) {
       std::memcpy(out.data(), c->buf.data() + within, out.size());
       m.ram_hits.add();
       m.ram_hit_bytes.add(out.size());
-      return ok();
+      return true;
     }
-    SLUICE_ASSIGN_OR_RETURN(bool done, from_disk(info, key, length, within, out));
-    if (done) return ok();
-    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> c, fill(info, key, length));
-    std::memcpy(out.data(), c->buf.data() + within, out.size());
-    return ok();
+    return from_disk(info, key, length, within, out);
   }
 
+  // A run of whole chunks from `index` that no tier holds and no fill is reading, ending
+  // before byte `end`: claimed (a flight each), so readers that want them wait for the
+  // one backing read of the run. Empty when the first chunk is already being read.
+  struct Claim {
+    ChunkKey key;
+    uint64_t length = 0;
+    std::promise<ChunkResult> promise;
+  };
+  static constexpr uint64_t kMaxRunBytes = 64 << 20;
+
+  std::vector<Claim> claim_run(const store::ObjectInfo& info, uint64_t index, uint64_t end) {
+    std::vector<Claim> run;
+    uint64_t bytes = 0;
+    std::lock_guard lock(flight_mu);  // then a tier's lock: never the other way round
+    for (uint64_t i = index; i * options.chunk_size < info.size; ++i) {
+      uint64_t length = chunk_length(info.size, i);
+      if (i * options.chunk_size + length > end || (i > index && bytes + length > kMaxRunBytes))
+        break;
+      ChunkKey key{store_id, info.key, info.etag, i};
+      if (flights.contains(key.id())) break;
+      if (i > index && (ram->contains(key) || (disk && disk->contains(key)))) break;
+      Claim c{std::move(key), length, {}};
+      flights.emplace(c.key.id(),
+                      std::make_shared<Flight>(Flight{c.key, c.promise.get_future().share()}));
+      run.push_back(std::move(c));
+      bytes += length;
+    }
+    return run;
+  }
+
+  // A chunk the tiers can keep, copied from bytes just read. On failure (no memory) the read
+  // still has its bytes; only waiters for this chunk see the error.
+  ChunkResult copy_chunk(const ChunkKey& key, std::span<const std::byte> bytes,
+                         const store::ObjectInfo& info) {
+    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Chunk> c, new_chunk(key, bytes.size(), info));
+    std::memcpy(c->buf.data(), bytes.data(), bytes.size());
+    c->xxh3 = checksum(c->bytes());
+    return std::shared_ptr<const Chunk>(std::move(c));
+  }
+
+  // One backing read for a claimed run, straight into `out` (no bounce); then each chunk is
+  // copied out for the tiers and handed to whoever waits for it.
+  Status fill_run(const store::ObjectInfo& info, std::vector<Claim>& run,
+                  std::span<std::byte> out) {
+    uint64_t t0 = telemetry::now_ns();
+    uint64_t start = run.front().key.index * options.chunk_size;
+    store::ReadOptions ro;
+    ro.if_match = info.etag;
+    ro.object_size = info.size;
+    auto n = backing->read_full(info.key, start, out, ro);
+    Status s = !n                 ? Status(std::unexpected(n.error()))
+               : *n != out.size() ? Status(ended_early(info, start + *n))
+                                  : ok();
+    uint64_t pos = 0;
+    for (Claim& c : run) {
+      ChunkResult r = s ? copy_chunk(c.key, out.subspan(pos, c.length), info)
+                        : ChunkResult(std::unexpected(s.error()));
+      if (r) {
+        (void)ram->offer(*r, pinned(c.key.key));  // the tiers decide whether to keep it
+        enqueue_disk_write(*r);
+      }
+      c.promise.set_value(r);
+      pos += c.length;
+    }
+    {
+      std::lock_guard lock(flight_mu);
+      for (const Claim& c : run) flights.erase(c.key.id());
+    }
+    if (s) {
+      m.misses.add(run.size());
+      m.miss_bytes.add(out.size());
+      m.fill_ns.record(telemetry::now_ns() - t0);
+    }
+    return s;
+  }
+
+  // Reads [offset, offset + dst.size()) of one version chunk by chunk: each from a tier, or
+  // whole missing chunks in runs of one backing read, or (a part of a chunk) by a fill.
   Result<size_t> read_version(const store::ObjectInfo& info, uint64_t offset,
                               std::span<std::byte> dst) {
     if (offset >= info.size) return size_t{0};
@@ -412,8 +486,25 @@ struct TieredCache::Impl {
     for (uint64_t pos = offset; pos < offset + n;) {
       uint64_t index = pos / options.chunk_size;
       uint64_t within = pos - index * options.chunk_size;
-      uint64_t take = std::min(chunk_length(info.size, index) - within, offset + n - pos);
-      SLUICE_RETURN_IF_ERROR(read_chunk(info, index, within, dst.subspan(pos - offset, take)));
+      uint64_t length = chunk_length(info.size, index);
+      uint64_t take = std::min(length - within, offset + n - pos);
+      std::span<std::byte> out = dst.subspan(pos - offset, take);
+      ChunkKey key{store_id, info.key, info.etag, index};
+      SLUICE_ASSIGN_OR_RETURN(bool done, from_tiers(info, key, length, within, out));
+      if (!done && take == length) {
+        std::vector<Claim> run = claim_run(info, index, offset + n);
+        if (!run.empty()) {
+          uint64_t bytes = 0;
+          for (const Claim& c : run) bytes += c.length;
+          SLUICE_RETURN_IF_ERROR(fill_run(info, run, dst.subspan(pos - offset, bytes)));
+          pos += bytes;
+          continue;
+        }
+      }
+      if (!done) {
+        SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> c, fill(info, key, length));
+        std::memcpy(out.data(), c->buf.data() + within, out.size());
+      }
       pos += take;
     }
     return static_cast<size_t>(n);

@@ -135,6 +135,24 @@ TEST(TieredCache, ConcurrentMissesOnOneChunkReadTheBackingStoreOnce) {
   EXPECT_GT(cache->stats().singleflight_joins, 0u);
 }
 
+TEST(TieredCache, AMissOnManyWholeChunksIsOneBackingRead) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(6 * kChunk + 5, 1)));
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  FaultInjectionStore* f = faults.get();
+  auto cache = open_cache(std::move(faults), small_options());
+  // Chunk 1 cached first: the run of misses stops at it and goes on after it.
+  const auto want = pattern(6 * kChunk + 5, 1);
+  EXPECT_EQ(read_range(*cache, "k", kChunk, kChunk),
+            std::vector<std::byte>(want.begin() + kChunk, want.begin() + 2 * kChunk));
+  EXPECT_EQ(f->calls(FaultOp::kRead), 1u);
+  EXPECT_EQ(read_range(*cache, "k", 0, 7 * kChunk), pattern(6 * kChunk + 5, 1));
+  EXPECT_EQ(f->calls(FaultOp::kRead), 3u);  // chunk 0; chunk 1 from RAM; chunks 2-6 in one
+  EXPECT_EQ(cache->stats().misses, 7u);
+  EXPECT_EQ(read_range(*cache, "k", 0, 7 * kChunk), pattern(6 * kChunk + 5, 1));
+  EXPECT_EQ(f->calls(FaultOp::kRead), 3u);
+}
+
 TEST(TieredCache, AReplacedObjectIsNeverServedAfterRevalidation) {
   TempDir dir;
   Backing b;

@@ -94,7 +94,9 @@ struct TieredCache::Impl {
         own_registry(options.registry ? nullptr : std::make_unique<telemetry::Registry>()),
         registry(options.registry ? options.registry : own_registry.get()),
         m(*registry),
-        pool(round_up(options.chunk_size), 16),
+        // Enough idle buffers to recycle a full NVMe write queue: fresh memory is slow to touch.
+        pool(round_up(options.chunk_size),
+             16 + options.disk_write_queue_bytes / options.chunk_size),
         ram(std::make_unique<RamTier>(options.ram_bytes, options.policy, &m.ram_evictions)) {}
 
   static size_t round_up(uint64_t n) { return static_cast<size_t>((n + 4095) & ~uint64_t{4095}); }

@@ -23,7 +23,9 @@ namespace fs = std::filesystem;
 void add_cache_flags(CLI::App* cmd, CacheFlags& f) {
   cmd->add_option("--cache-dir", f.dir,
                   "Cache directory (NVMe tier and index; default $SLUICE_HOME/cache)");
-  cmd->add_option("--cache-ram", f.ram, "RAM tier limit (0: no RAM tier)")->default_str("256M");
+  cmd->add_option("--cache-ram", f.ram,
+                  "RAM tier limit (0, the default: none; one command reads each byte once)")
+      ->default_str("0");
   cmd->add_option("--cache-size", f.disk, "NVMe tier limit")->default_str("16G");
   cmd->add_option(
          "--chunk-size", f.chunk,

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -64,11 +65,18 @@ struct Metrics {
                         "Misses that waited for another reader's fill")),
         disk_skipped(r.counter("sluice_cache_disk_writes_skipped_total", {},
                                "Fills not written to NVMe: write queue full or write failed")),
+        prefetched(r.counter("sluice_cache_prefetched_total", {},
+                             "Chunks fetched ahead of a declared read")),
+        prefetch_hits(r.counter("sluice_cache_prefetch_hits_total", {},
+                                "Prefetched chunks later read from a tier")),
+        prefetch_wasted(r.counter("sluice_cache_prefetch_wasted_total", {},
+                                  "Prefetched chunks evicted or skipped before their read")),
         fill_ns(r.histogram("sluice_cache_fill_seconds", {},
                             "Time to fill a chunk from the backing store", 1e-9)) {}
   telemetry::Counter &ram_hits, &disk_hits, &ram_hit_bytes, &disk_hit_bytes, &misses, &miss_bytes;
   telemetry::Counter &ram_evictions, &disk_evictions, &stale, &corrupt, &commanded;
   telemetry::Counter &checksum_failures, &joins, &disk_skipped;
+  telemetry::Counter &prefetched, &prefetch_hits, &prefetch_wasted;
   telemetry::Histogram& fill_ns;
 };
 
@@ -129,13 +137,126 @@ struct TieredCache::Impl {
   bool stopping = false;                        // guarded by wq_mu
   std::thread writer;
 
+  // Prefetch of declared reads. Chunks wait in `pf_queue` in declared order; threads fetch
+  // them while the bytes fetched and not yet read (`pf_ahead`) stay within prefetch_bytes.
+  // A read of a prefetched chunk releases it (a hit if a tier still had it, else waste) and
+  // every one declared before it (skipped: waste), so an abandoned order cannot hold the
+  // budget.
+  struct Planned {
+    store::ObjectInfo info;
+    uint64_t index = 0;
+    uint64_t position = 0;  // in the declared order
+  };
+  std::mutex pf_mu;
+  std::condition_variable pf_cv;
+  std::deque<Planned> pf_queue;  // guarded by pf_mu
+  struct Ahead {
+    uint64_t position = 0, bytes = 0;
+    bool fetching = true;  // its fill has not returned: a read now is a late hit
+  };
+  std::map<ChunkId, Ahead> pf_ahead_chunks;  // guarded by pf_mu
+  uint64_t pf_ahead = 0;                     // guarded by pf_mu
+  uint64_t pf_position = 0;                  // guarded by pf_mu
+  bool pf_stopping = false;                  // guarded by pf_mu
+  // Set once anything is declared, so reads without prefetch skip pf_mu. Relaxed is enough:
+  // a read that misses the flag just leaves its chunk to be settled by a later read.
+  std::atomic<bool> pf_active{false};
+  std::vector<std::thread> prefetchers;
+
   ~Impl() {
+    {
+      std::lock_guard lock(pf_mu);
+      pf_stopping = true;
+    }
+    pf_cv.notify_all();
+    for (std::thread& t : prefetchers) t.join();
     {
       std::lock_guard lock(wq_mu);
       stopping = true;
     }
     wq_cv.notify_all();
     if (writer.joinable()) writer.join();
+  }
+
+  void start_prefetch(std::vector<Planned> planned) {
+    if (options.prefetch_bytes == 0 || options.prefetch_threads == 0 || planned.empty()) return;
+    {
+      std::lock_guard lock(pf_mu);
+      for (Planned& p : planned) {
+        p.position = pf_position++;
+        pf_queue.push_back(std::move(p));
+      }
+      if (prefetchers.empty()) {
+        for (unsigned i = 0; i < options.prefetch_threads; ++i) {
+          prefetchers.emplace_back([this] { prefetch_loop(); });
+        }
+      }
+    }
+    pf_active = true;
+    pf_cv.notify_all();
+  }
+
+  void prefetch_loop() {
+    std::unique_lock lock(pf_mu);
+    for (;;) {
+      pf_cv.wait(lock, [&] {
+        if (pf_stopping) return true;
+        if (pf_queue.empty()) return false;
+        uint64_t len = chunk_length(pf_queue.front().info.size, pf_queue.front().index);
+        return pf_ahead == 0 || pf_ahead + len <= options.prefetch_bytes;
+      });
+      if (pf_stopping) return;
+      Planned p = std::move(pf_queue.front());
+      pf_queue.pop_front();
+      ChunkKey key{store_id, p.info.key, p.info.etag, p.index};
+      uint64_t len = chunk_length(p.info.size, p.index);
+      if (ram->contains(key) || (disk && disk->contains(key)) ||
+          pf_ahead_chunks.contains(key.id())) {
+        continue;  // there already (or on its way): nothing to fetch
+      }
+      pf_ahead_chunks[key.id()] = Ahead{p.position, len, true};
+      pf_ahead += len;
+      lock.unlock();
+      ChunkResult r = fill(p.info, key, len);  // offers the chunk to both tiers
+      if (r) m.prefetched.add();
+      lock.lock();
+      if (!r) {
+        release_locked(key.id());  // a failed prefetch holds nothing
+      } else if (auto it = pf_ahead_chunks.find(key.id()); it != pf_ahead_chunks.end()) {
+        it->second.fetching = false;
+      }
+    }
+  }
+
+  void release_locked(ChunkId id) {
+    auto it = pf_ahead_chunks.find(id);
+    if (it == pf_ahead_chunks.end()) return;
+    pf_ahead -= it->second.bytes;
+    pf_ahead_chunks.erase(it);
+  }
+
+  // A read of chunk `id` (served from a tier: `hit`) settles its prefetch, if any.
+  void settle_prefetch(ChunkId id, bool hit) {
+    if (!pf_active.load(std::memory_order_relaxed)) return;  // no prefetch declared
+    {
+      std::lock_guard lock(pf_mu);
+      auto it = pf_ahead_chunks.find(id);
+      if (it == pf_ahead_chunks.end()) return;
+      uint64_t position = it->second.position;
+      hit = hit || it->second.fetching;  // still being fetched: the read joins that fill
+      (hit ? m.prefetch_hits : m.prefetch_wasted).add();
+      release_locked(id);
+      for (auto j = pf_ahead_chunks.begin(); j != pf_ahead_chunks.end();) {
+        if (j->second.position < position) {  // declared before this one and never read
+          m.prefetch_wasted.add();
+          pf_ahead -= j->second.bytes;
+          j = pf_ahead_chunks.erase(j);
+        } else {
+          ++j;
+        }
+      }
+    }
+    pf_cv.notify_all();
   }
 
   // DIR/pins: one line per pinned prefix, "<store id>\t<prefix>", for every store.
@@ -493,6 +614,7 @@ struct TieredCache::Impl {
       std::span<std::byte> out = dst.subspan(pos - offset, take);
       ChunkKey key{store_id, info.key, info.etag, index};
       SLUICE_ASSIGN_OR_RETURN(bool done, from_tiers(info, key, length, within, out));
+      settle_prefetch(key.id(), done);
       if (!done && take == length) {
         std::vector<Claim> run = claim_run(info, index, offset + n);
         if (!run.empty()) {
@@ -626,6 +748,7 @@ std::string TieredCache::uri() const {
 
 Status TieredCache::declare(std::span<const PlannedRead> order) {
   std::vector<ChunkId> ids;
+  std::vector<Impl::Planned> planned;
   for (const PlannedRead& r : order) {
     SLUICE_RETURN_IF_ERROR(store::validate_key(r.key));
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(r.key, false));
@@ -634,10 +757,12 @@ Status TieredCache::declare(std::span<const PlannedRead> order) {
     for (uint64_t i = r.offset / impl_->options.chunk_size; i * impl_->options.chunk_size < end;
          ++i) {
       ids.push_back(ChunkKey{impl_->store_id, info.key, info.etag, i}.id());
+      planned.push_back(Impl::Planned{info, i, 0});
     }
   }
   impl_->ram->declare(ids);
   if (impl_->disk) impl_->disk->declare(ids);
+  impl_->start_prefetch(std::move(planned));
   return ok();
 }
 
@@ -751,6 +876,9 @@ CacheStats TieredCache::stats() const {
   s.stale_drops = i.m.stale.value();
   s.singleflight_joins = i.m.joins.value();
   s.disk_writes_skipped = i.m.disk_skipped.value();
+  s.prefetched = i.m.prefetched.value();
+  s.prefetch_hits = i.m.prefetch_hits.value();
+  s.prefetch_wasted = i.m.prefetch_wasted.value();
   s.directory = i.options.directory;
   s.policy = std::string(policy_name(i.options.policy));
   return s;

@@ -153,6 +153,55 @@ TEST(TieredCache, AMissOnManyWholeChunksIsOneBackingRead) {
   EXPECT_EQ(f->calls(FaultOp::kRead), 3u);
 }
 
+bool eventually(const std::function<bool()>& f) {
+  for (int i = 0; i < 500; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(TieredCache, DeclaredReadsArePrefetchedWithinTheBudget) {
+  Backing b;
+  const auto want = pattern(8 * kChunk, 3);
+  ASSERT_TRUE(b.open()->put("k", want));
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  FaultInjectionStore* f = faults.get();
+  CacheOptions o = small_options();
+  o.prefetch_bytes = 3 * kChunk;
+  o.revalidate_after = std::chrono::hours(1);
+  auto cache = open_cache(std::move(faults), o);
+  std::vector<PlannedRead> order = {{"k", 0, 0}};
+  ASSERT_TRUE(cache->declare(order).has_value());
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 3; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cache->stats().prefetched, 3u);  // the budget holds it at three chunks ahead
+  EXPECT_EQ(f->calls(FaultOp::kRead), 3u);
+  for (uint64_t i = 0; i < 8; ++i) {
+    auto got = read_range(*cache, "k", i * kChunk, kChunk);
+    ASSERT_EQ(got,
+              std::vector<std::byte>(want.begin() + i * kChunk, want.begin() + (i + 1) * kChunk));
+  }
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetch_hits >= 6; }));
+  EXPECT_EQ(cache->stats().prefetch_wasted, 0u);
+  EXPECT_EQ(cache->stats().misses, 8u);  // every chunk read from the source once
+}
+
+TEST(TieredCache, SkippedPrefetchesAreWasteAndFreeTheBudget) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(8 * kChunk, 4)));
+  CacheOptions o = small_options();
+  o.prefetch_bytes = 2 * kChunk;
+  auto cache = open_cache(b.open(), o);
+  std::vector<PlannedRead> order = {{"k", 0, 0}};
+  ASSERT_TRUE(cache->declare(order).has_value());
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 2; }));
+  read_range(*cache, "k", kChunk, kChunk);  // chunk 0 is skipped
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 4; }));
+  EXPECT_EQ(cache->stats().prefetch_wasted, 1u);
+  EXPECT_EQ(cache->stats().prefetch_hits, 1u);
+}
+
 TEST(TieredCache, AReplacedObjectIsNeverServedAfterRevalidation) {
   TempDir dir;
   Backing b;

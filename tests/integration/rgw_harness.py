@@ -250,8 +250,7 @@ class Rgw:
 
         # radosgw blocks in its start-up until the OSD has booted and the PGs are active,
         # then sets up the default zone and starts answering.
-        self._spawn("rgw", "radosgw", "-f", "-n", "client.rgw.a")
-        self._wait_http()
+        self._start_gateway()
         self._mark("rgw-answers")
         self._run("radosgw-admin", "user", "create", "--uid", "sluice", "--display-name", "sluice tests",
                   "--access-key", self.access_key, "--secret-key", self.secret_key)
@@ -358,6 +357,23 @@ rgw enable usage log = false
             p = subprocess.Popen(args, env=self.env, cwd=self.dir, stdin=subprocess.DEVNULL,
                                  stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self.procs.append((name, p))
+
+    def _start_gateway(self):
+        """radosgw on self.port. free_port() only found a port that was free a moment ago:
+        when something else (a test running beside this one) took it first, radosgw exits
+        98 (address in use), and it starts again on another port."""
+        for attempt in range(4):
+            self._spawn("rgw", "radosgw", "-f", "-n", "client.rgw.a",
+                        "--rgw_frontends", f"beast endpoint=127.0.0.1:{self.port}")
+            try:
+                self._wait_http()
+                return
+            except RgwUnavailable as e:
+                if attempt == 3 or "Address already in use" not in str(e):
+                    raise
+            self.procs = [(n, p) for n, p in self.procs if n != "rgw"]
+            self.port = free_port()
+            self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def _check_alive(self):
         for name, p in self.procs:

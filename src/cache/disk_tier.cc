@@ -168,6 +168,21 @@ Status DiskTier::replay() {
     if (fd.valid()) {
       struct stat st;
       if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
+      // Read whole, so checked first: the header, then a bound (a compacted index of 10
+      // million chunks is about 1.5 GiB). Anything else is not an index.
+      constexpr uint64_t kMaxLog = 4ULL << 30;
+      std::vector<std::byte> head(kHeaderSize);
+      SLUICE_ASSIGN_OR_RETURN(size_t got, pread_full(fd.get(), head, 0, path));
+      if (got == kHeaderSize && head != header()) {
+        return fail(Code::kCorruption, path + ": not a sluice cache index of version " +
+                                           std::to_string(kVersion) +
+                                           " (bad header); move the cache directory away");
+      }
+      if (static_cast<uint64_t>(st.st_size) > kMaxLog) {
+        return fail(Code::kCorruption, path + " is " + std::to_string(st.st_size) +
+                                           " bytes, larger than any cache index; move the "
+                                           "cache directory away");
+      }
       log.resize(static_cast<size_t>(st.st_size));
       SLUICE_ASSIGN_OR_RETURN(size_t n, pread_full(fd.get(), log, 0, path));
       log.resize(n);

@@ -62,11 +62,13 @@ class Reader {
   size_t pos_ = 0;
 };
 
-std::vector<std::byte> header() {
+// The chunk size is part of the header: chunk N of an object means different bytes at
+// another size, and a record's length alone cannot always tell.
+std::vector<std::byte> header(uint64_t chunk_size) {
   std::vector<std::byte> h;
   for (char c : kMagic) h.push_back(static_cast<std::byte>(c));
   put(h, kVersion, 4);
-  put(h, 0, 4);
+  put(h, chunk_size, 4);
   put(h, checksum(h), 8);
   return h;
 }
@@ -159,6 +161,25 @@ Status DiskTier::lock_directory() {
   return pwrite_full(lock_fd_.get(), std::as_bytes(std::span(pid)), 0, path);
 }
 
+// Why a header is not this cache's: another chunk size (InvalidArgument, which size), or
+// not an index of this version at all (Corruption).
+Status DiskTier::explain_header(std::span<const std::byte> head, const std::string& path) const {
+  Reader r{head.subspan(8, 8)};
+  uint64_t version = 0, size = 0;
+  (void)r.get(version, 4);
+  (void)r.get(size, 4);
+  std::vector<std::byte> theirs = header(size);
+  if (version == kVersion && std::equal(theirs.begin(), theirs.end(), head.begin())) {
+    return fail(Code::kInvalidArgument,
+                options_.directory + " holds chunks of " + std::to_string(size) + " bytes, not " +
+                    std::to_string(options_.chunk_size) +
+                    ": give that chunk size (--chunk-size), or use another cache directory");
+  }
+  return fail(Code::kCorruption, path + ": not a sluice cache index of version " +
+                                     std::to_string(kVersion) +
+                                     " (bad header); move the cache directory away");
+}
+
 Status DiskTier::replay() {
   std::string path = options_.directory + "/index.log";
   std::vector<std::byte> log;
@@ -173,10 +194,8 @@ Status DiskTier::replay() {
       constexpr uint64_t kMaxLog = 4ULL << 30;
       std::vector<std::byte> head(kHeaderSize);
       SLUICE_ASSIGN_OR_RETURN(size_t got, pread_full(fd.get(), head, 0, path));
-      if (got == kHeaderSize && head != header()) {
-        return fail(Code::kCorruption, path + ": not a sluice cache index of version " +
-                                           std::to_string(kVersion) +
-                                           " (bad header); move the cache directory away");
+      if (got == kHeaderSize && head != header(options_.chunk_size)) {
+        SLUICE_RETURN_IF_ERROR(explain_header(head, path));
       }
       if (static_cast<uint64_t>(st.st_size) > kMaxLog) {
         return fail(Code::kCorruption, path + " is " + std::to_string(st.st_size) +
@@ -191,7 +210,7 @@ Status DiskTier::replay() {
   std::unordered_map<uint64_t, Entry> live;  // by file id
   std::vector<uint64_t> order;               // file ids, oldest record first
   size_t good_end = 0;
-  std::vector<std::byte> want = header();
+  std::vector<std::byte> want = header(options_.chunk_size);
   // Shorter than a header: a first write cut short is a prefix of one; anything else is
   // someone else's file, and is not overwritten.
   bool torn_header = log.size() < kHeaderSize && std::equal(log.begin(), log.end(), want.begin());
@@ -294,7 +313,7 @@ Status DiskTier::open_log_for_append() {
 // Writes a new log holding one add record per ready entry, then renames it over the old
 // one. log_mu_ is held; takes mu_ briefly to copy the entries.
 Status DiskTier::compact_locked() {
-  std::vector<std::byte> out = header();
+  std::vector<std::byte> out = header(options_.chunk_size);
   size_t records = 0;
   {
     std::lock_guard lock(mu_);

@@ -33,6 +33,7 @@ class DiskTier {
   struct Options {
     std::string directory;
     uint64_t capacity = 0;
+    uint64_t chunk_size = 4ULL << 20;  // recorded in the index; another size is refused
     PolicyKind policy = PolicyKind::kS3Fifo;
     std::shared_ptr<io::Context> io;
     telemetry::Counter* evictions = nullptr;  // chunks evicted for room; may be null
@@ -86,6 +87,7 @@ class DiskTier {
   explicit DiskTier(Options options);
   Status lock_directory();
   Status replay();
+  Status explain_header(std::span<const std::byte> head, const std::string& path) const;
   Status open_log_for_append();
   // Appends one record; compacts the log when most of it is dead. Serialised by log_mu_.
   Status append_add(const Entry& e);

@@ -487,6 +487,11 @@ struct TieredCache::Impl {
     if (!disk) return false;
     std::optional<DiskTier::Entry> e = disk->find(key);
     if (!e) return false;
+    // A chunk cut at another chunk size (or a record that lies) never fills this buffer.
+    if (e->length != length) {
+      (void)disk->drop_if([&](const ChunkKey& k) { return k == key; });
+      return false;
+    }
     std::shared_ptr<Chunk> c;
     std::span<std::byte> into = out;
     bool whole = within == 0 && out.size() == length;
@@ -687,7 +692,8 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
     if (!o.io) {
       SLUICE_ASSIGN_OR_RETURN(o.io, io::Context::open({}));
     }
-    DiskTier::Options d{o.directory, o.disk_bytes, o.policy, o.io, &impl->m.disk_evictions};
+    DiskTier::Options d{o.directory, o.disk_bytes, o.chunk_size,
+                        o.policy,    o.io,         &impl->m.disk_evictions};
     SLUICE_ASSIGN_OR_RETURN(impl->disk, DiskTier::open(std::move(d)));
     impl->restore_meta();
     impl->load_pins();

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -117,6 +118,8 @@ Result<std::unique_ptr<cache::TieredCache>> open_directory_only(const CacheArgs&
                                                                 const std::string& home) {
   SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(a.cache, home));
   co.ram_bytes = 0;
+  // Looking must not evict: a directory filled under a larger --cache-size keeps it all.
+  co.disk_bytes = std::numeric_limits<uint64_t>::max() / 2;
   co.store_id = "none://";
   return cache::TieredCache::open(std::make_unique<NoBackingStore>(), co);
 }

@@ -335,6 +335,21 @@ TEST(TieredCache, OpenDropsOrphansRecordsWithoutFilesAndATornTail) {
   EXPECT_EQ(read_range(*cache, "a", 0, 4 * kChunk), pattern(4 * kChunk, 1));
 }
 
+TEST(TieredCache, ADirectoryCutAtAnotherChunkSizeIsRefused) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(3 * kChunk, 1)));
+  { read_range(*open_cache(b.open(), small_options(dir.path())), "k", 0, 3 * kChunk); }
+  CacheOptions o = small_options(dir.path());
+  o.chunk_size = 2 * kChunk;  // chunk 1 would be other bytes of the same length
+  auto c = TieredCache::open(b.open(), o);
+  ASSERT_FALSE(c.has_value());
+  EXPECT_EQ(c.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(c.error().message().find("--chunk-size"), std::string::npos) << c.error().message();
+  EXPECT_EQ(read_range(*open_cache(b.open(), small_options(dir.path())), "k", 0, 3 * kChunk),
+            pattern(3 * kChunk, 1));
+}
+
 TEST(TieredCache, ABadIndexHeaderIsAClearError) {
   TempDir dir;
   fs::create_directories(dir.path());

@@ -398,7 +398,18 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
   oo.compat = io::CompatMode::kOn;  // host memory: no cuFile
   auto fh = io::FileHandle::open(options_.io, path, oo);
   if (!fh) {
-    if (fh.error().code() == Code::kNotFound) return std::unexpected(fh.error());
+    if (fh.error().code() == Code::kNotFound) {
+      // Evicted meanwhile (then the entry is gone already), or removed behind the cache's
+      // back: forget it, or every read would miss it and nothing would cache it again.
+      std::vector<uint64_t> gone;
+      {
+        std::lock_guard lock(mu_);
+        auto it = entries_.find(e.key.id());
+        if (it != entries_.end() && it->second.file_id == e.file_id) forget_locked(it->first, gone);
+      }
+      discard(gone);
+      return std::unexpected(fh.error());
+    }
     return std::unexpected(fh.error().with_context("cache chunk of '" + e.key.key + "'"));
   }
   auto n = fh->read(io::Buffer::host(dst.data(), e.length), e.length, 0);

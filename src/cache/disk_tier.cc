@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <unordered_set>
 
 #include "sluice/io/file_handle.h"
 #include "sluice/store/store.h"
@@ -209,6 +210,7 @@ Status DiskTier::replay() {
   }
   std::unordered_map<uint64_t, Entry> live;  // by file id
   std::vector<uint64_t> order;               // file ids, oldest record first
+  uint64_t log_max_id = 0;                   // no new file may take an id the log named
   size_t good_end = 0;
   std::vector<std::byte> want = header(options_.chunk_size);
   // Shorter than a header: a first write cut short is a prefix of one; anything else is
@@ -234,9 +236,10 @@ Status DiskTier::replay() {
       auto payload = std::span<const std::byte>(log).subspan(pos + 8, len);
       Entry e;
       if (type == kAdd && parse_add(payload, e)) {
-        if (!live.contains(e.file_id)) order.push_back(e.file_id);
+        order.push_back(e.file_id);  // an id added again after a remove comes twice
         e.ready = true;
         live[e.file_id] = e;
+        log_max_id = std::max(log_max_id, e.file_id);
       } else if (type == kRemove) {
         Reader p(payload);
         uint64_t id = 0;
@@ -268,11 +271,13 @@ Status DiskTier::replay() {
     ++open_report_.orphans;
     std::filesystem::remove(it->path(), ec);
   }
+  next_file_id_ = std::max(next_file_id_, log_max_id + 1);
   {
     std::lock_guard lock(mu_);
+    std::unordered_set<uint64_t> done;
     for (uint64_t id : order) {
       auto e = live.find(id);
-      if (e == live.end()) continue;
+      if (e == live.end() || !done.insert(id).second) continue;
       if (!kept.contains(id)) {
         ++open_report_.dropped;
         continue;
@@ -339,7 +344,18 @@ Status DiskTier::compact_locked() {
 }
 
 Status DiskTier::append_locked(std::span<const std::byte> rec) {
-  SLUICE_RETURN_IF_ERROR(write_full(log_fd_.get(), rec, options_.directory + "/index.log"));
+  std::string path = options_.directory + "/index.log";
+  struct stat st;
+  if (::fstat(log_fd_.get(), &st) != 0) return fail_errno(errno, "stat " + path);
+  if (Status w = write_full(log_fd_.get(), rec, path); !w) {
+    // A part of a record (a full disk) would end the log there at the next open, and every
+    // record after it with it: cut it off, so that later appends follow a whole record.
+    if (::ftruncate(log_fd_.get(), st.st_size) != 0) {
+      return fail(w.error().code(), w.error().message() + "; cutting the torn record off " + path +
+                                        " failed too: " + std::strerror(errno));
+    }
+    return w;
+  }
   ++log_records_;
   uint64_t live = chunk_count();
   if (log_records_ > 2 * live + 4096) return compact_locked();

@@ -3,6 +3,9 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cstring>
+
 namespace sluice::cache {
 
 ChunkId ChunkKey::id() const {
@@ -20,6 +23,18 @@ ChunkId ChunkKey::id() const {
 
 uint64_t checksum(std::span<const std::byte> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+uint64_t copy_and_checksum(std::span<std::byte> dst, std::span<const std::byte> src) {
+  constexpr size_t kBlock = 256 << 10;  // well inside L2
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (size_t at = 0; at < src.size(); at += kBlock) {
+    size_t n = std::min(kBlock, src.size() - at);
+    std::memcpy(dst.data() + at, src.data() + at, n);
+    XXH3_64bits_update(&st, dst.data() + at, n);
+  }
+  return XXH3_64bits_digest(&st);
 }
 
 RamTier::RamTier(uint64_t capacity, PolicyKind policy, telemetry::Counter* evictions)

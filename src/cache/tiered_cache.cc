@@ -564,8 +564,7 @@ struct TieredCache::Impl {
   ChunkResult copy_chunk(const ChunkKey& key, std::span<const std::byte> bytes,
                          const store::ObjectInfo& info) {
     SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Chunk> c, new_chunk(key, bytes.size(), info));
-    std::memcpy(c->buf.data(), bytes.data(), bytes.size());
-    c->xxh3 = checksum(c->bytes());
+    c->xxh3 = copy_and_checksum(std::span<std::byte>(c->buf.data(), c->buf.size()), bytes);
     return std::shared_ptr<const Chunk>(std::move(c));
   }
 

@@ -5,15 +5,19 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
 
+#include "cache/chunk.h"
 #include "sluice/store/wrapper.h"
 #include "sluice/testing/fault_store.h"
 #include "test_util.h"
@@ -65,6 +69,19 @@ std::vector<std::byte> read_range(store::Store& s, const std::string& key, uint6
   EXPECT_TRUE(n.has_value()) << key << " @" << off << ": " << (n ? "" : n.error().to_string());
   out.resize(n ? *n : 0);
   return out;
+}
+
+TEST(ChunkChecksum, CopyAndChecksumCopiesAndHashesLikeChecksum) {
+  std::mt19937_64 rng(7);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{256} << 10, (size_t{256} << 10) + 17,
+                   size_t{4} << 20}) {
+    std::vector<std::byte> src(n), dst(n + 1, std::byte{0x5a});
+    for (auto& b : src) b = static_cast<std::byte>(rng());
+    uint64_t h = sluice::cache::copy_and_checksum(dst, src);
+    EXPECT_EQ(h, sluice::cache::checksum(src)) << n;
+    EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin())) << n;
+    EXPECT_EQ(dst[n], std::byte{0x5a}) << n;  // nothing past the source
+  }
 }
 
 TEST(TieredCache, ReadsAreByteExactForEveryRangeShape) {
@@ -306,6 +323,49 @@ void flip_every_chunk(const std::string& dir) {
     f.seekp(10);
     f.write(&c, 1);
   }
+}
+
+// An index append cut short (here by RLIMIT_FSIZE, as a full disk would) is cut off the
+// log, so the records appended after it survive a restart.
+TEST(TieredCache, ATornIndexAppendDoesNotLoseTheRecordsAfterIt) {
+  TempDir dir;
+  Backing b;
+  auto writer = b.open();
+  for (int i = 0; i < 600; ++i) ASSERT_TRUE(writer->put("s" + std::to_string(i), pattern(10, i)));
+  ASSERT_TRUE(writer->put("torn", pattern(10, 1000)));
+  ASSERT_TRUE(writer->put("after", pattern(10, 1001)));
+  {
+    auto cache = open_cache(b.open(), small_options(dir.path()));
+    for (int i = 0; i < 600; ++i) read_range(*cache, "s" + std::to_string(i), 0, 10);
+  }
+  {
+    auto cache = open_cache(b.open(), small_options(dir.path()));  // the log is compacted
+    uint64_t log = fs::file_size(dir.path() + "/index.log");
+    ASSERT_GT(log, 16u << 10);  // larger than a chunk file, so only the log hits the limit
+    struct rlimit old {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit tight = old;
+    tight.rlim_cur = log + 20;  // room for 20 bytes of the next record
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &tight), 0);
+    read_range(*cache, "torn", 0, 10);
+    for (int i = 0; i < 500 && cache->stats().disk_writes_skipped == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+    std::signal(SIGXFSZ, old_handler);
+    EXPECT_EQ(cache->stats().disk_writes_skipped, 1u);
+    EXPECT_EQ(fs::file_size(dir.path() + "/index.log"), log);  // the torn part is gone
+    read_range(*cache, "after", 0, 10);
+  }
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  FaultInjectionStore* f = faults.get();
+  CacheOptions o = small_options(dir.path());
+  o.offline = true;
+  auto cache = open_cache(std::move(faults), o);
+  EXPECT_EQ(read_range(*cache, "after", 0, 10), pattern(10, 1001));
+  EXPECT_EQ(f->calls(FaultOp::kRead), 0u);
+  EXPECT_EQ(cache->stats().disk.chunks, 601u);  // 's*' and 'after'; 'torn' had no record
 }
 
 TEST(TieredCache, BitFlipsAreDetectedAndRefetched) {

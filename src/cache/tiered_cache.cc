@@ -404,8 +404,8 @@ struct TieredCache::Impl {
     for (;;) {
       wq_cv.wait(lock, [&] { return stopping || !wq.empty(); });
       if (wq.empty()) return;  // stopping, and every queued write done
-      std::shared_ptr<const Chunk> c = std::move(wq.front());
-      wq.pop_front();
+      // It stays queued (and readable by queued()) until it is on NVMe.
+      std::shared_ptr<const Chunk> c = wq.front();
       lock.unlock();
       // A version dropped while its write waited is not written: the drop (forget, learn)
       // saw only the tiers, not this queue. Forget and learn change the metadata before
@@ -420,8 +420,19 @@ struct TieredCache::Impl {
         }
       }
       lock.lock();
+      wq.pop_front();
       wq_bytes -= c->length;
     }
+  }
+
+  // A chunk filled and waiting for its NVMe write: without a RAM tier, the one place it is
+  // between its fill and its write, and a reader then must not fetch it again.
+  std::shared_ptr<const Chunk> queued(const ChunkKey& key) {
+    std::lock_guard lock(wq_mu);
+    for (const std::shared_ptr<const Chunk>& c : wq) {
+      if (c->key == key) return c;
+    }
+    return nullptr;
   }
 
   std::unexpected<Error> ended_early(const store::ObjectInfo& info, uint64_t at) const {
@@ -520,7 +531,9 @@ struct TieredCache::Impl {
   // From the RAM tier, else the NVMe tier; false when neither holds the chunk.
   Result<bool> from_tiers(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,
                           uint64_t within, std::span<std::byte> out) {
-    if (std::shared_ptr<const Chunk> c = ram->find(key)) {
+    std::shared_ptr<const Chunk> c = ram->find(key);
+    if (!c && disk) c = queued(key);
+    if (c) {
       std::memcpy(out.data(), c->buf.data() + within, out.size());
       m.ram_hits.add();
       m.ram_hit_bytes.add(out.size());
@@ -787,6 +800,7 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   x.length = e->length;
   x.object_offset = index * impl_->options.chunk_size;
   x.xxh3 = e->xxh3;
+  x.etag = info.etag;
   return std::optional<ChunkExtent>(std::move(x));
 }
 

@@ -97,6 +97,7 @@ struct ChunkExtent {
   uint64_t length = 0;
   uint64_t object_offset = 0;  // where the chunk starts in the object
   uint64_t xxh3 = 0;
+  std::string etag;  // the version of the object the chunk belongs to
 };
 
 // One read the caller will make: `length` bytes of `key` from `offset` (0: to the end).

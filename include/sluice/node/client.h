@@ -1,0 +1,118 @@
+// sluice/node/client.h: reading through the node daemon (sluiced) from any process.
+//
+//   node::NodeOptions o;  o.socket = "/run/sluice/sluiced.sock";
+//   auto s = node::NodeStore::open("s3://bucket/data", o).value();
+//   s->read("shard-0001.tar", offset, buffer);   // the node's cache, shared by every process
+//
+// or by URI, once node::register_scheme() has run: open_store("node+s3://bucket/data", so)
+// with NodeOptions in so.backend. A NodeStore is a read-only Store over one root (a backing
+// store's URI) of the daemon's cache. Whole chunks the daemon has on NVMe arrive as file
+// descriptors and are read here with io::FileHandle (O_DIRECT, io_uring), then checked
+// against their XXH3 checksum; a mismatch is asked for again as bytes, which makes the
+// daemon verify, drop and refetch the chunk. Everything else arrives inline.
+//
+// Contract:
+// - Reads of one call come from one version of the object (pinned by etag); if it changes
+//   midway the read starts over once, then fails Conflict. Writes and removals are
+//   Unsupported: write to the backing store.
+// - Connections are pooled; a connection the daemon closed is replaced once per call. A
+//   daemon that is gone is Unavailable.
+// - Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "sluice/core/status.h"
+#include "sluice/store/store.h"
+
+namespace sluice::io {
+class Context;
+}
+
+namespace sluice::node {
+
+struct NodeOptions {
+  std::string socket;                                           // the daemon's Unix socket
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // per request
+  // The data path for handed-off chunks; null: one opened with defaults on first use.
+  std::shared_ptr<io::Context> io;
+  // For node+ URIs: where no daemon answers, open the embedded cache (cache+<uri>, with
+  // the CacheOptions of the store options) and call on_fallback with the reason. false:
+  // Unavailable.
+  bool fallback = true;
+  std::function<void(const std::string&)> on_fallback;
+};
+
+struct NodeReadStats {
+  uint64_t handoff_chunks = 0, handoff_bytes = 0;  // read from descriptors
+  uint64_t inline_bytes = 0;                       // sent by the daemon
+  uint64_t checksum_retries = 0;                   // handed-off chunks that failed their check
+};
+
+// What the daemon said when a connection opened.
+struct DaemonInfo {
+  std::string team, directory;
+  uint64_t chunk_size = 0;
+  int64_t pid = 0;
+};
+
+class NodeClient;
+
+class NodeStore final : public store::Store {
+ public:
+  static Result<std::unique_ptr<NodeStore>> open(std::string root_uri, NodeOptions options);
+  ~NodeStore() override;
+
+  Result<store::ObjectInfo> stat(std::string_view key) override;
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options = {}) override;
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions& options) override;
+  Result<store::ListPage> list(const store::ListOptions& options) override;
+  Status remove(std::string_view key) override;
+  std::string uri() const override;
+
+  const DaemonInfo& daemon() const;
+  NodeReadStats read_stats() const;
+  NodeClient& client();
+
+  struct Impl;
+
+ private:
+  explicit NodeStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A connection pool to one daemon, for requests by type and JSON body (the CLI's cache
+// commands). Thread-safe.
+class NodeClient {
+ public:
+  // Connects and says hello: Unavailable where no daemon answers, PermissionDenied where
+  // it refuses this uid.
+  static Result<std::unique_ptr<NodeClient>> connect(std::string socket,
+                                                     std::chrono::milliseconds timeout);
+  ~NodeClient();
+
+  struct Reply;
+  // Sends a request (a FrameType of the protocol) and waits for its reply's JSON body;
+  // an error reply is returned as its error.
+  Result<std::string> call(uint16_t type, const std::string& json);
+
+  const DaemonInfo& daemon() const;
+
+  struct Impl;
+  Impl& impl();
+
+ private:
+  explicit NodeClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Registers "node+<scheme>://" for every scheme open_store knows now.
+void register_scheme();
+
+}  // namespace sluice::node

@@ -1,0 +1,348 @@
+// NodeStore and NodeClient: the library's side of the node protocol; see client.h.
+#include "sluice/node/client.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include <xxhash.h>
+
+#include "node/frame.h"
+#include "node/wire.h"
+#include "sluice/cache/tiered_cache.h"
+#include "sluice/io/file_handle.h"
+
+namespace sluice::node {
+
+struct NodeClient::Impl {
+  std::string socket;
+  std::chrono::milliseconds timeout;
+  DaemonInfo info;
+  std::atomic<uint64_t> next_id{1};
+  std::mutex mu;
+  std::vector<std::unique_ptr<FrameChannel>> idle;  // guarded by mu
+
+  Result<std::unique_ptr<FrameChannel>> dial() const {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return fail_errno(errno, "socket");
+    sockaddr_un addr{};
+    if (socket.size() >= sizeof addr.sun_path)
+      return fail(Code::kInvalidArgument, "daemon socket path '" + socket + "' is too long");
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      int err = errno;
+      if (err == ENOENT || err == ECONNREFUSED)
+        return fail(Code::kUnavailable, "no sluiced answers on " + socket);
+      return fail_errno(err, "connect to sluiced at " + socket);
+    }
+    return std::make_unique<FrameChannel>(std::move(fd));
+  }
+
+  // One request and its reply on `ch`. A reply that is not for this request is Corruption.
+  Result<Frame> exchange_on(FrameChannel& ch, Frame& req) const {
+    if (Status sent = ch.send(req, timeout); !sent) {
+      // A daemon that refused this connection said why before it closed: report that.
+      auto why = ch.receive(std::chrono::milliseconds(100), std::chrono::milliseconds(100));
+      if (why && *why && (*why)->type == static_cast<uint16_t>(FrameType::kError))
+        return std::unexpected(error_of(**why, "sluiced at " + socket));
+      return std::unexpected(sent.error().with_context("sluiced at " + socket));
+    }
+    SLUICE_ASSIGN_OR_RETURN(std::optional<Frame> resp, ch.receive(timeout, timeout));
+    if (!resp) return fail(Code::kUnavailable, "sluiced at " + socket + " closed the connection");
+    // An error frame with id 0 is about the connection itself (refused, malformed).
+    if (resp->type == static_cast<uint16_t>(FrameType::kError) && resp->request_id == 0)
+      return std::unexpected(error_of(*resp, "sluiced at " + socket));
+    if (resp->request_id != req.request_id ||
+        (resp->type != (req.type | static_cast<uint16_t>(FrameType::kResponse)) &&
+         resp->type != static_cast<uint16_t>(FrameType::kError)))
+      return fail(Code::kCorruption, "sluiced at " + socket + ": reply for another request");
+    return std::move(*resp);
+  }
+
+  // Sends on a pooled connection (or a new one); a pooled connection the daemon closed
+  // meanwhile is replaced once.
+  Result<Frame> exchange(uint16_t type, std::string json) {
+    Frame req;
+    req.type = type;
+    req.request_id = next_id.fetch_add(1, std::memory_order_relaxed);
+    req.json = std::move(json);
+    for (int attempt = 0;; ++attempt) {
+      std::unique_ptr<FrameChannel> ch;
+      {
+        std::lock_guard lock(mu);
+        if (!idle.empty() && attempt == 0) {
+          ch = std::move(idle.back());
+          idle.pop_back();
+        }
+      }
+      bool pooled = ch != nullptr;
+      if (!ch) {
+        SLUICE_ASSIGN_OR_RETURN(ch, dial());
+      }
+      Result<Frame> r = exchange_on(*ch, req);
+      if (!r) {
+        if (pooled) continue;  // every request is idempotent: retry on a new connection
+        return r;
+      }
+      std::lock_guard lock(mu);
+      idle.push_back(std::move(ch));
+      return r;
+    }
+  }
+
+  Result<Frame> call_frame(FrameType type, const Json& body) {
+    SLUICE_ASSIGN_OR_RETURN(Frame f,
+                            exchange(static_cast<uint16_t>(type),
+                                     body.dump(-1, ' ', false, Json::error_handler_t::replace)));
+    if (f.type == static_cast<uint16_t>(FrameType::kError))
+      return std::unexpected(error_of(f, "sluiced"));
+    return f;
+  }
+};
+
+NodeClient::NodeClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeClient::~NodeClient() = default;
+NodeClient::Impl& NodeClient::impl() {
+  return *impl_;
+}
+const DaemonInfo& NodeClient::daemon() const {
+  return impl_->info;
+}
+
+Result<std::unique_ptr<NodeClient>> NodeClient::connect(std::string socket,
+                                                        std::chrono::milliseconds timeout) {
+  auto impl = std::make_unique<Impl>();
+  impl->socket = std::move(socket);
+  impl->timeout = timeout;
+  SLUICE_ASSIGN_OR_RETURN(Frame f,
+                          impl->call_frame(FrameType::kHello, Json{{"version", kProtocolVersion}}));
+  SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+  DaemonInfo& d = impl->info;
+  SLUICE_ASSIGN_OR_RETURN(d.team, get_string(j, "team"));
+  SLUICE_ASSIGN_OR_RETURN(d.directory, get_string_or(j, "directory", ""));
+  SLUICE_ASSIGN_OR_RETURN(d.chunk_size, get_u64(j, "chunk_size"));
+  SLUICE_ASSIGN_OR_RETURN(uint64_t pid, get_u64_or(j, "pid", 0));
+  d.pid = static_cast<int64_t>(pid);
+  return std::unique_ptr<NodeClient>(new NodeClient(std::move(impl)));
+}
+
+Result<std::string> NodeClient::call(uint16_t type, const std::string& json) {
+  SLUICE_ASSIGN_OR_RETURN(Frame f, impl_->exchange(type, json));
+  if (f.type == static_cast<uint16_t>(FrameType::kError))
+    return std::unexpected(error_of(f, "sluiced"));
+  return std::move(f.json);
+}
+
+struct NodeStore::Impl {
+  std::string root;
+  NodeOptions options;
+  std::unique_ptr<NodeClient> client;
+  std::once_flag io_once;
+  Result<std::shared_ptr<io::Context>> io = std::shared_ptr<io::Context>();
+  std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0}, retries{0};
+
+  Result<std::shared_ptr<io::Context>> context() {
+    std::call_once(io_once, [&] {
+      io = options.io ? Result<std::shared_ptr<io::Context>>(options.io) : io::Context::open({});
+    });
+    return io;
+  }
+
+  Json request(std::string_view key) const { return Json{{"root", root}, {"key", key}}; }
+
+  // Reads a handed-off chunk into `out` through the data path and checks its checksum.
+  // false: the bytes do not match (the caller asks for them inline instead).
+  Result<bool> read_handoff(const UniqueFd& fd, uint64_t file_offset, uint64_t xxh3,
+                            std::span<std::byte> out) {
+    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<io::Context> ctx, context());
+    io::OpenOptions oo;
+    oo.compat = io::CompatMode::kOn;  // host memory: no cuFile
+    // Reopening through /proc gives this process its own open file (and O_DIRECT) on the
+    // chunk the daemon opened; the daemon's descriptor stays as it was.
+    SLUICE_ASSIGN_OR_RETURN(
+        io::FileHandle fh,
+        io::FileHandle::open(ctx, "/proc/self/fd/" + std::to_string(fd.get()), oo));
+    SLUICE_ASSIGN_OR_RETURN(
+        size_t n, fh.read(io::Buffer::host(out.data(), out.size()), out.size(), file_offset));
+    if (n != out.size()) return false;
+    return XXH3_64bits(out.data(), out.size()) == xxh3;
+  }
+
+  // One pass over [offset, offset + dst.size()) pinned to `etag` (learnt from the first
+  // reply when empty). Returns the bytes read.
+  Result<size_t> read_pinned(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                             std::string& etag) {
+    bool inline_only = false;
+    uint64_t got = 0;
+    while (got < dst.size()) {
+      Json body = request(key);
+      body["offset"] = offset + got;
+      body["length"] = dst.size() - got;
+      if (!etag.empty()) body["if_match"] = etag;
+      if (inline_only) body["inline_only"] = true;
+      SLUICE_ASSIGN_OR_RETURN(Frame f, client->impl().call_frame(FrameType::kRead, body));
+      SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+      SLUICE_ASSIGN_OR_RETURN(std::string version, get_string(j, "etag"));
+      if (etag.empty()) etag = version;
+      if (version != etag)
+        return fail(Code::kConflict, "'" + std::string(key) + "' changed during the read");
+      auto pieces = j.find("pieces");
+      if (pieces == j.end() || !pieces->is_array())
+        return fail(Code::kCorruption, "sluiced: a read reply without pieces");
+      if (pieces->empty()) break;  // the object ends here
+      uint64_t cursor = offset + got;
+      for (const Json& p : *pieces) {
+        SLUICE_ASSIGN_OR_RETURN(uint64_t at, get_u64(p, "offset"));
+        SLUICE_ASSIGN_OR_RETURN(uint64_t len, get_u64(p, "length"));
+        if (at != cursor || len == 0 || len > offset + dst.size() - cursor)
+          return fail(Code::kCorruption,
+                      "sluiced: a read reply out of order for '" + std::string(key) + "'");
+        std::span<std::byte> out = dst.subspan(cursor - offset, len);
+        if (p.contains("data_offset")) {
+          SLUICE_ASSIGN_OR_RETURN(uint64_t from, get_u64(p, "data_offset"));
+          if (from > f.data.size() || len > f.data.size() - from)
+            return fail(Code::kCorruption, "sluiced: a piece past the reply's data");
+          std::memcpy(out.data(), f.data.data() + from, len);
+          inline_bytes.fetch_add(len, std::memory_order_relaxed);
+        } else {
+          SLUICE_ASSIGN_OR_RETURN(uint64_t fd, get_u64(p, "fd"));
+          SLUICE_ASSIGN_OR_RETURN(uint64_t file_offset, get_u64(p, "file_offset"));
+          SLUICE_ASSIGN_OR_RETURN(uint64_t sum, get_u64(p, "xxh3"));
+          if (fd >= f.fds.size())
+            return fail(Code::kCorruption, "sluiced: a piece names a descriptor not sent");
+          SLUICE_ASSIGN_OR_RETURN(bool good, read_handoff(f.fds[fd], file_offset, sum, out));
+          if (!good) {
+            retries.fetch_add(1, std::memory_order_relaxed);
+            inline_only = true;  // the daemon's own read checks, drops and refetches it
+            break;
+          }
+          handoff_chunks.fetch_add(1, std::memory_order_relaxed);
+          handoff_bytes.fetch_add(len, std::memory_order_relaxed);
+        }
+        cursor += len;
+      }
+      got = cursor - offset;
+    }
+    return static_cast<size_t>(got);
+  }
+};
+
+NodeStore::NodeStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeStore::~NodeStore() = default;
+
+Result<std::unique_ptr<NodeStore>> NodeStore::open(std::string root_uri, NodeOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->root = std::move(root_uri);
+  SLUICE_ASSIGN_OR_RETURN(impl->client, NodeClient::connect(options.socket, options.timeout));
+  impl->options = std::move(options);
+  return std::unique_ptr<NodeStore>(new NodeStore(std::move(impl)));
+}
+
+Result<store::ObjectInfo> NodeStore::stat(std::string_view key) {
+  SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+  SLUICE_ASSIGN_OR_RETURN(Frame f,
+                          impl_->client->impl().call_frame(FrameType::kStat, impl_->request(key)));
+  SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+  store::ObjectInfo info;
+  info.key = std::string(key);
+  SLUICE_ASSIGN_OR_RETURN(info.size, get_u64(j, "size"));
+  SLUICE_ASSIGN_OR_RETURN(info.etag, get_string(j, "etag"));
+  if (j.contains("mtime_ns") && j["mtime_ns"].is_number_integer())
+    info.mtime_ns = j["mtime_ns"].get<int64_t>();
+  return info;
+}
+
+Result<size_t> NodeStore::read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                               const store::ReadOptions& options) {
+  SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+  for (int attempt = 0;; ++attempt) {
+    std::string etag = options.if_match;
+    Result<size_t> r = impl_->read_pinned(key, offset, dst, etag);
+    // The object changed under the read: start over once on the version there now.
+    if (!r && r.error().code() == Code::kConflict && options.if_match.empty() && attempt == 0)
+      continue;
+    return r;
+  }
+}
+
+Result<std::unique_ptr<store::Writer>> NodeStore::create(std::string_view key,
+                                                         const store::WriteOptions&) {
+  return fail(Code::kUnsupported,
+              "'" + std::string(key) + "': " + uri() + " is read-only; write to " + impl_->root);
+}
+
+Status NodeStore::remove(std::string_view key) {
+  return fail(Code::kUnsupported,
+              "'" + std::string(key) + "': " + uri() + " is read-only; remove from " + impl_->root);
+}
+
+Result<store::ListPage> NodeStore::list(const store::ListOptions& options) {
+  Json body{{"root", impl_->root},
+            {"prefix", options.prefix},
+            {"continuation", options.continuation},
+            {"max_keys", options.max_keys}};
+  SLUICE_ASSIGN_OR_RETURN(Frame f, impl_->client->impl().call_frame(FrameType::kList, body));
+  SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+  store::ListPage page;
+  SLUICE_ASSIGN_OR_RETURN(page.next_token, get_string_or(j, "next", ""));
+  auto objects = j.find("objects");
+  if (objects == j.end() || !objects->is_array())
+    return fail(Code::kCorruption, "sluiced: a listing without objects");
+  for (const Json& o : *objects) {
+    store::ObjectInfo info;
+    SLUICE_ASSIGN_OR_RETURN(info.key, get_string(o, "key"));
+    SLUICE_ASSIGN_OR_RETURN(info.size, get_u64(o, "size"));
+    SLUICE_ASSIGN_OR_RETURN(info.etag, get_string(o, "etag"));
+    if (o.contains("mtime_ns") && o["mtime_ns"].is_number_integer())
+      info.mtime_ns = o["mtime_ns"].get<int64_t>();
+    if (!info.key.starts_with(options.prefix))
+      return fail(Code::kCorruption,
+                  "sluiced: listed '" + info.key + "' outside prefix '" + options.prefix + "'");
+    page.objects.push_back(std::move(info));
+  }
+  return page;
+}
+
+std::string NodeStore::uri() const {
+  return "node+" + impl_->root;
+}
+const DaemonInfo& NodeStore::daemon() const {
+  return impl_->client->daemon();
+}
+NodeClient& NodeStore::client() {
+  return *impl_->client;
+}
+
+NodeReadStats NodeStore::read_stats() const {
+  auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  return NodeReadStats{r(impl_->handoff_chunks), r(impl_->handoff_bytes), r(impl_->inline_bytes),
+                       r(impl_->retries)};
+}
+
+void register_scheme() {
+  for (const std::string& scheme : store::registered_schemes()) {
+    if (scheme.starts_with("node+") || scheme.starts_with("cache+")) continue;
+    store::register_scheme(
+        "node+" + scheme,
+        [](std::string_view uri,
+           const store::StoreOptions& so) -> Result<std::unique_ptr<store::Store>> {
+          std::string root(uri.substr(5));
+          NodeOptions o;
+          if (const auto* given = so.backend.get<NodeOptions>()) o = *given;
+          auto s = NodeStore::open(root, o);
+          if (s) return std::unique_ptr<store::Store>(std::move(*s));
+          if (!o.fallback || s.error().code() != Code::kUnavailable)
+            return std::unexpected(s.error());
+          if (o.on_fallback) o.on_fallback(s.error().message() + ": using the embedded cache");
+          cache::register_scheme();
+          return store::open_store("cache+" + root, so);
+        });
+  }
+}
+
+}  // namespace sluice::node

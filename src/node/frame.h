@@ -1,0 +1,97 @@
+// The node protocol's frames (docs/formats/node-protocol.md): what sluiced and its local
+// clients send each other over a Unix domain socket.
+//
+// A frame is a 32-byte header, a JSON document and a data block; file descriptors may ride
+// along (SCM_RIGHTS). Every field of the header and every byte after it is untrusted until
+// decode_header and verify have checked them: lengths are bounded before anything is
+// allocated, and a frame whose checksum does not match is refused.
+//
+// FrameChannel owns one connected socket and reads and writes whole frames with deadlines,
+// so a peer that stops halfway (a slow or hostile client) costs a timeout, never a thread.
+// Not thread-safe: one thread uses a channel at a time.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sluice/core/fd.h"
+#include "sluice/core/status.h"
+
+namespace sluice::node {
+
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 32;
+inline constexpr uint32_t kMaxJsonBytes = 1u << 20;   // 1 MiB
+inline constexpr uint32_t kMaxDataBytes = 16u << 20;  // 16 MiB
+inline constexpr size_t kMaxFds = 64;
+
+enum class FrameType : uint16_t {
+  kHello = 1,
+  kStat = 2,
+  kRead = 3,
+  kList = 4,
+  kCacheStat = 5,
+  kEvict = 6,
+  kPin = 7,
+  kChunks = 8,
+  kResponse = 0x8000,  // or'ed with the request's type
+  kError = 0xFFFF,
+};
+
+inline uint16_t response_type(FrameType request) {
+  return static_cast<uint16_t>(request) | static_cast<uint16_t>(FrameType::kResponse);
+}
+
+struct Frame {
+  uint16_t type = 0;
+  uint64_t request_id = 0;
+  std::string json;
+  std::vector<std::byte> data;
+  std::vector<UniqueFd> fds;  // received, or to send
+};
+
+struct Header {
+  uint16_t version = 0, type = 0;
+  uint32_t json_bytes = 0, data_bytes = 0;
+  uint64_t request_id = 0, checksum = 0;
+};
+
+// Serialises a header for `f` (its checksum covers the header's first 24 bytes, the JSON
+// and the data).
+std::array<std::byte, kHeaderBytes> encode_header(const Frame& f);
+// Checks magic, version and lengths; InvalidArgument names what is wrong.
+Result<Header> decode_header(std::span<const std::byte, kHeaderBytes> bytes);
+// Whether the frame's JSON and data match the header's checksum.
+bool verify(const Header& h, std::span<const std::byte, kHeaderBytes> raw, const Frame& f);
+
+class FrameChannel {
+ public:
+  explicit FrameChannel(UniqueFd socket) : fd_(std::move(socket)) {}
+
+  // Sends a whole frame, fds included, within `timeout` (a peer that does not read fails
+  // with TimedOut).
+  Status send(const Frame& f, std::chrono::milliseconds timeout);
+  // Waits up to `idle` for a frame to begin, then up to `timeout` for the rest of it. A
+  // header announcing more than `max_data` data bytes is refused before anything is
+  // allocated (requests carry none).
+  // nullopt: the peer closed the connection between frames. Unavailable: it closed
+  // mid-frame; TimedOut; InvalidArgument or Corruption: a malformed frame (the channel is
+  // then unusable: its framing is lost).
+  Result<std::optional<Frame>> receive(std::chrono::milliseconds idle,
+                                       std::chrono::milliseconds timeout,
+                                       uint32_t max_data = kMaxDataBytes);
+
+  int fd() const { return fd_.get(); }
+
+ private:
+  Status read_exact(std::span<std::byte> dst, std::chrono::steady_clock::time_point deadline,
+                    std::vector<UniqueFd>* fds, bool* closed_at_start);
+  UniqueFd fd_;
+};
+
+}  // namespace sluice::node

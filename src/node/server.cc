@@ -1,0 +1,628 @@
+// NodeServer: the daemon's Unix-socket service. One thread per connection (bounded), each
+// reading whole frames with deadlines; see server.h for the contract and
+// docs/formats/node-protocol.md for the frames.
+#include "sluice/node/server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <semaphore>
+#include <thread>
+
+#include "node/frame.h"
+#include "node/router_store.h"
+#include "node/wire.h"
+
+namespace sluice::node {
+
+namespace {
+
+bool scheme_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '-' || c == '.';
+}
+
+struct Reply {
+  Json body = Json::object();
+  std::vector<std::byte> data;
+  std::vector<UniqueFd> fds;
+};
+
+std::string dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+struct Caller {
+  const TeamGrant* team = nullptr;
+  uid_t uid = 0;
+  pid_t pid = 0;
+  std::string describe() const {
+    return "uid " + std::to_string(uid) + " pid " + std::to_string(pid) +
+           (team ? " (team " + team->name + ")" : "");
+  }
+};
+
+Status check_prefix(std::string_view prefix) {
+  std::string_view p = prefix;
+  while (p.ends_with('/')) p.remove_suffix(1);
+  if (p.empty())
+    return prefix.empty() ? ok() : fail(Code::kInvalidArgument, "prefix '/' is not relative");
+  return store::validate_key(p);
+}
+
+}  // namespace
+
+Result<std::string> normalize_root(std::string_view uri) {
+  size_t sep = uri.find("://");
+  if (sep == std::string_view::npos || sep == 0)
+    return fail(Code::kInvalidArgument, "root '" + std::string(uri) + "' is not a URI");
+  std::string_view scheme = uri.substr(0, sep);
+  for (char c : scheme) {
+    if (!scheme_char(c))
+      return fail(Code::kInvalidArgument, "root '" + std::string(uri) + "': bad scheme");
+  }
+  if (scheme.starts_with("cache+") || scheme.starts_with("node+"))
+    return fail(Code::kInvalidArgument,
+                "root '" + std::string(uri) + "': name the backing store, not a cache of it");
+  std::string_view rest = uri.substr(sep + 3);
+  bool absolute = scheme == "file";
+  if (absolute) {
+    if (!rest.starts_with('/'))
+      return fail(Code::kInvalidArgument,
+                  "root '" + std::string(uri) + "': a file root must be absolute (file:///dir)");
+    rest.remove_prefix(1);
+  }
+  while (rest.ends_with('/')) rest.remove_suffix(1);
+  if (rest.empty() && !absolute)
+    return fail(Code::kInvalidArgument, "root '" + std::string(uri) + "' names no bucket");
+  for (size_t pos = 0; pos <= rest.size() && !rest.empty();) {
+    size_t end = rest.find('/', pos);
+    if (end == std::string_view::npos) end = rest.size();
+    std::string_view part = rest.substr(pos, end - pos);
+    if (part.empty() || part == "." || part == "..")
+      return fail(Code::kInvalidArgument,
+                  "root '" + std::string(uri) + "': empty, '.' or '..' component");
+    for (char c : part) {
+      if (static_cast<unsigned char>(c) < 0x20)
+        return fail(Code::kInvalidArgument, "root '" + std::string(uri) + "': control character");
+    }
+    pos = end + 1;
+  }
+  return std::string(scheme) + "://" + (absolute ? "/" : "") + std::string(rest);
+}
+
+bool root_granted(std::string_view root, std::string_view grant) {
+  if (grant == "*") return true;
+  while (grant.ends_with('/') && !grant.ends_with(":///")) grant.remove_suffix(1);
+  if (grant.ends_with('/')) return root.starts_with(grant);  // "file:///": every file root
+  return root == grant || (root.starts_with(grant) && root[grant.size()] == '/');
+}
+
+struct NodeServer::Impl {
+  struct Conn {
+    std::thread thread;
+    int fd = -1;        // for stop(); valid while !done
+    bool done = false;  // guarded by mu; the fd is closed under mu once set
+    uid_t uid = 0;
+  };
+
+  ServerOptions o;
+  RouterStore* router = nullptr;  // owned by `cache`, its backing store
+  std::unique_ptr<cache::TieredCache> cache;
+  UniqueFd listen_fd, stop_fd;
+  std::counting_semaphore<4096> inline_slots;
+
+  std::mutex mu;
+  std::list<Conn> conns;              // guarded by mu
+  std::map<uid_t, unsigned> per_uid;  // live connections by uid; guarded by mu
+
+  // Counters: relaxed, they are only reported.
+  std::atomic<uint64_t> connections{0}, refused{0}, requests{0}, errors{0};
+  std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0};
+
+  explicit Impl(ServerOptions opts)
+      : o(std::move(opts)), inline_slots(std::clamp<unsigned>(o.max_inline_reads, 1, 4096)) {}
+
+  void log(const std::string& line) const {
+    if (o.log) o.log(line);
+  }
+
+  const TeamGrant* team_of(uid_t uid) const {
+    for (const TeamGrant& t : o.teams) {
+      for (uint32_t u : t.uids) {
+        if (u == uid) return &t;
+      }
+    }
+    return nullptr;
+  }
+
+  // Accepts one connection: authenticates it and starts its thread, or refuses it.
+  void admit(UniqueFd fd) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    Caller caller;
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      caller.uid = cred.uid;
+      caller.pid = cred.pid;
+      caller.team = team_of(cred.uid);
+    }
+    std::optional<Error> refusal;
+    std::lock_guard lock(mu);
+    reap_locked();
+    if (!caller.team) {
+      refusal = Error(Code::kPermissionDenied,
+                      "uid " + std::to_string(caller.uid) + " is in no team of this daemon");
+    } else if (conns.size() >= o.max_connections) {
+      refusal = Error(Code::kUnavailable, "too many connections (" +
+                                              std::to_string(o.max_connections) + "); retry later");
+    } else if (per_uid[caller.uid] >= o.max_connections_per_uid) {
+      refusal = Error(Code::kUnavailable, "too many connections from uid " +
+                                              std::to_string(caller.uid) + "; retry later");
+    }
+    if (refusal) {
+      refused.fetch_add(1, std::memory_order_relaxed);
+      log("refused " + caller.describe() + ": " + refusal->message());
+      FrameChannel ch(std::move(fd));
+      (void)ch.send(error_frame(0, *refusal), std::chrono::milliseconds(100));
+      return;
+    }
+    connections.fetch_add(1, std::memory_order_relaxed);
+    ++per_uid[caller.uid];
+    Conn& c = conns.emplace_back();
+    c.fd = fd.get();
+    c.uid = caller.uid;
+    c.thread = std::thread([this, &c, caller, f = fd.release()]() mutable {
+      serve_connection(c, caller, UniqueFd(f));
+    });
+  }
+
+  // Joins the threads of finished connections. Called under mu.
+  void reap_locked() {
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (it->done) {
+        it->thread.join();
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void serve_connection(Conn& c, Caller caller, UniqueFd fd) {
+    std::optional<FrameChannel> ch(std::in_place, std::move(fd));
+    for (;;) {
+      auto fr = ch->receive(o.idle_timeout, o.frame_timeout, /*max_data=*/0);
+      if (!fr) {
+        Code code = fr.error().code();
+        if (code == Code::kInvalidArgument || code == Code::kCorruption) {
+          errors.fetch_add(1, std::memory_order_relaxed);
+          log("closed " + caller.describe() + ": " + fr.error().message());
+          (void)ch->send(error_frame(0, fr.error()), std::chrono::milliseconds(100));
+        }
+        break;
+      }
+      if (!*fr) break;  // closed between frames
+      requests.fetch_add(1, std::memory_order_relaxed);
+      const Frame& req = **fr;
+      Frame resp;
+      Result<Reply> r = dispatch(caller, req);
+      if (r) {
+        resp.type = static_cast<uint16_t>(req.type | static_cast<uint16_t>(FrameType::kResponse));
+        resp.request_id = req.request_id;
+        resp.json = dump(r->body);
+        resp.data = std::move(r->data);
+        resp.fds = std::move(r->fds);
+        if (resp.json.size() > kMaxJsonBytes) {
+          r = fail(Code::kInvalidArgument, "the reply would be over the frame limit; ask for less");
+        }
+      }
+      if (!r) {
+        errors.fetch_add(1, std::memory_order_relaxed);
+        log("request " + std::to_string(req.type) + " from " + caller.describe() + ": " +
+            r.error().message());
+        resp = error_frame(req.request_id, r.error());
+      }
+      if (!ch->send(resp, o.frame_timeout)) break;
+    }
+    std::lock_guard lock(mu);
+    ch.reset();  // closes the socket under mu, so stop() never shuts down a reused number
+    c.done = true;
+    if (--per_uid[caller.uid] == 0) per_uid.erase(caller.uid);
+  }
+
+  Result<Reply> dispatch(const Caller& caller, const Frame& req) {
+    SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(req.json));
+    if (!req.fds.empty()) return fail(Code::kInvalidArgument, "requests carry no descriptors");
+    try {
+      switch (static_cast<FrameType>(req.type)) {
+        case FrameType::kHello:
+          return hello(caller);
+        case FrameType::kStat:
+          return stat(caller, j);
+        case FrameType::kRead:
+          return read(caller, j);
+        case FrameType::kList:
+          return list(caller, j);
+        case FrameType::kCacheStat:
+          return cache_stat();
+        case FrameType::kEvict:
+        case FrameType::kPin:
+          return evict_or_pin(caller, j, static_cast<FrameType>(req.type));
+        case FrameType::kChunks:
+          return chunks(caller, j);
+        default:
+          return fail(Code::kInvalidArgument, "unknown request type " + std::to_string(req.type));
+      }
+    } catch (const Json::exception& e) {
+      return fail(Code::kInvalidArgument, std::string("request body: ") + e.what());
+    }
+  }
+
+  // The root a request names, checked against the caller's team; returns its id.
+  Result<std::string> root_id(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string raw, get_string(j, "root"));
+    SLUICE_ASSIGN_OR_RETURN(std::string root, normalize_root(raw));
+    bool granted = false;
+    for (const std::string& g : caller.team->roots) granted = granted || root_granted(root, g);
+    if (!granted)
+      return fail(Code::kPermissionDenied,
+                  "team " + caller.team->name + " may not read root '" + root + "'");
+    return router->attach(root);
+  }
+
+  Result<std::string> routed_key(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(std::string key, get_string(j, "key"));
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    return id + "/" + key;
+  }
+
+  static std::string unrouted(std::string_view key) {
+    size_t slash = key.find('/');
+    return slash == std::string_view::npos ? std::string(key) : std::string(key.substr(slash + 1));
+  }
+
+  static Json info_json(const store::ObjectInfo& i) {
+    return Json{
+        {"key", unrouted(i.key)}, {"size", i.size}, {"mtime_ns", i.mtime_ns}, {"etag", i.etag}};
+  }
+
+  Result<Reply> hello(const Caller& caller) {
+    Reply r;
+    r.body = {{"version", kProtocolVersion},
+              {"team", caller.team->name},
+              {"uid", caller.uid},
+              {"pid", ::getpid()},
+              {"chunk_size", cache->options().chunk_size},
+              {"directory", cache->options().directory}};
+    return r;
+  }
+
+  Result<Reply> stat(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
+    Reply r;
+    r.body = info_json(info);
+    return r;
+  }
+
+  // A read answers a prefix of the range asked for: whole chunks that lie on NVMe as
+  // descriptors, the rest inline up to max_inline_bytes. The client asks again for the rest.
+  Result<Reply> read(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t offset, get_u64(j, "offset"));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t length, get_u64(j, "length"));
+    SLUICE_ASSIGN_OR_RETURN(std::string if_match, get_string_or(j, "if_match", ""));
+    SLUICE_ASSIGN_OR_RETURN(bool inline_only, get_bool_or(j, "inline_only", false));
+    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
+    if (!if_match.empty() && if_match != info.etag)
+      return fail(Code::kConflict,
+                  "'" + unrouted(key) + "' changed: etag " + info.etag + ", not " + if_match);
+    Reply r;
+    r.body = {{"size", info.size}, {"etag", info.etag}, {"pieces", Json::array()}};
+    uint64_t end = offset >= info.size ? offset : offset + std::min(length, info.size - offset);
+    const uint64_t chunk = cache->options().chunk_size;
+    const uint64_t max_inline = std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
+    std::optional<SlotLease> slot;
+    for (uint64_t pos = offset; pos < end && r.fds.size() < kMaxFds;) {
+      uint64_t start = pos / chunk * chunk;
+      uint64_t chunk_end = std::min(info.size, start + chunk);
+      bool whole = pos == start && end >= chunk_end;
+      if (whole && !inline_only && chunk_end - start >= o.handoff_min_bytes) {
+        SLUICE_ASSIGN_OR_RETURN(std::optional<cache::ChunkExtent> x, cache->locate(key, pos));
+        if (x && x->etag == info.etag && x->length == chunk_end - start) {
+          r.body["pieces"].push_back({{"offset", pos},
+                                      {"length", x->length},
+                                      {"fd", r.fds.size()},
+                                      {"file_offset", x->file_offset},
+                                      {"xxh3", x->xxh3}});
+          r.fds.push_back(std::move(x->fd));
+          handoff_chunks.fetch_add(1, std::memory_order_relaxed);
+          handoff_bytes.fetch_add(x->length, std::memory_order_relaxed);
+          pos = chunk_end;
+          continue;
+        }
+      }
+      uint64_t take = std::min(chunk_end, end) - pos;
+      if (r.data.size() + take > max_inline) {
+        if (!r.data.empty() || !r.fds.empty()) break;  // the client asks for the rest
+        take = max_inline;
+      }
+      if (!slot) {
+        slot.emplace(inline_slots);
+        if (!slot->held(o.frame_timeout))
+          return fail(Code::kUnavailable, "daemon busy: every inline read slot is taken");
+      }
+      size_t at = r.data.size();
+      r.data.resize(at + take);
+      store::ReadOptions ro;
+      ro.if_match = info.etag;
+      SLUICE_ASSIGN_OR_RETURN(size_t n,
+                              cache->read_full(key, pos, std::span(r.data).subspan(at), ro));
+      if (n != take)
+        return fail(Code::kCorruption, "'" + unrouted(key) + "': " + std::to_string(n) +
+                                           " bytes at offset " + std::to_string(pos) +
+                                           " where the object holds " + std::to_string(take));
+      r.body["pieces"].push_back({{"offset", pos}, {"length", take}, {"data_offset", at}});
+      inline_bytes.fetch_add(take, std::memory_order_relaxed);
+      pos += take;
+    }
+    return r;
+  }
+
+  // Holds one of the inline read slots (memory for one reply's bytes) while it lives.
+  class SlotLease {
+   public:
+    explicit SlotLease(std::counting_semaphore<4096>& s) : s_(s) {}
+    ~SlotLease() {
+      if (held_) s_.release();
+    }
+    bool held(std::chrono::milliseconds wait) {
+      if (!held_) held_ = s_.try_acquire_for(wait);
+      return held_;
+    }
+
+   private:
+    std::counting_semaphore<4096>& s_;
+    bool held_ = false;
+  };
+
+  Result<Reply> list(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
+    store::ListOptions lo;
+    SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
+    SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
+    SLUICE_ASSIGN_OR_RETURN(lo.continuation, get_string_or(j, "continuation", ""));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t max_keys, get_u64_or(j, "max_keys", 500));
+    lo.prefix = id + "/" + prefix;
+    lo.max_keys = static_cast<size_t>(std::clamp<uint64_t>(max_keys, 1, 500));  // fits a frame
+    SLUICE_ASSIGN_OR_RETURN(store::ListPage page, cache->list(lo));
+    Reply r;
+    r.body = {{"objects", Json::array()}, {"next", page.next_token}};
+    for (const store::ObjectInfo& i : page.objects) r.body["objects"].push_back(info_json(i));
+    return r;
+  }
+
+  Result<Reply> cache_stat() {
+    cache::CacheStats s = cache->stats();
+    auto tier = [](const cache::TierStats& t) {
+      return Json{{"bytes", t.bytes},
+                  {"capacity", t.capacity},
+                  {"chunks", t.chunks},
+                  {"hits", t.hits},
+                  {"hit_bytes", t.hit_bytes}};
+    };
+    Reply r;
+    r.body = {{"ram", tier(s.ram)},
+              {"disk", tier(s.disk)},
+              {"misses", s.misses},
+              {"miss_bytes", s.miss_bytes},
+              {"evictions", s.evictions},
+              {"checksum_failures", s.checksum_failures},
+              {"stale_drops", s.stale_drops},
+              {"singleflight_joins", s.singleflight_joins},
+              {"disk_writes_skipped", s.disk_writes_skipped},
+              {"directory", s.directory},
+              {"policy", s.policy},
+              {"io_path", s.io_path},
+              {"chunk_size", cache->options().chunk_size},
+              {"server",
+               {{"connections", connections.load(std::memory_order_relaxed)},
+                {"connections_refused", refused.load(std::memory_order_relaxed)},
+                {"requests", requests.load(std::memory_order_relaxed)},
+                {"request_errors", errors.load(std::memory_order_relaxed)},
+                {"handoff_chunks", handoff_chunks.load(std::memory_order_relaxed)},
+                {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
+                {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)}}}};
+    return r;
+  }
+
+  Result<Reply> evict_or_pin(const Caller& caller, const Json& j, FrameType type) {
+    SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
+    SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
+    Result<uint64_t> n = 0;
+    if (type == FrameType::kEvict) {
+      n = cache->evict(id + "/" + prefix);
+    } else {
+      SLUICE_ASSIGN_OR_RETURN(bool pinned, get_bool_or(j, "pinned", true));
+      n = cache->pin(id + "/" + prefix, pinned);
+    }
+    if (!n) return std::unexpected(n.error());
+    Reply r;
+    r.body = {{"chunks", *n}};
+    return r;
+  }
+
+  // Cached chunks of one root under a prefix, or of every root the team may read.
+  Result<Reply> chunks(const Caller& caller, const Json& j) {
+    std::string prefix;
+    if (j.contains("root")) {
+      SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
+      SLUICE_ASSIGN_OR_RETURN(std::string p, get_string_or(j, "prefix", ""));
+      SLUICE_RETURN_IF_ERROR(check_prefix(p));
+      prefix = id + "/" + p;
+    }
+    constexpr size_t kMaxEntries = 4000;  // keeps the reply within a frame
+    Reply r;
+    r.body = {{"chunks", Json::array()}, {"truncated", false}};
+    for (const cache::CachedChunk& c : cache->chunks(prefix)) {
+      size_t slash = c.key.find('/');
+      std::optional<std::string> root = router->root_of(std::string_view(c.key).substr(0, slash));
+      if (!root) continue;
+      bool granted = false;
+      for (const std::string& g : caller.team->roots) granted = granted || root_granted(*root, g);
+      if (!granted) continue;
+      if (r.body["chunks"].size() == kMaxEntries) {
+        r.body["truncated"] = true;
+        break;
+      }
+      r.body["chunks"].push_back({{"root", *root},
+                                  {"key", unrouted(c.key)},
+                                  {"etag", c.etag},
+                                  {"index", c.index},
+                                  {"length", c.length},
+                                  {"in_ram", c.in_ram},
+                                  {"on_disk", c.on_disk},
+                                  {"pinned", c.pinned}});
+    }
+    return r;
+  }
+};
+
+namespace {
+
+// Refuses a socket path another daemon answers on; removes one a dead daemon left.
+Status claim_socket_path(const std::string& path) {
+  struct stat sb;
+  if (::lstat(path.c_str(), &sb) != 0) return ok();
+  if (!S_ISSOCK(sb.st_mode))
+    return fail(Code::kAlreadyExists, "socket path " + path + " exists and is not a socket");
+  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
+    return fail(Code::kUnavailable, "another sluiced answers on " + path);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    return fail_errno(errno, "remove stale socket " + path);
+  return ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
+  if (options.cache.directory.empty())
+    return fail(Code::kInvalidArgument, "sluiced: a cache directory is required");
+  if (options.socket_path.empty() || options.socket_path.size() >= sizeof(sockaddr_un::sun_path))
+    return fail(Code::kInvalidArgument,
+                "sluiced: socket path '" + options.socket_path + "' is empty or longer than " +
+                    std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
+  if (options.teams.empty()) {
+    options.teams.push_back(TeamGrant{"default", {static_cast<uint32_t>(::getuid())}, {"*"}});
+  }
+  for (TeamGrant& t : options.teams) {
+    for (std::string& g : t.roots) {
+      if (g == "*") continue;
+      auto n = normalize_root(g);
+      if (!n) return std::unexpected(n.error().with_context("team " + t.name));
+      g = *n + (g.ends_with('/') ? "/" : "");
+    }
+  }
+  SLUICE_RETURN_IF_ERROR(claim_socket_path(options.socket_path));
+
+  auto impl = std::make_unique<Impl>(std::move(options));
+  ServerOptions& o = impl->o;
+  o.cache.store_id = "sluiced";
+  auto router = std::make_unique<RouterStore>(o.stores, o.cache.directory + "/roots");
+  impl->router = router.get();
+  SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(router), o.cache));
+  // Chunk files are reached only through descriptors the daemon hands out: no other user
+  // may walk the directory.
+  if (::chmod(o.cache.directory.c_str(), 0700) != 0)
+    return fail_errno(errno, "chmod 0700 " + o.cache.directory);
+
+  impl->listen_fd.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!impl->listen_fd.valid()) return fail_errno(errno, "socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, o.socket_path.c_str(), o.socket_path.size() + 1);
+  if (::bind(impl->listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    return fail_errno(errno, "bind " + o.socket_path);
+  // Anyone may connect; SO_PEERCRED and the team grants decide what they may do.
+  if (::chmod(o.socket_path.c_str(), 0666) != 0) return fail_errno(errno, "chmod " + o.socket_path);
+  if (::listen(impl->listen_fd.get(), 128) != 0)
+    return fail_errno(errno, "listen " + o.socket_path);
+  impl->stop_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!impl->stop_fd.valid()) return fail_errno(errno, "eventfd");
+  return std::unique_ptr<NodeServer>(new NodeServer(std::move(impl)));
+}
+
+NodeServer::NodeServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+NodeServer::~NodeServer() {
+  stop();
+  std::lock_guard lock(impl_->mu);
+  for (Impl::Conn& c : impl_->conns) {
+    if (c.thread.joinable()) c.thread.join();
+  }
+  ::unlink(impl_->o.socket_path.c_str());
+}
+
+Status NodeServer::serve() {
+  Impl& i = *impl_;
+  for (;;) {
+    pollfd p[2] = {{i.listen_fd.get(), POLLIN, 0}, {i.stop_fd.get(), POLLIN, 0}};
+    int n = ::poll(p, 2, -1);
+    if (n < 0 && errno != EINTR) return fail_errno(errno, "poll " + i.o.socket_path);
+    if (p[1].revents) break;
+    if (n <= 0 || !(p[0].revents & POLLIN)) continue;
+    UniqueFd c(::accept4(i.listen_fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c.valid()) {
+      if (errno == EMFILE || errno == ENFILE) {
+        i.log("accept: out of descriptors; pausing");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
+    i.admit(std::move(c));
+  }
+  // Stopping: wake every connection (a blocked receive sees the shutdown), then join them.
+  std::list<Impl::Conn> conns;
+  {
+    std::lock_guard lock(i.mu);
+    for (Impl::Conn& c : i.conns) {
+      if (!c.done) ::shutdown(c.fd, SHUT_RDWR);
+    }
+    conns.splice(conns.end(), i.conns);
+  }
+  for (Impl::Conn& c : conns) c.thread.join();
+  return ok();
+}
+
+void NodeServer::stop() {
+  uint64_t one = 1;
+  (void)!::write(impl_->stop_fd.get(), &one, sizeof one);
+}
+
+ServerStats NodeServer::stats() const {
+  const Impl& i = *impl_;
+  auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  return ServerStats{r(i.connections),    r(i.refused),       r(i.requests),    r(i.errors),
+                     r(i.handoff_chunks), r(i.handoff_bytes), r(i.inline_bytes)};
+}
+
+cache::TieredCache& NodeServer::cache() {
+  return *impl_->cache;
+}
+
+}  // namespace sluice::node

@@ -1,0 +1,346 @@
+// The node daemon's service and client in one process: a NodeServer on a socket in a temp
+// directory, a file:// root, NodeStores (each with its own connections) reading through it.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "node/frame.h"
+#include "sluice/node/client.h"
+#include "sluice/node/server.h"
+#include "test_util.h"
+
+namespace sluice::node {
+namespace {
+
+using sluice::testing::TempDir;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kChunk = 1 << 20;
+
+std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(v.data() + i, &x, std::min<size_t>(8, n - i));
+  }
+  return v;
+}
+
+// A daemon serving `root` (a directory of objects) from a cache in the temp directory.
+class Daemon {
+ public:
+  explicit Daemon(const TempDir& dir, std::vector<TeamGrant> teams = {}) {
+    ServerOptions o;
+    o.socket_path = dir.file("sluiced.sock");
+    o.cache.directory = dir.file("cache");
+    o.cache.chunk_size = kChunk;
+    o.cache.ram_bytes = 0;  // every hit comes from NVMe: the hand-off path
+    o.cache.disk_bytes = 256 << 20;
+    o.teams = std::move(teams);
+    o.log = [this](std::string_view line) {
+      std::lock_guard lock(mu_);
+      log_.emplace_back(line);
+    };
+    auto s = NodeServer::open(std::move(o));
+    EXPECT_TRUE(s) << s.error().to_string();
+    server_ = std::move(*s);
+    thread_ = std::thread([this] { EXPECT_TRUE(server_->serve()); });
+    socket_ = dir.file("sluiced.sock");
+  }
+  ~Daemon() {
+    server_->stop();
+    thread_.join();
+  }
+  NodeServer& server() { return *server_; }
+  const std::string& socket() const { return socket_; }
+  bool logged(std::string_view what) {
+    std::lock_guard lock(mu_);
+    for (const std::string& l : log_) {
+      if (l.find(what) != std::string::npos) return true;
+    }
+    return false;
+  }
+  // Waits until the NVMe tier holds `chunks` chunks (its writes run behind the fills).
+  void wait_for_disk(uint64_t chunks) {
+    for (int i = 0; i < 500 && server_->cache().stats().disk.chunks < chunks; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(server_->cache().stats().disk.chunks, chunks);
+  }
+
+ private:
+  std::unique_ptr<NodeServer> server_;
+  std::thread thread_;
+  std::string socket_;
+  std::mutex mu_;
+  std::vector<std::string> log_;
+};
+
+struct Fixture {
+  TempDir dir;
+  std::string root;
+  std::vector<std::byte> data;
+  Fixture(size_t bytes = 8 * kChunk + 12345) : data(random_bytes(bytes, 7)) {
+    root = "file://" + dir.file("data");
+    fs::create_directories(dir.file("data/set"));
+    auto s = store::make_posix_store(dir.file("data"));
+    EXPECT_TRUE(s->put("set/obj", data));
+  }
+  std::unique_ptr<NodeStore> open(const std::string& socket) {
+    NodeOptions o;
+    o.socket = socket;
+    auto s = NodeStore::open(root, o);
+    EXPECT_TRUE(s) << s.error().to_string();
+    return s ? std::move(*s) : nullptr;
+  }
+};
+
+std::vector<std::byte> read_all(NodeStore& s, std::string_view key, size_t n) {
+  std::vector<std::byte> out(n + 100);
+  auto r = s.read_full(key, 0, out);
+  EXPECT_TRUE(r) << r.error().to_string();
+  out.resize(r ? *r : 0);
+  return out;
+}
+
+TEST(NodeRoot, NormalizesAndRefusesPathTricks) {
+  EXPECT_EQ(normalize_root("s3://bucket/data/").value(), "s3://bucket/data");
+  EXPECT_EQ(normalize_root("file:///srv/data").value(), "file:///srv/data");
+  EXPECT_EQ(normalize_root("file:///").value(), "file:///");
+  for (const char* bad : {"s3://bucket/../other", "file:///srv/./x", "file://relative", "s3://",
+                          "no-scheme", "s3://b//x", "cache+s3://b", "S3://b"}) {
+    EXPECT_FALSE(normalize_root(bad)) << bad;
+  }
+  EXPECT_TRUE(root_granted("s3://b/data", "s3://b/"));
+  EXPECT_TRUE(root_granted("s3://b/data/x", "s3://b/data"));
+  EXPECT_FALSE(root_granted("s3://b/database", "s3://b/data"));
+  EXPECT_TRUE(root_granted("file:///srv", "file:///"));
+  EXPECT_TRUE(root_granted("anything://x", "*"));
+}
+
+TEST(NodeFrame, HeadersAreCheckedBeforeAnythingIsAllocated) {
+  Frame f;
+  f.type = 3;
+  f.request_id = 42;
+  f.json = "{}";
+  auto h = encode_header(f);
+  auto d = decode_header(h);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->request_id, 42u);
+  EXPECT_TRUE(verify(*d, h, f));
+  f.json = "{ }";
+  EXPECT_FALSE(verify(*d, h, f));  // the body changed: the checksum says so
+  auto bad = h;
+  bad[0] = std::byte{'X'};
+  EXPECT_FALSE(decode_header(bad));
+  bad = h;
+  bad[4] = std::byte{9};  // version 9
+  EXPECT_FALSE(decode_header(bad));
+  bad = h;
+  bad[11] = std::byte{0x7f};  // JSON length far over the limit
+  EXPECT_FALSE(decode_header(bad));
+}
+
+TEST(NodeStore, ReadsAreExactAndWarmChunksAreHandedOff) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  auto s = fx.open(d.socket());
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->daemon().team, "default");
+  EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);  // cold: inline
+  d.wait_for_disk(9);
+  EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);  // warm: descriptors
+  NodeReadStats st = s->read_stats();
+  EXPECT_EQ(st.handoff_chunks, 8u);  // the short last chunk is under handoff_min_bytes
+  EXPECT_EQ(st.handoff_bytes, 8 * kChunk);
+  EXPECT_EQ(st.checksum_retries, 0u);
+  // A range inside a chunk and one across chunk ends come inline, exact.
+  for (auto [off, len] : {std::pair<uint64_t, size_t>{100, 5000}, {kChunk - 7, 3 * kChunk}}) {
+    std::vector<std::byte> out(len);
+    ASSERT_EQ(s->read_full("set/obj", off, out).value(), len);
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), fx.data.begin() + off));
+  }
+  auto info = s->stat("set/obj");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->size, fx.data.size());
+  auto listed = s->list_all("set/");
+  ASSERT_TRUE(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].key, "set/obj");
+  EXPECT_EQ(s->stat("set/missing").error().code(), Code::kNotFound);
+  EXPECT_EQ(s->create("x", {}).error().code(), Code::kUnsupported);
+}
+
+TEST(NodeStore, ManyProcessesReadingOneObjectFetchEachChunkOnce) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  std::vector<std::thread> readers;
+  std::atomic<int> exact{0};
+  for (int i = 0; i < 8; ++i) {
+    readers.emplace_back([&] {
+      auto s = fx.open(d.socket());  // its own connections, as another process would have
+      if (s && read_all(*s, "set/obj", fx.data.size()) == fx.data) ++exact;
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(exact.load(), 8);
+  EXPECT_EQ(d.server().cache().stats().misses, 9u);  // 9 chunks, each read from the source once
+}
+
+TEST(NodeStore, AChunkCorruptOnDiskIsDetectedAndRefetched) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  auto s = fx.open(d.socket());
+  ASSERT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
+  d.wait_for_disk(9);
+  int corrupted = 0;
+  for (const auto& e : fs::recursive_directory_iterator(fx.dir.file("cache"))) {
+    if (!e.is_regular_file() || e.file_size() != kChunk) continue;
+    std::FILE* f = std::fopen(e.path().c_str(), "r+b");
+    std::fseek(f, 4096, SEEK_SET);
+    std::fputc(0x5a ^ std::fgetc(f), f);
+    std::fclose(f);
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
+  EXPECT_GE(s->read_stats().checksum_retries, 1u);
+  EXPECT_GE(d.server().cache().stats().checksum_failures, 1u);
+}
+
+TEST(NodeServer, AUidInNoTeamIsRefusedAndLogged) {
+  Fixture fx;
+  Daemon d(fx.dir, {TeamGrant{"other", {12345}, {"*"}}});
+  NodeOptions o;
+  o.socket = d.socket();
+  auto s = NodeStore::open(fx.root, o);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code(), Code::kPermissionDenied);
+  EXPECT_TRUE(d.logged("is in no team"));
+}
+
+TEST(NodeServer, ATeamReadsOnlyItsRoots) {
+  Fixture fx;
+  std::string allowed = "file://" + fx.dir.file("data/set");
+  Daemon d(fx.dir, {TeamGrant{"vision", {static_cast<uint32_t>(::getuid())}, {allowed}}});
+  NodeOptions o;
+  o.socket = d.socket();
+  auto whole = NodeStore::open(fx.root, o).value();  // the parent: not granted
+  EXPECT_EQ(whole->stat("set/obj").error().code(), Code::kPermissionDenied);
+  auto tricky = NodeStore::open(allowed + "/../set", o).value();
+  EXPECT_EQ(tricky->stat("obj").error().code(), Code::kInvalidArgument);
+  auto good = NodeStore::open(allowed, o).value();
+  EXPECT_EQ(good->stat("obj").value().size, fx.data.size());
+  EXPECT_EQ(good->stat("../set/obj").error().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(d.logged("may not read root"));
+}
+
+// Raw bytes on a fresh connection; returns what the daemon answered (or nothing).
+std::string send_raw(const std::string& socket, std::span<const std::byte> bytes) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, socket.c_str());
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return "";
+  (void)::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  ::shutdown(fd.get(), SHUT_WR);
+  FrameChannel ch(std::move(fd));
+  auto r = ch.receive(std::chrono::seconds(5), std::chrono::seconds(5));
+  return r && *r ? (*r)->json : "";
+}
+
+std::vector<std::byte> frame_bytes(uint16_t type, std::string json) {
+  Frame f;
+  f.type = type;
+  f.request_id = 9;
+  f.json = std::move(json);
+  auto h = encode_header(f);
+  std::vector<std::byte> out(h.begin(), h.end());
+  for (char c : f.json) out.push_back(std::byte(c));
+  return out;
+}
+
+TEST(NodeServer, MalformedRequestsGetErrorsAndTheDaemonStaysUp) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  auto garbage = random_bytes(100, 3);
+  EXPECT_NE(send_raw(d.socket(), garbage).find("bad magic"), std::string::npos);
+  auto header = frame_bytes(3, "{}");
+  header.resize(20);  // truncated mid-header: closed without a reply to parse
+  send_raw(d.socket(), header);
+  EXPECT_NE(send_raw(d.socket(), frame_bytes(3, "not json")).find("not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(send_raw(d.socket(), frame_bytes(3, R"({"root":"x"})")).find("not a URI"),
+            std::string::npos);
+  std::string r = fx.root;
+  EXPECT_NE(send_raw(d.socket(), frame_bytes(3, R"({"root":")" + r +
+                                                    R"(","key":"a/../b","offset":0,"length":1})"))
+                .find("invalid"),
+            std::string::npos);
+  EXPECT_NE(send_raw(d.socket(), frame_bytes(3, R"({"root":")" + r +
+                                                    R"(","key":"set/obj","offset":-1,"length":1})"))
+                .find("unsigned"),
+            std::string::npos);
+  EXPECT_NE(send_raw(d.socket(), frame_bytes(777, "{}")).find("unknown request type"),
+            std::string::npos);
+  // A small fuzz loop: every byte of a valid request flipped in turn, some at random.
+  auto valid =
+      frame_bytes(3, R"({"root":")" + r + R"(","key":"set/obj","offset":0,"length":4096})");
+  std::mt19937 rng(11);
+  for (int i = 0; i < 300; ++i) {
+    auto m = valid;
+    size_t at = i < static_cast<int>(m.size()) ? static_cast<size_t>(i) : rng() % m.size();
+    m[at] ^= std::byte(1 + rng() % 255);
+    if (i % 7 == 0) m.resize(rng() % m.size());
+    send_raw(d.socket(), m);
+  }
+  auto s = fx.open(d.socket());
+  ASSERT_TRUE(s);
+  EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
+  EXPECT_GT(d.server().stats().request_errors, 5u);
+}
+
+TEST(NodeServer, ASecondDaemonOnTheSameSocketIsRefused) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  ServerOptions o;
+  o.socket_path = d.socket();
+  o.cache.directory = fx.dir.file("cache2");
+  auto second = NodeServer::open(std::move(o));
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code(), Code::kUnavailable);
+}
+
+TEST(NodeStore, WithoutADaemonTheUriFallsBackToTheEmbeddedCache) {
+  Fixture fx;
+  store::StoreOptions so;
+  NodeOptions no;
+  no.socket = fx.dir.file("nobody.sock");
+  std::string note;
+  no.on_fallback = [&](const std::string& why) { note = why; };
+  so.backend.set(no);
+  cache::CacheOptions co;
+  co.directory = fx.dir.file("embedded");
+  so.backend.set(co);
+  register_scheme();
+  auto s = store::open_store("node+" + fx.root, so);
+  ASSERT_TRUE(s) << s.error().to_string();
+  EXPECT_TRUE((*s)->uri().starts_with("cache+")) << (*s)->uri();
+  EXPECT_NE(note.find("no sluiced answers"), std::string::npos) << note;
+  EXPECT_EQ((*s)->get("set/obj").value(), fx.data);
+  no.fallback = false;
+  so.backend.set(no);
+  EXPECT_EQ(store::open_store("node+" + fx.root, so).error().code(), Code::kUnavailable);
+}
+
+}  // namespace
+}  // namespace sluice::node

@@ -131,6 +131,10 @@ Result<std::unique_ptr<NodeClient>> NodeClient::connect(std::string socket,
   return std::unique_ptr<NodeClient>(new NodeClient(std::move(impl)));
 }
 
+Result<std::string> NodeClient::cache_stat() {
+  return call(static_cast<uint16_t>(FrameType::kCacheStat), "{}");
+}
+
 Result<std::string> NodeClient::call(uint16_t type, const std::string& json) {
   SLUICE_ASSIGN_OR_RETURN(Frame f, impl_->exchange(type, json));
   if (f.type == static_cast<uint16_t>(FrameType::kError))

@@ -15,6 +15,7 @@
 #include "cp.h"
 #include "location.h"
 #include "sizes.h"
+#include "sluice/node/client.h"
 #include "sluice/s3/store.h"
 #include "sluice/xfer/copy.h"
 
@@ -54,22 +55,36 @@ struct Target {
 
 // Opens the store `text` names (a URI, or a local path, cache+ or not) behind the cache.
 // Local files are named from the root (file:///, key = absolute path), as cp --cache does.
-Result<Target> open_target(const std::string& text, const CacheArgs& a, const std::string& home) {
+struct Named {
+  std::string store_uri, key;
+};
+Result<Named> name_in_store(const std::string& text) {
   SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(text));
-  std::string store_uri = loc.store_uri, key = loc.path;
+  Named n{loc.store_uri, loc.path};
   if (loc.local) {
     std::error_code ec;
     fs::path p = fs::weakly_canonical(loc.path, ec);
     if (ec) return fail_errno(ec.value(), "resolve " + loc.path);
-    store_uri = "file:///";
-    key = p.string().substr(1);
-    if (loc.path.ends_with('/') && !key.empty() && !key.ends_with('/')) key += '/';
+    n.store_uri = "file:///";
+    n.key = p.string().substr(1);
+    if (loc.path.ends_with('/') && !n.key.empty() && !n.key.ends_with('/')) n.key += '/';
   }
+  return n;
+}
+
+Result<store::StoreOptions> s3_store_options(const CacheArgs& a) {
   s3::register_scheme();
   SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
   store::StoreOptions so;
   so.backend.set(s3o);
-  SLUICE_ASSIGN_OR_RETURN(auto backing, store::open_store(store_uri, so));
+  return so;
+}
+
+Result<Target> open_target(const std::string& text, const CacheArgs& a, const std::string& home) {
+  SLUICE_ASSIGN_OR_RETURN(Named n, name_in_store(text));
+  std::string key = n.key;
+  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a));
+  SLUICE_ASSIGN_OR_RETURN(auto backing, store::open_store(n.store_uri, so));
   SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(a.cache, home));
   SLUICE_ASSIGN_OR_RETURN(auto c, cache::TieredCache::open(std::move(backing), co));
   return Target{std::move(c), key};
@@ -90,7 +105,58 @@ std::string tiers(const cache::CachedChunk& c) {
          (c.on_disk ? "nvme" : "");
 }
 
+// `cache stat` of a running daemon: its tiers, hits and misses, and what its server did.
+// false: no daemon answers (the caller looks at the directory instead).
+bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
+  if (a.cache.daemon == "none") return false;
+  std::string socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
+  auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
+  if (!client) {
+    if (client.error().code() == Code::kUnavailable && a.cache.daemon.empty()) return false;
+    rc = report_error(client.error());
+    return true;
+  }
+  auto body = (*client)->cache_stat();
+  if (!body) {
+    rc = report_error(body.error());
+    return true;
+  }
+  nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    rc = report_error(Error(Code::kCorruption, "sluiced sent a stat reply that is not JSON"));
+    return true;
+  }
+  j["daemon"] = {
+      {"socket", socket}, {"pid", (*client)->daemon().pid}, {"team", (*client)->daemon().team}};
+  rc = 0;
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return true;
+  }
+  auto n = [&](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : 0.0; };
+  std::printf("sluiced pid %.0f on %s: cache %s (policy %s, %s)\n", n(j["daemon"]["pid"]),
+              socket.c_str(), j.value("directory", "").c_str(), j.value("policy", "").c_str(),
+              j.value("io_path", "").c_str());
+  for (const char* tier : {"ram", "disk"}) {
+    const nlohmann::json& t = j[tier];
+    std::printf("%s tier: %s of %s in %.0f chunks; %.0f hits (%s)\n",
+                std::string_view(tier) == "ram" ? "RAM" : "NVMe",
+                format_size(n(t["bytes"])).c_str(), format_size(n(t["capacity"])).c_str(),
+                n(t["chunks"]), n(t["hits"]), format_size(n(t["hit_bytes"])).c_str());
+  }
+  const nlohmann::json& sv = j["server"];
+  std::printf("misses: %.0f chunks (%s from the sources); hand-offs: %.0f chunks (%s), inline %s\n",
+              n(j["misses"]), format_size(n(j["miss_bytes"])).c_str(), n(sv["handoff_chunks"]),
+              format_size(n(sv["handoff_bytes"])).c_str(),
+              format_size(n(sv["inline_bytes"])).c_str());
+  std::printf("connections: %.0f served, %.0f refused; requests: %.0f, %.0f failed\n",
+              n(sv["connections"]), n(sv["connections_refused"]), n(sv["requests"]),
+              n(sv["request_errors"]));
+  return true;
+}
+
 int cmd_stat(const CacheArgs& a, const std::string& home) {
+  if (int rc = 0; daemon_stat(a, home, rc)) return rc;
   auto c = open_directory_only(a, home);
   if (!c) return report_error(c.error());
   cache::CacheStats s = (*c)->stats();
@@ -340,25 +406,23 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
   std::unique_ptr<store::Store> plain;
   store::Store* src = nullptr;
   std::string key;
-  std::unique_ptr<cache::TieredCache> cache;
+  auto so = s3_store_options(a);
+  if (!so) return report_error(so.error());
   if (loc->cached || a.use_cache) {
-    auto t = open_target(a.target, a, home);
-    if (!t) return report_error(t.error());
-    cache = std::move(t->cache);
-    key = t->key;
-    src = cache.get();
+    auto n = name_in_store(a.target);
+    if (!n) return report_error(n.error());
+    auto s = open_through_cache(n->store_uri, *so, a.cache, home);
+    if (!s) return report_error(s.error());
+    plain = std::move(*s);
+    key = n->key;
+    src = plain.get();
   } else {
-    s3::register_scheme();
-    auto s3o = load_s3_options(a.aws);
-    if (!s3o) return report_error(s3o.error());
-    store::StoreOptions so;
-    so.backend.set(*s3o);
     std::string uri = loc->local ? "file://" + (fs::path(loc->path).has_parent_path()
                                                     ? fs::path(loc->path).parent_path().string()
                                                     : std::string("."))
                                  : loc->store_uri;
     key = loc->local ? fs::path(loc->path).filename().string() : loc->path;
-    auto s = store::open_store(uri, so);
+    auto s = store::open_store(uri, *so);
     if (!s) return report_error(s.error());
     plain = std::move(*s);
     src = plain.get();

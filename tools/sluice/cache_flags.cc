@@ -1,6 +1,9 @@
 #include "cache_flags.h"
 
+#include <cstdio>
+
 #include "sizes.h"
+#include "sluice/node/client.h"
 
 namespace sluice::cli {
 
@@ -22,6 +25,9 @@ void add_cache_flags(CLI::App* cmd, CacheFlags& f) {
          "Re-check an object's etag with the source when what the cache knows is older than this")
       ->default_val(1000);
   cmd->add_flag("--offline", f.offline, "Trust the cache: never re-check objects it holds");
+  cmd->add_option("--daemon", f.daemon,
+                  "sluiced's socket: read through the node daemon when it answers there, else "
+                  "the embedded cache (default $SLUICE_HOME/sluiced.sock; 'none': never)");
 }
 
 Result<cache::CacheOptions> cache_options(const CacheFlags& f, const std::string& home) {
@@ -41,6 +47,24 @@ Result<cache::CacheOptions> cache_options(const CacheFlags& f, const std::string
   o.revalidate_after = std::chrono::milliseconds(f.revalidate_ms);
   o.offline = f.offline;
   return o;
+}
+
+Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& store_uri,
+                                                         store::StoreOptions so,
+                                                         const CacheFlags& f,
+                                                         const std::string& home) {
+  SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(f, home));
+  so.backend.set(co);
+  cache::register_scheme();
+  if (f.daemon == "none") return store::open_store("cache+" + store_uri, so);
+  node::NodeOptions no;
+  no.socket = f.daemon.empty() ? home + "/sluiced.sock" : f.daemon;
+  no.on_fallback = [](const std::string& why) {
+    std::fprintf(stderr, "sluice: note: %s\n", why.c_str());
+  };
+  so.backend.set(no);
+  node::register_scheme();
+  return store::open_store("node+" + store_uri, so);
 }
 
 }  // namespace sluice::cli

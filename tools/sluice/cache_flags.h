@@ -16,10 +16,19 @@ struct CacheFlags {
   std::string policy = "s3fifo";
   unsigned revalidate_ms = 1000;
   bool offline = false;
+  std::string daemon;  // --daemon: sluiced's socket; default $SLUICE_HOME/sluiced.sock; "none"
 };
 
 void add_cache_flags(CLI::App* cmd, CacheFlags& flags);
 // The library's options from the flags; `home` is $SLUICE_HOME.
 Result<cache::CacheOptions> cache_options(const CacheFlags& flags, const std::string& home);
+
+// Opens `store_uri` through the node's cache: through sluiced where one answers on the
+// --daemon socket, else through the embedded cache in --cache-dir, with a note on stderr
+// saying why. `so` carries the backend options (S3).
+Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& store_uri,
+                                                         store::StoreOptions so,
+                                                         const CacheFlags& flags,
+                                                         const std::string& home);
 
 }  // namespace sluice::cli

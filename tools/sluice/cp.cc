@@ -12,6 +12,7 @@
 
 #include "location.h"
 #include "sizes.h"
+#include "sluice/node/client.h"
 #include "sluice/store/store.h"
 #include "sluice/telemetry/registry.h"
 #include "sluice/xfer/copy.h"
@@ -29,7 +30,11 @@ std::string CpSummary::text() const {
                 failed ? (", " + std::to_string(failed) + " FAILED").c_str() : "",
                 cancelled ? ", INTERRUPTED (nothing partial was left behind)" : "");
   std::string out = buf;
-  if (cached) {
+  if (via_daemon) {
+    out += "\ncache: through sluiced, " + format_size(static_cast<double>(handoff_bytes)) +
+           " read from its NVMe directly, " + format_size(static_cast<double>(inline_bytes)) +
+           " sent by it";
+  } else if (cached) {
     out += "\ncache: " + format_size(static_cast<double>(cache_hit_bytes)) + " from the cache, " +
            format_size(static_cast<double>(cache_miss_bytes)) + " from the source";
   }
@@ -46,7 +51,12 @@ std::string CpSummary::json() const {
       {"failed", failed},
       {"cancelled", cancelled}};
   if (failed) j["error"] = first_error;
-  if (cached) j["cache"] = {{"hit_bytes", cache_hit_bytes}, {"miss_bytes", cache_miss_bytes}};
+  if (via_daemon) {
+    j["cache"] = {
+        {"daemon", true}, {"handoff_bytes", handoff_bytes}, {"inline_bytes", inline_bytes}};
+  } else if (cached) {
+    j["cache"] = {{"hit_bytes", cache_hit_bytes}, {"miss_bytes", cache_miss_bytes}};
+  }
   return j.dump();
 }
 
@@ -183,9 +193,9 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   s3::S3Options s3o = o.s3;
   s3o.registry = &registry;
   so.backend.set(s3o);
-  so.backend.set(o.cache_options);
   SLUICE_ASSIGN_OR_RETURN(auto src_store,
-                          store::open_store((cached ? "cache+" : "") + src.store_uri, so));
+                          cached ? open_through_cache(src.store_uri, so, o.cache_flags, o.home)
+                                 : store::open_store(src.store_uri, so));
   SLUICE_ASSIGN_OR_RETURN(auto dst_store, store::open_store(dst.store_uri, so));
 
   xfer::CopyPlan plan;
@@ -222,6 +232,11 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     sum.cached = true;
     sum.cache_hit_bytes = cs.ram.hit_bytes + cs.disk.hit_bytes;
     sum.cache_miss_bytes = cs.miss_bytes;
+  } else if (auto* n = dynamic_cast<node::NodeStore*>(src_store.get())) {
+    node::NodeReadStats ns = n->read_stats();
+    sum.via_daemon = true;
+    sum.handoff_bytes = ns.handoff_bytes;
+    sum.inline_bytes = ns.inline_bytes;
   }
   for (auto& f : report.failures) {
     if (sum.first_error.empty()) sum.first_error = f.error.to_string();

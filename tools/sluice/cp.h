@@ -5,6 +5,7 @@
 #include <atomic>
 #include <string>
 
+#include "cache_flags.h"
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/core/status.h"
 #include "sluice/s3/store.h"
@@ -22,7 +23,8 @@ struct CpOptions {
   s3::S3Options s3;        // for s3:// locations; max_in_flight is the copy's budget
   const std::atomic<bool>* cancel = nullptr;  // set from a signal handler: stop and clean up
   bool cache = false;                         // read the source through the tiered cache
-  cache::CacheOptions cache_options;          // for --cache and cache+ sources
+  CacheFlags cache_flags;                     // for --cache and cache+ sources
+  std::string home;                           // $SLUICE_HOME
 };
 
 struct CpSummary {
@@ -32,6 +34,8 @@ struct CpSummary {
   std::string first_error;  // when failed > 0
   bool cached = false;      // read through the cache: where the bytes came from
   uint64_t cache_hit_bytes = 0, cache_miss_bytes = 0;
+  bool via_daemon = false;  // through sluiced: what came as descriptors, what inline
+  uint64_t handoff_bytes = 0, inline_bytes = 0;
 
   std::string text() const;
   std::string json() const;

@@ -170,12 +170,12 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       return;
     }
     a.cp.s3 = *s3;
-    auto co = cache_options(a.cache, sluice_home());
-    if (!co) {
+    if (auto co = cache_options(a.cache, sluice_home()); !co) {  // refuse bad flags up front
       rc = report_error(co.error());
       return;
     }
-    a.cp.cache_options = *co;
+    a.cp.cache_flags = a.cache;
+    a.cp.home = sluice_home();
     if (a.part_size != "auto") {
       auto size = parse_size(a.part_size);
       if (!size || *size == 0 || *size > s3::kMaxPartSize) {

@@ -102,6 +102,10 @@ class NodeClient {
   // an error reply is returned as its error.
   Result<std::string> call(uint16_t type, const std::string& json);
 
+  // The daemon's cache and server counters, as the JSON body of its CACHE_STAT reply
+  // (docs/formats/node-protocol.md).
+  Result<std::string> cache_stat();
+
   const DaemonInfo& daemon() const;
 
   struct Impl;

@@ -1,0 +1,208 @@
+#!/usr/bin/python3
+"""sluiced, the node daemon, against a real s3rver: eight processes reading one object fetch
+each chunk once; warm reads are handed off as descriptors; malformed and oversize frames
+leave it up; a uid in no team is refused; SIGTERM stops it cleanly; kill -9 mid-fill and a
+restart serve exact bytes. s3rver missing: SKIP.
+
+    /usr/bin/python3 tests/integration/sluiced_test.py build/bin/sluice build/bin/sluiced
+"""
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from s3_harness import Runner, S3rver, find_s3rver  # noqa: E402
+
+SLUICE = os.path.abspath(sys.argv[1])
+SLUICED = os.path.abspath(sys.argv[2])
+WORK = tempfile.mkdtemp(prefix="sluice-sluiced-")
+SOCK = os.path.join(WORK, "sluiced.sock")
+CACHE = os.path.join(WORK, "cache")
+MIB = 1 << 20
+OBJ_BYTES = 24 * MIB + 4321  # 25 chunks of 1 MiB
+CHUNKS = 25
+
+
+def env():
+    e = dict(os.environ, SLUICE_HOME=os.path.join(WORK, "home"), AWS_ACCESS_KEY_ID="S3RVER",
+             AWS_SECRET_ACCESS_KEY="S3RVER")
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        e.pop(k, None)
+    return e
+
+
+class Daemon:
+    def __init__(self, endpoint, *extra):
+        self.log = open(os.path.join(WORK, "sluiced.log"), "ab")
+        self.proc = subprocess.Popen(
+            [SLUICED, "--socket", SOCK, "--cache-dir", CACHE, "--chunk-size", "1M", "--cache-ram", "0",
+             "--endpoint-url", endpoint, *extra], env=env(), stdout=self.log, stderr=self.log)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("sluiced exited: " + open(self.log.name).read())
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(SOCK)
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("sluiced did not start")
+
+    def stop(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(20)
+        self.log.close()
+        return rc
+
+
+def sluice(*args, check=True):
+    p = subprocess.run([SLUICE, *args], capture_output=True, env=env(), timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"sluice {' '.join(args)} exited {p.returncode}: {p.stderr.decode()}")
+    return p
+
+
+def daemon_stat():
+    return json.loads(sluice("cache", "stat", "--daemon", SOCK, "--json").stdout)
+
+
+def cat(uri):
+    return subprocess.Popen([SLUICE, "cat", "--cache", "--daemon", SOCK, uri], env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_eight_processes_fetch_each_chunk_once(s3, digest):
+    d = Daemon(s3.endpoint)
+    try:
+        procs = [cat("s3://test/ds/obj") for _ in range(8)]
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            assert b"embedded" not in err, err  # it went through the daemon
+            assert hashlib.sha256(out).hexdigest() == digest
+        st = daemon_stat()
+        assert st["misses"] == CHUNKS, st  # one backing read per chunk for eight readers
+        assert st["miss_bytes"] == OBJ_BYTES, st
+        # Warm: a copy through the daemon gets whole chunks as descriptors.
+        dst = os.path.join(WORK, "copy.bin")
+        p = sluice("cp", "--cache", "--daemon", SOCK, "s3://test/ds/obj", dst, "--json",
+                   "--endpoint-url", s3.endpoint)
+        rep = json.loads(p.stdout)
+        assert rep["cache"]["daemon"] and rep["cache"]["handoff_bytes"] >= 20 * MIB, rep
+        assert hashlib.sha256(open(dst, "rb").read()).hexdigest() == digest
+        assert daemon_stat()["misses"] == CHUNKS
+    finally:
+        assert d.stop() == 0
+
+
+def frame(ftype, body, data_len=0):
+    head = b"SLND" + struct.pack("<HHIIQ", 1, ftype, len(body), data_len, 7)
+    return head + struct.pack("<Q", 0) + body  # a wrong checksum
+
+
+def test_bad_frames_leave_the_daemon_up(s3, digest):
+    d = Daemon(s3.endpoint)
+    try:
+        cases = [os.urandom(64), b"SLND" + b"\xff" * 28, frame(3, b"{}", data_len=1 << 30),
+                 frame(3, b'{"root":"s3://test/../etc","key":"x"}'), b"SLND\x01\x00"]
+        for raw in cases:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(SOCK)
+                s.sendall(raw)
+                s.shutdown(socket.SHUT_WR)
+                reply = s.recv(65536)
+                assert reply == b"" or reply.startswith(b"SLND"), reply
+        # A client that connects and says nothing costs a connection, not the daemon.
+        idle = [socket.socket(socket.AF_UNIX) for _ in range(20)]
+        for s in idle:
+            s.connect(SOCK)
+        p = cat("s3://test/ds/obj")
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err
+        for s in idle:
+            s.close()
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+    log = open(os.path.join(WORK, "sluiced.log")).read()
+    assert "bad magic" in log and "over the limit" in log, log
+
+
+def test_a_uid_in_no_team_is_refused(s3, digest):
+    cfg = os.path.join(WORK, "teams.json")
+    with open(cfg, "w") as f:
+        json.dump({"teams": [{"name": "vision", "uids": [54321], "roots": ["s3://test/"]}]}, f)
+    d = Daemon(s3.endpoint, "--config", cfg)
+    try:
+        p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", check=False)
+        assert p.returncode != 0 and b"in no team" in p.stderr, p.stderr
+    finally:
+        assert d.stop() == 0
+    assert "refused uid" in open(os.path.join(WORK, "sluiced.log")).read()
+
+
+def test_sigterm_stops_cleanly_and_kill9_loses_nothing(s3, digest):
+    d = Daemon(s3.endpoint)
+    p = cat("s3://test/ds/big")  # a fill in progress when the daemon dies
+    time.sleep(0.1)
+    d.proc.kill()
+    d.proc.wait(10)
+    out, _ = p.communicate(timeout=60)
+    # The reader learns the daemon is gone: never a silent short read.
+    assert p.returncode != 0 or len(out) == 64 * MIB, (p.returncode, len(out))
+    d = Daemon(s3.endpoint)
+    try:
+        for _ in range(2):
+            q = cat("s3://test/ds/obj")
+            out, err = q.communicate(timeout=300)
+            assert q.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err
+    finally:
+        assert d.stop(signal.SIGTERM) == 0
+    assert not os.path.exists(SOCK), "the socket outlived the daemon"
+    # Without a daemon, --cache says so and reads through the embedded cache.
+    p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", "--endpoint-url", s3.endpoint)
+    assert b"embedded cache" in p.stderr and hashlib.sha256(p.stdout).hexdigest() == digest
+
+
+def main():
+    if not find_s3rver():
+        print("SKIP: s3rver not found (npm install s3rver)")
+        sys.exit(77)
+    s3 = S3rver()
+    try:
+        data = random.randbytes(OBJ_BYTES)
+        src = os.path.join(WORK, "obj.bin")
+        with open(src, "wb") as f:
+            f.write(data)
+        sluice("cp", src, "s3://test/ds/obj", "--endpoint-url", s3.endpoint)
+        with open(src, "wb") as f:
+            f.write(random.randbytes(64 * MIB))
+        sluice("cp", src, "s3://test/ds/big", "--endpoint-url", s3.endpoint)
+        digest = hashlib.sha256(data).hexdigest()
+        r = Runner()
+        for name, fn in [("eight processes fetch each chunk once", test_eight_processes_fetch_each_chunk_once),
+                         ("bad frames leave the daemon up", test_bad_frames_leave_the_daemon_up),
+                         ("a uid in no team is refused", test_a_uid_in_no_team_is_refused),
+                         ("SIGTERM is clean, kill -9 loses nothing",
+                          test_sigterm_stops_cleanly_and_kill9_loses_nothing)]:
+            shutil.rmtree(CACHE, ignore_errors=True)
+            r.run(name, fn, s3, digest)
+        r.finish()
+    finally:
+        s3.close()
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

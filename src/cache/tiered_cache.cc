@@ -479,6 +479,15 @@ struct TieredCache::Impl {
       m.joins.add();
       return joined->result.get();
     }
+    // A fill that ended between the caller's look at the tiers and this claim left the
+    // chunk in a tier: take it from there rather than read the backing store again.
+    Result<std::shared_ptr<const Chunk>> have = resident(info, key, length);
+    if (have && *have) {
+      mine.set_value(*have);
+      std::lock_guard lock(flight_mu);
+      flights.erase(id);
+      return *have;
+    }
     ChunkResult r = fetch(info, key, length);
     if (r) {
       bool pin = pinned(key.key);
@@ -489,6 +498,20 @@ struct TieredCache::Impl {
     std::lock_guard lock(flight_mu);
     flights.erase(id);
     return r;
+  }
+
+  // The whole chunk if a tier (or the NVMe write queue) holds it now; null if none does.
+  Result<std::shared_ptr<const Chunk>> resident(const store::ObjectInfo& info, const ChunkKey& key,
+                                                uint64_t length) {
+    std::shared_ptr<const Chunk> c = ram->find(key);
+    if (c || !disk) return c;
+    if ((c = queued(key))) return c;
+    std::optional<DiskTier::Entry> e = disk->find(key);
+    if (!e || e->length != length) return c;
+    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Chunk> read, new_chunk(key, length, info));
+    if (!disk->read(*e, std::span<std::byte>(read->buf.data(), length))) return c;
+    read->xxh3 = e->xxh3;
+    return std::shared_ptr<const Chunk>(std::move(read));
   }
 
   // From the NVMe tier into `out` (bytes [within, within + out.size()) of the chunk).
@@ -562,7 +585,8 @@ struct TieredCache::Impl {
         break;
       ChunkKey key{store_id, info.key, info.etag, i};
       if (flights.contains(key.id())) break;
-      if (i > index && (ram->contains(key) || (disk && disk->contains(key)))) break;
+      // The first chunk too: its fill may have ended since the caller looked.
+      if (ram->contains(key) || (disk && (disk->contains(key) || queued(key)))) break;
       Claim c{std::move(key), length, {}};
       flights.emplace(c.key.id(),
                       std::make_shared<Flight>(Flight{c.key, c.promise.get_future().share()}));

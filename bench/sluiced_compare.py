@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""sluiced against its anchor, interleaved, several rounds, median ratio.
+
+Case (issue 8's first): a warm read through the daemon from another process (`sluice cat
+--cache` of a file:// object whose chunks the daemon holds on NVMe, RAM tier off: every
+chunk is handed off as a descriptor and read with O_DIRECT by the client) against fio
+reading the same chunk files from the daemon's cache directory (O_DIRECT, io_uring, bs 1M,
+iodepth 16). Target >= 0.9x.
+
+    bench/sluiced_compare.py [--size 1G] [--rounds 5] [--targets disk,ramloop] [--markdown]
+
+The RAM-backed target (ext4 on a loop device over /dev/shm) needs root; without it, SKIP.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
+sys.path.insert(0, os.path.dirname(__file__))
+from benchlib import SLUICE_DEFAULT, parse_size, print_table  # noqa: E402
+from cache_compare import fio, interleaved, summarize  # noqa: E402
+from fio_compare import RamLoop  # noqa: E402
+
+BIN = os.path.dirname(os.path.abspath(SLUICE_DEFAULT))
+MIB = 1 << 20
+
+
+def sluice(*args, env=None):
+    p = subprocess.run([f"{BIN}/sluice", *args], capture_output=True, env=env)
+    if p.returncode != 0:
+        sys.exit(f"sluiced_compare: sluice {' '.join(args[:3])} failed: {p.stderr.decode()[-2000:]}")
+    return p.stdout
+
+
+def warm_case(directory, size, rounds, label, rows):
+    data, cache, sock = (os.path.join(directory, n) for n in ("data.bin", "cache", "sluiced.sock"))
+    shutil.rmtree(cache, ignore_errors=True)
+    with open(data, "wb") as f:
+        for _ in range(size // MIB):
+            f.write(os.urandom(MIB))
+    env = dict(os.environ, SLUICE_HOME=os.path.join(directory, "home"))
+    daemon = subprocess.Popen([f"{BIN}/sluiced", "--socket", sock, "--cache-dir", cache, "--cache-ram", "0",
+                               "--cache-size", f"{2 * size // MIB}M"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+        chunks = (size + 4 * MIB - 1) // (4 * MIB)
+        sluice("cat", "--cache", "--daemon", sock, data, env=env)
+        for _ in range(600):
+            st = json.loads(sluice("cache", "stat", "--daemon", sock, "--json", env=env))
+            if st["disk"]["chunks"] >= chunks:
+                break
+            time.sleep(0.05)
+
+        def through_daemon():
+            t0 = time.perf_counter()
+            sluice("cat", "--cache", "--daemon", sock, data, env=env)
+            return size / (time.perf_counter() - t0) / (1 << 30)
+
+        print(f"{label}: warm read through sluiced against fio on its cache directory", file=sys.stderr)
+        res = interleaved(rounds, [("sluiced", through_daemon), ("fio", lambda: fio(cache))])
+        rows.append(summarize(label, "warm read via sluiced (fd hand-off)", "GiB/s", res, "sluiced", "fio"))
+        st = json.loads(sluice("cache", "stat", "--daemon", sock, "--json", env=env))
+        print(f"  daemon: {st['server']['handoff_chunks']} chunks handed off, "
+              f"{st['server']['inline_bytes']} bytes inline, {st['misses']} misses", file=sys.stderr)
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--targets", default="disk,ramloop")
+    ap.add_argument("--markdown", action="store_true")
+    a = ap.parse_args()
+    size = parse_size(a.size)
+    rows = []
+    for target in a.targets.split(","):
+        if target == "disk":
+            d = tempfile.mkdtemp(prefix="sluiced-bench-", dir="/var/tmp")
+            try:
+                warm_case(d, size, a.rounds, "disk (/var/tmp)", rows)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+        elif target == "ramloop":
+            if os.geteuid() != 0:
+                print("SKIP ramloop: needs root (losetup, mount)", file=sys.stderr)
+                continue
+            loop = RamLoop(size * 2)
+            try:
+                warm_case(loop.mount, size, a.rounds, "RAM-backed loop (ext4)", rows)
+            finally:
+                loop.close()
+    header = ["target", "case", "unit", "sluice", "anchor", "anchor tool", "median ratio", "range"]
+    print_table(header, rows, a.markdown)
+
+
+if __name__ == "__main__":
+    main()

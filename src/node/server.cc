@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <list>
@@ -271,12 +272,23 @@ struct NodeServer::Impl {
   Result<std::string> root_id(const Caller& caller, const Json& j) {
     SLUICE_ASSIGN_OR_RETURN(std::string raw, get_string(j, "root"));
     SLUICE_ASSIGN_OR_RETURN(std::string root, normalize_root(raw));
-    bool granted = false;
-    for (const std::string& g : caller.team->roots) granted = granted || root_granted(root, g);
-    if (!granted)
+    if (!may_read(*caller.team, root))
       return fail(Code::kPermissionDenied,
                   "team " + caller.team->name + " may not read root '" + root + "'");
     return router->attach(root);
+  }
+
+  static bool may_read(const TeamGrant& team, std::string_view root) {
+    return std::any_of(team.roots.begin(), team.roots.end(),
+                       [&](const std::string& g) { return root_granted(root, g); });
+  }
+
+  // "<root id>/<prefix>" of a request's root and optional prefix.
+  Result<std::string> routed_prefix(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
+    SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
+    return id + "/" + prefix;
   }
 
   Result<std::string> routed_key(const Caller& caller, const Json& j) {
@@ -397,13 +409,10 @@ struct NodeServer::Impl {
   };
 
   Result<Reply> list(const Caller& caller, const Json& j) {
-    SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
     store::ListOptions lo;
-    SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
-    SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
+    SLUICE_ASSIGN_OR_RETURN(lo.prefix, routed_prefix(caller, j));
     SLUICE_ASSIGN_OR_RETURN(lo.continuation, get_string_or(j, "continuation", ""));
     SLUICE_ASSIGN_OR_RETURN(uint64_t max_keys, get_u64_or(j, "max_keys", 500));
-    lo.prefix = id + "/" + prefix;
     lo.max_keys = static_cast<size_t>(std::clamp<uint64_t>(max_keys, 1, 500));  // fits a frame
     SLUICE_ASSIGN_OR_RETURN(store::ListPage page, cache->list(lo));
     Reply r;
@@ -447,15 +456,13 @@ struct NodeServer::Impl {
   }
 
   Result<Reply> evict_or_pin(const Caller& caller, const Json& j, FrameType type) {
-    SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
-    SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
-    SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
+    SLUICE_ASSIGN_OR_RETURN(std::string prefix, routed_prefix(caller, j));
     Result<uint64_t> n = 0;
     if (type == FrameType::kEvict) {
-      n = cache->evict(id + "/" + prefix);
+      n = cache->evict(prefix);
     } else {
       SLUICE_ASSIGN_OR_RETURN(bool pinned, get_bool_or(j, "pinned", true));
-      n = cache->pin(id + "/" + prefix, pinned);
+      n = cache->pin(prefix, pinned);
     }
     if (!n) return std::unexpected(n.error());
     Reply r;
@@ -467,10 +474,7 @@ struct NodeServer::Impl {
   Result<Reply> chunks(const Caller& caller, const Json& j) {
     std::string prefix;
     if (j.contains("root")) {
-      SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
-      SLUICE_ASSIGN_OR_RETURN(std::string p, get_string_or(j, "prefix", ""));
-      SLUICE_RETURN_IF_ERROR(check_prefix(p));
-      prefix = id + "/" + p;
+      SLUICE_ASSIGN_OR_RETURN(prefix, routed_prefix(caller, j));
     }
     constexpr size_t kMaxEntries = 4000;  // keeps the reply within a frame
     Reply r;
@@ -478,10 +482,7 @@ struct NodeServer::Impl {
     for (const cache::CachedChunk& c : cache->chunks(prefix)) {
       size_t slash = c.key.find('/');
       std::optional<std::string> root = router->root_of(std::string_view(c.key).substr(0, slash));
-      if (!root) continue;
-      bool granted = false;
-      for (const std::string& g : caller.team->roots) granted = granted || root_granted(*root, g);
-      if (!granted) continue;
+      if (!root || !may_read(*caller.team, *root)) continue;
       if (r.body["chunks"].size() == kMaxEntries) {
         r.body["truncated"] = true;
         break;

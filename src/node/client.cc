@@ -6,7 +6,10 @@
 
 #include <atomic>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <xxhash.h>
@@ -152,17 +155,29 @@ struct NodeStore::Impl {
 
   Result<std::shared_ptr<io::Context>> context() {
     std::call_once(io_once, [&] {
-      io = options.io ? Result<std::shared_ptr<io::Context>>(options.io) : io::Context::open({});
+      // Four reads of handed-off chunks at once: a reply carries up to 64 of them, and two
+      // (the default) left a RAM-backed device half idle.
+      io::ContextOptions co;
+      co.async_threads = 4;
+      io = options.io ? Result<std::shared_ptr<io::Context>>(options.io) : io::Context::open(co);
     });
     return io;
   }
 
   Json request(std::string_view key) const { return Json{{"root", root}, {"key", key}}; }
 
-  // Reads a handed-off chunk into `out` through the data path and checks its checksum.
-  // false: the bytes do not match (the caller asks for them inline instead).
-  Result<bool> read_handoff(const UniqueFd& fd, uint64_t file_offset, uint64_t xxh3,
-                            std::span<std::byte> out) {
+  // A handed-off chunk being read into `out` through the data path.
+  struct HandoffRead {
+    io::FileHandle file;
+    std::future<Result<size_t>> done;
+    std::span<std::byte> out;
+    uint64_t xxh3 = 0;
+  };
+
+  // Starts reading a handed-off chunk into `out`; the reads of one reply run together. The
+  // read refers to its FileHandle, so the handle is made in place and never moves (deque).
+  Status start_handoff(const UniqueFd& fd, uint64_t file_offset, uint64_t xxh3,
+                       std::span<std::byte> out, std::deque<HandoffRead>& handoffs) {
     SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<io::Context> ctx, context());
     io::OpenOptions oo;
     oo.compat = io::CompatMode::kOn;  // host memory: no cuFile
@@ -171,10 +186,45 @@ struct NodeStore::Impl {
     SLUICE_ASSIGN_OR_RETURN(
         io::FileHandle fh,
         io::FileHandle::open(ctx, "/proc/self/fd/" + std::to_string(fd.get()), oo));
-    SLUICE_ASSIGN_OR_RETURN(
-        size_t n, fh.read(io::Buffer::host(out.data(), out.size()), out.size(), file_offset));
-    if (n != out.size()) return false;
-    return XXH3_64bits(out.data(), out.size()) == xxh3;
+    HandoffRead& h = handoffs.emplace_back(HandoffRead{std::move(fh), {}, out, xxh3});
+    h.done = h.file.read_async(io::Buffer::host(out.data(), out.size()), out.size(), file_offset);
+    return ok();
+  }
+
+  // Waits for a handed-off read and checks its checksum. false: the bytes do not match (the
+  // caller asks for them inline instead).
+  static Result<bool> finish_handoff(HandoffRead& h) {
+    SLUICE_ASSIGN_OR_RETURN(size_t n, h.done.get());
+    if (n != h.out.size()) return false;
+    return XXH3_64bits(h.out.data(), h.out.size()) == h.xxh3;
+  }
+
+  // One piece of a read reply at `cursor`: inline bytes are copied into dst now, a handed-off
+  // chunk's read is started (and appended to `handoffs`). Advances `cursor`.
+  Status take_piece(std::string_view key, const Json& p, const Frame& f, uint64_t offset,
+                    std::span<std::byte> dst, uint64_t& cursor, std::deque<HandoffRead>& handoffs) {
+    SLUICE_ASSIGN_OR_RETURN(uint64_t at, get_u64(p, "offset"));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t len, get_u64(p, "length"));
+    if (at != cursor || len == 0 || len > offset + dst.size() - cursor)
+      return fail(Code::kCorruption,
+                  "sluiced: a read reply out of order for '" + std::string(key) + "'");
+    std::span<std::byte> out = dst.subspan(cursor - offset, len);
+    if (p.contains("data_offset")) {
+      SLUICE_ASSIGN_OR_RETURN(uint64_t from, get_u64(p, "data_offset"));
+      if (from > f.data.size() || len > f.data.size() - from)
+        return fail(Code::kCorruption, "sluiced: a piece past the reply's data");
+      std::memcpy(out.data(), f.data.data() + from, len);
+      inline_bytes.fetch_add(len, std::memory_order_relaxed);
+    } else {
+      SLUICE_ASSIGN_OR_RETURN(uint64_t fd, get_u64(p, "fd"));
+      SLUICE_ASSIGN_OR_RETURN(uint64_t file_offset, get_u64(p, "file_offset"));
+      SLUICE_ASSIGN_OR_RETURN(uint64_t sum, get_u64(p, "xxh3"));
+      if (fd >= f.fds.size())
+        return fail(Code::kCorruption, "sluiced: a piece names a descriptor not sent");
+      SLUICE_RETURN_IF_ERROR(start_handoff(f.fds[fd], file_offset, sum, out, handoffs));
+    }
+    cursor += len;
+    return ok();
   }
 
   // One pass over [offset, offset + dst.size()) pinned to `etag` (learnt from the first
@@ -200,35 +250,32 @@ struct NodeStore::Impl {
         return fail(Code::kCorruption, "sluiced: a read reply without pieces");
       if (pieces->empty()) break;  // the object ends here
       uint64_t cursor = offset + got;
+      std::deque<HandoffRead> handoffs;
+      Status taken = ok();
       for (const Json& p : *pieces) {
-        SLUICE_ASSIGN_OR_RETURN(uint64_t at, get_u64(p, "offset"));
-        SLUICE_ASSIGN_OR_RETURN(uint64_t len, get_u64(p, "length"));
-        if (at != cursor || len == 0 || len > offset + dst.size() - cursor)
-          return fail(Code::kCorruption,
-                      "sluiced: a read reply out of order for '" + std::string(key) + "'");
-        std::span<std::byte> out = dst.subspan(cursor - offset, len);
-        if (p.contains("data_offset")) {
-          SLUICE_ASSIGN_OR_RETURN(uint64_t from, get_u64(p, "data_offset"));
-          if (from > f.data.size() || len > f.data.size() - from)
-            return fail(Code::kCorruption, "sluiced: a piece past the reply's data");
-          std::memcpy(out.data(), f.data.data() + from, len);
-          inline_bytes.fetch_add(len, std::memory_order_relaxed);
-        } else {
-          SLUICE_ASSIGN_OR_RETURN(uint64_t fd, get_u64(p, "fd"));
-          SLUICE_ASSIGN_OR_RETURN(uint64_t file_offset, get_u64(p, "file_offset"));
-          SLUICE_ASSIGN_OR_RETURN(uint64_t sum, get_u64(p, "xxh3"));
-          if (fd >= f.fds.size())
-            return fail(Code::kCorruption, "sluiced: a piece names a descriptor not sent");
-          SLUICE_ASSIGN_OR_RETURN(bool good, read_handoff(f.fds[fd], file_offset, sum, out));
-          if (!good) {
-            retries.fetch_add(1, std::memory_order_relaxed);
-            inline_only = true;  // the daemon's own read checks, drops and refetches it
-            break;
-          }
+        taken = take_piece(key, p, f, offset, dst, cursor, handoffs);
+        if (!taken) break;
+      }
+      // Every read started writes into dst: wait for all of them before anything returns.
+      std::optional<uint64_t> bad_at;  // where the first chunk that failed its check starts
+      Status waited = ok();
+      for (HandoffRead& h : handoffs) {
+        Result<bool> good = finish_handoff(h);
+        if (!good) {
+          if (waited) waited = Status(std::unexpected(good.error()));
+        } else if (!*good) {
+          if (!bad_at) bad_at = offset + static_cast<uint64_t>(h.out.data() - dst.data());
+        } else if (!bad_at) {
           handoff_chunks.fetch_add(1, std::memory_order_relaxed);
-          handoff_bytes.fetch_add(len, std::memory_order_relaxed);
+          handoff_bytes.fetch_add(h.out.size(), std::memory_order_relaxed);
         }
-        cursor += len;
+      }
+      SLUICE_RETURN_IF_ERROR(taken);
+      SLUICE_RETURN_IF_ERROR(waited);
+      if (bad_at) {
+        retries.fetch_add(1, std::memory_order_relaxed);
+        inline_only = true;  // the daemon's own read checks, drops and refetches it
+        cursor = *bad_at;
       }
       got = cursor - offset;
     }

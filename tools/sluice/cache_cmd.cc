@@ -436,7 +436,7 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
     from = r->first;
     to = std::min(info->size, r->second.value_or(info->size));
   }
-  std::vector<std::byte> buf(8 << 20);
+  std::vector<std::byte> buf(32 << 20);  // eight chunks a request: their reads overlap
   store::ReadOptions ro;
   ro.if_match = info->etag;  // one version from the first byte to the last
   ro.object_size = info->size;

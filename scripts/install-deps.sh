@@ -17,6 +17,7 @@ packages=(
   libcurl4-openssl-dev                           # HTTP for the s3:// store
   libpugixml-dev                                 # S3 XML responses
   libxxhash-dev                                  # XXH3 checksums of cache chunks
+  libmicrohttpd-dev                              # sluiced peer and /metrics HTTP server
   libinih-dev                                    # ~/.aws/credentials and ~/.aws/config
   clang-format                                   # formatting check
 )

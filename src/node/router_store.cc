@@ -39,7 +39,14 @@ Result<std::string> RouterStore::attach(const std::string& root_uri) {
   if (k != known_.end() && k->second != root_uri)
     return fail(Code::kConflict, "root '" + root_uri + "' has the same id as '" + k->second + "'");
   if (open_.contains(id)) return id;
-  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, store::open_store(root_uri, options_));
+  // A root names a directory of keys: "s3://b/ds" holds "ds/fan", never "dsfan" (object
+  // stores take a prefix as it is given, so the separator is added here).
+  std::string open_uri = root_uri;
+  size_t sep = open_uri.find("://");
+  if (!open_uri.starts_with("file://") && sep != std::string::npos &&
+      open_uri.find('/', sep + 3) != std::string::npos && !open_uri.ends_with('/'))
+    open_uri += '/';
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<store::Store> s, store::open_store(open_uri, options_));
   open_.emplace(id, std::move(s));
   if (k == known_.end()) {
     known_.emplace(id, root_uri);

@@ -20,9 +20,13 @@
 #include <semaphore>
 #include <thread>
 
+#include <xxhash.h>
+
 #include "node/frame.h"
+#include "node/peer_http.h"
 #include "node/router_store.h"
 #include "node/wire.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::node {
 
@@ -117,8 +121,12 @@ struct NodeServer::Impl {
   };
 
   ServerOptions o;
-  RouterStore* router = nullptr;  // owned by `cache`, its backing store
+  telemetry::Registry registry;      // the cache's, the peers' and the server's metrics
+  RouterStore* router = nullptr;     // owned by `peers`
+  peer::PeerStore* peers = nullptr;  // owned by `cache`, its backing store
   std::unique_ptr<cache::TieredCache> cache;
+  std::map<const TeamGrant*, telemetry::Counter*> team_bytes;  // made at open, read-only after
+  telemetry::Counter* served_to_peers = nullptr;
   UniqueFd listen_fd, stop_fd;
   std::counting_semaphore<4096> inline_slots;
 
@@ -129,6 +137,9 @@ struct NodeServer::Impl {
   // Counters: relaxed, they are only reported.
   std::atomic<uint64_t> connections{0}, refused{0}, requests{0}, errors{0};
   std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0};
+
+  // Last member: destroyed first, so no peer request runs while the rest goes away.
+  std::unique_ptr<PeerHttpServer> http;
 
   explicit Impl(ServerOptions opts)
       : o(std::move(opts)), inline_slots(std::clamp<unsigned>(o.max_inline_reads, 1, 4096)) {}
@@ -358,6 +369,7 @@ struct NodeServer::Impl {
                                       {"file_offset", x->file_offset},
                                       {"xxh3", x->xxh3}});
           r.fds.push_back(std::move(x->fd));
+          team_bytes[caller.team]->add(x->length);
           handoff_chunks.fetch_add(1, std::memory_order_relaxed);
           handoff_bytes.fetch_add(x->length, std::memory_order_relaxed);
           pos = chunk_end;
@@ -385,6 +397,7 @@ struct NodeServer::Impl {
                                            " bytes at offset " + std::to_string(pos) +
                                            " where the object holds " + std::to_string(take));
       r.body["pieces"].push_back({{"offset", pos}, {"length", take}, {"data_offset", at}});
+      team_bytes[caller.team]->add(take);
       inline_bytes.fetch_add(take, std::memory_order_relaxed);
       pos += take;
     }
@@ -444,6 +457,8 @@ struct NodeServer::Impl {
               {"policy", s.policy},
               {"io_path", s.io_path},
               {"chunk_size", cache->options().chunk_size},
+              {"bytes_from", {{"backing", peers->backing_bytes()}, {"peer", peers->peer_bytes()}}},
+              {"peers", peers_json()},
               {"server",
                {{"connections", connections.load(std::memory_order_relaxed)},
                 {"connections_refused", refused.load(std::memory_order_relaxed)},
@@ -453,6 +468,87 @@ struct NodeServer::Impl {
                 {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
                 {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)}}}};
     return r;
+  }
+
+  Json peers_json() const {
+    Json out = Json::array();
+    if (!o.peer.membership) return out;
+    for (const peer::PeerState& p : peers->peers()) {
+      out.push_back({{"name", p.name},
+                     {"address", p.address},
+                     {"self", p.self},
+                     {"up", p.up},
+                     {"fetched_chunks", p.fetched_chunks},
+                     {"fetched_bytes", p.fetched_bytes},
+                     {"errors", p.errors},
+                     {"last_error", p.last_error}});
+    }
+    return out;
+  }
+
+  // A chunk (or part of one) for another daemon of the job: checked, then read through
+  // this daemon's cache (never forwarded to a third daemon). Whole chunks on NVMe are sent
+  // from their file; the rest from the bytes read.
+  Result<ChunkBody> peer_chunk(const peer::ChunkRequest& req, std::string_view signature) {
+    SLUICE_RETURN_IF_ERROR(
+        peer::verify_chunk_request(req, signature, o.peer.secret, std::time(nullptr)));
+    SLUICE_ASSIGN_OR_RETURN(std::string root, normalize_root(req.root));
+    SLUICE_RETURN_IF_ERROR(store::validate_key(req.key));
+    SLUICE_ASSIGN_OR_RETURN(std::string id, router->attach(root));
+    const std::string key = id + "/" + req.key;
+    peer::ServingPeer serving;
+    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
+    if (info.etag != req.etag)
+      return fail(Code::kConflict,
+                  "'" + req.key + "' is etag " + info.etag + " here, not " + req.etag);
+    const uint64_t chunk = cache->options().chunk_size;
+    if (req.index >= (info.size + chunk - 1) / chunk)
+      return fail(Code::kInvalidArgument,
+                  "'" + req.key + "' has no chunk " + std::to_string(req.index));
+    const uint64_t start = req.index * chunk, length = std::min(chunk, info.size - start);
+    if (req.length == 0 || req.offset >= length || req.length > length - req.offset)
+      return fail(Code::kInvalidArgument, "bytes " + std::to_string(req.offset) + "+" +
+                                              std::to_string(req.length) +
+                                              " are not within chunk " + std::to_string(req.index) +
+                                              " of '" + req.key + "'");
+    ChunkBody body;
+    body.etag = info.etag;
+    body.length = req.length;
+    if (req.offset == 0 && req.length == length) {
+      SLUICE_ASSIGN_OR_RETURN(std::optional<cache::ChunkExtent> x, cache->locate(key, start));
+      if (x && x->etag == info.etag && x->length == length) {
+        body.fd = std::move(x->fd);
+        body.file_offset = x->file_offset;
+        body.xxh3 = x->xxh3;
+        served_to_peers->add(length);
+        return body;
+      }
+    }
+    body.bytes.resize(req.length);
+    store::ReadOptions ro;
+    ro.if_match = info.etag;
+    SLUICE_ASSIGN_OR_RETURN(size_t n, cache->read_full(key, start + req.offset, body.bytes, ro));
+    if (n != req.length)
+      return fail(Code::kCorruption,
+                  "'" + req.key + "' ended within chunk " + std::to_string(req.index));
+    body.xxh3 = XXH3_64bits(body.bytes.data(), body.bytes.size());
+    served_to_peers->add(req.length);
+    return body;
+  }
+
+  std::string metrics() {
+    cache::CacheStats s = cache->stats();
+    registry.gauge("sluice_cache_bytes", {{"tier", "ram"}}, "Bytes a tier holds")
+        .set(static_cast<int64_t>(s.ram.bytes));
+    registry.gauge("sluice_cache_bytes", {{"tier", "disk"}})
+        .set(static_cast<int64_t>(s.disk.bytes));
+    registry.gauge("sluice_cache_capacity_bytes", {{"tier", "ram"}}, "A tier's byte limit")
+        .set(static_cast<int64_t>(s.ram.capacity));
+    registry.gauge("sluice_cache_capacity_bytes", {{"tier", "disk"}})
+        .set(static_cast<int64_t>(s.disk.capacity));
+    registry.gauge("sluice_connections", {}, "Local client connections open")
+        .set(static_cast<int64_t>(connections.load(std::memory_order_relaxed)));
+    return registry.prometheus_text();
   }
 
   Result<Reply> evict_or_pin(const Caller& caller, const Json& j, FrameType type) {
@@ -544,9 +640,37 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options));
   ServerOptions& o = impl->o;
   o.cache.store_id = "sluiced";
+  o.cache.registry = &impl->registry;
+  for (const TeamGrant& t : o.teams) {
+    impl->team_bytes[&t] = &impl->registry.counter("sluice_team_bytes_total", {{"team", t.name}},
+                                                   "Bytes served to a team's processes");
+  }
+  impl->served_to_peers = &impl->registry.counter("sluice_peer_served_bytes_total", {},
+                                                  "Bytes of chunks served to other daemons");
   auto router = std::make_unique<RouterStore>(o.stores, o.cache.directory + "/roots");
   impl->router = router.get();
-  SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(router), o.cache));
+  peer::PeerOptions po;
+  if (o.peer.membership) {
+    if (o.peer.secret.size() < 16)
+      return fail(Code::kInvalidArgument,
+                  "sluiced: peers need a node secret of at least 16 bytes (--node-secret-file)");
+    if (!o.peer.listen)
+      return fail(Code::kInvalidArgument, "sluiced: peers need the HTTP port (--peer-listen)");
+    po.membership = o.peer.membership;
+  } else {
+    auto alone = peer::Membership::make({peer::Member{"local", "127.0.0.1", 1}}, "local");
+    if (!alone) return std::unexpected(alone.error());
+    po.membership = std::make_shared<const peer::Membership>(std::move(*alone));
+  }
+  po.secret = o.peer.secret;
+  po.chunk_size = o.cache.chunk_size;
+  po.timeout = o.peer.timeout;
+  po.retry_after = o.peer.retry_after;
+  po.registry = &impl->registry;
+  po.root_of = [r = router.get()](std::string_view id) { return r->root_of(id); };
+  auto peers = std::make_unique<peer::PeerStore>(std::move(router), std::move(po));
+  impl->peers = peers.get();
+  SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(peers), o.cache));
   // Chunk files are reached only through descriptors the daemon hands out: no other user
   // may walk the directory.
   if (::chmod(o.cache.directory.c_str(), 0700) != 0)
@@ -565,6 +689,21 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
     return fail_errno(errno, "listen " + o.socket_path);
   impl->stop_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!impl->stop_fd.valid()) return fail_errno(errno, "eventfd");
+  if (o.peer.listen) {
+    PeerHttpOptions ho;
+    ho.host = o.peer.host;
+    ho.port = o.peer.port;
+    ho.max_connections = o.peer.max_connections;
+    Impl* i = impl.get();
+    if (o.peer.membership) {
+      ho.chunk = [i](const peer::ChunkRequest& r, std::string_view sig) {
+        return i->peer_chunk(r, sig);
+      };
+    }
+    ho.metrics = [i] { return i->metrics(); };
+    ho.log = o.log;
+    SLUICE_ASSIGN_OR_RETURN(impl->http, PeerHttpServer::start(std::move(ho)));
+  }
   return std::unique_ptr<NodeServer>(new NodeServer(std::move(impl)));
 }
 
@@ -624,6 +763,18 @@ ServerStats NodeServer::stats() const {
 
 cache::TieredCache& NodeServer::cache() {
   return *impl_->cache;
+}
+
+uint16_t NodeServer::peer_port() const {
+  return impl_->http ? impl_->http->port() : 0;
+}
+
+std::vector<peer::PeerState> NodeServer::peers() const {
+  return impl_->o.peer.membership ? impl_->peers->peers() : std::vector<peer::PeerState>();
+}
+
+std::string NodeServer::metrics_text() const {
+  return impl_->metrics();
 }
 
 }  // namespace sluice::node

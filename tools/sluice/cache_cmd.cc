@@ -155,6 +155,41 @@ bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
   return true;
 }
 
+// `cache peers`: the membership of the running daemon and each peer's state.
+int cmd_peers(const CacheArgs& a, const std::string& home) {
+  if (a.cache.daemon == "none")
+    return report_error(Error(Code::kInvalidArgument, "cache peers asks a running sluiced"));
+  std::string socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
+  auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
+  if (!client) return report_error(client.error());
+  auto body = (*client)->cache_stat();
+  if (!body) return report_error(body.error());
+  nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("peers") || !j["peers"].is_array())
+    return report_error(Error(Code::kCorruption, "sluiced sent a stat reply without peers"));
+  if (a.json) {
+    std::printf(
+        "%s\n",
+        nlohmann::json({{"peers", j["peers"]}, {"bytes_from", j["bytes_from"]}}).dump().c_str());
+    return 0;
+  }
+  if (j["peers"].empty()) {
+    std::printf("sluiced on %s has no peers (start it with --peers)\n", socket.c_str());
+    return 0;
+  }
+  std::printf("%-20s %-22s %-5s %10s %12s %7s  %s\n", "NAME", "ADDRESS", "STATE", "CHUNKS",
+              "FETCHED", "ERRORS", "LAST ERROR");
+  for (const nlohmann::json& p : j["peers"]) {
+    auto num = [&](const char* k) { return p.value(k, 0.0); };
+    std::string state = p.value("self", false) ? "self" : p.value("up", false) ? "up" : "down";
+    std::printf("%-20s %-22s %-5s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
+                printable(p.value("address", "")).c_str(), state.c_str(), num("fetched_chunks"),
+                format_size(num("fetched_bytes")).c_str(), num("errors"),
+                printable(p.value("last_error", "")).c_str());
+  }
+  return 0;
+}
+
 int cmd_stat(const CacheArgs& a, const std::string& home) {
   if (int rc = 0; daemon_stat(a, home, rc)) return rc;
   auto c = open_directory_only(a, home);
@@ -518,6 +553,10 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHoo
     c->add_option("PREFIX", a.target, "URI prefix: s3://bucket/data/, /local/dir/")->required();
     c->callback([&, home, v = std::string(verb)] { rc = cmd_prefix(a, home, v); });
   }
+  with_common(cache->add_subcommand(
+                  "peers", "The running sluiced's peer daemons: membership, state, bytes fetched"),
+              false)
+      ->callback([&, home] { rc = cmd_peers(a, home); });
   with_common(cache->add_subcommand(
                   "verify", "Re-read every NVMe chunk and check its checksum; drop corrupt ones"),
               false)

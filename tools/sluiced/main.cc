@@ -2,7 +2,10 @@
 // process over a Unix socket (docs/operations/sluiced.md).
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <cstdio>
 #include <ctime>
@@ -28,6 +31,8 @@ struct Args {
   cli::CacheFlags cache;
   cli::AwsFlags aws;
   std::string socket, config;
+  std::string peer_listen, peers, node_name, secret_file;
+  unsigned peer_timeout_ms = 10000;
   unsigned max_connections = 256, max_per_uid = 64;
   unsigned idle_s = 300;
 };
@@ -107,8 +112,80 @@ Result<std::vector<node::TeamGrant>> apply_config(Args& a, const CLI::App& app) 
   SLUICE_RETURN_IF_ERROR(
       num("max_connections_per_uid", "--max-connections-per-uid", a.max_per_uid));
   SLUICE_RETURN_IF_ERROR(num("idle_timeout_s", "--idle-timeout", a.idle_s));
+  SLUICE_RETURN_IF_ERROR(str("peer_listen", "--peer-listen", a.peer_listen));
+  SLUICE_RETURN_IF_ERROR(str("peers", "--peers", a.peers));
+  SLUICE_RETURN_IF_ERROR(str("node_name", "--node-name", a.node_name));
+  SLUICE_RETURN_IF_ERROR(str("node_secret_file", "--node-secret-file", a.secret_file));
+  SLUICE_RETURN_IF_ERROR(num("peer_timeout_ms", "--peer-timeout-ms", a.peer_timeout_ms));
   if (!j.contains("teams")) return std::vector<node::TeamGrant>();
   return parse_teams(j["teams"], a.config);
+}
+
+Result<std::string> read_small_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return fail_errno(errno, std::string("open ") + what + " " + path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > (1 << 20)) return fail(Code::kInvalidArgument, path + ": over 1 MiB");
+  return text;
+}
+
+// The node secret: the file's first line, at least 16 bytes, in a file only its owner reads.
+Result<std::string> read_secret(const std::string& path) {
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) != 0) return fail_errno(errno, "node secret file " + path);
+  if (sb.st_mode & 077)
+    return fail(Code::kPermissionDenied,
+                "node secret file " + path + " is readable by others: chmod 600 it");
+  SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(path, "node secret file"));
+  std::string secret = text.substr(0, text.find('\n'));
+  while (!secret.empty() && (secret.back() == '\r' || secret.back() == ' ')) secret.pop_back();
+  if (secret.size() < 16)
+    return fail(Code::kInvalidArgument, "node secret in " + path + " is under 16 bytes");
+  return secret;
+}
+
+// The HTTP port and the membership from --peer-listen, --peers, --node-name and the secret.
+Status configure_peers(const Args& a, node::PeerConfig& p) {
+  if (a.peer_listen.empty()) {
+    if (!a.peers.empty())
+      return fail(Code::kInvalidArgument, "--peers needs --peer-listen HOST:PORT");
+    return ok();
+  }
+  size_t colon = a.peer_listen.rfind(':');
+  unsigned port = 0;
+  if (colon == std::string::npos ||
+      std::sscanf(a.peer_listen.c_str() + colon + 1, "%u", &port) != 1 || port > 65535)
+    return fail(Code::kInvalidArgument,
+                "--peer-listen '" + a.peer_listen + "': expected HOST:PORT (an IPv4 address)");
+  p.listen = true;
+  p.host = a.peer_listen.substr(0, colon);
+  p.port = static_cast<uint16_t>(port);
+  p.timeout = std::chrono::milliseconds(a.peer_timeout_ms);
+  if (a.peers.empty()) return ok();  // /metrics only
+  std::vector<peer::Member> members;
+  if (a.peers == "slurm") {
+    const char* list = std::getenv("SLURM_JOB_NODELIST");
+    if (!list || !*list)
+      return fail(Code::kInvalidArgument, "--peers slurm: SLURM_JOB_NODELIST is not set");
+    SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> names, peer::expand_hostlist(list));
+    for (std::string& n : names) members.push_back(peer::Member{n, n, p.port});
+  } else {
+    SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(a.peers, "peers file"));
+    SLUICE_ASSIGN_OR_RETURN(members, peer::parse_host_list(text, a.peers));
+  }
+  std::string self = a.node_name;
+  if (self.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    self = host;
+    self = self.substr(0, self.find('.'));
+  }
+  SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(members), self));
+  p.membership = std::make_shared<const peer::Membership>(std::move(m));
+  if (a.secret_file.empty())
+    return fail(Code::kInvalidArgument, "--peers needs --node-secret-file FILE");
+  SLUICE_ASSIGN_OR_RETURN(p.secret, read_secret(a.secret_file));
+  return ok();
 }
 
 int run(Args& a, const CLI::App& app) {
@@ -129,6 +206,9 @@ int run(Args& a, const CLI::App& app) {
   o.max_connections_per_uid = a.max_per_uid;
   o.idle_timeout = std::chrono::seconds(a.idle_s);
   o.log = log_line;
+  if (Status p = configure_peers(a, o.peer); !p) return cli::report_error(p.error());
+  const bool has_peers = o.peer.membership != nullptr;
+  const size_t members = has_peers ? o.peer.membership->members().size() : 0;
 
   // SIGTERM and SIGINT are taken by one thread (sigwait), so no handler runs inside the
   // server's threads; every thread started below inherits the mask.
@@ -144,6 +224,9 @@ int run(Args& a, const CLI::App& app) {
   if (!server) return cli::report_error(server.error());
   log_line("serving " + dir + " on " + socket + " (pid " + std::to_string(::getpid()) + ", " +
            (*server)->cache().stats().io_path + ")");
+  if ((*server)->peer_port() != 0)
+    log_line("HTTP on port " + std::to_string((*server)->peer_port()) + ": /metrics" +
+             (has_peers ? ", chunks for " + std::to_string(members - 1) + " peers" : ""));
   std::thread signals([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
@@ -186,6 +269,19 @@ int main(int argc, char** argv) {
       ->default_val(64);
   app.add_option("--idle-timeout", a.idle_s, "Seconds before an idle connection is closed")
       ->default_val(300);
+  app.add_option("--peer-listen", a.peer_listen,
+                 "HOST:PORT (IPv4) of the HTTP port: /metrics, and chunks for peer daemons");
+  app.add_option("--peers", a.peers,
+                 "The job's daemons: a host list file ('NAME HOST:PORT' a line), or 'slurm' "
+                 "(SLURM_JOB_NODELIST, each on the --peer-listen port)");
+  app.add_option("--node-name", a.node_name,
+                 "This daemon's name in --peers (default: the short host name)");
+  app.add_option("--node-secret-file", a.secret_file,
+                 "File whose first line is the secret the job's daemons share (mode 600, "
+                 ">= 16 bytes); required with --peers");
+  app.add_option("--peer-timeout-ms", a.peer_timeout_ms,
+                 "A chunk from a peer slower than this comes from the backing store")
+      ->default_val(10000);
   app.add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// roots");
   app.add_option("--region", a.aws.region, "S3 region");
   app.add_option("--profile", a.aws.profile, "AWS profile for S3 credentials");

@@ -27,6 +27,11 @@
 // - One daemon per socket and per cache directory: open() fails Unavailable where another
 //   answers on the socket or holds the directory. A socket left by a dead daemon is
 //   replaced.
+// - Peers (PeerConfig): the chunks of every root are owned by the job's daemons by
+//   rendezvous hashing; a miss asks the owner (peer::PeerStore) before the backing store,
+//   and this daemon serves the chunks it owns to the others on its HTTP port, after
+//   checking the node secret's signature. Peer requests read through this daemon's cache
+//   with its own credentials and never go on to a third daemon.
 // - stop() may be called from any thread; serve() then returns after every connection
 //   has closed, and the cache's queued NVMe writes are finished when the server is
 //   destroyed.
@@ -41,6 +46,8 @@
 #include <vector>
 
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/peer/membership.h"
+#include "sluice/peer/peer_store.h"
 #include "sluice/store/store.h"
 
 namespace sluice::node {
@@ -50,6 +57,19 @@ struct TeamGrant {
   std::vector<uint32_t> uids;
   // Root URI prefixes this team may read ("s3://bucket/", "file:///data/"); "*": any.
   std::vector<std::string> roots;
+};
+
+// The daemon's HTTP port: chunks for the other daemons of the job and /metrics.
+struct PeerConfig {
+  bool listen = false;             // serve HTTP at all
+  std::string host = "127.0.0.1";  // IPv4 literal to listen on
+  uint16_t port = 0;               // 0: any free port (NodeServer::peer_port says which)
+  // The job's daemons, this one among them; null: no peers (the backing store only).
+  std::shared_ptr<const peer::Membership> membership;
+  std::string secret;  // the node secret shared by the job's daemons; required with peers
+  std::chrono::milliseconds timeout{10000};     // one chunk from a peer
+  std::chrono::milliseconds retry_after{5000};  // a failed peer is skipped this long
+  unsigned max_connections = 64;
 };
 
 struct ServerOptions {
@@ -67,6 +87,7 @@ struct ServerOptions {
   uint64_t handoff_min_bytes = 256 << 10;
   uint64_t max_inline_bytes = 8 << 20;  // inline bytes in one reply (at most 16 MiB)
   unsigned max_inline_reads = 32;
+  PeerConfig peer;
   // One line per refused caller and failed request; null: silent.
   std::function<void(std::string_view)> log;
 };
@@ -87,6 +108,11 @@ class NodeServer {
 
   ServerStats stats() const;
   cache::TieredCache& cache();
+  // The HTTP port for peers and /metrics (0 when not listening), and each peer's state.
+  uint16_t peer_port() const;
+  std::vector<peer::PeerState> peers() const;
+  // Prometheus text of the daemon's metrics (what GET /metrics answers).
+  std::string metrics_text() const;
 
   struct Impl;
 

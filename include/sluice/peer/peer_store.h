@@ -1,0 +1,104 @@
+// sluice/peer/peer_store.h: fetch chunks from the daemon that owns them before the backing
+// store (docs/formats/peer-protocol.md).
+//
+// PeerStore is a decorator a node's TieredCache puts in front of its backing store. Its
+// keys are the daemon's routed keys ("<root id>/<key>"). A read is cut at chunk bounds;
+// each chunk goes to its owner (peer::Membership): chunks this node owns, and every chunk
+// while the owner is marked down, are read from the backing store; the others are asked of
+// the owner over HTTP, which reads them through its own cache, so a chunk is fetched from
+// the backing store about once for the whole job. Every answer is checked (status, length,
+// etag, XXH3 of the body); a peer that fails, is slow (timeout) or lies is skipped for
+// retry_after and the chunk comes from the backing store, with no error to the reader.
+//
+// Contract:
+// - Reads without options.if_match (an unpinned version) go to the backing store: a peer
+//   is only asked for a version the reader has pinned.
+// - While a thread serves a peer's request (ServingPeer in scope), its reads never go to
+//   another peer, so daemons that disagree on the membership cannot bounce a chunk around.
+// - Thread-safe. Writes, lists, stats and removes go straight to the backing store.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sluice/peer/membership.h"
+#include "sluice/store/wrapper.h"
+
+namespace sluice::telemetry {
+class Registry;
+}
+
+namespace sluice::peer {
+
+struct PeerOptions {
+  std::shared_ptr<const Membership> membership;
+  std::string secret;  // the node secret every daemon of the job shares (>= 16 bytes)
+  uint64_t chunk_size = 4 << 20;
+  // The root URI of a routed key's root id; nullopt: not known (read from the backing store).
+  std::function<std::optional<std::string>(std::string_view root_id)> root_of;
+  std::chrono::milliseconds connect_timeout{500};
+  std::chrono::milliseconds timeout{10000};     // one chunk from a peer, all included
+  std::chrono::milliseconds retry_after{5000};  // a failed peer is skipped this long
+  unsigned parallel = 4;                        // chunks of one read fetched from peers at once
+  telemetry::Registry* registry = nullptr;      // peer and backing bytes, errors; may be null
+};
+
+struct PeerState {
+  std::string name, address;
+  bool self = false, up = true;
+  uint64_t fetched_chunks = 0, fetched_bytes = 0, errors = 0;
+  std::string last_error;
+};
+
+class PeerStore final : public store::StoreWrapper {
+ public:
+  PeerStore(std::unique_ptr<store::Store> backing, PeerOptions options);
+  ~PeerStore() override;
+
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options = {}) override;
+
+  std::vector<PeerState> peers() const;
+  uint64_t backing_bytes() const;  // bytes read from the backing store through this store
+  uint64_t peer_bytes() const;     // bytes fetched from peers
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// While alive, reads on this thread through any PeerStore skip the peers.
+class ServingPeer {
+ public:
+  ServingPeer();
+  ~ServingPeer();
+  ServingPeer(const ServingPeer&) = delete;
+  ServingPeer& operator=(const ServingPeer&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+// What a chunk request names (the fields the signature covers).
+struct ChunkRequest {
+  std::string node;  // the asking member's name
+  std::string root, key, etag;
+  uint64_t index = 0, offset = 0, length = 0;  // bytes [offset, offset + length) of the chunk
+  int64_t time = 0;                            // unix seconds when it was signed
+};
+
+// The signature of a chunk request: lowercase hex of HMAC-SHA256 under the node secret.
+std::string sign_chunk_request(const ChunkRequest& r, std::string_view secret);
+// Checks a request's signature and age (at most max_skew_s from `now`): PermissionDenied
+// naming the cause otherwise. Compares in constant time.
+Status verify_chunk_request(const ChunkRequest& r, std::string_view signature,
+                            std::string_view secret, int64_t now, int64_t max_skew_s = 300);
+
+}  // namespace sluice::peer

@@ -1,0 +1,206 @@
+// PeerHttpServer: libmicrohttpd in thread-per-connection mode; see peer_http.h.
+#include "node/peer_http.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+namespace sluice::node {
+
+namespace {
+
+unsigned http_status(Code c) {
+  switch (c) {
+    case Code::kInvalidArgument:
+      return MHD_HTTP_BAD_REQUEST;
+    case Code::kPermissionDenied:
+      return MHD_HTTP_FORBIDDEN;
+    case Code::kNotFound:
+      return MHD_HTTP_NOT_FOUND;
+    case Code::kConflict:
+      return MHD_HTTP_PRECONDITION_FAILED;
+    case Code::kUnavailable:
+    case Code::kTimedOut:
+      return MHD_HTTP_SERVICE_UNAVAILABLE;
+    default:
+      return MHD_HTTP_INTERNAL_SERVER_ERROR;
+  }
+}
+
+// Owns a response body until MHD is done with it.
+void free_bytes(void* cls) {
+  delete static_cast<std::vector<std::byte>*>(cls);
+}
+
+MHD_Result queue_text(MHD_Connection* c, unsigned status, std::string text,
+                      const char* type = "text/plain; charset=utf-8") {
+  auto* body = new std::vector<std::byte>(text.size());
+  std::memcpy(body->data(), text.data(), text.size());
+  MHD_Response* r = MHD_create_response_from_buffer_with_free_callback_cls(
+      body->size(), body->data(), &free_bytes, body);
+  if (!r) {
+    delete body;
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  MHD_Result q = MHD_queue_response(c, status, r);
+  MHD_destroy_response(r);
+  return q;
+}
+
+Result<uint64_t> arg_u64(MHD_Connection* c, const char* name) {
+  const char* v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+  uint64_t out = 0;
+  if (!v) return fail(Code::kInvalidArgument, std::string("missing ") + name);
+  auto [end, ec] = std::from_chars(v, v + std::strlen(v), out);
+  if (ec != std::errc() || *end != '\0' || *v == '\0')
+    return fail(Code::kInvalidArgument, std::string(name) + " must be an unsigned integer");
+  return out;
+}
+
+Result<std::string> arg_str(MHD_Connection* c, enum MHD_ValueKind kind, const char* name) {
+  const char* v = MHD_lookup_connection_value(c, kind, name);
+  if (!v) return fail(Code::kInvalidArgument, std::string("missing ") + name);
+  return std::string(v);
+}
+
+Result<peer::ChunkRequest> parse_chunk_request(MHD_Connection* c, std::string& signature) {
+  peer::ChunkRequest r;
+  SLUICE_ASSIGN_OR_RETURN(r.root, arg_str(c, MHD_GET_ARGUMENT_KIND, "root"));
+  SLUICE_ASSIGN_OR_RETURN(r.key, arg_str(c, MHD_GET_ARGUMENT_KIND, "key"));
+  SLUICE_ASSIGN_OR_RETURN(r.etag, arg_str(c, MHD_GET_ARGUMENT_KIND, "etag"));
+  SLUICE_ASSIGN_OR_RETURN(r.index, arg_u64(c, "index"));
+  SLUICE_ASSIGN_OR_RETURN(r.offset, arg_u64(c, "offset"));
+  SLUICE_ASSIGN_OR_RETURN(r.length, arg_u64(c, "length"));
+  SLUICE_ASSIGN_OR_RETURN(r.node, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Node"));
+  SLUICE_ASSIGN_OR_RETURN(std::string t, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Time"));
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), r.time);
+  if (ec != std::errc() || end != t.data() + t.size())
+    return fail(Code::kInvalidArgument, "X-Sluice-Time must be unix seconds");
+  SLUICE_ASSIGN_OR_RETURN(signature, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Signature"));
+  return r;
+}
+
+}  // namespace
+
+struct PeerHttpServer::Impl {
+  PeerHttpOptions o;
+  MHD_Daemon* daemon = nullptr;
+  uint16_t port = 0;
+
+  void log(const std::string& line) const {
+    if (o.log) o.log(line);
+  }
+
+  MHD_Result serve_chunk(MHD_Connection* c) {
+    std::string signature;
+    auto req = parse_chunk_request(c, signature);
+    if (!req) return queue_text(c, MHD_HTTP_BAD_REQUEST, req.error().message() + "\n");
+    auto body = o.chunk(*req, signature);
+    if (!body) {
+      if (body.error().code() != Code::kConflict && body.error().code() != Code::kNotFound)
+        log("peer request from " + printable(req->node) + " for '" + printable(req->key) +
+            "': " + body.error().message());
+      return queue_text(c, http_status(body.error().code()), body.error().message() + "\n");
+    }
+    MHD_Response* r = nullptr;
+    if (body->fd.valid()) {
+      // MHD owns the descriptor from here (closed when the response is destroyed) and sends
+      // it with sendfile.
+      int fd = body->fd.release();
+      r = MHD_create_response_from_fd_at_offset64(body->length, fd, body->file_offset);
+      if (!r) ::close(fd);
+    } else {
+      auto* bytes = new std::vector<std::byte>(std::move(body->bytes));
+      r = MHD_create_response_from_buffer_with_free_callback_cls(bytes->size(), bytes->data(),
+                                                                 &free_bytes, bytes);
+      if (!r) delete bytes;
+    }
+    if (!r) return MHD_NO;
+    char sum[17];
+    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(body->xxh3));
+    MHD_add_response_header(r, "X-Sluice-Xxh3", sum);
+    MHD_add_response_header(r, "X-Sluice-Etag", body->etag.c_str());
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
+    MHD_Result q = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return q;
+  }
+
+  static MHD_Result on_request(void* cls, MHD_Connection* c, const char* url, const char* method,
+                               const char* /*version*/, const char* /*upload_data*/,
+                               size_t* upload_size, void** state) {
+    auto* self = static_cast<Impl*>(cls);
+    static int seen_headers;
+    // Anything but GET is refused on the headers, before a body is read.
+    if (std::strcmp(method, "GET") != 0)
+      return queue_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+    if (*state == nullptr) {  // headers only so far: answer once the request is whole
+      *state = &seen_headers;
+      return MHD_YES;
+    }
+    if (*upload_size != 0) {
+      *upload_size = 0;  // a GET with a body: refused without reading it
+      return queue_text(c, MHD_HTTP_BAD_REQUEST, "requests carry no body\n");
+    }
+    std::string_view path(url);
+    try {
+      if (path == "/metrics" && self->o.metrics)
+        return queue_text(c, MHD_HTTP_OK, self->o.metrics(), "text/plain; version=0.0.4");
+      if (path == "/v1/chunk" && self->o.chunk) return self->serve_chunk(c);
+    } catch (const std::exception& e) {  // bad_alloc from a reply's buffer
+      self->log(std::string("HTTP ") + url + ": " + e.what());
+      return queue_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error\n");
+    }
+    return queue_text(c, MHD_HTTP_NOT_FOUND, "no such path\n");
+  }
+
+  static void on_log(void* cls, const char* fmt, va_list ap) {
+    auto* self = static_cast<Impl*>(cls);
+    char line[512];
+    std::vsnprintf(line, sizeof line, fmt, ap);
+    std::string s(line);
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    self->log("http: " + printable(s));
+  }
+};
+
+Result<std::unique_ptr<PeerHttpServer>> PeerHttpServer::start(PeerHttpOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->o = std::move(options);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(impl->o.port);
+  if (::inet_pton(AF_INET, impl->o.host.c_str(), &addr.sin_addr) != 1)
+    return fail(Code::kInvalidArgument,
+                "peer listen address '" + impl->o.host + "' is not an IPv4 literal");
+  impl->daemon = MHD_start_daemon(
+      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+      impl->o.port, nullptr, nullptr, &Impl::on_request, impl.get(), MHD_OPTION_SOCK_ADDR, &addr,
+      MHD_OPTION_CONNECTION_LIMIT, impl->o.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      impl->o.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, impl->o.timeout_s,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<size_t>(32 << 10), MHD_OPTION_EXTERNAL_LOGGER,
+      &Impl::on_log, impl.get(), MHD_OPTION_END);
+  if (!impl->daemon)
+    return fail(Code::kUnavailable, "cannot listen on " + impl->o.host + ":" +
+                                        std::to_string(impl->o.port) +
+                                        " for peers (address in use, or not this host's?)");
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(impl->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  impl->port = info ? info->port : impl->o.port;
+  return std::unique_ptr<PeerHttpServer>(new PeerHttpServer(std::move(impl)));
+}
+
+PeerHttpServer::PeerHttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PeerHttpServer::~PeerHttpServer() {
+  if (impl_->daemon) MHD_stop_daemon(impl_->daemon);
+}
+uint16_t PeerHttpServer::port() const {
+  return impl_->port;
+}
+
+}  // namespace sluice::node

@@ -1,0 +1,56 @@
+// The daemon's HTTP/1.1 port (libmicrohttpd): chunks for peer daemons (GET /v1/chunk,
+// signed with the node secret) and Prometheus metrics (GET /metrics). One thread per
+// connection, at most max_connections of them (and max_per_ip from one address); a
+// connection idle for timeout_s is closed; request headers are bounded by MHD's connection
+// memory limit (32 KiB), and a request with a body is refused. A chunk on NVMe is sent
+// from its file with sendfile; others from the buffer the cache filled.
+// docs/formats/peer-protocol.md describes the requests.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/core/fd.h"
+#include "sluice/core/status.h"
+#include "sluice/peer/peer_store.h"
+
+namespace sluice::node {
+
+struct ChunkBody {
+  UniqueFd fd;  // valid: send [file_offset, file_offset + length) of this file
+  uint64_t file_offset = 0;
+  std::vector<std::byte> bytes;  // otherwise: these bytes
+  uint64_t length = 0;
+  uint64_t xxh3 = 0;  // of the bytes sent
+  std::string etag;
+};
+
+struct PeerHttpOptions {
+  std::string host = "127.0.0.1";  // an IPv4 literal to listen on
+  uint16_t port = 0;               // 0: any free port (see port())
+  unsigned max_connections = 64;
+  unsigned max_per_ip = 16;
+  unsigned timeout_s = 30;
+  // Serves a checked request: the signature is verified by the handler.
+  std::function<Result<ChunkBody>(const peer::ChunkRequest&, std::string_view signature)> chunk;
+  std::function<std::string()> metrics;  // Prometheus text
+  std::function<void(std::string_view)> log;
+};
+
+class PeerHttpServer {
+ public:
+  static Result<std::unique_ptr<PeerHttpServer>> start(PeerHttpOptions options);
+  ~PeerHttpServer();  // stops accepting and joins every connection's thread
+  uint16_t port() const;
+
+  struct Impl;
+
+ private:
+  explicit PeerHttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::node

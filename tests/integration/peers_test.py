@@ -1,0 +1,337 @@
+#!/usr/bin/python3
+"""Several sluiced on loopback sharing chunks as peers, against a real s3rver: fan-out reads
+fetch each byte from S3 about once; a peer killed mid-read costs the reader nothing; wrong
+secrets, stale or malformed HTTP requests are refused and leave the daemon up; /metrics
+answers in Prometheus text; `sluice cache peers` shows the membership. s3rver missing: SKIP.
+
+    /usr/bin/python3 tests/integration/peers_test.py build/bin/sluice build/bin/sluiced
+"""
+import hashlib
+import hmac
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from s3_harness import Runner, S3rver, find_s3rver, free_port  # noqa: E402
+
+SLUICE = os.path.abspath(sys.argv[1])
+SLUICED = os.path.abspath(sys.argv[2])
+WORK = tempfile.mkdtemp(prefix="sluice-peers-")
+MIB = 1 << 20
+SIZE = 48 * MIB + 777  # 49 chunks of 1 MiB
+SECRET = "peer-secret-0123456789abcdef"
+
+
+def env():
+    e = dict(os.environ, SLUICE_HOME=os.path.join(WORK, "home"), AWS_ACCESS_KEY_ID="S3RVER",
+             AWS_SECRET_ACCESS_KEY="S3RVER")
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        e.pop(k, None)
+    return e
+
+
+def sluice(*args, check=True):
+    p = subprocess.run([SLUICE, *args], capture_output=True, env=env(), timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"sluice {' '.join(args)} exited {p.returncode}: {p.stderr.decode()}")
+    return p
+
+
+class Job:
+    """n daemons named n0..n{n-1}, each with its own socket, cache directory and HTTP port."""
+
+    def __init__(self, endpoint, n, tag):
+        self.dir = os.path.join(WORK, tag)
+        os.makedirs(self.dir)
+        self.ports = [free_port() for _ in range(n)]
+        self.peers = os.path.join(self.dir, "peers")
+        with open(self.peers, "w") as f:
+            f.write("# the job's daemons\n")
+            for i, p in enumerate(self.ports):
+                f.write(f"n{i} 127.0.0.1:{p}\n")
+        self.secret = os.path.join(self.dir, "secret")
+        with open(os.open(self.secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(SECRET + "\n")
+        self.procs, self.logs = [], []
+        for i in range(n):
+            log = open(os.path.join(self.dir, f"n{i}.log"), "ab")
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen(
+                [SLUICED, "--socket", self.sock(i), "--cache-dir", os.path.join(self.dir, f"cache{i}"),
+                 "--chunk-size", "1M", "--cache-ram", "0", "--endpoint-url", endpoint,
+                 "--peer-listen", f"127.0.0.1:{self.ports[i]}", "--peers", self.peers,
+                 "--node-name", f"n{i}", "--node-secret-file", self.secret, "--peer-timeout-ms", "5000"],
+                env=env(), stdout=log, stderr=log))
+        for i in range(n):
+            self.wait_up(i)
+
+    def sock(self, i):
+        return os.path.join(self.dir, f"n{i}.sock")
+
+    def wait_up(self, i):
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.procs[i].poll() is not None:
+                raise RuntimeError(f"sluiced n{i} exited: " + self.log_text(i))
+            try:
+                with socket.create_connection(("127.0.0.1", self.ports[i]), 0.2):
+                    pass
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(self.sock(i))
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sluiced n{i} did not start")
+
+    def log_text(self, i):
+        with open(self.logs[i].name, errors="replace") as f:
+            return f.read()
+
+    def stat(self, i):
+        return json.loads(sluice("cache", "stat", "--daemon", self.sock(i), "--json").stdout)
+
+    def cat(self, i, uri):
+        return subprocess.Popen([SLUICE, "cat", "--cache", "--daemon", self.sock(i), uri], env=env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def alive(self, i):
+        return self.procs[i].poll() is None
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for log in self.logs:
+            log.close()
+
+
+def sign(node, t, root, key, etag, index, offset, length, secret=SECRET):
+    msg = "\n".join(["sluice-peer-v1", node, str(t), root, key, etag, str(index), str(offset), str(length)])
+    return hmac.new(secret.encode(), msg.encode(), hashlib.sha256).hexdigest()
+
+
+def get(port, path, headers=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def chunk_path(root, key, etag, index, offset, length):
+    q = urllib.parse.urlencode({"root": root, "key": key, "etag": etag, "index": index,
+                                "offset": offset, "length": length})
+    return "/v1/chunk?" + q
+
+
+def test_fan_out_fetches_each_byte_once(s3, digest):
+    job = Job(s3.endpoint, 4, "fanout")
+    try:
+        readers = [job.cat(i, "s3://test/ds/fan") for i in range(4)]
+        for i, p in enumerate(readers):
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err.decode()
+            assert hashlib.sha256(out).hexdigest() == digest, f"reader on n{i}: wrong bytes"
+        stats = [job.stat(i) for i in range(4)]
+        backing = sum(s["bytes_from"]["backing"] for s in stats)
+        peer = sum(s["bytes_from"]["peer"] for s in stats)
+        print(f"  4 daemons: backing {backing} bytes ({backing / SIZE:.3f}x the object), "
+              f"from peers {peer}", flush=True)
+        assert backing <= 1.05 * SIZE, f"backing store read {backing / SIZE:.2f}x the object"
+        assert peer > 0, "no chunk came from a peer"
+        # The membership, as the CLI shows it.
+        out = sluice("cache", "peers", "--daemon", job.sock(0)).stdout.decode()
+        for i in range(4):
+            assert f"n{i}" in out, out
+        js = json.loads(sluice("cache", "peers", "--daemon", job.sock(0), "--json").stdout)
+        assert [p["name"] for p in js["peers"]] == ["n0", "n1", "n2", "n3"], js
+        assert sum(p["self"] for p in js["peers"]) == 1, js
+        # Prometheus text on the HTTP port.
+        status, body, headers = get(job.ports[1], "/metrics")
+        text = body.decode()
+        assert status == 200 and "text/plain" in headers.get("Content-Type", ""), (status, headers)
+        for name in ("sluice_cache_misses_total", 'sluice_bytes_total{source="peer"}',
+                     'sluice_bytes_total{source="backing"}', "sluice_peer_served_bytes_total",
+                     'sluice_team_bytes_total{team="default"}', "sluice_cache_checksum_failures_total"):
+            assert name in text, f"{name} missing from /metrics"
+    finally:
+        job.close()
+
+
+def test_a_peer_killed_mid_read_costs_the_reader_nothing(s3, digest):
+    job = Job(s3.endpoint, 3, "kill")
+    try:
+        reader = job.cat(0, "s3://test/ds/fan")
+        time.sleep(0.15)
+        job.procs[2].send_signal(signal.SIGKILL)
+        out, err = reader.communicate(timeout=300)
+        assert reader.returncode == 0, err.decode()
+        assert hashlib.sha256(out).hexdigest() == digest
+        # Another read with the peer gone: exact, and the dead peer shows as down or failed.
+        p = job.cat(1, "s3://test/ds/fan")
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err.decode()
+        peers = {x["name"]: x for x in job.stat(1)["peers"]}
+        assert peers["n2"]["errors"] > 0 or peers["n2"]["fetched_chunks"] == 0, peers
+    finally:
+        job.close()
+
+
+def test_bad_requests_are_refused_and_the_daemon_stays_up(s3, digest):
+    job = Job(s3.endpoint, 2, "bad")
+    try:
+        port = job.ports[0]
+        root, key, t = "s3://test/ds", "fan", int(time.time())
+        # Another etag than the object's: 412, and the answer names the etag there is.
+        s = sign("n1", t, root, key, "feedface", 0, 0, MIB)
+        status, body, _ = get(port, chunk_path(root, key, "feedface", 0, 0, MIB),
+                              {"X-Sluice-Node": "n1", "X-Sluice-Time": str(t), "X-Sluice-Signature": s})
+        assert status == 412, (status, body)
+        etag = body.decode().split(" is etag ")[1].split(" here")[0]
+        good = chunk_path(root, key, etag, 0, 0, MIB)
+
+        def hdr(sig, node="n1", when=t):
+            return {"X-Sluice-Node": node, "X-Sluice-Time": str(when), "X-Sluice-Signature": sig}
+        ok_sig = sign("n1", t, root, key, etag, 0, 0, MIB)
+        status, body, headers = get(port, good, hdr(ok_sig))
+        assert status == 200 and len(body) == MIB, (status, body[:200])
+        assert headers.get("X-Sluice-Etag") == etag
+        # Wrong secret, stale time, another chunk than signed: 403, and the reason is logged.
+        assert get(port, good, hdr(sign("n1", t, root, key, etag, 0, 0, MIB, secret="x" * 20)))[0] == 403
+        old = t - 3600
+        assert get(port, good, hdr(sign("n1", old, root, key, etag, 0, 0, MIB), when=old))[0] == 403
+        assert get(port, chunk_path(root, key, etag, 1, 0, MIB), hdr(ok_sig))[0] == 403
+        assert "bad signature" in job.log_text(0), job.log_text(0)[-2000:]
+        # Malformed: missing fields, path tricks, ranges past the chunk, other methods.
+        assert get(port, "/v1/chunk?root=s3://test/ds", hdr(ok_sig))[0] == 400
+        for k, idx, off, ln in [("../fan", 0, 0, MIB), ("a/../../fan", 0, 0, MIB), ("fan", 999, 0, 1),
+                                ("fan", 0, MIB, 1), ("fan", 0, 0, 0), ("fan", 0, 10, MIB)]:
+            tt = int(time.time())
+            s = sign("n1", tt, root, k, etag, idx, off, ln)
+            st = get(port, chunk_path(root, k, etag, idx, off, ln), hdr(s, when=tt))[0]
+            assert st == 400, (k, idx, off, ln, st)
+        tt = int(time.time())
+        s = sign("n1", tt, "s3://test/../etc", key, etag, 0, 0, MIB)
+        assert get(port, chunk_path("s3://test/../etc", key, etag, 0, 0, MIB), hdr(s, when=tt))[0] == 400
+        assert get(port, "/nothing")[0] == 404
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chunk", data=b"x" * 100, method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            raise AssertionError("POST was accepted")
+        except urllib.error.HTTPError as e:
+            assert e.code in (405, 413), e.code
+        # Raw garbage, oversize headers, truncated requests, slow clients: a small fuzz loop.
+        rnd = random.Random(7)
+        line = f"GET {good} HTTP/1.1\r\nHost: x\r\nX-Sluice-Node: n1\r\n\r\n".encode()
+        for n in range(150):
+            kind = n % 5
+            if kind == 0:
+                payload = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 400)))
+            elif kind == 1:
+                payload = b"GET /v1/chunk HTTP/1.1\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n"
+            elif kind == 2:
+                payload = line[:rnd.randrange(len(line))]
+            elif kind == 3:
+                b = bytearray(line)
+                for _ in range(rnd.randrange(1, 8)):
+                    b[rnd.randrange(len(b))] = rnd.randrange(256)
+                payload = bytes(b)
+            else:
+                payload = b"GET /v1/chunk?index=-1&offset=99999999999999999999999 HTTP/1.0\r\n\r\n"
+            with socket.create_connection(("127.0.0.1", port), 5) as c:
+                c.settimeout(2)
+                try:
+                    c.sendall(payload)
+                    c.shutdown(socket.SHUT_WR)
+                    c.recv(4096)
+                except OSError:
+                    pass
+        idle = [socket.create_connection(("127.0.0.1", port), 5) for _ in range(10)]
+        status, body, _ = get(port, good, hdr(sign("n1", int(time.time()), root, key, etag, 0, 0, MIB),
+                                              when=int(time.time())))
+        assert status == 200 and len(body) == MIB, status
+        for c in idle:
+            c.close()
+        assert job.alive(0), job.log_text(0)[-2000:]
+        p = job.cat(0, "s3://test/ds/fan")
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err.decode()
+    finally:
+        job.close()
+
+
+def test_bad_peer_settings_are_refused():
+    d = os.path.join(WORK, "settings")
+    os.makedirs(d)
+    peers = os.path.join(d, "peers")
+    with open(peers, "w") as f:
+        f.write("a 127.0.0.1:9\nb 127.0.0.1:10\n")
+    open_secret = os.path.join(d, "secret")
+    with open(open_secret, "w") as f:
+        f.write(SECRET)
+    os.chmod(open_secret, 0o644)
+    base = [SLUICED, "--socket", os.path.join(d, "s.sock"), "--cache-dir", os.path.join(d, "c")]
+    cases = [
+        (["--peers", peers], "--peer-listen"),
+        (["--peer-listen", "127.0.0.1:0", "--peers", peers, "--node-name", "a"], "--node-secret-file"),
+        (["--peer-listen", "127.0.0.1:0", "--peers", peers, "--node-name", "zz",
+          "--node-secret-file", open_secret], "not in the membership"),
+        (["--peer-listen", "127.0.0.1:0", "--peers", peers, "--node-name", "a",
+          "--node-secret-file", open_secret], "chmod 600"),
+        (["--peer-listen", "nowhere"], "HOST:PORT"),
+    ]
+    for extra, want in cases:
+        p = subprocess.run(base + extra, capture_output=True, env=env(), timeout=30)
+        assert p.returncode != 0 and want in p.stderr.decode(), (extra, p.returncode, p.stderr.decode())
+    with open(peers, "w") as f:
+        f.write("a 127.0.0.1:9\na 127.0.0.1:10\n")
+    os.chmod(open_secret, 0o600)
+    p = subprocess.run(base + ["--peer-listen", "127.0.0.1:0", "--peers", peers, "--node-name", "a",
+                               "--node-secret-file", open_secret], capture_output=True, env=env(), timeout=30)
+    assert p.returncode != 0 and b"listed twice" in p.stderr, p.stderr
+
+
+def main():
+    if not find_s3rver():
+        print("SKIP: s3rver not found (npm install s3rver)")
+        sys.exit(77)
+    s3 = S3rver()
+    try:
+        data = random.randbytes(SIZE)
+        src = os.path.join(WORK, "fan.bin")
+        with open(src, "wb") as f:
+            f.write(data)
+        sluice("cp", src, "s3://test/ds/fan", "--endpoint-url", s3.endpoint)
+        digest = hashlib.sha256(data).hexdigest()
+        r = Runner()
+        r.run("fan-out: each byte from S3 about once", test_fan_out_fetches_each_byte_once, s3, digest)
+        r.run("a peer killed mid-read costs the reader nothing",
+              test_a_peer_killed_mid_read_costs_the_reader_nothing, s3, digest)
+        r.run("bad requests refused, the daemon stays up",
+              test_bad_requests_are_refused_and_the_daemon_stays_up, s3, digest)
+        r.run("bad peer settings refused", test_bad_peer_settings_are_refused)
+        r.finish()
+    finally:
+        s3.close()
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -583,6 +583,9 @@ struct TieredCache::Impl {
       uint64_t length = chunk_length(info.size, i);
       if (i * options.chunk_size + length > end || (i > index && bytes + length > kMaxRunBytes))
         break;
+      if (i > index && options.fill_group &&
+          options.fill_group(info.key, i) != options.fill_group(info.key, index))
+        break;
       ChunkKey key{store_id, info.key, info.etag, i};
       if (flights.contains(key.id())) break;
       // The first chunk too: its fill may have ended since the caller looked.

@@ -670,6 +670,11 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   po.root_of = [r = router.get()](std::string_view id) { return r->root_of(id); };
   auto peers = std::make_unique<peer::PeerStore>(std::move(router), std::move(po));
   impl->peers = peers.get();
+  if (o.peer.membership) {
+    o.cache.fill_group = [p = peers.get()](std::string_view key, uint64_t index) {
+      return p->owner_index(key, index);
+    };
+  }
   SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(peers), o.cache));
   // Chunk files are reached only through descriptors the daemon hands out: no other user
   // may walk the directory.

@@ -369,6 +369,12 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
   return static_cast<size_t>(done);
 }
 
+uint64_t PeerStore::owner_index(std::string_view key, uint64_t index) const {
+  const Membership& m = *impl_->o.membership;
+  const Member& owner = m.owner(std::string(key) + "#" + std::to_string(index));
+  return static_cast<uint64_t>(&owner - m.members().data());
+}
+
 std::vector<PeerState> PeerStore::peers() const {
   std::vector<PeerState> out;
   const int64_t now = Impl::now_ns();

@@ -156,6 +156,11 @@ def test_fan_out_fetches_each_byte_once(s3, digest):
               f"from peers {peer}", flush=True)
         assert backing <= 1.05 * SIZE, f"backing store read {backing / SIZE:.2f}x the object"
         assert peer > 0, "no chunk came from a peer"
+        # No fetch failed or timed out: daemons filling for each other never wait on each
+        # other in a cycle (fills are grouped by owner).
+        errors = {f"n{i}": [(p["name"], p["errors"], p["last_error"]) for p in s["peers"] if p["errors"]]
+                  for i, s in enumerate(stats)}
+        assert not any(errors.values()), errors
         # The membership, as the CLI shows it.
         out = sluice("cache", "peers", "--daemon", job.sock(0)).stdout.decode()
         for i in range(4):

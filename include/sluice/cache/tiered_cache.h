@@ -36,6 +36,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -85,6 +86,11 @@ struct CacheOptions {
   std::shared_ptr<io::Context> io;
   // Where hit, miss, eviction and fill metrics go; null: a registry of the cache's own.
   telemetry::Registry* registry = nullptr;
+  // Missing whole chunks of one read are filled by one backing read per run of chunks in
+  // the same group (key, chunk index -> group); null: one group. The daemon groups by the
+  // chunk's owner, so a fill waiting on a peer never holds a chunk another daemon waits
+  // for (which could make two daemons wait on each other until the peer timeout).
+  std::function<uint64_t(std::string_view key, uint64_t index)> fill_group;
 };
 
 // Where a chunk lies in the NVMe tier, for a caller that reads it with its own data path

@@ -63,6 +63,10 @@ class PeerStore final : public store::StoreWrapper {
   Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
                       const store::ReadOptions& options = {}) override;
 
+  // Which member owns chunk `index` of a routed key (its place in the membership): the
+  // cache's fill_group, so one fill never waits on two owners.
+  uint64_t owner_index(std::string_view key, uint64_t index) const;
+
   std::vector<PeerState> peers() const;
   uint64_t backing_bytes() const;  // bytes read from the backing store through this store
   uint64_t peer_bytes() const;     // bytes fetched from peers

@@ -138,6 +138,28 @@ Result<std::string> NodeClient::cache_stat() {
   return call(static_cast<uint16_t>(FrameType::kCacheStat), "{}");
 }
 
+Result<uint64_t> NodeClient::evict(const std::string& root, const std::string& prefix) {
+  SLUICE_ASSIGN_OR_RETURN(
+      Frame f, impl_->call_frame(FrameType::kEvict, Json{{"root", root}, {"prefix", prefix}}));
+  SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+  return get_u64(j, "chunks");
+}
+
+Result<uint64_t> NodeClient::pin(const std::string& root, const std::string& prefix, bool pinned) {
+  SLUICE_ASSIGN_OR_RETURN(
+      Frame f, impl_->call_frame(FrameType::kPin,
+                                 Json{{"root", root}, {"prefix", prefix}, {"pinned", pinned}}));
+  SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+  return get_u64(j, "chunks");
+}
+
+Result<std::string> NodeClient::chunks(const std::string& root, const std::string& prefix) {
+  Json body = Json::object();
+  if (!root.empty()) body = Json{{"root", root}, {"prefix", prefix}};
+  SLUICE_ASSIGN_OR_RETURN(Frame f, impl_->call_frame(FrameType::kChunks, body));
+  return std::move(f.json);
+}
+
 Result<std::string> NodeClient::call(uint16_t type, const std::string& json) {
   SLUICE_ASSIGN_OR_RETURN(Frame f, impl_->exchange(type, json));
   if (f.type == static_cast<uint16_t>(FrameType::kError))

@@ -80,8 +80,8 @@ class Job:
         return os.path.join(self.dir, f"n{i}.sock")
 
     def wait_up(self, i):
-        deadline = time.time() + 20
-        while time.time() < deadline:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
             if self.procs[i].poll() is not None:
                 raise RuntimeError(f"sluiced n{i} exited: " + self.log_text(i))
             try:

@@ -46,8 +46,8 @@ class Daemon:
         self.proc = subprocess.Popen(
             [SLUICED, "--socket", SOCK, "--cache-dir", CACHE, "--chunk-size", "1M", "--cache-ram", "0",
              "--endpoint-url", endpoint, *extra], env=env(), stdout=self.log, stderr=self.log)
-        deadline = time.time() + 20
-        while time.time() < deadline:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("sluiced exited: " + open(self.log.name).read())
             try:
@@ -101,6 +101,81 @@ def test_eight_processes_fetch_each_chunk_once(s3, digest):
         assert rep["cache"]["daemon"] and rep["cache"]["handoff_bytes"] >= 20 * MIB, rep
         assert hashlib.sha256(open(dst, "rb").read()).hexdigest() == digest
         assert daemon_stat()["misses"] == CHUNKS
+    finally:
+        assert d.stop() == 0
+
+
+def test_cache_commands_act_through_the_daemon(s3, digest):
+    d = Daemon(s3.endpoint)
+    try:
+        # warm through the daemon: every chunk fetched once, then already cached.
+        rep = json.loads(sluice("cache", "warm", "s3://test/ds/", "--daemon", SOCK, "--json", "--no-progress",
+                                "--endpoint-url", s3.endpoint).stdout)
+        assert rep["objects"] == 2 and rep["failed"] == 0, rep
+        assert rep["fetched_bytes"] == OBJ_BYTES + 64 * MIB, rep
+        again = json.loads(sluice("cache", "warm", "s3://test/ds/obj", "--daemon", SOCK, "--json",
+                                  "--no-progress", "--endpoint-url", s3.endpoint).stdout)
+        assert again["fetched_bytes"] == 0 and again["already_cached_bytes"] == OBJ_BYTES, again
+        # ls, pin, evict: the daemon's chunks, not the directory's lock error.
+        ls = json.loads(sluice("cache", "ls", "s3://test/ds/obj", "--daemon", SOCK, "--json").stdout)
+        assert len(ls) == CHUNKS and all(c["store"] == "s3://test" and c["key"] == "ds/obj" for c in ls), ls[:2]
+        assert "ds/obj" in sluice("cache", "ls", "--daemon", SOCK).stdout.decode()
+        pin = json.loads(sluice("cache", "pin", "s3://test/ds/obj", "--daemon", SOCK, "--json").stdout)
+        assert pin["chunks"] == CHUNKS, pin
+        ls = json.loads(sluice("cache", "ls", "s3://test/ds/obj", "--daemon", SOCK, "--json").stdout)
+        assert all(c["pinned"] for c in ls), ls[:2]
+        sluice("cache", "unpin", "s3://test/ds/obj", "--daemon", SOCK)
+        ev = json.loads(sluice("cache", "evict", "s3://test/ds/big", "--daemon", SOCK, "--json").stdout)
+        assert ev["chunks"] == 64, ev
+        assert json.loads(sluice("cache", "ls", "s3://test/ds/big", "--daemon", SOCK, "--json").stdout) == []
+        # verify needs the directory to itself: a clear refusal, not a lock error.
+        p = sluice("cache", "verify", "--daemon", SOCK, check=False)
+        assert p.returncode == 1 and b"stop it" in p.stderr, p.stderr
+        # A root the team may not read, a path trick: refused by the daemon.
+        p = sluice("cache", "evict", "s3://test/../etc/", "--daemon", SOCK, check=False)
+        assert p.returncode != 0, p.stderr
+    finally:
+        assert d.stop() == 0
+
+
+def test_sixteen_clients_never_exceed_the_capacity(s3, digest):
+    d = Daemon(s3.endpoint, "--cache-size", "8M")
+    try:
+        want = hashlib.sha256(open(os.path.join(WORK, "big.bin"), "rb").read()).hexdigest()
+        outs = [open(os.path.join(WORK, f"out{i}.bin"), "w+b") for i in range(16)]
+        procs = [subprocess.Popen([SLUICE, "cat", "--cache", "--daemon", SOCK, "s3://test/ds/big"], env=env(),
+                                  stdout=o, stderr=subprocess.PIPE) for o in outs]
+        peak = 0
+        while any(p.poll() is None for p in procs):
+            st = daemon_stat()
+            peak = max(peak, st["disk"]["bytes"])
+            assert st["disk"]["bytes"] <= st["disk"]["capacity"] == 8 * MIB, st["disk"]
+            time.sleep(0.02)
+        for p, o in zip(procs, outs):
+            err = p.stderr.read()
+            assert p.wait(300) == 0, err
+            o.seek(0)
+            assert hashlib.sha256(o.read()).hexdigest() == want
+            o.close()
+        print(f"  16 clients over 64 MiB, 8 MiB NVMe tier: peak {peak} bytes", flush=True)
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_replaced_object_is_not_served_stale(s3, digest):
+    d = Daemon(s3.endpoint, "--revalidate-ms", "200")
+    try:
+        src = os.path.join(WORK, "swap.bin")
+        first, second = random.randbytes(3 * MIB + 5), random.randbytes(2 * MIB + 9)
+        for data in (first, second):
+            with open(src, "wb") as f:
+                f.write(data)
+            sluice("cp", src, "s3://test/swap/obj", "--endpoint-url", s3.endpoint)
+            time.sleep(0.3)  # past the revalidation time
+            for _ in range(2):  # cold, then warm
+                out, err = cat("s3://test/swap/obj").communicate(timeout=120)
+                assert out == data, (len(out), len(data), err)
+        assert daemon_stat()["stale_drops"] >= 1
     finally:
         assert d.stop() == 0
 
@@ -186,12 +261,16 @@ def main():
         with open(src, "wb") as f:
             f.write(data)
         sluice("cp", src, "s3://test/ds/obj", "--endpoint-url", s3.endpoint)
-        with open(src, "wb") as f:
+        big = os.path.join(WORK, "big.bin")
+        with open(big, "wb") as f:
             f.write(random.randbytes(64 * MIB))
-        sluice("cp", src, "s3://test/ds/big", "--endpoint-url", s3.endpoint)
+        sluice("cp", big, "s3://test/ds/big", "--endpoint-url", s3.endpoint)
         digest = hashlib.sha256(data).hexdigest()
         r = Runner()
         for name, fn in [("eight processes fetch each chunk once", test_eight_processes_fetch_each_chunk_once),
+                         ("cache commands act through the daemon", test_cache_commands_act_through_the_daemon),
+                         ("16 clients never exceed the capacity", test_sixteen_clients_never_exceed_the_capacity),
+                         ("a replaced object is not served stale", test_a_replaced_object_is_not_served_stale),
                          ("bad frames leave the daemon up", test_bad_frames_leave_the_daemon_up),
                          ("a uid in no team is refused", test_a_uid_in_no_team_is_refused),
                          ("SIGTERM is clean, kill -9 loses nothing",

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -103,6 +105,28 @@ Result<std::unique_ptr<cache::TieredCache>> open_directory_only(const CacheArgs&
 std::string tiers(const cache::CachedChunk& c) {
   return std::string(c.in_ram ? "ram" : "") + (c.in_ram && c.on_disk ? "+" : "") +
          (c.on_disk ? "nvme" : "");
+}
+
+// The running daemon the cache commands should talk to: null when none answers on the
+// default socket (the commands then act on the directory); an error when --daemon names a
+// socket where none answers, or when it refuses this caller.
+Result<std::unique_ptr<node::NodeClient>> running_daemon(const CacheArgs& a,
+                                                         const std::string& home) {
+  if (a.cache.daemon == "none") return std::unique_ptr<node::NodeClient>();
+  std::string socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
+  auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
+  if (!client && client.error().code() == Code::kUnavailable && a.cache.daemon.empty())
+    return std::unique_ptr<node::NodeClient>();
+  return client;
+}
+
+// A reply's JSON body as an object; Corruption when the daemon sent something else.
+Result<nlohmann::json> reply_json(const Result<std::string>& body) {
+  if (!body) return std::unexpected(body.error());
+  nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return fail(Code::kCorruption, "sluiced sent a reply that is not a JSON object");
+  return j;
 }
 
 // `cache stat` of a running daemon: its tiers, hits and misses, and what its server did.
@@ -241,7 +265,50 @@ int cmd_stat(const CacheArgs& a, const std::string& home) {
   return 0;
 }
 
+// `cache ls` of a running daemon: the chunks of the roots this caller's team may read.
+int daemon_ls(const CacheArgs& a, node::NodeClient& d) {
+  Named n;
+  if (!a.target.empty()) {
+    auto named = name_in_store(a.target);
+    if (!named) return report_error(named.error());
+    n = *named;
+  }
+  auto j = reply_json(d.chunks(n.store_uri, n.key));
+  if (!j) return report_error(j.error());
+  const nlohmann::json& chunks = (*j)["chunks"];
+  if (!chunks.is_array()) return report_error(Error(Code::kCorruption, "sluiced: no chunk list"));
+  nlohmann::json out = nlohmann::json::array();
+  for (const nlohmann::json& c : chunks) {
+    std::string where = std::string(c.value("in_ram", false) ? "ram" : "") +
+                        (c.value("in_ram", false) && c.value("on_disk", false) ? "+" : "") +
+                        (c.value("on_disk", false) ? "nvme" : "");
+    std::string root = c.value("root", ""), key = c.value("key", "");
+    if (a.json) {
+      out.push_back({{"store", root},
+                     {"key", key},
+                     {"etag", c.value("etag", "")},
+                     {"chunk", c.value("index", 0)},
+                     {"bytes", c.value("length", 0)},
+                     {"tiers", where},
+                     {"pinned", c.value("pinned", false)}});
+    } else {
+      std::printf("%-5s %10lu %s/%s chunk %lu%s\n", where.c_str(),
+                  static_cast<unsigned long>(c.value("length", 0ul)), printable(root).c_str(),
+                  printable(key).c_str(), static_cast<unsigned long>(c.value("index", 0ul)),
+                  c.value("pinned", false) ? " pinned" : "");
+    }
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+  if (j->value("truncated", false))
+    std::fprintf(stderr, "sluice: cache ls: the daemon sent the first %zu chunks only\n",
+                 chunks.size());
+  return 0;
+}
+
 int cmd_ls(const CacheArgs& a, const std::string& home) {
+  auto d = running_daemon(a, home);
+  if (!d) return report_error(d.error());
+  if (*d) return daemon_ls(a, **d);
   std::vector<cache::CachedChunk> chunks;
   if (a.target.empty()) {
     auto c = open_directory_only(a, home);
@@ -273,6 +340,14 @@ int cmd_ls(const CacheArgs& a, const std::string& home) {
 }
 
 int cmd_verify(const CacheArgs& a, const std::string& home) {
+  auto d = running_daemon(a, home);
+  if (!d) return report_error(d.error());
+  if (*d)
+    return report_error(Error(Code::kUnavailable,
+                              "cache verify: sluiced (pid " + std::to_string((*d)->daemon().pid) +
+                                  ") owns " + (*d)->daemon().directory +
+                                  " and checks every chunk it reads from NVMe; stop it to "
+                                  "re-check the whole directory"));
   auto c = open_directory_only(a, home);
   if (!c) return report_error(c.error());
   auto rep = (*c)->verify();
@@ -296,10 +371,19 @@ int cmd_verify(const CacheArgs& a, const std::string& home) {
 
 // evict, pin, unpin: one call on a URI prefix.
 int cmd_prefix(const CacheArgs& a, const std::string& home, const std::string& verb) {
-  auto t = open_target(a.target, a, home);
-  if (!t) return report_error(t.error());
-  Result<uint64_t> n =
-      verb == "evict" ? t->cache->evict(t->key) : t->cache->pin(t->key, verb == "pin");
+  auto d = running_daemon(a, home);
+  if (!d) return report_error(d.error());
+  Result<uint64_t> n = uint64_t{0};
+  if (*d) {
+    auto named = name_in_store(a.target);
+    if (!named) return report_error(named.error());
+    n = verb == "evict" ? (*d)->evict(named->store_uri, named->key)
+                        : (*d)->pin(named->store_uri, named->key, verb == "pin");
+  } else {
+    auto t = open_target(a.target, a, home);
+    if (!t) return report_error(t.error());
+    n = verb == "evict" ? t->cache->evict(t->key) : t->cache->pin(t->key, verb == "pin");
+  }
   if (!n) return report_error(n.error());
   if (a.json) {
     std::printf("%s\n", nlohmann::json({{verb, a.target}, {"chunks", *n}}).dump().c_str());
@@ -347,8 +431,40 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     return report_error(
         Error(Code::kInvalidArgument, "warm: give a URI prefix, or --list FILE of URIs"));
   }
-  auto t = open_target(first, a, home);
-  if (!t) return report_error(t.error());
+  // Through the running daemon (its cache fills), else the embedded cache.
+  auto d = running_daemon(a, home);
+  if (!d) return report_error(d.error());
+  std::unique_ptr<store::Store> via_daemon;
+  std::optional<Target> t;
+  store::Store* src = nullptr;
+  std::string key;
+  std::function<uint64_t()> fetched_so_far;  // bytes the cache read from the source
+  if (*d) {
+    auto named = name_in_store(first);
+    if (!named) return report_error(named.error());
+    node::NodeOptions no;
+    no.socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
+    no.fallback = false;
+    auto ns = node::NodeStore::open(named->store_uri, no);
+    if (!ns) return report_error(ns.error());
+    via_daemon = std::move(*ns);
+    src = via_daemon.get();
+    key = named->key;
+    node::NodeClient* client = d->get();
+    fetched_so_far = [client]() -> uint64_t {
+      auto j = reply_json(client->cache_stat());
+      if (!j || !(*j)["miss_bytes"].is_number_unsigned()) return 0;
+      return (*j)["miss_bytes"].get<uint64_t>();
+    };
+  } else {
+    auto opened = open_target(first, a, home);
+    if (!opened) return report_error(opened.error());
+    t = std::move(*opened);
+    src = t->cache.get();
+    key = t->key;
+    fetched_so_far = [&t] { return t->cache->stats().miss_bytes; };
+  }
+  const uint64_t fetched_before = fetched_so_far();
   std::vector<xfer::CopyItem> items;
   if (!a.list_file.empty()) {
     auto loc = parse_location(first);
@@ -357,7 +473,7 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     if (!li) return report_error(li.error());
     items = std::move(*li);
   } else {
-    auto plan = xfer::plan_prefix(*t->cache, t->key, t->key);
+    auto plan = xfer::plan_prefix(*src, key, key);
     if (!plan) return report_error(plan.error());
     items = std::move(plan->items);
     if (items.empty() && plan->rejected.empty()) {  // a typo must not look like a warm cache
@@ -380,20 +496,21 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
   bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
   if (progress)
     co.on_progress = [&](const xfer::CopyProgress& p) { draw_progress(p, elapsed(), false); };
-  xfer::CopyReport rep = xfer::copy_all(*t->cache, *discard, items, co);
+  xfer::CopyReport rep = xfer::copy_all(*src, *discard, items, co);
   if (progress) std::fputc('\n', stderr);
   for (const xfer::CopyFailure& f : rep.failures) {
     std::fprintf(stderr, "sluice: cache warm %s: %s\n", f.src_key.c_str(),
                  f.error.to_string().c_str());
   }
-  cache::CacheStats s = t->cache->stats();
-  uint64_t hit = s.ram.hit_bytes + s.disk.hit_bytes;
+  // Through a daemon, other readers' fetches meanwhile count here too.
+  uint64_t fetched = fetched_so_far() - fetched_before;
+  uint64_t hit = rep.bytes > fetched ? rep.bytes - fetched : 0;
   if (a.json) {
     std::printf("%s\n", nlohmann::json({{"objects", rep.objects},
                                         {"bytes", rep.bytes},
                                         {"seconds", rep.seconds},
                                         {"already_cached_bytes", hit},
-                                        {"fetched_bytes", s.miss_bytes},
+                                        {"fetched_bytes", fetched},
                                         {"failed", rep.failures.size()},
                                         {"cancelled", rep.cancelled}})
                             .dump()
@@ -402,7 +519,7 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     std::printf("warmed %lu objects, %s in %.2f s: %s fetched, %s already cached%s%s\n",
                 static_cast<unsigned long>(rep.objects),
                 format_size(static_cast<double>(rep.bytes)).c_str(), rep.seconds,
-                format_size(static_cast<double>(s.miss_bytes)).c_str(),
+                format_size(static_cast<double>(fetched)).c_str(),
                 format_size(static_cast<double>(hit)).c_str(),
                 rep.failures.empty()
                     ? ""
@@ -511,7 +628,9 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHoo
   cat->callback([&, home] { rc = cmd_cat(a, home); });
 
   auto* cache = app.add_subcommand(
-      "cache", "Look after the local cache directory (the embedded cache; no daemon)");
+      "cache",
+      "Look after the node's cache: through sluiced when it answers on --daemon, else the "
+      "cache directory itself (the embedded cache)");
   cache->require_subcommand(1);
   auto with_common = [&](CLI::App* c, bool source) {
     add_cache_flags(c, a.cache);

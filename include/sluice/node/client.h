@@ -106,6 +106,14 @@ class NodeClient {
   // (docs/formats/node-protocol.md).
   Result<std::string> cache_stat();
 
+  // Drops (evict) or pins / unpins (pin) every cached chunk under `prefix` of `root`, as
+  // the caller's team may: the number of chunks.
+  Result<uint64_t> evict(const std::string& root, const std::string& prefix);
+  Result<uint64_t> pin(const std::string& root, const std::string& prefix, bool pinned);
+  // The cached chunks under `prefix` of `root` (root empty: of every root the team may
+  // read), as the JSON body of the CHUNKS reply.
+  Result<std::string> chunks(const std::string& root, const std::string& prefix);
+
   const DaemonInfo& daemon() const;
 
   struct Impl;

@@ -138,6 +138,15 @@ struct NodeServer::Impl {
   std::atomic<uint64_t> connections{0}, refused{0}, requests{0}, errors{0};
   std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0};
 
+  // Teams with their own credentials: each root opened with them, for prove_access.
+  std::map<const TeamGrant*, std::unique_ptr<RouterStore>> team_routers;  // made at open
+  struct AccessVerdict {
+    Status verdict;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::mutex access_mu;
+  std::map<std::string, AccessVerdict> access;  // guarded by access_mu
+
   // Last member: destroyed first, so no peer request runs while the rest goes away.
   std::unique_ptr<PeerHttpServer> http;
 
@@ -299,6 +308,7 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
     SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
     SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
+    SLUICE_RETURN_IF_ERROR(prove_access(caller, id, prefix, /*listing=*/true));
     return id + "/" + prefix;
   }
 
@@ -306,7 +316,55 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
     SLUICE_ASSIGN_OR_RETURN(std::string key, get_string(j, "key"));
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
     return id + "/" + key;
+  }
+
+  // A team with credentials of its own proves with them that it may read `key` (listing:
+  // list under the prefix `key`) of root `id`, before the daemon serves it anything of it,
+  // cached or not. Verdicts (access, PermissionDenied, NotFound) are remembered for
+  // access_ttl; other failures (the store unreachable) are not, so the next call asks again.
+  Status prove_access(const Caller& caller, const std::string& id, const std::string& key,
+                      bool listing) {
+    const TeamGrant& team = *caller.team;
+    if (!team.credentials) return ok();
+    const std::string memo = team.name + '\n' + id + (listing ? "\nlist\n" : "\nkey\n") + key;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(access_mu);
+      auto it = access.find(memo);
+      if (it != access.end() && it->second.until > now) return it->second.verdict;
+    }
+    std::optional<std::string> root = router->root_of(id);
+    if (!root) return fail(Code::kInternal, "root id " + id + " is not attached");
+    RouterStore& as_team = *team_routers.at(&team);
+    SLUICE_ASSIGN_OR_RETURN(std::string tid, as_team.attach(*root));
+    Status verdict = ok();
+    if (listing) {
+      store::ListOptions lo;
+      lo.prefix = tid + "/" + key;
+      lo.max_keys = 1;
+      auto page = as_team.list(lo);
+      if (!page) verdict = Status(std::unexpected(page.error()));
+    } else {
+      auto info = as_team.stat(tid + "/" + key);
+      if (!info) verdict = Status(std::unexpected(info.error()));
+    }
+    if (!verdict) {
+      Code code = verdict.error().code();
+      if (code != Code::kPermissionDenied && code != Code::kNotFound) return verdict;
+      if (code == Code::kPermissionDenied) {
+        verdict =
+            fail(Code::kPermissionDenied, "team " + team.name + "'s credentials may not " +
+                                              (listing ? "list '" : "read '") + key + "' of " +
+                                              *root + ": " + verdict.error().message());
+        log("refused " + caller.describe() + ": " + verdict.error().message());
+      }
+    }
+    std::lock_guard lock(access_mu);
+    if (access.size() >= 65536) access.clear();  // bounded: at worst a verdict is asked again
+    access[memo] = AccessVerdict{verdict, now + o.access_ttl};
+    return verdict;
   }
 
   static std::string unrouted(std::string_view key) {
@@ -644,6 +702,9 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   for (const TeamGrant& t : o.teams) {
     impl->team_bytes[&t] = &impl->registry.counter("sluice_team_bytes_total", {{"team", t.name}},
                                                    "Bytes served to a team's processes");
+  }
+  for (const TeamGrant& t : o.teams) {
+    if (t.credentials) impl->team_routers[&t] = std::make_unique<RouterStore>(*t.credentials, "");
   }
   impl->served_to_peers = &impl->registry.counter("sluice_peer_served_bytes_total", {},
                                                   "Bytes of chunks served to other daemons");

@@ -227,6 +227,47 @@ def test_a_uid_in_no_team_is_refused(s3, digest):
     assert "refused uid" in open(os.path.join(WORK, "sluiced.log")).read()
 
 
+def test_a_team_proves_access_with_its_own_credentials(s3, digest):
+    d = Daemon(s3.endpoint)  # the daemon's credentials fill the cache
+    try:
+        out, err = cat("s3://test/ds/obj").communicate(timeout=120)
+        assert hashlib.sha256(out).hexdigest() == digest, err
+    finally:
+        assert d.stop() == 0
+    cfg = os.path.join(WORK, "team-keys.json")
+
+    def team(key_id):
+        with open(cfg, "w") as f:
+            json.dump({"teams": [{"name": "vision", "uids": [os.getuid()], "roots": ["s3://test/"],
+                                  "aws_access_key_id": key_id, "aws_secret_access_key": "S3RVER"}]}, f)
+        return Daemon(s3.endpoint, "--config", cfg)
+    # Keys s3rver does not know: the cached chunks are not served to this team.
+    d = team("NOT-A-KEY")
+    try:
+        p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", check=False)
+        assert p.returncode != 0 and b"team vision's credentials may not read" in p.stderr, p.stderr
+        p = sluice("cache", "ls", "s3://test/ds/", "--daemon", SOCK, check=False)
+        assert p.returncode != 0 and b"may not list" in p.stderr, p.stderr
+        assert daemon_stat()["misses"] == 0
+    finally:
+        assert d.stop() == 0
+    assert "team vision's credentials may not read" in open(os.path.join(WORK, "sluiced.log")).read()
+    # The team's own valid keys: served from the cache, nothing fetched again.
+    d = team("S3RVER")
+    try:
+        out, err = cat("s3://test/ds/obj").communicate(timeout=120)
+        assert hashlib.sha256(out).hexdigest() == digest, err
+        assert daemon_stat()["misses"] == 0
+    finally:
+        assert d.stop() == 0
+    # Both credential forms at once, or half a pair: refused at start.
+    with open(cfg, "w") as f:
+        json.dump({"teams": [{"name": "v", "uids": [1], "roots": ["*"], "aws_access_key_id": "x"}]}, f)
+    p = subprocess.run([SLUICED, "--socket", SOCK, "--cache-dir", CACHE, "--config", cfg], capture_output=True,
+                       env=env(), timeout=30)
+    assert p.returncode != 0 and b"go together" in p.stderr, p.stderr
+
+
 def test_sigterm_stops_cleanly_and_kill9_loses_nothing(s3, digest):
     d = Daemon(s3.endpoint)
     p = cat("s3://test/ds/big")  # a fill in progress when the daemon dies
@@ -273,6 +314,8 @@ def main():
                          ("a replaced object is not served stale", test_a_replaced_object_is_not_served_stale),
                          ("bad frames leave the daemon up", test_bad_frames_leave_the_daemon_up),
                          ("a uid in no team is refused", test_a_uid_in_no_team_is_refused),
+                         ("a team proves access with its own credentials",
+                          test_a_team_proves_access_with_its_own_credentials),
                          ("SIGTERM is clean, kill -9 loses nothing",
                           test_sigterm_stops_cleanly_and_kill9_loses_nothing)]:
             shutil.rmtree(CACHE, ignore_errors=True)

@@ -33,6 +33,7 @@ struct Args {
   std::string socket, config;
   std::string peer_listen, peers, node_name, secret_file;
   unsigned peer_timeout_ms = 10000;
+  unsigned access_ttl_s = 60;
   unsigned max_connections = 256, max_per_uid = 64;
   unsigned idle_s = 300;
 };
@@ -46,8 +47,48 @@ void log_line(std::string_view line) {
   std::fprintf(stderr, "%s sluiced: %.*s\n", when, static_cast<int>(line.size()), line.data());
 }
 
-// Teams from the config file: [{"name": "vision", "uids": [1001], "roots": ["s3://b/"]}].
-Result<std::vector<node::TeamGrant>> parse_teams(const Json& teams, const std::string& file) {
+// A team's own S3 credentials: "aws_profile" (from ~/.aws, as the CLI reads it), or
+// "aws_access_key_id" and "aws_secret_access_key" (and "aws_session_token"); the daemon's
+// endpoint and region. nullopt when the team names none.
+Result<std::optional<store::StoreOptions>> team_credentials(const Json& t, const std::string& where,
+                                                            const cli::AwsFlags& daemon_aws,
+                                                            const s3::S3Options& daemon_s3) {
+  auto str = [&](const char* k) -> Result<std::string> {
+    if (!t.contains(k)) return std::string();
+    if (!t[k].is_string())
+      return fail(Code::kInvalidArgument, where + ": \"" + k + "\" must be a string");
+    return t[k].get<std::string>();
+  };
+  SLUICE_ASSIGN_OR_RETURN(std::string profile, str("aws_profile"));
+  SLUICE_ASSIGN_OR_RETURN(std::string key_id, str("aws_access_key_id"));
+  SLUICE_ASSIGN_OR_RETURN(std::string secret, str("aws_secret_access_key"));
+  SLUICE_ASSIGN_OR_RETURN(std::string token, str("aws_session_token"));
+  if (profile.empty() && key_id.empty() && secret.empty()) return std::nullopt;
+  s3::S3Options so = daemon_s3;
+  if (!profile.empty()) {
+    if (!key_id.empty() || !secret.empty())
+      return fail(Code::kInvalidArgument, where + ": give aws_profile or the keys, not both");
+    cli::AwsFlags f = daemon_aws;
+    f.profile = profile;
+    SLUICE_ASSIGN_OR_RETURN(so, cli::load_s3_options(f));
+  } else {
+    if (key_id.empty() || secret.empty())
+      return fail(Code::kInvalidArgument,
+                  where + ": aws_access_key_id and aws_secret_access_key go together");
+    so.access_key = key_id;
+    so.secret_key = secret;
+    so.session_token = token;
+  }
+  store::StoreOptions out;
+  out.backend.set(so);
+  return std::optional<store::StoreOptions>(std::move(out));
+}
+
+// Teams from the config file: [{"name": "vision", "uids": [1001], "roots": ["s3://b/"]}],
+// each optionally with its own credentials (team_credentials).
+Result<std::vector<node::TeamGrant>> parse_teams(const Json& teams, const std::string& file,
+                                                 const cli::AwsFlags& daemon_aws,
+                                                 const s3::S3Options& daemon_s3) {
   std::vector<node::TeamGrant> out;
   auto bad = [&](const std::string& why) {
     return fail(Code::kInvalidArgument, file + ": teams: " + why);
@@ -71,14 +112,16 @@ Result<std::vector<node::TeamGrant>> parse_teams(const Json& teams, const std::s
       if (!r.is_string()) return bad(g.name + ": roots are URI strings");
       g.roots.push_back(r.get<std::string>());
     }
+    SLUICE_ASSIGN_OR_RETURN(g.credentials,
+                            team_credentials(t, file + ": team " + g.name, daemon_aws, daemon_s3));
     out.push_back(std::move(g));
   }
   return out;
 }
 
 // Fills settings not given as flags from the JSON config file.
-Result<std::vector<node::TeamGrant>> apply_config(Args& a, const CLI::App& app) {
-  if (a.config.empty()) return std::vector<node::TeamGrant>();
+Result<Json> apply_config(Args& a, const CLI::App& app) {
+  if (a.config.empty()) return Json();
   std::ifstream in(a.config);
   if (!in) return fail_errno(errno, "open config " + a.config);
   Json j = Json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -117,8 +160,8 @@ Result<std::vector<node::TeamGrant>> apply_config(Args& a, const CLI::App& app) 
   SLUICE_RETURN_IF_ERROR(str("node_name", "--node-name", a.node_name));
   SLUICE_RETURN_IF_ERROR(str("node_secret_file", "--node-secret-file", a.secret_file));
   SLUICE_RETURN_IF_ERROR(num("peer_timeout_ms", "--peer-timeout-ms", a.peer_timeout_ms));
-  if (!j.contains("teams")) return std::vector<node::TeamGrant>();
-  return parse_teams(j["teams"], a.config);
+  SLUICE_RETURN_IF_ERROR(num("access_ttl_s", "--access-ttl", a.access_ttl_s));
+  return j.contains("teams") ? j["teams"] : Json();
 }
 
 Result<std::string> read_small_file(const std::string& path, const char* what) {
@@ -189,8 +232,8 @@ Status configure_peers(const Args& a, node::PeerConfig& p) {
 }
 
 int run(Args& a, const CLI::App& app) {
-  auto teams = apply_config(a, app);
-  if (!teams) return cli::report_error(teams.error());
+  auto teams_json = apply_config(a, app);
+  if (!teams_json) return cli::report_error(teams_json.error());
   const std::string home = cli::sluice_home();
   node::ServerOptions o;
   o.socket_path = a.socket.empty() ? home + "/sluiced.sock" : a.socket;
@@ -201,7 +244,12 @@ int run(Args& a, const CLI::App& app) {
   auto s3o = cli::load_s3_options(a.aws);
   if (!s3o) return cli::report_error(s3o.error());
   o.stores.backend.set(*s3o);
-  o.teams = std::move(*teams);
+  if (!teams_json->is_null()) {
+    auto teams = parse_teams(*teams_json, a.config, a.aws, *s3o);
+    if (!teams) return cli::report_error(teams.error());
+    o.teams = std::move(*teams);
+  }
+  o.access_ttl = std::chrono::seconds(a.access_ttl_s);
   o.max_connections = a.max_connections;
   o.max_connections_per_uid = a.max_per_uid;
   o.idle_timeout = std::chrono::seconds(a.idle_s);
@@ -282,6 +330,10 @@ int main(int argc, char** argv) {
   app.add_option("--peer-timeout-ms", a.peer_timeout_ms,
                  "A chunk from a peer slower than this comes from the backing store")
       ->default_val(10000);
+  app.add_option("--access-ttl", a.access_ttl_s,
+                 "Seconds a team's proven access to an object (teams with their own "
+                 "credentials in --config) is remembered")
+      ->default_val(60);
   app.add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// roots");
   app.add_option("--region", a.aws.region, "S3 region");
   app.add_option("--profile", a.aws.profile, "AWS profile for S3 credentials");

@@ -17,6 +17,9 @@
 // - Callers are authenticated by their uid (SO_PEERCRED) and mapped to a team; a uid in no
 //   team is refused at connect. A team reads only the roots granted to it. With no teams
 //   configured, the daemon's own uid is the one team ("default") with every root.
+// - The cache is filled with the daemon's own credentials. A team with credentials of its
+//   own is served a key, cached or not, only after those credentials stat it (a listing:
+//   list it), remembered for access_ttl; a refusal is PermissionDenied naming the team.
 // - Every request is checked before it is acted on: frame lengths and checksum, JSON
 //   types, keys (store::validate_key), roots (no "." or ".." components). A bad request
 //   gets an error reply naming the cause; a malformed frame closes that connection. None
@@ -41,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +61,11 @@ struct TeamGrant {
   std::vector<uint32_t> uids;
   // Root URI prefixes this team may read ("s3://bucket/", "file:///data/"); "*": any.
   std::vector<std::string> roots;
+  // The team's own credentials (its S3 keys in backend options). When set, the daemon
+  // serves the team an object (cached or not) only after a stat with these options proves
+  // the team may read it, and a listing only after a list with them succeeds; the answer
+  // is remembered for ServerOptions::access_ttl. Unset: the root grants decide alone.
+  std::optional<store::StoreOptions> credentials;
 };
 
 // The daemon's HTTP port: chunks for the other daemons of the job and /metrics.
@@ -79,6 +88,8 @@ struct ServerOptions {
   // How roots are opened (S3 credentials and endpoint in backend options).
   store::StoreOptions stores;
   std::vector<TeamGrant> teams;  // empty: the daemon's own uid, every root
+  // How long a team's proven access (or refusal) to an object or prefix is remembered.
+  std::chrono::milliseconds access_ttl{std::chrono::seconds(60)};
   unsigned max_connections = 256;
   unsigned max_connections_per_uid = 64;
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};

@@ -5,7 +5,12 @@ Prints, for each N, the bytes the daemons read from the backing store over the o
 size (target <= 1.05), the bytes that came from peers, and the wall time of the slowest
 reader. A count, not a timing: it does not depend on the machine's noise.
 
-    bench/peers_compare.py [--size 256M] [--daemons 2,4,8] [--markdown]
+Case peer: a fetch-only daemon reads --size from the daemon that owns every chunk (held on
+its NVMe, sent with sendfile) through to a reader on its node, against iperf3 on loopback,
+interleaved, --rounds rounds, median ratio (target >= 0.8).
+
+    bench/peers_compare.py [--size 256M] [--daemons 2,4,8] [--cases fanout,peer]
+                           [--rounds 5] [--markdown]
 """
 import argparse
 import hashlib
@@ -13,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -37,52 +43,122 @@ def env(work):
 
 def fan_out(work, endpoint, n, size, digest):
     d = tempfile.mkdtemp(prefix=f"fan{n}-", dir=work)
-    ports = [free_port() for _ in range(n)]
-    with open(os.path.join(d, "peers"), "w") as f:
-        f.writelines(f"n{i} 127.0.0.1:{p}\n" for i, p in enumerate(ports))
-    secret = os.path.join(d, "secret")
-    with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-        f.write("bench-secret-0123456789\n")
-    procs = []
+    names = [f"n{i}" for i in range(n)]
+    procs, socks, _ = start_daemons(d, work, endpoint, names, size)
     try:
-        for i in range(n):
-            procs.append(subprocess.Popen(
-                [f"{BIN}/sluiced", "--socket", os.path.join(d, f"n{i}.sock"), "--cache-dir",
-                 os.path.join(d, f"c{i}"), "--cache-ram", "0", "--cache-size", f"{2 * size >> 20}M",
-                 "--endpoint-url", endpoint, "--peer-listen", f"127.0.0.1:{ports[i]}",
-                 "--peers", os.path.join(d, "peers"), "--node-name", f"n{i}", "--node-secret-file", secret],
-                env=env(work), stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, f"n{i}.log"), "wb")))
-        for i in range(n):
-            for _ in range(400):
-                try:
-                    with socket.socket(socket.AF_UNIX) as s:
-                        s.connect(os.path.join(d, f"n{i}.sock"))
-                    break
-                except OSError:
-                    time.sleep(0.05)
         t0 = time.perf_counter()
-        readers = [subprocess.Popen([f"{BIN}/sluice", "cat", "--cache", "--daemon", os.path.join(d, f"n{i}.sock"),
-                                     "s3://test/bench/fan"], env=env(work), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE) for i in range(n)]
+        readers = [subprocess.Popen([f"{BIN}/sluice", "cat", "--cache", "--daemon", sock, "s3://test/bench/fan"],
+                                    env=env(work), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                   for sock in socks]
         for r in readers:
             out, err = r.communicate()
             if r.returncode != 0 or hashlib.sha256(out).hexdigest() != digest:
                 sys.exit(f"peers_compare: a reader failed: {err.decode()[-2000:]}")
         wall = time.perf_counter() - t0
-        backing = peer = errors = 0
-        for i in range(n):
-            p = subprocess.run([f"{BIN}/sluice", "cache", "stat", "--daemon", os.path.join(d, f"n{i}.sock"),
-                                "--json"], capture_output=True, env=env(work))
-            st = json.loads(p.stdout)
-            backing += st["bytes_from"]["backing"]
-            peer += st["bytes_from"]["peer"]
-            errors += sum(x["errors"] for x in st["peers"])
+        stats = [stat(work, sock) for sock in socks]
+        backing = sum(st["bytes_from"]["backing"] for st in stats)
+        peer = sum(st["bytes_from"]["peer"] for st in stats)
+        errors = sum(x["errors"] for st in stats for x in st["peers"])
         return backing / size, peer / size, errors, wall
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            p.wait(30)
+        stop_daemons(procs)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def start_daemons(d, work, endpoint, names, size, fetch_only=()):
+    """Daemons named `names` on loopback with one peers file; returns (procs, socks, ports)."""
+    ports = [free_port() for _ in names]
+    with open(os.path.join(d, "peers"), "w") as f:
+        f.writelines(f"{n} 127.0.0.1:{p}{' fetch-only' if n in fetch_only else ''}\n" for n, p in zip(names, ports))
+    secret = os.path.join(d, "secret")
+    with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("bench-secret-0123456789\n")
+    procs, socks = [], [os.path.join(d, f"{n}.sock") for n in names]
+    for n, p, sock in zip(names, ports, socks):
+        procs.append(subprocess.Popen(
+            [f"{BIN}/sluiced", "--socket", sock, "--cache-dir", os.path.join(d, f"c-{n}"), "--cache-ram", "0",
+             "--cache-size", f"{2 * size >> 20}M", "--endpoint-url", endpoint, "--peer-listen", f"127.0.0.1:{p}",
+             "--peers", os.path.join(d, "peers"), "--node-name", n, "--node-secret-file", secret],
+            env=env(work), stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, f"{n}.log"), "wb")))
+    for sock in socks:
+        for _ in range(400):
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(sock)
+                break
+            except OSError:
+                time.sleep(0.05)
+    return procs, socks, ports
+
+
+def stop_daemons(procs):
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+
+
+def stat(work, sock):
+    p = subprocess.run([f"{BIN}/sluice", "cache", "stat", "--daemon", sock, "--json"], capture_output=True,
+                       env=env(work))
+    return json.loads(p.stdout)
+
+
+def peer_case(work, endpoint, size, rounds, rows):
+    """1 GiB (--size) fetched by a fetch-only daemon from the daemon that owns every chunk
+    and holds it on NVMe (sendfile), through to a reader on the fetching node, against
+    iperf3 on loopback; the fetcher's cache is evicted before each round."""
+    d = tempfile.mkdtemp(prefix="peer-", dir=work)
+    procs, socks, _ = start_daemons(d, work, endpoint, ["owner", "asker"], size, fetch_only=("asker",))
+    iperf_port = free_port()
+    iperf_server = subprocess.Popen(["iperf3", "-s", "-p", str(iperf_port)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        cat = [f"{BIN}/sluice", "cat", "--cache", "--daemon"]
+        subprocess.run(cat + [socks[0], "s3://test/bench/fan"], check=True, env=env(work),
+                       stdout=subprocess.DEVNULL)
+        chunks = (size + (4 << 20) - 1) // (4 << 20)
+        for _ in range(600):
+            if stat(work, socks[0])["disk"]["chunks"] >= chunks:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+
+        def via_peer():
+            subprocess.run([f"{BIN}/sluice", "cache", "evict", "s3://test/bench/", "--daemon", socks[1]],
+                           check=True, env=env(work), capture_output=True)
+            before = stat(work, socks[1])["bytes_from"]
+            t0 = time.perf_counter()
+            subprocess.run(cat + [socks[1], "s3://test/bench/fan"], check=True, env=env(work),
+                           stdout=subprocess.DEVNULL)
+            secs = time.perf_counter() - t0
+            after = stat(work, socks[1])["bytes_from"]
+            if after["peer"] - before["peer"] != size or after["backing"] != before["backing"]:
+                sys.exit(f"peers_compare: the asker did not fetch everything from its peer: {before} -> {after}")
+            return size / secs / (1 << 30)
+
+        def loopback():
+            out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(iperf_port), "-n", str(size), "-J"],
+                                 capture_output=True, text=True)
+            return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / (1 << 30)
+
+        res = []
+        for r in range(rounds):
+            order = [("sluiced", via_peer), ("iperf3", loopback)]
+            got = {k: f() for k, f in (order if r % 2 == 0 else order[::-1])}
+            print(f"  peer fetch round {r + 1}: sluiced {got['sluiced']:.3f} GiB/s, iperf3 {got['iperf3']:.3f}",
+                  file=sys.stderr)
+            res.append(got)
+        med = statistics.median
+        ratios = [x["sluiced"] / x["iperf3"] for x in res]
+        rows.append(["peer fetch to a reader (fd: NVMe -> sendfile -> HTTP -> cache -> inline)",
+                     f"{size >> 20} MiB", f"{med(x['sluiced'] for x in res):.3f} GiB/s",
+                     f"{med(x['iperf3'] for x in res):.3f} GiB/s", "iperf3", f"{med(ratios):.2f}",
+                     f"{min(ratios):.2f}-{max(ratios):.2f}"])
+    finally:
+        iperf_server.terminate()
+        iperf_server.wait(10)
+        stop_daemons(procs)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -90,6 +166,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="256M")
     ap.add_argument("--daemons", default="2,4,8")
+    ap.add_argument("--cases", default="fanout,peer")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
     if not find_s3rver():
@@ -109,7 +187,12 @@ def main():
         subprocess.run([f"{BIN}/sluice", "cp", src, "s3://test/bench/fan", "--endpoint-url", s3.endpoint],
                        check=True, env=env(work), capture_output=True)
         rows = []
-        for n in (int(x) for x in a.daemons.split(",")):
+        if "peer" in a.cases.split(","):
+            peer_rows = []
+            peer_case(work, s3.endpoint, size, a.rounds, peer_rows)
+            print_table(["case", "object", "sluiced", "anchor", "anchor tool", "median ratio", "range"],
+                        peer_rows, a.markdown)
+        for n in (int(x) for x in a.daemons.split(",") if "fanout" in a.cases.split(",")):
             ratio, from_peers, errors, wall = fan_out(work, s3.endpoint, n, size, h.hexdigest())
             print(f"  {n} daemons: backing {ratio:.3f}x, peers {from_peers:.2f}x, {errors} peer errors, "
                   f"{wall:.2f} s", file=sys.stderr)

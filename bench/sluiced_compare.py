@@ -7,7 +7,12 @@ chunk is handed off as a descriptor and read with O_DIRECT by the client) agains
 reading the same chunk files from the daemon's cache directory (O_DIRECT, io_uring, bs 1M,
 iodepth 16). Target >= 0.9x.
 
-    bench/sluiced_compare.py [--size 1G] [--rounds 5] [--targets disk,ramloop] [--markdown]
+Case small: 1000 objects of 4 KiB served warm by the daemon to another process
+(sluice_node_bench, 1 and 16 threads): ops/s and p99 latency, beside pread of the same files
+from the page cache.
+
+    bench/sluiced_compare.py [--size 1G] [--rounds 5] [--targets disk,ramloop]
+                             [--cases warm,small] [--markdown]
 
 The RAM-backed target (ext4 on a loop device over /dev/shm) needs root; without it, SKIP.
 """
@@ -15,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,25 +87,81 @@ def warm_case(directory, size, rounds, label, rows):
         daemon.wait(30)
 
 
+def small_case(directory, rounds, rows):
+    """4 KiB objects served warm by the daemon to another process: ops/s and p99, with 1 and
+    16 client threads, beside pread of the same files from the page cache (the floor)."""
+    objs = os.path.join(directory, "small")
+    os.makedirs(objs)
+    n = 1000
+    for i in range(n):
+        with open(os.path.join(objs, f"obj-{i:06d}"), "wb") as f:
+            f.write(os.urandom(4096))
+    cache, sock = os.path.join(directory, "cache-small"), os.path.join(directory, "small.sock")
+    env = dict(os.environ, SLUICE_HOME=os.path.join(directory, "home"))
+    daemon = subprocess.Popen([f"{BIN}/sluiced", "--socket", sock, "--cache-dir", cache, "--cache-ram", "256M"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+
+        def bench(threads, via_daemon, secs=2):
+            args = [f"{BIN}/sluice_node_bench", "--keys", str(n), "--threads", str(threads), "--seconds", str(secs)]
+            args += ["--socket", sock, "--root", f"file://{objs}"] if via_daemon else ["--local", objs]
+            p = subprocess.run(args, capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                sys.exit(f"sluiced_compare: node_bench failed: {p.stderr[-2000:]}")
+            return json.loads(p.stdout)
+
+        bench(4, True, 3)  # warm: every object read at least once (in RAM and on NVMe)
+        for threads in (1, 16):
+            res = []
+            for r in range(rounds):
+                order = [True, False] if r % 2 == 0 else [False, True]
+                got = {v: bench(threads, v) for v in order}
+                print(f"  4 KiB, {threads} threads, round {r + 1}: sluiced {got[True]['ops_per_s']:.0f} ops/s "
+                      f"p99 {got[True]['p99_us']:.0f} us; pread {got[False]['ops_per_s']:.0f} ops/s "
+                      f"p99 {got[False]['p99_us']:.0f} us", file=sys.stderr)
+                res.append(got)
+            med = statistics.median
+            rows.append(["4 KiB objects, warm", f"{threads} threads", "ops/s",
+                         f"{med(x[True]['ops_per_s'] for x in res):.0f}",
+                         f"{med(x[False]['ops_per_s'] for x in res):.0f}", "pread (page cache)",
+                         f"{med(x[True]['ops_per_s'] / x[False]['ops_per_s'] for x in res):.2f}",
+                         f"p99 {med(x[True]['p99_us'] for x in res):.0f} us vs "
+                         f"{med(x[False]['p99_us'] for x in res):.0f} us"])
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1G")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--targets", default="disk,ramloop")
+    ap.add_argument("--cases", default="warm,small", help="warm (fd hand-off vs fio), small (4 KiB objects)")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    cases = a.cases.split(",")
     size = parse_size(a.size)
     rows = []
     for target in a.targets.split(","):
         if target == "disk":
             d = tempfile.mkdtemp(prefix="sluiced-bench-", dir="/var/tmp")
             try:
-                warm_case(d, size, a.rounds, "disk (/var/tmp)", rows)
+                if "warm" in cases:
+                    warm_case(d, size, a.rounds, "disk (/var/tmp)", rows)
+                if "small" in cases:
+                    small_case(d, a.rounds, rows)
             finally:
                 shutil.rmtree(d, ignore_errors=True)
         elif target == "ramloop":
             if os.geteuid() != 0:
                 print("SKIP ramloop: needs root (losetup, mount)", file=sys.stderr)
+                continue
+            if "warm" not in cases:
                 continue
             loop = RamLoop(size * 2)
             try:

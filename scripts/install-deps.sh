@@ -22,7 +22,7 @@ packages=(
   clang-format                                   # formatting check
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(fio awscli curl rclone)
+  packages+=(fio awscli curl rclone iperf3)
 fi
 
 missing=()

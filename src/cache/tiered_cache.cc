@@ -11,6 +11,7 @@
 #include <deque>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -578,13 +579,23 @@ struct TieredCache::Impl {
   std::vector<Claim> claim_run(const store::ObjectInfo& info, uint64_t index, uint64_t end) {
     std::vector<Claim> run;
     uint64_t bytes = 0;
+    // How far the run may go within one fill group, found before the lock is taken (the
+    // group may cost a hash per peer).
+    uint64_t last = index;
+    if (options.fill_group) {
+      const uint64_t group = options.fill_group(info.key, index);
+      const uint64_t max_chunks = std::max<uint64_t>(1, kMaxRunBytes / options.chunk_size);
+      while (last + 1 < index + max_chunks &&
+             (last + 1) * options.chunk_size < std::min(end, info.size) &&
+             options.fill_group(info.key, last + 1) == group)
+        ++last;
+    } else {
+      last = std::numeric_limits<uint64_t>::max();
+    }
     std::lock_guard lock(flight_mu);  // then a tier's lock: never the other way round
-    for (uint64_t i = index; i * options.chunk_size < info.size; ++i) {
+    for (uint64_t i = index; i * options.chunk_size < info.size && i <= last; ++i) {
       uint64_t length = chunk_length(info.size, i);
       if (i * options.chunk_size + length > end || (i > index && bytes + length > kMaxRunBytes))
-        break;
-      if (i > index && options.fill_group &&
-          options.fill_group(info.key, i) != options.fill_group(info.key, index))
         break;
       ChunkKey key{store_id, info.key, info.etag, i};
       if (flights.contains(key.id())) break;

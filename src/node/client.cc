@@ -177,10 +177,9 @@ struct NodeStore::Impl {
 
   Result<std::shared_ptr<io::Context>> context() {
     std::call_once(io_once, [&] {
-      // Four reads of handed-off chunks at once: a reply carries up to 64 of them, and two
-      // (the default) left a RAM-backed device half idle.
+      // Two reads at once (the data path's default) left a RAM-backed device half idle.
       io::ContextOptions co;
-      co.async_threads = 4;
+      co.async_threads = std::max(1u, options.handoff_parallel);
       io = options.io ? Result<std::shared_ptr<io::Context>>(options.io) : io::Context::open(co);
     });
     return io;

@@ -24,6 +24,8 @@ unsigned http_status(Code c) {
       return MHD_HTTP_NOT_FOUND;
     case Code::kConflict:
       return MHD_HTTP_PRECONDITION_FAILED;
+    case Code::kUnsupported:  // not the owner of this chunk here: the memberships differ
+      return 421;
     case Code::kUnavailable:
     case Code::kTimedOut:
       return MHD_HTTP_SERVICE_UNAVAILABLE;
@@ -77,7 +79,10 @@ Result<peer::ChunkRequest> parse_chunk_request(MHD_Connection* c, std::string& s
   SLUICE_ASSIGN_OR_RETURN(r.index, arg_u64(c, "index"));
   SLUICE_ASSIGN_OR_RETURN(r.offset, arg_u64(c, "offset"));
   SLUICE_ASSIGN_OR_RETURN(r.length, arg_u64(c, "length"));
+  const char* verify = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "verify");
+  r.verify = verify && std::strcmp(verify, "1") == 0;
   SLUICE_ASSIGN_OR_RETURN(r.node, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Node"));
+  SLUICE_ASSIGN_OR_RETURN(r.target, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Target"));
   SLUICE_ASSIGN_OR_RETURN(std::string t, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Time"));
   auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), r.time);
   if (ec != std::errc() || end != t.data() + t.size())
@@ -101,13 +106,9 @@ struct PeerHttpServer::Impl {
     std::string signature;
     auto req = parse_chunk_request(c, signature);
     if (!req) return queue_text(c, MHD_HTTP_BAD_REQUEST, req.error().message() + "\n");
-    auto body = o.chunk(*req, signature);
-    if (!body) {
-      if (body.error().code() != Code::kConflict && body.error().code() != Code::kNotFound)
-        log("peer request from " + printable(req->node) + " for '" + printable(req->key) +
-            "': " + body.error().message());
+    auto body = o.chunk(*req, signature);  // logs what it refuses
+    if (!body)
       return queue_text(c, http_status(body.error().code()), body.error().message() + "\n");
-    }
     MHD_Response* r = nullptr;
     if (body->fd.valid()) {
       // MHD owns the descriptor from here (closed when the response is destroyed) and sends
@@ -126,6 +127,7 @@ struct PeerHttpServer::Impl {
     std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(body->xxh3));
     MHD_add_response_header(r, "X-Sluice-Xxh3", sum);
     MHD_add_response_header(r, "X-Sluice-Etag", body->etag.c_str());
+    MHD_add_response_header(r, "X-Sluice-Reply-Signature", body->reply_signature.c_str());
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
     MHD_Result q = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);

@@ -1,9 +1,9 @@
 // The daemon's HTTP/1.1 port (libmicrohttpd): chunks for peer daemons (GET /v1/chunk,
 // signed with the node secret) and Prometheus metrics (GET /metrics). One thread per
 // connection, at most max_connections of them (and max_per_ip from one address); a
-// connection idle for timeout_s is closed; request headers are bounded by MHD's connection
-// memory limit (32 KiB), and a request with a body is refused. A chunk on NVMe is sent
-// from its file with sendfile; others from the buffer the cache filled.
+// connection idle (or sending its headers) for timeout_s is closed; request headers are bounded by
+// MHD's connection memory limit (32 KiB), and a request with a body is refused. A chunk on NVMe is
+// sent from its file with sendfile; others from the buffer the cache filled.
 // docs/formats/peer-protocol.md describes the requests.
 #pragma once
 
@@ -26,14 +26,15 @@ struct ChunkBody {
   uint64_t length = 0;
   uint64_t xxh3 = 0;  // of the bytes sent
   std::string etag;
+  std::string reply_signature;  // peer::sign_chunk_reply over this reply
 };
 
 struct PeerHttpOptions {
   std::string host = "127.0.0.1";  // an IPv4 literal to listen on
   uint16_t port = 0;               // 0: any free port (see port())
-  unsigned max_connections = 64;
-  unsigned max_per_ip = 16;
-  unsigned timeout_s = 30;
+  unsigned max_connections = 256;
+  unsigned max_per_ip = 64;  // daemons that share an address (one host, or NAT) share this
+  unsigned timeout_s = 10;
   // Serves a checked request: the signature is verified by the handler.
   std::function<Result<ChunkBody>(const peer::ChunkRequest&, std::string_view signature)> chunk;
   std::function<std::string()> metrics;  // Prometheus text

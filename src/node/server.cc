@@ -127,6 +127,8 @@ struct NodeServer::Impl {
   std::unique_ptr<cache::TieredCache> cache;
   std::map<const TeamGrant*, telemetry::Counter*> team_bytes;  // made at open, read-only after
   telemetry::Counter* served_to_peers = nullptr;
+  telemetry::Counter* peer_refused = nullptr;
+  std::atomic<int64_t> last_peer_log_ns{0};  // relaxed: only spaces out log lines
   UniqueFd listen_fd, stop_fd;
   std::counting_semaphore<4096> inline_slots;
 
@@ -427,7 +429,7 @@ struct NodeServer::Impl {
                                       {"file_offset", x->file_offset},
                                       {"xxh3", x->xxh3}});
           r.fds.push_back(std::move(x->fd));
-          team_bytes[caller.team]->add(x->length);
+          team_bytes.at(caller.team)->add(x->length);
           handoff_chunks.fetch_add(1, std::memory_order_relaxed);
           handoff_bytes.fetch_add(x->length, std::memory_order_relaxed);
           pos = chunk_end;
@@ -455,7 +457,7 @@ struct NodeServer::Impl {
                                            " bytes at offset " + std::to_string(pos) +
                                            " where the object holds " + std::to_string(take));
       r.body["pieces"].push_back({{"offset", pos}, {"length", take}, {"data_offset", at}});
-      team_bytes[caller.team]->add(take);
+      team_bytes.at(caller.team)->add(take);
       inline_bytes.fetch_add(take, std::memory_order_relaxed);
       pos += take;
     }
@@ -544,16 +546,56 @@ struct NodeServer::Impl {
     return out;
   }
 
-  // A chunk (or part of one) for another daemon of the job: checked, then read through
-  // this daemon's cache (never forwarded to a third daemon). Whole chunks on NVMe are sent
-  // from their file; the rest from the bytes read.
+  // A chunk (or part of one) for another daemon of the job; refusals are logged (at most
+  // one line a second, the rest counted).
   Result<ChunkBody> peer_chunk(const peer::ChunkRequest& req, std::string_view signature) {
+    Result<ChunkBody> r = serve_peer_chunk(req, signature);
+    if (!r && r.error().code() != Code::kConflict && r.error().code() != Code::kNotFound) {
+      peer_refused->add();
+      int64_t now = telemetry::now_ns(), last = last_peer_log_ns.load(std::memory_order_relaxed);
+      if (now - last > 1'000'000'000 &&
+          last_peer_log_ns.compare_exchange_strong(last, now, std::memory_order_relaxed))
+        log("peer request from '" + req.node + "' for '" + req.key +
+            "' refused: " + r.error().message());
+    }
+    return r;
+  }
+
+  // Whether peers may ask for a root: a team's grant names it ("*" covers object stores,
+  // never local files: a file root must be granted by name).
+  bool peers_may_read(std::string_view root) const {
+    bool file = root.starts_with("file://");
+    return std::any_of(o.teams.begin(), o.teams.end(), [&](const TeamGrant& t) {
+      return std::any_of(t.roots.begin(), t.roots.end(), [&](const std::string& g) {
+        return (g != "*" || !file) && root_granted(root, g);
+      });
+    });
+  }
+
+  // Checked (signature, asker and target in the membership, root granted, key, this
+  // daemon the owner), then read through this daemon's cache, never forwarded to a third
+  // daemon. Whole chunks on NVMe are sent from their file unless the asker wants them
+  // checked (verify); the rest from the bytes read.
+  Result<ChunkBody> serve_peer_chunk(const peer::ChunkRequest& req, std::string_view signature) {
     SLUICE_RETURN_IF_ERROR(
         peer::verify_chunk_request(req, signature, o.peer.secret, std::time(nullptr)));
+    const peer::Membership& members = *o.peer.membership;
+    if (req.target != members.self().name)
+      return fail(Code::kPermissionDenied,
+                  "the request is for '" + req.target + "', not this node");
+    if (std::none_of(members.members().begin(), members.members().end(),
+                     [&](const peer::Member& m) { return m.name == req.node; }))
+      return fail(Code::kPermissionDenied, "'" + req.node + "' is not a member of this job");
     SLUICE_ASSIGN_OR_RETURN(std::string root, normalize_root(req.root));
+    if (!peers_may_read(root))
+      return fail(Code::kPermissionDenied, "root '" + root + "' is granted to no team here");
     SLUICE_RETURN_IF_ERROR(store::validate_key(req.key));
-    SLUICE_ASSIGN_OR_RETURN(std::string id, router->attach(root));
-    const std::string key = id + "/" + req.key;
+    const std::string id = RouterStore::root_id(root);
+    if (!members.is_self(members.owner(id + "/" + req.key + "#" + std::to_string(req.index))))
+      return fail(Code::kUnsupported, "chunk " + std::to_string(req.index) + " of '" + req.key +
+                                          "' is not this node's: do the peer lists differ?");
+    SLUICE_ASSIGN_OR_RETURN(std::string attached, router->attach(root));
+    const std::string key = attached + "/" + req.key;
     peer::ServingPeer serving;
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
     if (info.etag != req.etag)
@@ -572,24 +614,26 @@ struct NodeServer::Impl {
     ChunkBody body;
     body.etag = info.etag;
     body.length = req.length;
-    if (req.offset == 0 && req.length == length) {
-      SLUICE_ASSIGN_OR_RETURN(std::optional<cache::ChunkExtent> x, cache->locate(key, start));
-      if (x && x->etag == info.etag && x->length == length) {
-        body.fd = std::move(x->fd);
-        body.file_offset = x->file_offset;
-        body.xxh3 = x->xxh3;
-        served_to_peers->add(length);
-        return body;
-      }
+    std::optional<cache::ChunkExtent> x;
+    if (!req.verify && req.offset == 0 && req.length == length) {
+      SLUICE_ASSIGN_OR_RETURN(x, cache->locate(key, start));
     }
-    body.bytes.resize(req.length);
-    store::ReadOptions ro;
-    ro.if_match = info.etag;
-    SLUICE_ASSIGN_OR_RETURN(size_t n, cache->read_full(key, start + req.offset, body.bytes, ro));
-    if (n != req.length)
-      return fail(Code::kCorruption,
-                  "'" + req.key + "' ended within chunk " + std::to_string(req.index));
-    body.xxh3 = XXH3_64bits(body.bytes.data(), body.bytes.size());
+    if (x && x->etag == info.etag && x->length == length) {
+      body.fd = std::move(x->fd);
+      body.file_offset = x->file_offset;
+      body.xxh3 = x->xxh3;
+    } else {
+      body.bytes.resize(req.length);
+      store::ReadOptions ro;
+      ro.if_match = info.etag;
+      SLUICE_ASSIGN_OR_RETURN(size_t n, cache->read_full(key, start + req.offset, body.bytes, ro));
+      if (n != req.length)
+        return fail(Code::kCorruption,
+                    "'" + req.key + "' ended within chunk " + std::to_string(req.index));
+      body.xxh3 = XXH3_64bits(body.bytes.data(), body.bytes.size());
+    }
+    body.reply_signature =
+        peer::sign_chunk_reply(signature, body.etag, body.length, body.xxh3, o.peer.secret);
     served_to_peers->add(req.length);
     return body;
   }
@@ -708,6 +752,8 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   }
   impl->served_to_peers = &impl->registry.counter("sluice_peer_served_bytes_total", {},
                                                   "Bytes of chunks served to other daemons");
+  impl->peer_refused = &impl->registry.counter(
+      "sluice_peer_refused_total", {}, "Peer chunk requests refused (signature, root, range)");
   auto router = std::make_unique<RouterStore>(o.stores, o.cache.directory + "/roots");
   impl->router = router.get();
   peer::PeerOptions po;
@@ -760,6 +806,7 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
     ho.host = o.peer.host;
     ho.port = o.peer.port;
     ho.max_connections = o.peer.max_connections;
+    ho.max_per_ip = o.peer.max_per_ip;
     Impl* i = impl.get();
     if (o.peer.membership) {
       ho.chunk = [i](const peer::ChunkRequest& r, std::string_view sig) {

@@ -1,6 +1,7 @@
 // Membership: rendezvous hashing over the job's daemons; host lists and Slurm hostlists.
 #include "sluice/peer/membership.h"
 
+#include <algorithm>
 #include <charconv>
 #include <set>
 
@@ -26,18 +27,21 @@ Result<Membership> Membership::make(std::vector<Member> members, std::string_vie
   if (!found)
     return fail(Code::kInvalidArgument,
                 "peers: this node ('" + std::string(self) + "') is not in the membership");
+  if (std::none_of(members.begin(), members.end(), [](const Member& x) { return x.owns; }))
+    return fail(Code::kInvalidArgument, "peers: every member is fetch-only: none owns a chunk");
   m.members_ = std::move(members);
   for (const Member& x : m.members_) m.seeds_.push_back(XXH3_64bits(x.name.data(), x.name.size()));
   return m;
 }
 
 const Member& Membership::owner(std::string_view chunk_id) const {
-  size_t best = 0;
+  size_t best = members_.size();
   uint64_t best_score = 0;
   for (size_t i = 0; i < members_.size(); ++i) {
+    if (!members_[i].owns) continue;
     uint64_t score = XXH3_64bits_withSeed(chunk_id.data(), chunk_id.size(), seeds_[i]);
     // Ties (astronomically rare) go to the smaller name, so every daemon agrees.
-    if (i == 0 || score > best_score ||
+    if (best == members_.size() || score > best_score ||
         (score == best_score && members_[i].name < members_[best].name)) {
       best = i;
       best_score = score;
@@ -93,13 +97,23 @@ Result<std::vector<Member>> parse_host_list(std::string_view text, std::string_v
     line = trim(line);
     if (line.empty()) continue;
     std::string where = std::string(source) + ":" + std::to_string(line_no);
-    size_t sp = line.find_first_of(" \t");
-    std::string_view name = sp == std::string_view::npos ? line : line.substr(0, sp);
-    std::string_view addr = sp == std::string_view::npos ? line : trim(line.substr(sp));
-    if (addr.find_first_of(" \t") != std::string_view::npos)
-      return fail(Code::kInvalidArgument, where + ": expected 'NAME HOST:PORT' or 'HOST:PORT'");
-    SLUICE_ASSIGN_OR_RETURN(Member m, parse_address(addr, where));
-    m.name = std::string(name);
+    std::vector<std::string_view> words;
+    for (std::string_view rest = line; !rest.empty();) {
+      size_t sp = rest.find_first_of(" \t");
+      words.push_back(rest.substr(0, sp));
+      rest = sp == std::string_view::npos ? std::string_view() : trim(rest.substr(sp));
+    }
+    bool owns = true;
+    if (words.size() > 1 && words.back() == "fetch-only") {
+      owns = false;
+      words.pop_back();
+    }
+    if (words.size() > 2)
+      return fail(Code::kInvalidArgument,
+                  where + ": expected 'NAME HOST:PORT [fetch-only]' or 'HOST:PORT [fetch-only]'");
+    SLUICE_ASSIGN_OR_RETURN(Member m, parse_address(words.back(), where));
+    m.name = std::string(words.front());
+    m.owns = owns;
     out.push_back(std::move(m));
     if (out.size() > 65536) return fail(Code::kInvalidArgument, where + ": over 65536 members");
   }

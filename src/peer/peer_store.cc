@@ -13,6 +13,8 @@
 #include <ctime>
 #include <future>
 #include <mutex>
+#include <semaphore>
+#include <system_error>
 
 #include <xxhash.h>
 
@@ -24,20 +26,37 @@ namespace {
 
 thread_local bool t_serving_peer = false;
 
-std::string hex(const unsigned char* p, size_t n) {
+std::string hmac_hex(std::string_view secret, std::string_view msg) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac, &len))
+    return {};
   static const char* d = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    s[2 * i] = d[p[i] >> 4];
-    s[2 * i + 1] = d[p[i] & 15];
+  std::string s(2 * len, '0');
+  for (unsigned i = 0; i < len; ++i) {
+    s[2 * i] = d[mac[i] >> 4];
+    s[2 * i + 1] = d[mac[i] & 15];
   }
   return s;
 }
 
+// Fields joined by newlines: verify_chunk_request refuses control characters in them
+// first, so the boundaries between fields are fixed.
 std::string canonical(const ChunkRequest& r) {
-  return "sluice-peer-v1\n" + r.node + "\n" + std::to_string(r.time) + "\n" + r.root + "\n" +
-         r.key + "\n" + r.etag + "\n" + std::to_string(r.index) + "\n" + std::to_string(r.offset) +
-         "\n" + std::to_string(r.length);
+  return "sluice-peer-v1\n" + r.node + "\n" + r.target + "\n" + std::to_string(r.time) + "\n" +
+         r.root + "\n" + r.key + "\n" + r.etag + "\n" + std::to_string(r.index) + "\n" +
+         std::to_string(r.offset) + "\n" + std::to_string(r.length) + "\n" +
+         (r.verify ? "verify" : "plain");
+}
+
+bool has_control(std::string_view s) {
+  return std::any_of(s.begin(), s.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
+
+bool equal_in_constant_time(std::string_view a, std::string_view b) {
+  return !a.empty() && a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace
@@ -53,24 +72,29 @@ bool ServingPeer::active() {
 }
 
 std::string sign_chunk_request(const ChunkRequest& r, std::string_view secret) {
-  std::string msg = canonical(r);
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac, &len))
-    return {};
-  return hex(mac, len);
+  return hmac_hex(secret, canonical(r));
+}
+
+std::string sign_chunk_reply(std::string_view request_signature, std::string_view etag,
+                             uint64_t length, uint64_t xxh3, std::string_view secret) {
+  return hmac_hex(secret, "sluice-peer-v1-reply\n" + std::string(request_signature) + "\n" +
+                              std::string(etag) + "\n" + std::to_string(length) + "\n" +
+                              std::to_string(xxh3));
 }
 
 Status verify_chunk_request(const ChunkRequest& r, std::string_view signature,
                             std::string_view secret, int64_t now, int64_t max_skew_s) {
+  for (std::string_view f :
+       {std::string_view(r.node), std::string_view(r.target), std::string_view(r.root),
+        std::string_view(r.key), std::string_view(r.etag)}) {
+    if (has_control(f))
+      return fail(Code::kInvalidArgument, "a request field holds a control character");
+  }
   if (r.time < now - max_skew_s || r.time > now + max_skew_s)
     return fail(Code::kPermissionDenied,
                 "request from '" + r.node + "' signed at " + std::to_string(r.time) + ", over " +
                     std::to_string(max_skew_s) + " s from this node's clock");
-  std::string want = sign_chunk_request(r, secret);
-  if (want.empty() || signature.size() != want.size() ||
-      CRYPTO_memcmp(want.data(), signature.data(), want.size()) != 0)
+  if (!equal_in_constant_time(sign_chunk_request(r, secret), signature))
     return fail(Code::kPermissionDenied,
                 "request from '" + r.node + "': bad signature (another node secret?)");
   return ok();
@@ -78,29 +102,29 @@ Status verify_chunk_request(const ChunkRequest& r, std::string_view signature,
 
 struct PeerStore::Impl {
   struct Peer {
-    const Member* member = nullptr;
+    explicit Peer(const Member& m, unsigned slots_n) : member(&m), slots(slots_n) {}
+    const Member* member;
+    // Relaxed: a stale read only delays marking a peer down or up by one fetch.
     std::atomic<int64_t> down_until_ns{0};
-    std::atomic<uint64_t> chunks{0}, bytes{0}, errors{0};
+    std::atomic<uint64_t> chunks{0}, bytes{0}, errors{0};  // relaxed: reported only
+    std::counting_semaphore<1024> slots;                   // fetches from this peer at once
     std::mutex mu;
-    std::string last_error;  // guarded by mu
+    std::string last_error;        // guarded by mu
+    std::vector<CURL*> idle_curl;  // guarded by mu; one kept-alive connection each
   };
 
   PeerOptions o;
-  std::vector<std::unique_ptr<Peer>> peers;  // one per member, in membership order
-  std::mutex curl_mu;
-  std::vector<CURL*> idle_curl;  // guarded by curl_mu
-  std::atomic<uint64_t> backing{0}, fetched{0};
+  std::vector<std::unique_ptr<Peer>> peers;      // one per member, in membership order
+  std::atomic<uint64_t> backing{0}, fetched{0};  // relaxed: reported only
   telemetry::Counter* m_peer_bytes = nullptr;
   telemetry::Counter* m_backing_bytes = nullptr;
   telemetry::Counter* m_peer_errors = nullptr;
   telemetry::Gauge* m_in_flight = nullptr;
 
   explicit Impl(PeerOptions opts) : o(std::move(opts)) {
-    for (const Member& m : o.membership->members()) {
-      auto p = std::make_unique<Peer>();
-      p->member = &m;
-      peers.push_back(std::move(p));
-    }
+    o.per_peer = std::clamp(o.per_peer, 1u, 1024u);
+    for (const Member& m : o.membership->members())
+      peers.push_back(std::make_unique<Peer>(m, o.per_peer));
     if (o.registry) {
       m_peer_bytes = &o.registry->counter("sluice_bytes_total", {{"source", "peer"}},
                                           "Bytes fetched for the cache, by where they came from");
@@ -112,7 +136,9 @@ struct PeerStore::Impl {
     }
   }
   ~Impl() {
-    for (CURL* c : idle_curl) curl_easy_cleanup(c);
+    for (auto& p : peers) {
+      for (CURL* c : p->idle_curl) curl_easy_cleanup(c);
+    }
   }
 
   static int64_t now_ns() {
@@ -122,36 +148,49 @@ struct PeerStore::Impl {
   }
 
   Peer& peer_of(const Member& m) {
-    for (auto& p : peers) {
-      if (p->member == &m) return *p;
-    }
-    return *peers.front();  // unreachable: owner() returns one of the members
+    return *peers[static_cast<size_t>(&m - o.membership->members().data())];
   }
 
-  void mark_failed(Peer& p, const std::string& why) {
+  void note_error(Peer& p, const Error& e, bool blame) {
     p.errors.fetch_add(1, std::memory_order_relaxed);
-    p.down_until_ns.store(now_ns() + std::chrono::nanoseconds(o.retry_after).count(),
-                          std::memory_order_relaxed);
+    if (blame)
+      p.down_until_ns.store(now_ns() + std::chrono::nanoseconds(o.retry_after).count(),
+                            std::memory_order_relaxed);
     if (m_peer_errors) m_peer_errors->add();
     std::lock_guard lock(p.mu);
-    p.last_error = why;
+    p.last_error = e.message();
   }
 
-  CURL* lease_curl() {
+  // Whether a failed fetch says the peer is unwell (skip it a while) rather than something
+  // about the object (it changed, is gone, or the range is past its end) or the membership.
+  static bool blames_peer(const Error& e) {
+    switch (e.code()) {
+      case Code::kConflict:
+      case Code::kNotFound:
+      case Code::kInvalidArgument:
+      case Code::kUnsupported:  // 421: the owner's membership differs from ours
+      case Code::kCancelled:    // this node is saturated: all slots for the peer taken
+        return false;
+      default:
+        return true;
+    }
+  }
+
+  CURL* lease_curl(Peer& p) {
     {
-      std::lock_guard lock(curl_mu);
-      if (!idle_curl.empty()) {
-        CURL* c = idle_curl.back();
-        idle_curl.pop_back();
+      std::lock_guard lock(p.mu);
+      if (!p.idle_curl.empty()) {
+        CURL* c = p.idle_curl.back();
+        p.idle_curl.pop_back();
         return c;
       }
     }
     return curl_easy_init();
   }
-  void return_curl(CURL* c) {
-    std::lock_guard lock(curl_mu);
-    if (idle_curl.size() < 16) {
-      idle_curl.push_back(c);
+  void return_curl(Peer& p, CURL* c) {
+    std::lock_guard lock(p.mu);
+    if (p.idle_curl.size() < o.per_peer) {
+      p.idle_curl.push_back(c);
     } else {
       curl_easy_cleanup(c);
     }
@@ -161,7 +200,7 @@ struct PeerStore::Impl {
     std::span<std::byte> out;
     size_t got = 0;
     bool overflow = false;
-    std::string etag, xxh3;
+    std::string etag, xxh3, signature;
   };
 
   static size_t on_body(char* p, size_t size, size_t n, void* cls) {
@@ -179,27 +218,44 @@ struct PeerStore::Impl {
   static size_t on_header(char* p, size_t size, size_t n, void* cls) {
     auto* s = static_cast<Sink*>(cls);
     std::string_view line(p, size * n);
-    auto value = [&](std::string_view name) -> std::optional<std::string> {
+    auto take = [&](std::string_view name, std::string& into) {
       if (line.size() <= name.size() || strncasecmp(line.data(), name.data(), name.size()) != 0)
-        return std::nullopt;
+        return;
       std::string_view v = line.substr(name.size());
       while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
       while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' '))
         v.remove_suffix(1);
-      return std::string(v);
+      if (v.size() <= 1024) into = std::string(v);  // a header value of ours is short
     };
-    if (auto v = value("X-Sluice-Etag:")) s->etag = *v;
-    if (auto v = value("X-Sluice-Xxh3:")) s->xxh3 = *v;
+    take("X-Sluice-Etag:", s->etag);
+    take("X-Sluice-Xxh3:", s->xxh3);
+    take("X-Sluice-Reply-Signature:", s->signature);
     return size * n;
   }
 
-  // One chunk's bytes [within, within + out.size()) from `peer`; an error says why.
-  Status fetch(const Member& peer, const std::string& root, std::string_view key,
-               const std::string& etag, uint64_t index, uint64_t within, std::span<std::byte> out) {
-    ChunkRequest r{
-        o.membership->self().name, root, std::string(key), etag, index, within, out.size(),
-        std::time(nullptr)};
-    CURL* c = lease_curl();
+  static Code code_of_status(long status) {
+    switch (status) {
+      case 400:
+        return Code::kInvalidArgument;
+      case 403:
+        return Code::kPermissionDenied;
+      case 404:
+        return Code::kNotFound;
+      case 412:
+        return Code::kConflict;
+      case 421:
+        return Code::kUnsupported;
+      default:
+        return Code::kUnavailable;
+    }
+  }
+
+  // One GET of bytes [r.offset, r.offset + out.size()) of a chunk from `p`, checked.
+  Status get(Peer& p, ChunkRequest r, std::span<std::byte> out) {
+    const Member& peer = *p.member;
+    r.time = std::time(nullptr);
+    const std::string signature = sign_chunk_request(r, o.secret);
+    CURL* c = lease_curl(p);
     if (!c) return fail(Code::kUnavailable, "curl_easy_init failed");
     auto esc = [&](const std::string& s) {
       char* e = curl_easy_escape(c, s.data(), static_cast<int>(s.size()));
@@ -207,15 +263,15 @@ struct PeerStore::Impl {
       curl_free(e);
       return v;
     };
-    std::string url = "http://" + peer.address() + "/v1/chunk?root=" + esc(root) +
-                      "&key=" + esc(r.key) + "&etag=" + esc(etag) +
-                      "&index=" + std::to_string(index) + "&offset=" + std::to_string(within) +
-                      "&length=" + std::to_string(out.size());
+    std::string url = "http://" + peer.address() + "/v1/chunk?root=" + esc(r.root) +
+                      "&key=" + esc(r.key) + "&etag=" + esc(r.etag) +
+                      "&index=" + std::to_string(r.index) + "&offset=" + std::to_string(r.offset) +
+                      "&length=" + std::to_string(r.length) + (r.verify ? "&verify=1" : "");
     curl_slist* headers = nullptr;
-    headers = curl_slist_append(headers, ("X-Sluice-Node: " + r.node).c_str());
-    headers = curl_slist_append(headers, ("X-Sluice-Time: " + std::to_string(r.time)).c_str());
-    headers = curl_slist_append(headers,
-                                ("X-Sluice-Signature: " + sign_chunk_request(r, o.secret)).c_str());
+    for (const std::string& h :
+         {"X-Sluice-Node: " + r.node, "X-Sluice-Target: " + r.target,
+          "X-Sluice-Time: " + std::to_string(r.time), "X-Sluice-Signature: " + signature})
+      headers = curl_slist_append(headers, h.c_str());
     Sink sink{out};
     curl_easy_reset(c);
     curl_easy_setopt(c, CURLOPT_URL, url.c_str());
@@ -228,29 +284,59 @@ struct PeerStore::Impl {
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &Impl::on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, &sink);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(c, CURLOPT_MAXCONNECTS, 1L);
     CURLcode rc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     curl_slist_free_all(headers);
-    return_curl(c);
+    return_curl(p, c);
     std::string where = "peer " + peer.name + " (" + peer.address() + ")";
     if (sink.overflow) return fail(Code::kCorruption, where + ": answered more bytes than asked");
     if (rc != CURLE_OK) return fail(Code::kUnavailable, where + ": " + curl_easy_strerror(rc));
     if (status != 200)
-      return fail(status == 412 ? Code::kConflict : Code::kUnavailable,
-                  where + ": HTTP " + std::to_string(status));
+      return fail(code_of_status(status), where + ": HTTP " + std::to_string(status));
     if (sink.got != out.size())
       return fail(Code::kCorruption, where + ": " + std::to_string(sink.got) + " bytes, not " +
                                          std::to_string(out.size()));
-    if (sink.etag != etag)
-      return fail(Code::kConflict, where + ": etag " + sink.etag + ", not " + etag);
-    uint64_t sum = XXH3_64bits(out.data(), out.size());
     uint64_t said = 0;
     auto [end, ec] =
         std::from_chars(sink.xxh3.data(), sink.xxh3.data() + sink.xxh3.size(), said, 16);
-    if (ec != std::errc() || end != sink.xxh3.data() + sink.xxh3.size() || said != sum)
+    if (ec != std::errc() || end != sink.xxh3.data() + sink.xxh3.size())
+      return fail(Code::kCorruption, where + ": a reply without its XXH3");
+    // The reply is the owner's (it knows the secret) and answers this request.
+    if (!equal_in_constant_time(sign_chunk_reply(signature, sink.etag, out.size(), said, o.secret),
+                                sink.signature))
+      return fail(Code::kPermissionDenied, where + ": the reply's signature does not verify");
+    if (sink.etag != r.etag)
+      return fail(Code::kConflict, where + ": etag " + sink.etag + ", not " + r.etag);
+    if (XXH3_64bits(out.data(), out.size()) != said)
       return fail(Code::kCorruption, where + ": the chunk failed its XXH3 check");
     return ok();
+  }
+
+  // A chunk's bytes [within, within + out.size()) from `p`, within the per-peer limit; a
+  // reply that fails its XXH3 is asked for once more through the owner's checks.
+  Status fetch(Peer& p, const std::string& root, std::string_view key, const std::string& etag,
+               uint64_t index, uint64_t within, std::span<std::byte> out) {
+    if (!p.slots.try_acquire_for(o.timeout))
+      return fail(Code::kCancelled, "peer " + p.member->name + ": every fetch slot busy");
+    ChunkRequest r{o.membership->self().name,
+                   p.member->name,
+                   root,
+                   std::string(key),
+                   etag,
+                   index,
+                   within,
+                   out.size()};
+    if (m_in_flight) m_in_flight->add(1);
+    Status s = get(p, r, out);
+    if (!s && s.error().code() == Code::kCorruption) {
+      r.verify = true;
+      s = get(p, r, out);
+    }
+    if (m_in_flight) m_in_flight->add(-1);
+    p.slots.release();
+    return s;
   }
 
   Result<size_t> from_backing(std::string_view key, uint64_t offset, std::span<std::byte> dst,
@@ -270,8 +356,31 @@ struct PeerStore::Impl {
   struct Segment {
     uint64_t offset = 0;
     std::span<std::byte> out;
-    const Member* owner = nullptr;
+    Peer* owner = nullptr;
   };
+
+  // Cuts [offset, offset + dst.size()) at chunk bounds; chunks this node reads from the
+  // backing store (its own, and those of peers marked down) merge into one segment.
+  std::vector<Segment> plan(std::string_view key, uint64_t offset, std::span<std::byte> dst) {
+    std::vector<Segment> segs;
+    const int64_t now = now_ns();
+    const uint64_t cs = o.chunk_size;
+    for (uint64_t pos = offset; pos < offset + dst.size();) {
+      uint64_t index = pos / cs;
+      uint64_t end = std::min(offset + dst.size(), (index + 1) * cs);
+      const Member& m = o.membership->owner(std::string(key) + "#" + std::to_string(index));
+      Peer* owner = &peer_of(m);
+      if (o.membership->is_self(m) || owner->down_until_ns.load(std::memory_order_relaxed) > now)
+        owner = nullptr;
+      if (!owner && !segs.empty() && !segs.back().owner) {
+        segs.back().out = dst.subspan(segs.back().offset - offset, end - segs.back().offset);
+      } else {
+        segs.push_back(Segment{pos, dst.subspan(pos - offset, end - pos), owner});
+      }
+      pos = end;
+    }
+    return segs;
+  }
 };
 
 PeerStore::PeerStore(std::unique_ptr<store::Store> backing, PeerOptions options)
@@ -288,47 +397,29 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
     root = i.o.root_of(key.substr(0, slash));
   if (!root) return i.from_backing(key, offset, dst, options, target());
 
-  // Cut at chunk bounds; consecutive chunks the backing store serves form one segment.
-  std::vector<Impl::Segment> segs;
-  const int64_t now = Impl::now_ns();
-  const uint64_t cs = i.o.chunk_size;
-  std::string_view key_in_root = key.substr(slash + 1);
-  for (uint64_t pos = offset; pos < offset + dst.size();) {
-    uint64_t index = pos / cs;
-    uint64_t end = std::min(offset + dst.size(), (index + 1) * cs);
-    std::string id = std::string(key) + "#" + std::to_string(index);
-    const Member* owner = &i.o.membership->owner(id);
-    if (i.o.membership->is_self(*owner) ||
-        i.peer_of(*owner).down_until_ns.load(std::memory_order_relaxed) > now)
-      owner = nullptr;
-    std::span<std::byte> out = dst.subspan(pos - offset, end - pos);
-    if (!owner && !segs.empty() && !segs.back().owner) {
-      segs.back().out = dst.subspan(segs.back().offset - offset, end - segs.back().offset);
-    } else {
-      segs.push_back(Impl::Segment{pos, out, owner});
-    }
-    pos = end;
-  }
-
-  // Peer segments run on up to `parallel` threads while this one reads the backing store's.
+  std::vector<Impl::Segment> segs = i.plan(key, offset, dst);
+  const std::string_view key_in_root = key.substr(slash + 1);
+  // Peer segments run on up to `parallel` threads while this one reads the backing
+  // store's. Fetches are waited for in segment order, so launched - waited are running.
   std::vector<std::future<Status>> asked(segs.size());
   std::vector<size_t> order;
   for (size_t s = 0; s < segs.size(); ++s) {
     if (segs[s].owner) order.push_back(s);
   }
-  // Fetches are waited for in segment order, so launched - waited is the number running.
   size_t launched = 0, waited = 0;
   auto launch = [&] {
     while (launched < order.size() && launched - waited < std::max(1u, i.o.parallel)) {
-      const Impl::Segment& sg = segs[order[launched]];
-      uint64_t index = sg.offset / cs;
-      asked[order[launched]] = std::async(std::launch::async, [&, sg, index] {
-        if (i.m_in_flight) i.m_in_flight->add(1);
-        Status s = i.fetch(*sg.owner, *root, key_in_root, options.if_match, index,
-                           sg.offset - index * cs, sg.out);
-        if (i.m_in_flight) i.m_in_flight->add(-1);
-        return s;
-      });
+      const Impl::Segment sg = segs[order[launched]];
+      const uint64_t index = sg.offset / i.o.chunk_size;
+      auto job = [&i, sg, index, &root, key_in_root, &options] {
+        return i.fetch(*sg.owner, *root, key_in_root, options.if_match, index,
+                       sg.offset - index * i.o.chunk_size, sg.out);
+      };
+      try {
+        asked[order[launched]] = std::async(std::launch::async, job);
+      } catch (const std::system_error&) {  // no thread to be had: fetch on this one
+        asked[order[launched]] = std::async(std::launch::deferred, job);
+      }
       ++launched;
     }
   };
@@ -344,17 +435,14 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
       ++waited;
       launch();
       if (got) {
-        Impl::Peer& p = i.peer_of(*sg.owner);
-        p.chunks.fetch_add(1, std::memory_order_relaxed);
-        p.bytes.fetch_add(sg.out.size(), std::memory_order_relaxed);
+        sg.owner->chunks.fetch_add(1, std::memory_order_relaxed);
+        sg.owner->bytes.fetch_add(sg.out.size(), std::memory_order_relaxed);
         i.fetched.fetch_add(sg.out.size(), std::memory_order_relaxed);
         if (i.m_peer_bytes) i.m_peer_bytes->add(sg.out.size());
         if (!short_read) done += sg.out.size();
         continue;
       }
-      // The object changed (412) is the reader's business, not the peer's fault.
-      if (got.error().code() != Code::kConflict)
-        i.mark_failed(i.peer_of(*sg.owner), got.error().message());
+      i.note_error(*sg.owner, got.error(), Impl::blames_peer(got.error()));
     }
     if (short_read || !first_error) continue;  // only waiting for fetches still running
     Result<size_t> n = i.from_backing(key, sg.offset, sg.out, options, target());

@@ -121,8 +121,14 @@ class Job:
             log.close()
 
 
-def sign(node, t, root, key, etag, index, offset, length, secret=SECRET):
-    msg = "\n".join(["sluice-peer-v1", node, str(t), root, key, etag, str(index), str(offset), str(length)])
+def sign(node, t, root, key, etag, index, offset, length, secret=SECRET, target="n0", verify=False):
+    msg = "\n".join(["sluice-peer-v1", node, target, str(t), root, key, etag, str(index), str(offset),
+                     str(length), "verify" if verify else "plain"])
+    return hmac.new(secret.encode(), msg.encode(), hashlib.sha256).hexdigest()
+
+
+def reply_sig(request_sig, etag, length, xxh3_hex, secret=SECRET):
+    msg = "\n".join(["sluice-peer-v1-reply", request_sig, etag, str(length), str(int(xxh3_hex, 16))])
     return hmac.new(secret.encode(), msg.encode(), hashlib.sha256).hexdigest()
 
 
@@ -135,10 +141,22 @@ def get(port, path, headers=None):
         return e.code, e.read(), dict(e.headers)
 
 
-def chunk_path(root, key, etag, index, offset, length):
-    q = urllib.parse.urlencode({"root": root, "key": key, "etag": etag, "index": index,
-                                "offset": offset, "length": length})
-    return "/v1/chunk?" + q
+def chunk_path(root, key, etag, index, offset, length, verify=False):
+    q = {"root": root, "key": key, "etag": etag, "index": index, "offset": offset, "length": length}
+    if verify:
+        q["verify"] = 1
+    return "/v1/chunk?" + urllib.parse.urlencode(q)
+
+
+def ask(port, root, key, etag, index, offset, length, node="n1", target="n0", secret=SECRET, when=None,
+        verify=False):
+    """A signed chunk request; returns (status, body, headers, signature)."""
+    t = int(time.time()) if when is None else when
+    sig = sign(node, t, root, key, etag, index, offset, length, secret=secret, target=target, verify=verify)
+    headers = {"X-Sluice-Node": node, "X-Sluice-Target": target, "X-Sluice-Time": str(t),
+               "X-Sluice-Signature": sig}
+    status, body, hdrs = get(port, chunk_path(root, key, etag, index, offset, length, verify), headers)
+    return status, body, hdrs, sig
 
 
 def test_fan_out_fetches_each_byte_once(s3, digest):
@@ -203,38 +221,57 @@ def test_bad_requests_are_refused_and_the_daemon_stays_up(s3, digest):
     job = Job(s3.endpoint, 2, "bad")
     try:
         port = job.ports[0]
-        root, key, t = "s3://test/ds", "fan", int(time.time())
+        root, key = "s3://test/ds", "fan"
         # Another etag than the object's: 412, and the answer names the etag there is.
-        s = sign("n1", t, root, key, "feedface", 0, 0, MIB)
-        status, body, _ = get(port, chunk_path(root, key, "feedface", 0, 0, MIB),
-                              {"X-Sluice-Node": "n1", "X-Sluice-Time": str(t), "X-Sluice-Signature": s})
-        assert status == 412, (status, body)
-        etag = body.decode().split(" is etag ")[1].split(" here")[0]
-        good = chunk_path(root, key, etag, 0, 0, MIB)
-
-        def hdr(sig, node="n1", when=t):
-            return {"X-Sluice-Node": node, "X-Sluice-Time": str(when), "X-Sluice-Signature": sig}
-        ok_sig = sign("n1", t, root, key, etag, 0, 0, MIB)
-        status, body, headers = get(port, good, hdr(ok_sig))
+        status, body, _, _ = ask(port, root, key, "feedface", 0, 0, 1)
+        if status == 421:  # chunk 0 is n1's: any chunk says the etag once it is n0's
+            status, body, _, _ = ask(port, root, key, "feedface", 1, 0, 1)
+        assert status in (412, 421), (status, body)
+        # Chunks n1 owns are refused with 421 (misdirected); n0 serves its own.
+        etag, mine, theirs = None, None, None
+        for idx in range(SIZE // MIB + 1):
+            st, body, _, _ = ask(port, root, key, "feedface", idx, 0, 1)
+            if st == 412:
+                mine = idx if mine is None else mine
+                etag = body.decode().split(" is etag ")[1].split(" here")[0]
+            elif st == 421:
+                theirs = idx if theirs is None else theirs
+            else:
+                raise AssertionError((idx, st, body))
+        assert mine is not None and theirs is not None and etag, (mine, theirs)
+        status, body, headers, sig = ask(port, root, key, etag, mine, 0, MIB)
         assert status == 200 and len(body) == MIB, (status, body[:200])
         assert headers.get("X-Sluice-Etag") == etag
-        # Wrong secret, stale time, another chunk than signed: 403, and the reason is logged.
-        assert get(port, good, hdr(sign("n1", t, root, key, etag, 0, 0, MIB, secret="x" * 20)))[0] == 403
-        old = t - 3600
-        assert get(port, good, hdr(sign("n1", old, root, key, etag, 0, 0, MIB), when=old))[0] == 403
-        assert get(port, chunk_path(root, key, etag, 1, 0, MIB), hdr(ok_sig))[0] == 403
+        # The reply is signed for this request: a forged one would not verify.
+        assert headers.get("X-Sluice-Reply-Signature") == reply_sig(sig, etag, MIB, headers["X-Sluice-Xxh3"])
+        assert ask(port, root, key, etag, theirs, 0, MIB)[0] == 421
+        status, body, _, _ = ask(port, root, key, etag, mine, 0, MIB, verify=True)  # through the checks
+        assert status == 200 and len(body) == MIB
+        # Wrong secret, stale time, another target, a node outside the job, a signature for
+        # another chunk: 403, and the reason is logged.
+        assert ask(port, root, key, etag, mine, 0, MIB, secret="x" * 20)[0] == 403
+        assert ask(port, root, key, etag, mine, 0, MIB, when=int(time.time()) - 3600)[0] == 403
+        assert ask(port, root, key, etag, mine, 0, MIB, target="n1")[0] == 403
+        assert ask(port, root, key, etag, mine, 0, MIB, node="intruder")[0] == 403
+        t = int(time.time())
+        s = sign("n1", t, root, key, etag, mine, 0, MIB)
+        other = chunk_path(root, key, etag, theirs, 0, MIB)
+        assert get(port, other, {"X-Sluice-Node": "n1", "X-Sluice-Target": "n0", "X-Sluice-Time": str(t),
+                                 "X-Sluice-Signature": s})[0] == 403
+        time.sleep(1.1)  # refusals are logged at most once a second
+        assert ask(port, root, key, etag, mine, 0, MIB, secret="y" * 20)[0] == 403
         assert "bad signature" in job.log_text(0), job.log_text(0)[-2000:]
-        # Malformed: missing fields, path tricks, ranges past the chunk, other methods.
-        assert get(port, "/v1/chunk?root=s3://test/ds", hdr(ok_sig))[0] == 400
-        for k, idx, off, ln in [("../fan", 0, 0, MIB), ("a/../../fan", 0, 0, MIB), ("fan", 999, 0, 1),
-                                ("fan", 0, MIB, 1), ("fan", 0, 0, 0), ("fan", 0, 10, MIB)]:
-            tt = int(time.time())
-            s = sign("n1", tt, root, k, etag, idx, off, ln)
-            st = get(port, chunk_path(root, k, etag, idx, off, ln), hdr(s, when=tt))[0]
-            assert st == 400, (k, idx, off, ln, st)
-        tt = int(time.time())
-        s = sign("n1", tt, "s3://test/../etc", key, etag, 0, 0, MIB)
-        assert get(port, chunk_path("s3://test/../etc", key, etag, 0, 0, MIB), hdr(s, when=tt))[0] == 400
+        # Roots no team is granted for peers: local files, even with the default "*" grant.
+        st = ask(port, "file:///etc", "passwd", "x", 0, 0, 1)[0]
+        assert st == 403, st
+        # Malformed: missing fields, path tricks, ranges past the chunk, control characters.
+        assert get(port, "/v1/chunk?root=s3://test/ds", {"X-Sluice-Node": "n1"})[0] == 400
+        for k, off, ln in [("../fan", 0, MIB), ("a/../../fan", 0, MIB), ("fan", MIB, 1), ("fan", 0, 0),
+                           ("fan", 10, MIB), ("fan\nx", 0, 1)]:
+            st = ask(port, root, k, etag, mine, off, ln)[0]
+            assert st in (400, 421), (k, off, ln, st)
+        assert ask(port, root, key, etag, 9999, 0, 1)[0] in (400, 421)
+        assert ask(port, "s3://test/../etc", key, etag, 0, 0, MIB)[0] == 400
         assert get(port, "/nothing")[0] == 404
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chunk", data=b"x" * 100, method="POST")
         try:
@@ -244,6 +281,7 @@ def test_bad_requests_are_refused_and_the_daemon_stays_up(s3, digest):
             assert e.code in (405, 413), e.code
         # Raw garbage, oversize headers, truncated requests, slow clients: a small fuzz loop.
         rnd = random.Random(7)
+        good = chunk_path(root, key, etag, mine, 0, MIB)
         line = f"GET {good} HTTP/1.1\r\nHost: x\r\nX-Sluice-Node: n1\r\n\r\n".encode()
         for n in range(150):
             kind = n % 5
@@ -269,8 +307,7 @@ def test_bad_requests_are_refused_and_the_daemon_stays_up(s3, digest):
                 except OSError:
                     pass
         idle = [socket.create_connection(("127.0.0.1", port), 5) for _ in range(10)]
-        status, body, _ = get(port, good, hdr(sign("n1", int(time.time()), root, key, etag, 0, 0, MIB),
-                                              when=int(time.time())))
+        status, body, _, _ = ask(port, root, key, etag, mine, 0, MIB)
         assert status == 200 and len(body) == MIB, status
         for c in idle:
             c.close()
@@ -278,6 +315,35 @@ def test_bad_requests_are_refused_and_the_daemon_stays_up(s3, digest):
         p = job.cat(0, "s3://test/ds/fan")
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err.decode()
+        status, body, _ = get(port, "/metrics")
+        assert "sluice_peer_refused_total" in body.decode()
+    finally:
+        job.close()
+
+
+def test_a_corrupt_chunk_on_the_owner_is_checked_and_refetched(s3, digest):
+    job = Job(s3.endpoint, 2, "corrupt")
+    try:
+        p = job.cat(0, "s3://test/ds/fan")  # n1's chunks land on n1's NVMe (and on n0's)
+        out, err = p.communicate(timeout=300)
+        assert hashlib.sha256(out).hexdigest() == digest, err
+        time.sleep(1)  # NVMe writes are queued behind fills
+        chunks_dir = os.path.join(job.dir, "cache1")
+        files = [os.path.join(dp, f) for dp, _, fs in os.walk(chunks_dir) for f in fs
+                 if os.path.getsize(os.path.join(dp, f)) == MIB]
+        assert files, "no chunk file on n1"
+        for f in files:  # flip a byte in every chunk n1 holds
+            with open(f, "r+b") as fh:
+                b = fh.read(1)
+                fh.seek(0)
+                fh.write(bytes([b[0] ^ 0xFF]))
+        sluice("cache", "evict", "s3://test/ds/", "--daemon", job.sock(0))
+        p = job.cat(0, "s3://test/ds/fan")
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err.decode()
+        n0 = {x["name"]: x for x in job.stat(0)["peers"]}
+        assert n0["n1"]["up"] and n0["n1"]["fetched_chunks"] > 0, n0  # retried with verify, not blamed
+        assert job.stat(1)["checksum_failures"] > 0  # n1 found its corrupt chunks and refetched them
     finally:
         job.close()
 
@@ -331,6 +397,8 @@ def main():
               test_a_peer_killed_mid_read_costs_the_reader_nothing, s3, digest)
         r.run("bad requests refused, the daemon stays up",
               test_bad_requests_are_refused_and_the_daemon_stays_up, s3, digest)
+        r.run("a corrupt chunk on the owner is checked and refetched",
+              test_a_corrupt_chunk_on_the_owner_is_checked_and_refetched, s3, digest)
         r.run("bad peer settings refused", test_bad_peer_settings_are_refused)
         r.finish()
     finally:

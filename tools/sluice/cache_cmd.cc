@@ -113,7 +113,7 @@ std::string tiers(const cache::CachedChunk& c) {
 Result<std::unique_ptr<node::NodeClient>> running_daemon(const CacheArgs& a,
                                                          const std::string& home) {
   if (a.cache.daemon == "none") return std::unique_ptr<node::NodeClient>();
-  std::string socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
+  std::string socket = daemon_socket(a.cache, home);
   auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
   if (!client && client.error().code() == Code::kUnavailable && a.cache.daemon.empty())
     return std::unique_ptr<node::NodeClient>();
@@ -133,7 +133,7 @@ Result<nlohmann::json> reply_json(const Result<std::string>& body) {
 // false: no daemon answers (the caller looks at the directory instead).
 bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
   if (a.cache.daemon == "none") return false;
-  std::string socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
+  std::string socket = daemon_socket(a.cache, home);
   auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
   if (!client) {
     if (client.error().code() == Code::kUnavailable && a.cache.daemon.empty()) return false;
@@ -181,11 +181,11 @@ bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
 
 // `cache peers`: the membership of the running daemon and each peer's state.
 int cmd_peers(const CacheArgs& a, const std::string& home) {
-  if (a.cache.daemon == "none")
-    return report_error(Error(Code::kInvalidArgument, "cache peers asks a running sluiced"));
-  std::string socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
-  auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
+  std::string socket = daemon_socket(a.cache, home);
+  auto client = running_daemon(a, home);
   if (!client) return report_error(client.error());
+  if (!*client)
+    return report_error(Error(Code::kUnavailable, "cache peers: no sluiced answers on " + socket));
   auto body = (*client)->cache_stat();
   if (!body) return report_error(body.error());
   nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
@@ -438,12 +438,13 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
   std::optional<Target> t;
   store::Store* src = nullptr;
   std::string key;
-  std::function<uint64_t()> fetched_so_far;  // bytes the cache read from the source
+  // Bytes the cache has read from the source so far; nullopt: the daemon did not say.
+  std::function<std::optional<uint64_t>()> fetched_so_far;
   if (*d) {
     auto named = name_in_store(first);
     if (!named) return report_error(named.error());
     node::NodeOptions no;
-    no.socket = a.cache.daemon.empty() ? home + "/sluiced.sock" : a.cache.daemon;
+    no.socket = daemon_socket(a.cache, home);
     no.fallback = false;
     auto ns = node::NodeStore::open(named->store_uri, no);
     if (!ns) return report_error(ns.error());
@@ -451,9 +452,9 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     src = via_daemon.get();
     key = named->key;
     node::NodeClient* client = d->get();
-    fetched_so_far = [client]() -> uint64_t {
+    fetched_so_far = [client]() -> std::optional<uint64_t> {
       auto j = reply_json(client->cache_stat());
-      if (!j || !(*j)["miss_bytes"].is_number_unsigned()) return 0;
+      if (!j || !(*j)["miss_bytes"].is_number_unsigned()) return std::nullopt;
       return (*j)["miss_bytes"].get<uint64_t>();
     };
   } else {
@@ -462,9 +463,9 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     t = std::move(*opened);
     src = t->cache.get();
     key = t->key;
-    fetched_so_far = [&t] { return t->cache->stats().miss_bytes; };
+    fetched_so_far = [&t] { return std::optional<uint64_t>(t->cache->stats().miss_bytes); };
   }
-  const uint64_t fetched_before = fetched_so_far();
+  const std::optional<uint64_t> fetched_before = fetched_so_far();
   std::vector<xfer::CopyItem> items;
   if (!a.list_file.empty()) {
     auto loc = parse_location(first);
@@ -502,8 +503,12 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     std::fprintf(stderr, "sluice: cache warm %s: %s\n", f.src_key.c_str(),
                  f.error.to_string().c_str());
   }
-  // Through a daemon, other readers' fetches meanwhile count here too.
-  uint64_t fetched = fetched_so_far() - fetched_before;
+  // Through a daemon, other readers' fetches meanwhile count here too; a count the daemon
+  // did not give is taken as all fetched.
+  const std::optional<uint64_t> fetched_after = fetched_so_far();
+  uint64_t fetched = fetched_before && fetched_after && *fetched_after >= *fetched_before
+                         ? *fetched_after - *fetched_before
+                         : rep.bytes;
   uint64_t hit = rep.bytes > fetched ? rep.bytes - fetched : 0;
   if (a.json) {
     std::printf("%s\n", nlohmann::json({{"objects", rep.objects},

@@ -49,6 +49,10 @@ Result<cache::CacheOptions> cache_options(const CacheFlags& f, const std::string
   return o;
 }
 
+std::string daemon_socket(const CacheFlags& f, const std::string& home) {
+  return f.daemon.empty() ? home + "/sluiced.sock" : f.daemon;
+}
+
 Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& store_uri,
                                                          store::StoreOptions so,
                                                          const CacheFlags& f,
@@ -58,7 +62,7 @@ Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& stor
   cache::register_scheme();
   if (f.daemon == "none") return store::open_store("cache+" + store_uri, so);
   node::NodeOptions no;
-  no.socket = f.daemon.empty() ? home + "/sluiced.sock" : f.daemon;
+  no.socket = daemon_socket(f, home);
   no.on_fallback = [](const std::string& why) {
     std::fprintf(stderr, "sluice: note: %s\n", why.c_str());
   };

@@ -23,6 +23,9 @@ void add_cache_flags(CLI::App* cmd, CacheFlags& flags);
 // The library's options from the flags; `home` is $SLUICE_HOME.
 Result<cache::CacheOptions> cache_options(const CacheFlags& flags, const std::string& home);
 
+// sluiced's socket: --daemon, else $SLUICE_HOME/sluiced.sock ("none" is the caller's).
+std::string daemon_socket(const CacheFlags& flags, const std::string& home);
+
 // Opens `store_uri` through the node's cache: through sluiced where one answers on the
 // --daemon socket, else through the embedded cache in --cache-dir, with a note on stderr
 // saying why. `so` carries the backend options (S3).

@@ -78,7 +78,8 @@ struct PeerConfig {
   std::string secret;  // the node secret shared by the job's daemons; required with peers
   std::chrono::milliseconds timeout{10000};     // one chunk from a peer
   std::chrono::milliseconds retry_after{5000};  // a failed peer is skipped this long
-  unsigned max_connections = 64;
+  unsigned max_connections = 256;               // HTTP connections at once, one thread each
+  unsigned max_per_ip = 64;  // from one address (daemons sharing a host share it)
 };
 
 struct ServerOptions {

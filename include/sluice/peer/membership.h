@@ -28,12 +28,16 @@ struct Member {
   std::string name;  // identity in the hash: the same on every daemon of the job
   std::string host;  // where its peer port listens (a name or an IP literal)
   uint16_t port = 0;
+  // false: the member fetches from the others but owns no chunk (a node with little NVMe,
+  // or one joining late). Ownership is hashed over the members that own.
+  bool owns = true;
   std::string address() const { return host + ":" + std::to_string(port); }
 };
 
 class Membership {
  public:
-  // `self` must be one of the members' names. InvalidArgument on a duplicate or empty name.
+  // `self` must be one of the members' names, and at least one member must own chunks.
+  // InvalidArgument on a duplicate or empty name.
   static Result<Membership> make(std::vector<Member> members, std::string_view self);
 
   // The member that owns `chunk_id` (never fails: a membership has at least one member).
@@ -50,7 +54,8 @@ class Membership {
 };
 
 // A host list: one member a line, "NAME HOST:PORT" or "HOST:PORT" (then the name is
-// HOST:PORT); blank lines and '#' comments are skipped. Errors name `source` and the line.
+// HOST:PORT), optionally followed by "fetch-only" (owns nothing); blank lines and '#'
+// comments are skipped. Errors name `source` and the line.
 Result<std::vector<Member>> parse_host_list(std::string_view text, std::string_view source);
 
 // Expands a Slurm hostlist ("gpu[01-03,07],login-a", as in SLURM_JOB_NODELIST) into names,

@@ -7,8 +7,12 @@
 // while the owner is marked down, are read from the backing store; the others are asked of
 // the owner over HTTP, which reads them through its own cache, so a chunk is fetched from
 // the backing store about once for the whole job. Every answer is checked (status, length,
-// etag, XXH3 of the body); a peer that fails, is slow (timeout) or lies is skipped for
-// retry_after and the chunk comes from the backing store, with no error to the reader.
+// etag, XXH3 of the body, and the owner's HMAC over the reply). A chunk that fails its
+// XXH3 is asked for once more with `verify` (the owner reads it through its checks, which
+// drop and refetch a corrupt chunk). A peer that fails, is slow (timeout), is saturated or
+// lies is skipped for retry_after and the chunk comes from the backing store, with no
+// error to the reader; answers about the object (404, 412, 400) and an owner that says it
+// does not own the chunk (421: the memberships differ) fall back without blaming the peer.
 //
 // Contract:
 // - Reads without options.if_match (an unpinned version) go to the backing store: a peer
@@ -45,7 +49,10 @@ struct PeerOptions {
   std::chrono::milliseconds timeout{10000};     // one chunk from a peer, all included
   std::chrono::milliseconds retry_after{5000};  // a failed peer is skipped this long
   unsigned parallel = 4;                        // chunks of one read fetched from peers at once
-  telemetry::Registry* registry = nullptr;      // peer and backing bytes, errors; may be null
+  // Fetches from one peer at once, from all reads of this store; more wait (up to timeout),
+  // then read from the backing store. Keep below the owners' per-address connection limit.
+  unsigned per_peer = 8;
+  telemetry::Registry* registry = nullptr;  // peer and backing bytes, errors; may be null
 };
 
 struct PeerState {
@@ -92,17 +99,24 @@ class ServingPeer {
 
 // What a chunk request names (the fields the signature covers).
 struct ChunkRequest {
-  std::string node;  // the asking member's name
+  std::string node;    // the asking member's name
+  std::string target;  // the member asked (the owner, as the asker sees it)
   std::string root, key, etag;
   uint64_t index = 0, offset = 0, length = 0;  // bytes [offset, offset + length) of the chunk
-  int64_t time = 0;                            // unix seconds when it was signed
+  bool verify = false;  // read through the owner's checks (after a reply failed its XXH3)
+  int64_t time = 0;     // unix seconds when it was signed
 };
 
 // The signature of a chunk request: lowercase hex of HMAC-SHA256 under the node secret.
 std::string sign_chunk_request(const ChunkRequest& r, std::string_view secret);
-// Checks a request's signature and age (at most max_skew_s from `now`): PermissionDenied
-// naming the cause otherwise. Compares in constant time.
+// Checks a request: fields without control characters (InvalidArgument), then its age (at
+// most max_skew_s from `now`) and signature (constant-time compare): PermissionDenied
+// naming the cause otherwise.
 Status verify_chunk_request(const ChunkRequest& r, std::string_view signature,
                             std::string_view secret, int64_t now, int64_t max_skew_s = 300);
+// The owner's signature over its reply, bound to the request's signature, so a reply
+// cannot be forged or moved to another request without the secret.
+std::string sign_chunk_reply(std::string_view request_signature, std::string_view etag,
+                             uint64_t length, uint64_t xxh3, std::string_view secret);
 
 }  // namespace sluice::peer

@@ -86,9 +86,24 @@ TEST(HostList, NamesAddressesAndComments) {
   EXPECT_EQ(m[1].address(), "10.0.0.2:7071");
 }
 
+TEST(Membership, FetchOnlyMembersOwnNothing) {
+  auto text =
+      parse_host_list("a 127.0.0.1:1\nb 127.0.0.1:2 fetch-only\nc 127.0.0.1:3\n", "p").value();
+  ASSERT_EQ(text.size(), 3u);
+  EXPECT_FALSE(text[1].owns);
+  auto m = Membership::make(text, "b").value();
+  for (int i = 0; i < 2000; ++i) EXPECT_NE(m.owner(chunk(i)).name, "b");
+  // The owners among a and c are the same as if b were not listed at all.
+  std::vector<Member> ac = {text[0], text[2]};
+  auto without = Membership::make(ac, "a").value();
+  for (int i = 0; i < 2000; ++i) EXPECT_EQ(m.owner(chunk(i)).name, without.owner(chunk(i)).name);
+  text[0].owns = text[2].owns = false;
+  EXPECT_FALSE(Membership::make(text, "a"));
+}
+
 TEST(HostList, BadLinesNameTheFileAndLine) {
   for (const char* bad : {"n0 host", "n0 host:0", "n0 host:70000", "n0 host:12x", "a b c:1",
-                          "n0 ho/st:1", "n0 :80", ""}) {
+                          "a b:1 owner", "fetch-only", "n0 ho/st:1", "n0 :80", ""}) {
     auto r = parse_host_list(std::string("# first\n") + bad + "\n", "peers.txt");
     ASSERT_FALSE(r) << bad;
     EXPECT_EQ(r.error().code(), Code::kInvalidArgument) << bad;
@@ -114,7 +129,8 @@ TEST(Hostlist, MalformedListsAreErrorsNotHugeAllocations) {
 }
 
 TEST(Signature, VerifiesOnlyTheRequestSignedWithTheSecret) {
-  ChunkRequest r{"n1", "s3://b/ds", "shard-1.tar", "abc", 3, 0, 1 << 20, 1'700'000'000};
+  ChunkRequest r{"n1", "n2", "s3://b/ds", "shard-1.tar", "abc",
+                 3,    0,    1 << 20,     false,         1'700'000'000};
   const std::string secret = "0123456789abcdef0123";
   std::string sig = sign_chunk_request(r, secret);
   EXPECT_EQ(sig.size(), 64u);
@@ -127,14 +143,33 @@ TEST(Signature, VerifiesOnlyTheRequestSignedWithTheSecret) {
   for (auto change :
        {+[](ChunkRequest& x) { x.index = 4; }, +[](ChunkRequest& x) { x.key += "x"; },
         +[](ChunkRequest& x) { x.etag = "abd"; }, +[](ChunkRequest& x) { x.length = 1; },
-        +[](ChunkRequest& x) { x.node = "n2"; },
-        +[](ChunkRequest& x) { x.root = "s3://b/other"; }}) {
+        +[](ChunkRequest& x) { x.node = "n2"; }, +[](ChunkRequest& x) { x.root = "s3://b/other"; },
+        +[](ChunkRequest& x) { x.target = "n3"; }, +[](ChunkRequest& x) { x.verify = true; }}) {
     ChunkRequest y = r;
     change(y);
     EXPECT_FALSE(verify_chunk_request(y, sig, secret, r.time)) << "a changed field still verified";
   }
   EXPECT_FALSE(verify_chunk_request(r, sig.substr(1), secret, r.time));
   EXPECT_FALSE(verify_chunk_request(r, "", secret, r.time));
+  // A newline in a field could move the boundary between fields: refused before signing.
+  ChunkRequest shifted = r;
+  shifted.key = "shard-1.tar\nabc";
+  shifted.etag = "";
+  auto bad = verify_chunk_request(shifted, sign_chunk_request(shifted, secret), secret, r.time);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), Code::kInvalidArgument);
+}
+
+TEST(Signature, RepliesAreBoundToTheirRequest) {
+  const std::string secret = "0123456789abcdef0123";
+  std::string a = sign_chunk_reply("req-sig-1", "etag", 4096, 0x1234, secret);
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a, sign_chunk_reply("req-sig-1", "etag", 4096, 0x1234, secret));
+  EXPECT_NE(a, sign_chunk_reply("req-sig-2", "etag", 4096, 0x1234, secret));
+  EXPECT_NE(a, sign_chunk_reply("req-sig-1", "etag2", 4096, 0x1234, secret));
+  EXPECT_NE(a, sign_chunk_reply("req-sig-1", "etag", 4095, 0x1234, secret));
+  EXPECT_NE(a, sign_chunk_reply("req-sig-1", "etag", 4096, 0x1235, secret));
+  EXPECT_NE(a, sign_chunk_reply("req-sig-1", "etag", 4096, 0x1234, "another secret 12345"));
 }
 
 }  // namespace

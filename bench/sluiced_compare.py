@@ -163,7 +163,7 @@ def main():
                 continue
             if "warm" not in cases:
                 continue
-            loop = RamLoop(size * 2)
+            loop = RamLoop(size * 3)  # the data file, the cache and ext4 overhead: 2x was full
             try:
                 warm_case(loop.mount, size, a.rounds, "RAM-backed loop (ext4)", rows)
             finally:

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <optional>
@@ -593,21 +594,37 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
     from = r->first;
     to = std::min(info->size, r->second.value_or(info->size));
   }
-  std::vector<std::byte> buf(32 << 20);  // eight chunks a request: their reads overlap
+  // Two windows of 32 MiB (eight chunks a request): the next is read while the last is
+  // written, so a reader through sluiced keeps the device busy between requests.
+  constexpr size_t kWindow = 32 << 20;
+  std::vector<std::byte> bufs[2] = {std::vector<std::byte>(std::min<uint64_t>(kWindow, to - from)),
+                                    std::vector<std::byte>()};
   store::ReadOptions ro;
   ro.if_match = info->etag;  // one version from the first byte to the last
   ro.object_size = info->size;
-  for (uint64_t pos = from; pos < to;) {
-    auto n = src->read_full(key, pos,
-                            std::span(buf).first(std::min<uint64_t>(buf.size(), to - pos)), ro);
+  auto read_window = [&](uint64_t at, std::vector<std::byte>& buf) {
+    if (buf.empty()) buf.resize(std::min<uint64_t>(kWindow, to - from));
+    return src->read_full(key, at, std::span(buf).first(std::min<uint64_t>(buf.size(), to - at)),
+                          ro);
+  };
+  std::future<Result<size_t>> next;
+  if (from < to) next = std::async(std::launch::deferred, read_window, from, std::ref(bufs[0]));
+  for (uint64_t pos = from, w = 0; pos < to; w ^= 1) {
+    Result<size_t> n = next.get();
     if (!n) return report_error(n.error());
     if (*n == 0)
       return report_error(Error(Code::kCorruption, "'" + a.target + "' ended at byte " +
                                                        std::to_string(pos) + ", before its size " +
                                                        std::to_string(info->size)));
-    if (std::fwrite(buf.data(), 1, *n, stdout) != *n)
+    uint64_t after = pos + *n;
+    if (after < to) {
+      next = std::async(std::launch::async, read_window, after, std::ref(bufs[w ^ 1]));
+    }
+    if (std::fwrite(bufs[w].data(), 1, *n, stdout) != *n) {
+      if (next.valid()) next.wait();  // it writes into bufs: wait before they go away
       return report_error(error_from_errno(errno, "write to stdout"));
-    pos += *n;
+    }
+    pos = after;
   }
   if (std::fflush(stdout) != 0) return report_error(error_from_errno(errno, "write to stdout"));
   return 0;

@@ -3,6 +3,7 @@
 #include "sluice/cache/tiered_cache.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,6 +18,7 @@
 
 #include "cache/disk_tier.h"
 #include "cache/ram_tier.h"
+#include "sluice/core/fd.h"
 #include "sluice/io/file_handle.h"
 #include "sluice/store/wrapper.h"
 #include "sluice/telemetry/registry.h"
@@ -126,6 +128,7 @@ struct TieredCache::Impl {
   std::mutex flight_mu;
   std::unordered_map<ChunkId, std::shared_ptr<Flight>> flights;  // guarded by flight_mu
 
+  std::mutex pins_file_mu;  // one writer of DIR/pins at a time; taken before pin_mu
   mutable std::mutex pin_mu;
   std::vector<std::string> pinned_prefixes;  // this store's; guarded by pin_mu
   std::vector<std::string> other_pins;       // other stores' lines of DIR/pins; pin_mu
@@ -282,8 +285,12 @@ struct TieredCache::Impl {
     }
   }
 
+  // Writes DIR/pins from the pins now: one writer at a time (two at once interleaved their
+  // bytes in pins.new), the state read under that writer's turn (so the file ends as the
+  // last state), made durable before and after the rename.
   Status save_pins() {
     if (options.directory.empty()) return ok();
+    std::lock_guard one_writer(pins_file_mu);
     std::string text;
     {
       std::lock_guard lock(pin_mu);
@@ -292,12 +299,15 @@ struct TieredCache::Impl {
     }
     std::string tmp = pins_path() + ".new";
     {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << text;
-      if (!out.flush()) return fail(Code::kIoError, "write " + tmp);
+      UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+      if (!fd.valid()) return fail_errno(errno, "create " + tmp);
+      SLUICE_RETURN_IF_ERROR(write_full(fd.get(), std::as_bytes(std::span(text)), tmp));
+      if (::fdatasync(fd.get()) != 0) return fail_errno(errno, "fdatasync " + tmp);
     }
     if (::rename(tmp.c_str(), pins_path().c_str()) != 0) return fail_errno(errno, "rename " + tmp);
-    return ok();
+    UniqueFd dir(::open(options.directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir.valid()) return fail_errno(errno, "open " + options.directory);
+    return sync_directory(dir.get(), options.directory);
   }
 
   bool pinned(const std::string& key) const {
@@ -859,6 +869,21 @@ Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
   auto match = key_under(impl_->store_id, std::string(prefix));
   uint64_t n = impl_->ram->pin_if(match, pinned);
   if (impl_->disk) n += impl_->disk->pin_if(match, pinned);
+  if (!pinned) {
+    // Unpinning "ds/val/" must not unpin what a pin on "ds/" still covers.
+    std::vector<std::string> still;
+    {
+      std::lock_guard lock(impl_->pin_mu);
+      for (const std::string& p : impl_->pinned_prefixes) {
+        if (prefix.starts_with(p)) still.push_back(p);
+      }
+    }
+    for (const std::string& p : still) {
+      auto covered = key_under(impl_->store_id, p);
+      (void)impl_->ram->pin_if(covered, true);
+      if (impl_->disk) (void)impl_->disk->pin_if(covered, true);
+    }
+  }
   return n;
 }
 

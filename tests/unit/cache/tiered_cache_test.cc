@@ -606,6 +606,56 @@ TEST(TieredCache, PinnedChunksStayAndEvictDropsByPrefix) {
   EXPECT_TRUE(cache->chunks("keep/").empty());
 }
 
+TEST(TieredCache, ConcurrentPinsLeaveAWholePinsFileAndSubPrefixUnpinsKeepTheParent) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("ds/val/x", pattern(kChunk, 1)));
+  {
+    auto cache = open_cache(b.open(), small_options(dir.path()));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 16; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 20; ++i) {
+          ASSERT_TRUE(cache->pin("p" + std::to_string(t) + "/", i % 2 == 0).has_value());
+        }
+        ASSERT_TRUE(cache->pin("q" + std::to_string(t) + "/").has_value());
+      });
+    }
+    for (auto& th : threads) th.join();
+    // A parent pin, then the child unpinned: the chunk stays pinned by the parent.
+    ASSERT_TRUE(cache->pin("ds/").has_value());
+    ASSERT_TRUE(cache->pin("ds/val/").has_value());
+    read_range(*cache, "ds/val/x", 0, kChunk);
+    ASSERT_TRUE(cache->pin("ds/val/", false).has_value());
+    auto c = cache->chunks("ds/");
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_TRUE(c[0].pinned);
+  }
+  // The file is whole: every "q" pin and "ds/" survive a reopen, no "p" pin (each ended
+  // unpinned) and nothing torn.
+  std::ifstream in(dir.path() + "/pins");
+  std::string line;
+  int q = 0, other = 0;
+  bool ds = false;
+  while (std::getline(in, line)) {
+    std::string prefix = line.substr(line.find('\t') + 1);
+    if (prefix.starts_with("q") && prefix.ends_with("/"))
+      ++q;
+    else if (prefix == "ds/")
+      ds = true;
+    else
+      ++other;
+  }
+  EXPECT_EQ(q, 16);
+  EXPECT_TRUE(ds);
+  EXPECT_EQ(other, 0);
+  auto reopened = open_cache(b.open(), small_options(dir.path()));
+  read_range(*reopened, "ds/val/x", 0, kChunk);
+  auto c = reopened->chunks("ds/");
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0].pinned);
+}
+
 TEST(TieredCache, StoresSharingADirectoryStayApartAndPinsPersist) {
   TempDir dir;
   Backing a, b;

@@ -98,13 +98,18 @@ std::vector<std::byte> add_payload(const DiskTier::Entry& e) {
   return p;
 }
 
+// The longest store id, key and etag a record may name: replay refuses longer ones (and
+// keys that break store::validate_key), so a chunk naming one is never written to NVMe: it
+// would be dropped at the next start.
+constexpr size_t kMaxStoreId = 2048, kMaxKey = 1024, kMaxEtag = 1024;
+
 bool parse_add(std::span<const std::byte> payload, DiskTier::Entry& e) {
   Reader r(payload);
   uint64_t mtime = 0;
   bool ok = r.get(e.file_id, 8) && r.get(e.key.index, 8) && r.get(e.length, 8) &&
             r.get(e.xxh3, 8) && r.get(e.object_size, 8) && r.get(mtime, 8) &&
-            r.get_str(e.key.store, 2048) && r.get_str(e.key.key, 1024) &&
-            r.get_str(e.key.etag, 1024) && r.done();
+            r.get_str(e.key.store, kMaxStoreId) && r.get_str(e.key.key, kMaxKey) &&
+            r.get_str(e.key.etag, kMaxEtag) && r.done();
   e.object_mtime_ns = static_cast<int64_t>(mtime);
   // Every field is untrusted: a record that parses but names nonsense is dropped too.
   return ok && e.file_id != 0 && e.length > 0 && e.length <= kMaxChunk &&
@@ -450,6 +455,10 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
 }
 
 Result<bool> DiskTier::write(const Chunk& chunk, bool pinned) {
+  if (chunk.key.store.size() > kMaxStoreId || chunk.key.key.size() > kMaxKey ||
+      chunk.key.etag.size() > kMaxEtag || chunk.key.etag.empty() ||
+      !store::validate_key(chunk.key.key))
+    return false;  // its record could not be read back: kept in RAM only
   ChunkId id = chunk.key.id();
   Entry e;
   e.key = chunk.key;

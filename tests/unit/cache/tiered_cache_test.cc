@@ -656,6 +656,25 @@ TEST(TieredCache, ConcurrentPinsLeaveAWholePinsFileAndSubPrefixUnpinsKeepThePare
   EXPECT_TRUE(c[0].pinned);
 }
 
+TEST(TieredCache, ChunksWhoseRecordCouldNotBeReadBackStayOffTheNvmeTier) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(2 * kChunk, 3)));
+  CacheOptions o = small_options(dir.path());
+  o.store_id = std::string(3000, 's');  // over the longest store id the index reads back
+  {
+    auto cache = open_cache(b.open(), o);
+    EXPECT_EQ(read_range(*cache, "k", 0, 2 * kChunk), pattern(2 * kChunk, 3));
+    // Given the time to reach NVMe (milliseconds), they are not written there.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(cache->stats().disk.chunks, 0u);
+    cache.reset();  // finishes queued NVMe writes
+  }
+  auto again = open_cache(b.open(), o);
+  EXPECT_EQ(again->stats().disk.chunks, 0u);  // never written, so nothing dropped at open
+  EXPECT_EQ(read_range(*again, "k", 0, 2 * kChunk), pattern(2 * kChunk, 3));
+}
+
 TEST(TieredCache, StoresSharingADirectoryStayApartAndPinsPersist) {
   TempDir dir;
   Backing a, b;

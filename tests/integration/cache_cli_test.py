@@ -170,6 +170,12 @@ def test_bad_input_is_a_clear_error():
         (["cache", "warm"], 2, b"--list"),
         (["cache", "evict"], 2, b"PREFIX"),
     ]
+    # A list whose second line the file system refuses (a name over NAME_MAX): an error
+    # naming the line, not an exception.
+    bad_list = os.path.join(d, "bad-list.txt")
+    with open(bad_list, "w") as f:
+        f.write(f"{d}/big.bin\n{d}/{'b' * 300}/{'c' * 5000}\n")
+    cases.append((["cache", "warm", "--list", bad_list], 2, b"line 2"))
     for args, rc, want in cases:
         p = run(*args, check=False)
         assert p.returncode == rc and want in p.stderr, (args, p.returncode, p.stderr)

@@ -409,10 +409,18 @@ Result<std::vector<xfer::CopyItem>> list_file_items(const std::string& file,
   std::string line;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.empty() || line[0] == '#') continue;
-    SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(line));
-    std::string uri = loc.local ? "file:///" : loc.store_uri;
-    std::string key = loc.local ? fs::weakly_canonical(loc.path).string().substr(1) : loc.path;
-    if (uri != store_uri && !(loc.local && store_uri == "file:///")) {
+    auto where = [&] { return file + " line " + std::to_string(n); };
+    auto loc = parse_location(line);
+    if (!loc) return std::unexpected(loc.error().with_context(where()));
+    std::string uri = loc->local ? "file:///" : loc->store_uri;
+    std::string key = loc->path;
+    if (loc->local) {
+      std::error_code ec;  // a path the file system refuses is this line's error, not a throw
+      fs::path p = fs::weakly_canonical(loc->path, ec);
+      if (ec) return fail_errno(ec.value(), where() + ": resolve '" + loc->path + "'");
+      key = p.string().substr(1);
+    }
+    if (uri != store_uri && !(loc->local && store_uri == "file:///")) {
       return fail(Code::kInvalidArgument, file + " line " + std::to_string(n) + ": '" + line +
                                               "' is not in the same store as '" + first_text + "'");
     }

@@ -1,5 +1,5 @@
 // sluiced: the node daemon. Owns the node's cache directory and serves it to every local
-// process over a Unix socket (docs/operations/sluiced.md).
+// process over a Unix socket, and to the job's other daemons over HTTP (docs/sluiced.md).
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -301,13 +301,14 @@ int main(int argc, char** argv) {
   a.cache.ram = "1G";  // a daemon lives long: a RAM tier pays off
   CLI::App app{
       "sluiced: the node daemon. Owns the node's cache directory (RAM and NVMe tiers) "
-      "and serves it to every process on the node over a Unix socket; sluice and the "
-      "library use it for --cache and node+ URIs."};
+      "and serves it to every process on the node over a Unix socket (sluice and the "
+      "library use it for --cache and node+ URIs), and to the job's other daemons over HTTP "
+      "(--peers)."};
   app.add_option("--socket", a.socket,
                  "Unix socket to serve on (default $SLUICE_HOME/sluiced.sock)");
   app.add_option("--config", a.config,
                  "JSON config file: any of the flags' settings, and the teams "
-                 "(docs/operations/sluiced.md); flags given win")
+                 "(docs/sluiced.md); flags given win")
       ->check(CLI::ExistingFile);
   cli::add_cache_flags(&app, a.cache);
   app.get_option("--cache-ram")->description("RAM tier limit")->default_str("1G");
@@ -320,8 +321,8 @@ int main(int argc, char** argv) {
   app.add_option("--peer-listen", a.peer_listen,
                  "HOST:PORT (IPv4) of the HTTP port: /metrics, and chunks for peer daemons");
   app.add_option("--peers", a.peers,
-                 "The job's daemons: a host list file ('NAME HOST:PORT' a line), or 'slurm' "
-                 "(SLURM_JOB_NODELIST, each on the --peer-listen port)");
+                 "The job's daemons: a host list file ('NAME HOST:PORT [fetch-only]' a line), "
+                 "or 'slurm' (SLURM_JOB_NODELIST, each on the --peer-listen port)");
   app.add_option("--node-name", a.node_name,
                  "This daemon's name in --peers (default: the short host name)");
   app.add_option("--node-secret-file", a.secret_file,

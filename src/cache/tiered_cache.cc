@@ -159,9 +159,14 @@ struct TieredCache::Impl {
     bool fetching = true;  // its fill has not returned: a read now is a late hit
   };
   std::map<ChunkId, Ahead> pf_ahead_chunks;  // guarded by pf_mu
-  uint64_t pf_ahead = 0;                     // guarded by pf_mu
-  uint64_t pf_position = 0;                  // guarded by pf_mu
-  bool pf_stopping = false;                  // guarded by pf_mu
+  // Where each queued chunk is in the declared order, and how far the reader has passed
+  // (positions below pf_passed): a chunk the reader passed before a prefetcher took it is
+  // not fetched (it was read already) and not counted as waste.
+  std::map<ChunkId, uint64_t> pf_queued;  // guarded by pf_mu
+  uint64_t pf_passed = 0;                 // guarded by pf_mu
+  uint64_t pf_ahead = 0;                  // guarded by pf_mu
+  uint64_t pf_position = 0;               // guarded by pf_mu
+  bool pf_stopping = false;               // guarded by pf_mu
   // Set once anything is declared, so reads without prefetch skip pf_mu. Relaxed is enough:
   // a read that misses the flag just leaves its chunk to be settled by a later read.
   std::atomic<bool> pf_active{false};
@@ -188,6 +193,10 @@ struct TieredCache::Impl {
       std::lock_guard lock(pf_mu);
       for (Planned& p : planned) {
         p.position = pf_position++;
+        // The earliest position of a chunk declared twice (a later epoch): reading it then
+        // passes only what came before its first place.
+        pf_queued.try_emplace(ChunkKey{store_id, p.info.key, p.info.etag, p.index}.id(),
+                              p.position);
         pf_queue.push_back(std::move(p));
       }
       if (prefetchers.empty()) {
@@ -213,6 +222,9 @@ struct TieredCache::Impl {
       Planned p = std::move(pf_queue.front());
       pf_queue.pop_front();
       ChunkKey key{store_id, p.info.key, p.info.etag, p.index};
+      if (auto q = pf_queued.find(key.id()); q != pf_queued.end() && q->second == p.position)
+        pf_queued.erase(q);
+      if (p.position < pf_passed) continue;  // the reader is past it: it read it already
       uint64_t len = chunk_length(p.info.size, p.index);
       if (ram->contains(key) || (disk && disk->contains(key)) ||
           pf_ahead_chunks.contains(key.id())) {
@@ -244,9 +256,12 @@ struct TieredCache::Impl {
     if (!pf_active.load(std::memory_order_relaxed)) return;  // no prefetch declared
     {
       std::lock_guard lock(pf_mu);
+      if (auto q = pf_queued.find(id); q != pf_queued.end())
+        pf_passed = std::max(pf_passed, q->second + 1);  // read before a prefetcher took it
       auto it = pf_ahead_chunks.find(id);
       if (it == pf_ahead_chunks.end()) return;
       uint64_t position = it->second.position;
+      pf_passed = std::max(pf_passed, position + 1);
       hit = hit || it->second.fetching;  // still being fetched: the read joins that fill
       (hit ? m.prefetch_hits : m.prefetch_wasted).add();
       release_locked(id);

@@ -368,6 +368,22 @@ def test_bad_peer_settings_are_refused():
           "--node-secret-file", open_secret], "chmod 600"),
         (["--peer-listen", "nowhere"], "HOST:PORT"),
     ]
+    # A FIFO or a device where a settings file belongs: refused, never waited on or read forever.
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo, 0o600)
+    with open(os.path.join(d, "good-secret"), "w") as f:
+        f.write(SECRET)
+    os.chmod(os.path.join(d, "good-secret"), 0o600)
+    good_secret = os.path.join(d, "good-secret")
+    cases += [
+        (["--peer-listen", "127.0.0.1:0", "--peers", peers, "--node-name", "a",
+          "--node-secret-file", fifo], "not a regular file"),
+        (["--peer-listen", "127.0.0.1:0", "--peers", fifo, "--node-name", "a",
+          "--node-secret-file", good_secret], "not a regular file"),
+        (["--peer-listen", "127.0.0.1:0", "--peers", "/dev/zero", "--node-name", "a",
+          "--node-secret-file", good_secret], "not a regular file"),
+        (["--config", fifo], "not a regular file"),
+    ]
     for extra, want in cases:
         p = subprocess.run(base + extra, capture_output=True, env=env(), timeout=30)
         assert p.returncode != 0 and want in p.stderr.decode(), (extra, p.returncode, p.stderr.decode())

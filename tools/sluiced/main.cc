@@ -1,5 +1,6 @@
 // sluiced: the node daemon. Owns the node's cache directory and serves it to every local
 // process over a Unix socket, and to the job's other daemons over HTTP (docs/sluiced.md).
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -9,7 +10,6 @@
 
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -45,6 +45,23 @@ void log_line(std::string_view line) {
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   std::lock_guard lock(mu);
   std::fprintf(stderr, "%s sluiced: %.*s\n", when, static_cast<int>(line.size()), line.data());
+}
+
+// A settings file (config, peers, node secret): a regular file of at most 1 MiB. A FIFO or
+// a device is refused before it is read (it would block start-up, or never end).
+Result<std::string> read_small_file(const std::string& path, const char* what) {
+  const std::string named = std::string(what) + " " + path;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return fail_errno(errno, "open " + named);
+  struct stat sb;
+  if (::fstat(fd.get(), &sb) != 0) return fail_errno(errno, "stat " + named);
+  if (!S_ISREG(sb.st_mode)) return fail(Code::kInvalidArgument, named + " is not a regular file");
+  if (sb.st_size > (1 << 20)) return fail(Code::kInvalidArgument, named + " is over 1 MiB");
+  std::string text(static_cast<size_t>(sb.st_size), '\0');
+  SLUICE_ASSIGN_OR_RETURN(size_t n,
+                          pread_full(fd.get(), std::as_writable_bytes(std::span(text)), 0, named));
+  text.resize(n);
+  return text;
 }
 
 // A team's own S3 credentials: "aws_profile" (from ~/.aws, as the CLI reads it), or
@@ -122,9 +139,8 @@ Result<std::vector<node::TeamGrant>> parse_teams(const Json& teams, const std::s
 // Fills settings not given as flags from the JSON config file.
 Result<Json> apply_config(Args& a, const CLI::App& app) {
   if (a.config.empty()) return Json();
-  std::ifstream in(a.config);
-  if (!in) return fail_errno(errno, "open config " + a.config);
-  Json j = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(a.config, "config"));
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return fail(Code::kInvalidArgument, a.config + ": not a JSON object");
   auto str = [&](const char* name, const char* flag, std::string& into) -> Status {
@@ -162,14 +178,6 @@ Result<Json> apply_config(Args& a, const CLI::App& app) {
   SLUICE_RETURN_IF_ERROR(num("peer_timeout_ms", "--peer-timeout-ms", a.peer_timeout_ms));
   SLUICE_RETURN_IF_ERROR(num("access_ttl_s", "--access-ttl", a.access_ttl_s));
   return j.contains("teams") ? j["teams"] : Json();
-}
-
-Result<std::string> read_small_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail_errno(errno, std::string("open ") + what + " " + path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.size() > (1 << 20)) return fail(Code::kInvalidArgument, path + ": over 1 MiB");
-  return text;
 }
 
 // The node secret: the file's first line, at least 16 bytes, in a file only its owner reads.

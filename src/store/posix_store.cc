@@ -196,6 +196,15 @@ class PosixWriter : public Writer {
   uint64_t size() const override { return size_.load(std::memory_order_relaxed); }
   bool positional() const override { return true; }
   Status write_at(uint64_t offset, std::span<const std::byte> data) override;
+  std::string local_path() const override;
+  Status extend_to(uint64_t size) override {
+    if (done_)
+      return fail(Code::kInvalidArgument, "extend_to on finished writer for '" + key_ + "'");
+    uint64_t cur = size_.load(std::memory_order_relaxed);
+    while (size > cur && !size_.compare_exchange_weak(cur, size, std::memory_order_relaxed)) {
+    }
+    return ok();
+  }
 
  private:
   Status failed(Error e) {
@@ -347,6 +356,7 @@ class PosixStore : public Store {
   }
 
   std::string uri() const override { return "file://" + root_; }
+  const std::string& root() const { return root_; }
 
   // Opens the directory that holds `key` (creating it if asked) and returns it with the
   // key's last component.
@@ -503,6 +513,10 @@ Status PosixWriter::write_at(uint64_t offset, std::span<const std::byte> data) {
        end > cur && !size_.compare_exchange_weak(cur, end, std::memory_order_relaxed);) {
   }
   return ok();
+}
+
+std::string PosixWriter::local_path() const {
+  return done_ || tmp_.empty() ? std::string() : store_->root() + "/" + tmp_;
 }
 
 Status PosixWriter::commit() {

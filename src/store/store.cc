@@ -29,6 +29,11 @@ Status Writer::write_at(uint64_t offset, std::span<const std::byte>) {
               "this writer takes bytes in order only (write_at " + std::to_string(offset) + ")");
 }
 
+Status Writer::extend_to(uint64_t size) {
+  return fail(Code::kUnsupported,
+              "this writer has no local file to fill (extend_to " + std::to_string(size) + ")");
+}
+
 Status Store::put(std::string_view key, std::span<const std::byte> data,
                   const WriteOptions& options) {
   SLUICE_ASSIGN_OR_RETURN(auto writer, create(key, options));

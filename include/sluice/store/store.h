@@ -110,6 +110,14 @@ class Writer {
   // [0, size()). Others return false / Unsupported.
   virtual bool positional() const { return false; }
   virtual Status write_at(uint64_t offset, std::span<const std::byte> data);
+
+  // Writers whose pending object is a local file (file://) name that file here, so a
+  // caller can fill it through its own data path (io::FileHandle: io_uring, O_DIRECT)
+  // instead of append or write_at. Such a caller then says how long the object is with
+  // `extend_to` before commit, which syncs and publishes the file as usual. Empty for
+  // other writers, whose extend_to returns Unsupported.
+  virtual std::string local_path() const { return {}; }
+  virtual Status extend_to(uint64_t size);
 };
 
 class Store {

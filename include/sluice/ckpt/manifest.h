@@ -1,0 +1,87 @@
+// sluice/ckpt/manifest.h: what a checkpoint is made of, as written beside its shards.
+//
+// A checkpoint of a series at a step is one shard per rank (the rank's tensors laid end to
+// end, each at a 4 KiB-aligned offset) plus a record per shard and, written last, the
+// manifest that names every shard. Records and manifests are JSON documents with a format
+// version and an XXH3-64 checksum over their canonical form; the layout and every field
+// are described in docs/formats/checkpoint-manifest.md.
+//
+// Keys, under a tier's root (a store):
+//   <series>/step-<012 digits>/rank-<05 digits>.shard   the rank's tensor bytes
+//   <series>/step-<012 digits>/rank-<05 digits>.json    the rank's shard record
+//   <series>/step-<012 digits>/manifest.json            the commit record: present = committed
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/core/status.h"
+
+namespace sluice::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr uint64_t kTensorAlignment = 4096;  // every tensor starts at a multiple of this
+
+// One tensor in a shard. `chunks` holds the XXH3-64 of each `chunk_size` piece of the
+// tensor's bytes (the last one shorter), as 16 hex digits.
+struct TensorEntry {
+  std::string name;
+  std::string dtype;           // "float32", "uint8", ... (see dtype_size)
+  std::vector<int64_t> shape;  // empty for a scalar
+  uint64_t offset = 0;         // in the shard, a multiple of kTensorAlignment
+  uint64_t bytes = 0;
+  std::vector<uint64_t> chunks;
+};
+
+struct ShardRecord {
+  std::string series;
+  uint64_t step = 0;
+  unsigned rank = 0, world = 1;
+  uint64_t chunk_size = 0;
+  uint64_t bytes = 0;   // the shard object's size
+  std::string etag;     // the shard object's etag once published on the tier it describes
+  std::string save_id;  // 32 hex digits, fresh for each save attempt of the rank
+  int64_t created_ns = 0;
+  std::vector<TensorEntry> tensors;
+};
+
+struct Manifest {
+  std::string series;
+  uint64_t step = 0;
+  unsigned world = 1;
+  int64_t created_ns = 0;
+  std::vector<ShardRecord> shards;  // by rank, one per rank
+  uint64_t bytes() const;           // every shard's tensor bytes
+};
+
+// The size of one element of a dtype, or 0 for a name sluice does not know (kept as given:
+// the bytes are still checked against their checksums).
+size_t dtype_size(std::string_view dtype);
+
+// Checks a series name: 1 to 128 of [A-Za-z0-9._-], not starting with '.'.
+Status validate_series(std::string_view series);
+
+std::string step_prefix(std::string_view series, uint64_t step);  // "<series>/step-…/"
+std::string shard_key(std::string_view series, uint64_t step, unsigned rank);
+std::string record_key(std::string_view series, uint64_t step, unsigned rank);
+std::string manifest_key(std::string_view series, uint64_t step);
+// The step of a key under "<series>/", if it is a step's key.
+bool parse_step_key(std::string_view series, std::string_view key, uint64_t& step,
+                    std::string& leaf);
+
+// Encoding. Decoding checks the format, version, checksum and every invariant (offsets
+// aligned and in the shard, no overlap, chunk counts, names unique and non-empty) and
+// returns Corruption naming `where` and what is wrong.
+std::string encode_record(const ShardRecord& r);
+Result<ShardRecord> decode_record(std::string_view text, std::string_view where);
+std::string encode_manifest(const Manifest& m);
+Result<Manifest> decode_manifest(std::string_view text, std::string_view where);
+
+// Lays tensors of the given sizes end to end at aligned offsets; returns the shard's size.
+uint64_t layout(std::vector<TensorEntry>& tensors);
+
+std::string hex64(uint64_t v);
+
+}  // namespace sluice::ckpt

@@ -1,0 +1,285 @@
+// Checkpoint records and manifests: JSON, checked as untrusted input on the way in.
+#include "sluice/ckpt/manifest.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace sluice::ckpt {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kRecordFormat = "sluice-checkpoint-shard";
+constexpr const char* kManifestFormat = "sluice-checkpoint";
+constexpr uint64_t kMaxChunkSize = uint64_t{1} << 30;
+constexpr size_t kMaxTensors = 1 << 20;
+constexpr size_t kMaxRanks = 1 << 16;
+
+// The checksum covers the document's compact form without the checksum field; nlohmann
+// keeps object keys sorted, so the form is canonical.
+uint64_t body_checksum(json doc) {
+  doc.erase("checksum");
+  std::string body = doc.dump();
+  return XXH3_64bits(body.data(), body.size());
+}
+
+std::string seal(json doc) {
+  doc["checksum"] = hex64(body_checksum(doc));
+  return doc.dump(1) + "\n";
+}
+
+bool parse_hex64(std::string_view s, uint64_t& v) {
+  if (s.size() != 16) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+json tensor_json(const TensorEntry& t) {
+  json chunks = json::array();
+  for (uint64_t c : t.chunks) chunks.push_back(hex64(c));
+  return {{"name", t.name},     {"dtype", t.dtype}, {"shape", t.shape},
+          {"offset", t.offset}, {"bytes", t.bytes}, {"chunks", std::move(chunks)}};
+}
+
+json record_json(const ShardRecord& r) {
+  json tensors = json::array();
+  for (const auto& t : r.tensors) tensors.push_back(tensor_json(t));
+  return {{"series", r.series},
+          {"step", r.step},
+          {"rank", r.rank},
+          {"world", r.world},
+          {"chunk_size", r.chunk_size},
+          {"bytes", r.bytes},
+          {"etag", r.etag},
+          {"save_id", r.save_id},
+          {"created_ns", r.created_ns},
+          {"tensors", std::move(tensors)}};
+}
+
+// Reads and checks one record's fields; `why` gets what is wrong.
+bool record_from(const json& j, ShardRecord& r, std::string& why) {
+  try {
+    r.series = j.at("series").get<std::string>();
+    r.step = j.at("step").get<uint64_t>();
+    r.rank = j.at("rank").get<unsigned>();
+    r.world = j.at("world").get<unsigned>();
+    r.chunk_size = j.at("chunk_size").get<uint64_t>();
+    r.bytes = j.at("bytes").get<uint64_t>();
+    r.etag = j.at("etag").get<std::string>();
+    r.save_id = j.at("save_id").get<std::string>();
+    r.created_ns = j.at("created_ns").get<int64_t>();
+    const json& ts = j.at("tensors");
+    if (!ts.is_array() || ts.size() > kMaxTensors) return why = "bad tensor list", false;
+    for (const json& tj : ts) {
+      TensorEntry t;
+      t.name = tj.at("name").get<std::string>();
+      t.dtype = tj.at("dtype").get<std::string>();
+      t.shape = tj.at("shape").get<std::vector<int64_t>>();
+      t.offset = tj.at("offset").get<uint64_t>();
+      t.bytes = tj.at("bytes").get<uint64_t>();
+      for (const json& c : tj.at("chunks")) {
+        uint64_t v = 0;
+        if (!c.is_string() || !parse_hex64(c.get<std::string>(), v))
+          return why = "tensor '" + t.name + "' has a malformed chunk checksum", false;
+        t.chunks.push_back(v);
+      }
+      r.tensors.push_back(std::move(t));
+    }
+  } catch (const json::exception& e) {
+    return why = std::string("missing or mistyped field: ") + e.what(), false;
+  }
+  if (!validate_series(r.series)) return why = "bad series name", false;
+  if (r.world == 0 || r.world > kMaxRanks || r.rank >= r.world)
+    return why = "rank " + std::to_string(r.rank) + " of world " + std::to_string(r.world), false;
+  if (r.chunk_size == 0 || r.chunk_size % kTensorAlignment || r.chunk_size > kMaxChunkSize)
+    return why = "bad chunk_size " + std::to_string(r.chunk_size), false;
+  uint64_t end = 0;
+  std::set<std::string_view> names;
+  for (const auto& t : r.tensors) {
+    if (t.name.empty() || t.name.size() > 4096 || !names.insert(t.name).second)
+      return why = "tensor name empty, too long or repeated: '" + t.name + "'", false;
+    if (t.offset % kTensorAlignment || t.offset < end || t.bytes > r.bytes ||
+        t.offset > r.bytes - t.bytes)
+      return why = "tensor '" + t.name + "' lies outside the shard or overlaps another", false;
+    end = t.offset + t.bytes;
+    uint64_t want = (t.bytes + r.chunk_size - 1) / r.chunk_size;
+    if (t.chunks.size() != want)
+      return why = "tensor '" + t.name + "' has " + std::to_string(t.chunks.size()) +
+                   " chunk checksums, not " + std::to_string(want),
+             false;
+    if (size_t es = dtype_size(t.dtype); es && t.bytes % es)
+      return why = "tensor '" + t.name + "' is not a whole number of " + t.dtype, false;
+  }
+  return true;
+}
+
+// Parses and checks the envelope: JSON, format, version, checksum.
+Result<json> open_document(std::string_view text, std::string_view format, std::string_view where) {
+  auto bad = [&](const std::string& why) {
+    return fail(Code::kCorruption, std::string(where) + ": " + why);
+  };
+  json doc = json::parse(text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) return bad("not a JSON object");
+  if (doc.value("format", "") != format) return bad("not a " + std::string(format) + " document");
+  if (!doc.contains("version") || !doc["version"].is_number_integer())
+    return bad("no format version");
+  if (doc["version"].get<int64_t>() != kFormatVersion)
+    return bad("format version " + doc["version"].dump() + " (this sluice reads version " +
+               std::to_string(kFormatVersion) + ")");
+  uint64_t sum = 0;
+  if (!doc.contains("checksum") || !doc["checksum"].is_string() ||
+      !parse_hex64(doc["checksum"].get<std::string>(), sum))
+    return bad("no checksum");
+  if (sum != body_checksum(doc)) return bad("checksum mismatch (the document is damaged)");
+  return doc;
+}
+
+}  // namespace
+
+uint64_t Manifest::bytes() const {
+  uint64_t n = 0;
+  for (const auto& s : shards)
+    for (const auto& t : s.tensors) n += t.bytes;
+  return n;
+}
+
+size_t dtype_size(std::string_view d) {
+  static constexpr std::pair<std::string_view, size_t> kSizes[] = {
+      {"uint8", 1},     {"int8", 1},       {"bool", 1},    {"float8_e4m3fn", 1}, {"float8_e5m2", 1},
+      {"int16", 2},     {"uint16", 2},     {"float16", 2}, {"bfloat16", 2},      {"int32", 4},
+      {"uint32", 4},    {"float32", 4},    {"int64", 8},   {"uint64", 8},        {"float64", 8},
+      {"complex64", 8}, {"complex128", 16}};
+  for (auto [name, size] : kSizes)
+    if (name == d) return size;
+  return 0;
+}
+
+Status validate_series(std::string_view s) {
+  bool good =
+      !s.empty() && s.size() <= 128 && s[0] != '.' && std::all_of(s.begin(), s.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '_' || c == '-';
+      });
+  if (!good)
+    return fail(Code::kInvalidArgument,
+                "series name '" + std::string(s) +
+                    "' must be 1 to 128 of A-Z a-z 0-9 . _ - and not start with '.'");
+  return ok();
+}
+
+std::string step_prefix(std::string_view series, uint64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "/step-%012llu/", static_cast<unsigned long long>(step));
+  return std::string(series) + buf;
+}
+
+std::string shard_key(std::string_view series, uint64_t step, unsigned rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05u.shard", rank);
+  return step_prefix(series, step) + buf;
+}
+
+std::string record_key(std::string_view series, uint64_t step, unsigned rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05u.json", rank);
+  return step_prefix(series, step) + buf;
+}
+
+std::string manifest_key(std::string_view series, uint64_t step) {
+  return step_prefix(series, step) + "manifest.json";
+}
+
+bool parse_step_key(std::string_view series, std::string_view key, uint64_t& step,
+                    std::string& leaf) {
+  std::string head = std::string(series) + "/step-";
+  if (!key.starts_with(head)) return false;
+  key.remove_prefix(head.size());
+  if (key.size() < 14 || key[12] != '/') return false;
+  auto [p, ec] = std::from_chars(key.data(), key.data() + 12, step);
+  if (ec != std::errc() || p != key.data() + 12) return false;
+  leaf = std::string(key.substr(13));
+  return true;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t layout(std::vector<TensorEntry>& tensors) {
+  uint64_t end = 0;
+  for (auto& t : tensors) {
+    t.offset = (end + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    end = t.offset + t.bytes;
+  }
+  return (end + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+}
+
+std::string encode_record(const ShardRecord& r) {
+  json doc = record_json(r);
+  doc["format"] = kRecordFormat;
+  doc["version"] = kFormatVersion;
+  return seal(std::move(doc));
+}
+
+Result<ShardRecord> decode_record(std::string_view text, std::string_view where) {
+  SLUICE_ASSIGN_OR_RETURN(json doc, open_document(text, kRecordFormat, where));
+  ShardRecord r;
+  std::string why;
+  if (!record_from(doc, r, why)) return fail(Code::kCorruption, std::string(where) + ": " + why);
+  return r;
+}
+
+std::string encode_manifest(const Manifest& m) {
+  json shards = json::array();
+  for (const auto& s : m.shards) shards.push_back(record_json(s));
+  json doc = {{"format", kManifestFormat},  {"version", kFormatVersion},
+              {"series", m.series},         {"step", m.step},
+              {"world", m.world},           {"created_ns", m.created_ns},
+              {"shards", std::move(shards)}};
+  return seal(std::move(doc));
+}
+
+Result<Manifest> decode_manifest(std::string_view text, std::string_view where) {
+  SLUICE_ASSIGN_OR_RETURN(json doc, open_document(text, kManifestFormat, where));
+  auto bad = [&](const std::string& why) {
+    return fail(Code::kCorruption, std::string(where) + ": " + why);
+  };
+  Manifest m;
+  try {
+    m.series = doc.at("series").get<std::string>();
+    m.step = doc.at("step").get<uint64_t>();
+    m.world = doc.at("world").get<unsigned>();
+    m.created_ns = doc.at("created_ns").get<int64_t>();
+    const json& shards = doc.at("shards");
+    if (!shards.is_array()) return bad("shards is not a list");
+    for (const json& sj : shards) {
+      ShardRecord r;
+      std::string why;
+      if (!record_from(sj, r, why))
+        return bad("shard " + std::to_string(m.shards.size()) + ": " + why);
+      m.shards.push_back(std::move(r));
+    }
+  } catch (const json::exception& e) {
+    return bad(std::string("missing or mistyped field: ") + e.what());
+  }
+  if (!validate_series(m.series)) return bad("bad series name");
+  if (m.world == 0 || m.shards.size() != m.world)
+    return bad(std::to_string(m.shards.size()) + " shards for a world of " +
+               std::to_string(m.world));
+  for (unsigned i = 0; i < m.world; ++i) {
+    const auto& s = m.shards[i];
+    if (s.rank != i || s.world != m.world || s.series != m.series || s.step != m.step)
+      return bad("shard " + std::to_string(i) + " belongs to another rank, step or series");
+  }
+  return m;
+}
+
+}  // namespace sluice::ckpt

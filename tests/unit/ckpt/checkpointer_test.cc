@@ -1,0 +1,400 @@
+// Checkpoints: save and restore across tiers, commit protocol, crash consistency, bit
+// flips, full tiers, several ranks, device memory, retention.
+#include "sluice/ckpt/checkpointer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "sluice/mem/target.h"
+#include "sluice/testing/fault_store.h"
+#include "test_util.h"
+
+namespace sluice::ckpt {
+namespace {
+
+using sluice::testing::TempDir;
+
+// A model state: a few tensors of odd sizes (unaligned ends, a chunk boundary inside).
+struct State {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorView> views;
+
+  explicit State(uint64_t seed, std::vector<uint64_t> sizes = {1000, 70000, 5 << 20, 4, 0}) {
+    std::mt19937_64 rng(seed);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      data.emplace_back(sizes[i]);
+      for (auto& b : data.back()) b = static_cast<std::byte>(rng());
+    }
+    for (size_t i = 0; i < sizes.size(); ++i)
+      views.push_back({"t" + std::to_string(i),
+                       "uint8",
+                       {static_cast<int64_t>(sizes[i])},
+                       data[i].data(),
+                       sizes[i],
+                       nullptr});
+  }
+
+  // Restores step into fresh buffers and compares.
+  void expect_restored(Checkpointer& cp, uint64_t step, RestoreReport* out = nullptr) const {
+    std::vector<std::vector<std::byte>> got;
+    std::vector<TensorDest> dests;
+    for (const auto& d : data) got.emplace_back(d.size());
+    for (size_t i = 0; i < data.size(); ++i)
+      dests.push_back({views[i].name, -1, got[i].data(), got[i].size(), nullptr});
+    auto r = cp.restore(step, dests);
+    ASSERT_TRUE(r) << r.error().message();
+    for (size_t i = 0; i < data.size(); ++i) EXPECT_EQ(got[i], data[i]) << views[i].name;
+    if (out) *out = *r;
+  }
+};
+
+Tier mem_tier(const std::string& name, std::shared_ptr<store::Store> s = nullptr) {
+  Tier t;
+  t.name = name;
+  t.store = s ? std::move(s) : std::shared_ptr<store::Store>(store::make_memory_store(name));
+  return t;
+}
+
+CheckpointerOptions small_options(std::vector<Tier> tiers) {
+  CheckpointerOptions o;
+  o.series = "model";
+  o.tiers = std::move(tiers);
+  o.staging_bytes = 4 << 20;  // smaller than State: saves stream through the ring
+  o.segment_bytes = 1 << 20;
+  o.chunk_size = 1 << 20;
+  return o;
+}
+
+TEST(Manifest, RoundTripsAndRejectsDamage) {
+  ShardRecord r;
+  r.series = "s";
+  r.step = 7;
+  r.chunk_size = 4096;
+  r.tensors = {{"a", "float32", {2, 3}, 0, 24, {1}}, {"b", "uint8", {}, 0, 5000, {2, 3}}};
+  r.bytes = layout(r.tensors);
+  EXPECT_EQ(r.tensors[1].offset, 4096u);
+  Manifest m{"s", 7, 1, 123, {r}};
+  std::string text = encode_manifest(m);
+  auto back = decode_manifest(text, "m");
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(back->shards[0].tensors[1].chunks, (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(encode_manifest(*back), text);
+
+  std::string flipped = text;
+  flipped[flipped.find("5000")] = '6';
+  auto bad = decode_manifest(flipped, "m");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), Code::kCorruption);
+  EXPECT_NE(bad.error().message().find("checksum"), std::string::npos);
+  EXPECT_FALSE(decode_manifest("{", "m"));
+  EXPECT_FALSE(decode_manifest(encode_record(r), "m"));  // a record is not a manifest
+  EXPECT_TRUE(decode_record(encode_record(r), "r"));
+
+  // Checksummed but inconsistent: overlapping tensors, a wrong chunk count.
+  ShardRecord overlap = r;
+  overlap.tensors[1].offset = 0;
+  EXPECT_FALSE(decode_record(encode_record(overlap), "r"));
+  ShardRecord chunks = r;
+  chunks.tensors[1].chunks.push_back(9);
+  EXPECT_FALSE(decode_record(encode_record(chunks), "r"));
+  ShardRecord dtype = r;
+  dtype.tensors[0].bytes = 23;
+  EXPECT_FALSE(decode_record(encode_record(dtype), "r"));
+
+  EXPECT_FALSE(validate_series(""));
+  EXPECT_FALSE(validate_series("../x"));
+  EXPECT_FALSE(validate_series(".hidden"));
+  EXPECT_TRUE(validate_series("llama-8b_v1.2"));
+  uint64_t step = 0;
+  std::string leaf;
+  ASSERT_TRUE(parse_step_key("s", shard_key("s", 42, 3), step, leaf));
+  EXPECT_EQ(step, 42u);
+  EXPECT_EQ(leaf, "rank-00003.shard");
+  EXPECT_FALSE(parse_step_key("s", "s/step-12/x", step, leaf));
+}
+
+TEST(Checkpointer, SavesStreamingAndRestoresBitExact) {
+  auto cp = Checkpointer::open(small_options({mem_tier("a")})).value();
+  State s1(1), s2(2);
+  auto h = cp->save(1, s1.views).value();
+  ASSERT_TRUE(h->wait()) << h->wait().error().message();
+  auto h2 = cp->save(2, s2.views).value();
+  ASSERT_TRUE(h2->wait());
+  auto p = h2->progress();
+  EXPECT_TRUE(p.finished);
+  EXPECT_EQ(p.bytes_staged, p.bytes_total);
+  EXPECT_EQ(p.tiers[0].state, TierState::kCommitted);
+  EXPECT_EQ(cp->latest().value(), 2u);
+  s1.expect_restored(*cp, 1);
+  s2.expect_restored(*cp, 2);
+  auto steps = cp->list().value();
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[1].bytes, 1000u + 70000 + (5 << 20) + 4);
+
+  // The same step again is refused before anything is written.
+  auto again = cp->save(2, s1.views);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), Code::kAlreadyExists);
+  s2.expect_restored(*cp, 2);
+}
+
+TEST(Checkpointer, RejectsBadInput) {
+  auto cp = Checkpointer::open(small_options({mem_tier("bad")})).value();
+  std::vector<std::byte> b(8);
+  TensorView v{"x", "float32", {2}, b.data(), 8, nullptr};
+  std::vector<TensorView> dup{v, v};
+  EXPECT_EQ(cp->save(1, dup).error().code(), Code::kInvalidArgument);
+  TensorView odd{"y", "float32", {}, b.data(), 7, nullptr};
+  EXPECT_EQ(cp->save(1, std::span(&odd, 1)).error().code(), Code::kInvalidArgument);
+  TensorView null{"z", "uint8", {}, nullptr, 7, nullptr};
+  EXPECT_EQ(cp->save(1, std::span(&null, 1)).error().code(), Code::kInvalidArgument);
+  ASSERT_TRUE(cp->save(1, std::span(&v, 1)).value()->wait());
+
+  std::vector<std::byte> out(8);
+  TensorDest missing{"nope", -1, out.data(), 8, nullptr};
+  EXPECT_EQ(cp->restore(1, std::span(&missing, 1)).error().code(), Code::kNotFound);
+  TensorDest wrong{"x", -1, out.data(), 4, nullptr};
+  EXPECT_EQ(cp->restore(1, std::span(&wrong, 1)).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(cp->restore(9, std::span(&wrong, 1)).error().code(), Code::kNotFound);
+  EXPECT_EQ(cp->latest().value(), 1u);
+
+  CheckpointerOptions o = small_options({});
+  EXPECT_FALSE(Checkpointer::open(o));
+  o = small_options({mem_tier("bad2")});
+  o.series = "../etc";
+  EXPECT_FALSE(Checkpointer::open(o));
+  o = small_options({mem_tier("bad3")});
+  o.rank = 2;
+  o.world = 2;
+  EXPECT_FALSE(Checkpointer::open(o));
+}
+
+TEST(Checkpointer, LocalTierThenCopyAndBitFlipFallsBack) {
+  TempDir dir;
+  auto local = open_tier(dir.path() + "/nvme").value();
+  auto o = small_options({local, mem_tier("remote")});
+  o.staging_bytes = 64 << 20;  // fits: the ring keeps the whole state
+  auto cp = Checkpointer::open(o).value();
+  State s(3);
+  auto h = cp->save(5, s.views).value();
+  ASSERT_TRUE(h->wait()) << h->wait().error().message();
+  auto p = h->progress();
+  EXPECT_EQ(p.tiers[0].state, TierState::kCommitted);
+  EXPECT_EQ(p.tiers[1].state, TierState::kCommitted);
+  auto steps = cp->list().value();
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].tiers.size(), 2u);
+  RestoreReport clean;
+  s.expect_restored(*cp, 5, &clean);
+  EXPECT_EQ(clean.bytes_by_tier[1], 0u);  // all from the local tier
+  EXPECT_EQ(clean.chunks_failed_over, 0u);
+
+  // Flip one bit in the middle of the big tensor's shard bytes on the local tier.
+  auto m = cp->manifest(5).value();
+  const TensorEntry& big = m.shards[0].tensors[2];
+  std::string path = local.local_dir + "/" + shard_key("model", 5, 0);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(big.offset + 3 * (1 << 20) + 17));
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(big.offset + 3 * (1 << 20) + 17));
+    f.write(&c, 1);
+  }
+  auto v = cp->verify(5, 0).value();
+  EXPECT_EQ(v.bad_chunks, 1u);
+  ASSERT_EQ(v.problems.size(), 1u);
+  EXPECT_NE(v.problems[0].find("tensor 't2'"), std::string::npos) << v.problems[0];
+  EXPECT_EQ(cp->verify(5, 1).value().bad_chunks, 0u);
+  RestoreReport r;
+  s.expect_restored(*cp, 5, &r);
+  EXPECT_EQ(r.chunks_failed_over, 1u);
+  EXPECT_EQ(r.bytes_by_tier[1], 1u << 20);
+
+  // Both copies damaged: a clear error, never bytes.
+  auto remote = cp->options().tiers[1].store;
+  auto bytes = remote->get(shard_key("model", 5, 0)).value();
+  bytes[big.offset + 3 * (1 << 20) + 100] ^= std::byte{1};
+  ASSERT_TRUE(remote->put(shard_key("model", 5, 0), bytes));
+  std::vector<std::byte> out(big.bytes);
+  TensorDest d{"t2", -1, out.data(), out.size(), nullptr};
+  auto bad = cp->restore(5, std::span(&d, 1));
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), Code::kCorruption);
+  EXPECT_NE(bad.error().message().find("intact on no tier"), std::string::npos);
+}
+
+TEST(Checkpointer, FailedFirstTierFallsToTheNextFromStaging) {
+  auto faulty = std::make_shared<store::FaultInjectionStore>(store::make_memory_store("f1"));
+  auto o = small_options({mem_tier("first", faulty), mem_tier("second")});
+  o.staging_bytes = 64 << 20;
+  auto cp = Checkpointer::open(o).value();
+  State s(4);
+  faulty->set_space_limit(1 << 20);
+  auto h = cp->save(1, s.views).value();
+  auto st = h->wait();
+  ASSERT_FALSE(st);  // the first tier is required
+  EXPECT_EQ(st.error().code(), Code::kNoSpace);
+  auto p = h->progress();
+  EXPECT_EQ(p.tiers[0].state, TierState::kFailed);
+  EXPECT_EQ(p.tiers[1].state, TierState::kCommitted);
+  s.expect_restored(*cp, 1);
+  // Nothing of the failed attempt is listed on the full tier.
+  EXPECT_TRUE(faulty->list_all("model/").value().empty());
+}
+
+TEST(Checkpointer, SeveralRanksCommitOnceEveryRecordIsThere) {
+  auto shared = std::shared_ptr<store::Store>(store::make_memory_store("ranks"));
+  constexpr unsigned kWorld = 3;
+  std::vector<std::unique_ptr<Checkpointer>> cps;
+  std::vector<State> states;
+  for (unsigned r = 0; r < kWorld; ++r) {
+    auto o = small_options({mem_tier("shared", shared)});
+    o.rank = r;
+    o.world = kWorld;
+    o.commit_timeout = std::chrono::seconds(2);  // rank 1 waits for a step 9 that never commits
+    cps.push_back(Checkpointer::open(o).value());
+    states.emplace_back(10 + r, std::vector<uint64_t>{3000, 1 << 20});  // same names per rank
+  }
+  std::vector<std::thread> threads;
+  std::vector<Status> results(kWorld);
+  for (unsigned r = 0; r < kWorld; ++r)
+    threads.emplace_back([&, r] { results[r] = cps[r]->save(8, states[r].views).value()->wait(); });
+  for (auto& t : threads) t.join();
+  for (unsigned r = 0; r < kWorld; ++r) ASSERT_TRUE(results[r]) << results[r].error().message();
+  auto m = cps[0]->manifest(8).value();
+  EXPECT_EQ(m.world, kWorld);
+  for (unsigned r = 0; r < kWorld; ++r) states[r].expect_restored(*cps[r], 8);  // own shard
+  // A named rank from any checkpointer; an ambiguous name without a rank is refused.
+  std::vector<std::byte> out(3000);
+  TensorDest d{"t0", 2, out.data(), out.size(), nullptr};
+  ASSERT_TRUE(cps[0]->restore(8, std::span(&d, 1)));
+  EXPECT_EQ(out, states[2].data[0]);
+
+  // Rank 2 never saves step 9: rank 0 gives up and names it.
+  cps[0].reset();
+  auto o = small_options({mem_tier("shared", shared)});
+  o.world = kWorld;
+  o.commit_timeout = std::chrono::milliseconds(300);
+  auto cp0 = Checkpointer::open(o).value();
+  auto h1 = cps[1]->save(9, states[1].views).value();
+  auto st = cp0->save(9, states[0].views).value()->wait();
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code(), Code::kTimedOut);
+  EXPECT_NE(st.error().message().find("rank(s) 2"), std::string::npos) << st.error().message();
+  EXPECT_EQ(cp0->latest().value(), 8u);
+}
+
+// A crash at every store operation of a save: afterwards the latest checkpoint is the old
+// one or the new one, complete and bit-exact, never a mix.
+TEST(Checkpointer, CrashAtEveryStepLeavesOldOrNew) {
+  auto faulty = std::make_shared<store::FaultInjectionStore>(store::make_memory_store("crash"));
+  State old_state(20, {5000, 3 << 20}), new_state(21, {5000, 3 << 20});
+  {
+    auto cp = Checkpointer::open(small_options({mem_tier("c", faulty)})).value();
+    ASSERT_TRUE(cp->save(1, old_state.views).value()->wait());
+  }
+  int crashes = 0;
+  for (uint64_t n = 1;; ++n) {
+    auto o = small_options({mem_tier("c", faulty)});
+    auto cp = Checkpointer::open(o).value();
+    faulty->fail_nth(store::FaultOp::kAny, n, Code::kIoError);
+    auto h = cp->save(2, new_state.views);
+    bool saved = h && (*h)->wait();
+    cp->flush();
+    faulty->clear();
+    faulty->crash();
+    faulty->restart();
+    auto after = Checkpointer::open(o).value();
+    uint64_t latest = after->latest().value();
+    if (saved) {
+      ASSERT_EQ(latest, 2u);
+      new_state.expect_restored(*after, 2);
+      break;
+    }
+    ++crashes;
+    ASSERT_TRUE(latest == 1 || latest == 2) << latest;
+    (latest == 1 ? old_state : new_state).expect_restored(*after, latest);
+    if (latest == 2) break;  // the commit landed before the fault: nothing later to test
+    // Debris of the failed attempt is removed by gc (grace 0), the old step stays.
+    auto go = o;
+    go.incomplete_grace = std::chrono::seconds(0);
+    auto g = Checkpointer::open(go).value()->gc().value();
+    EXPECT_TRUE(g.removed_steps.empty());
+    ASSERT_LT(n, 200u);
+  }
+  EXPECT_GT(crashes, 3);
+}
+
+TEST(Checkpointer, LocalTierFullFailsEarlyAndKeepsOlderCheckpoints) {
+  sluice::testing::ScratchMount tmpfs("tmpfs", "size=8m");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why();
+  auto o = small_options({open_tier(tmpfs.file("ckpt")).value()});
+  auto cp = Checkpointer::open(o).value();
+  State small(30, {100000}), big(31, {16 << 20});
+  ASSERT_TRUE(cp->save(1, small.views).value()->wait());
+  auto h = cp->save(2, big.views);
+  ASSERT_FALSE(h);
+  EXPECT_EQ(h.error().code(), Code::kNoSpace);
+  EXPECT_NE(h.error().message().find("free"), std::string::npos) << h.error().message();
+  EXPECT_EQ(cp->latest().value(), 1u);
+  small.expect_restored(*cp, 1);
+}
+
+TEST(Checkpointer, DeviceMemoryGoesThroughTheTarget) {
+  TempDir dir;
+  auto dev = mem::make_emulated_device(64 << 20);
+  auto o = small_options({open_tier(dir.path()).value()});
+  auto cp = Checkpointer::open(o).value();
+  State s(40, {3 << 20, 12345});
+  std::vector<mem::Allocation> on_dev;
+  std::vector<TensorView> views = s.views;
+  for (size_t i = 0; i < s.data.size(); ++i) {
+    on_dev.push_back(dev->allocate(s.data[i].size()).value());
+    ASSERT_TRUE(dev->wait(
+        dev->copy_to_target(on_dev[i].get(), s.data[i].data(), s.data[i].size()).value()));
+    views[i].data = on_dev[i].get();
+    views[i].target = dev.get();
+  }
+  ASSERT_TRUE(cp->save(3, views).value()->wait());
+  std::vector<mem::Allocation> back;
+  std::vector<TensorDest> dests;
+  for (size_t i = 0; i < s.data.size(); ++i) {
+    back.push_back(dev->allocate(s.data[i].size()).value());
+    dests.push_back({views[i].name, -1, back[i].get(), s.data[i].size(), dev.get()});
+  }
+  ASSERT_TRUE(cp->restore(3, dests));
+  for (size_t i = 0; i < s.data.size(); ++i) {
+    std::vector<std::byte> host(s.data[i].size());
+    ASSERT_TRUE(dev->wait(dev->copy_to_host(host.data(), back[i].get(), host.size()).value()));
+    EXPECT_EQ(host, s.data[i]);
+  }
+}
+
+TEST(Checkpointer, RetentionKeepsLastAndEveryKth) {
+  auto t = mem_tier("ret");
+  t.retention = {2, 5};
+  auto cp = Checkpointer::open(small_options({t})).value();
+  State s(50, {4096});
+  for (uint64_t step = 1; step <= 12; ++step) ASSERT_TRUE(cp->save(step, s.views).value()->wait());
+  std::vector<uint64_t> left;
+  auto steps = cp->list().value();
+  for (const auto& i : steps) left.push_back(i.step);
+  EXPECT_EQ(left, (std::vector<uint64_t>{5, 10, 11, 12}));
+  // Nothing of the removed steps is left behind.
+  auto objs = t.store->list_all("model/").value();
+  for (const auto& obj : objs) {
+    uint64_t step = 0;
+    std::string leaf;
+    ASSERT_TRUE(parse_step_key("model", obj.key, step, leaf));
+    EXPECT_TRUE(step == 5 || step >= 10) << obj.key;
+  }
+}
+
+}  // namespace
+}  // namespace sluice::ckpt

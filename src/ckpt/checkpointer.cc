@@ -324,7 +324,7 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
     if (v.name.empty() || v.name.size() > 4096 || !names.insert(v.name).second)
       return fail(Code::kInvalidArgument,
                   "tensor name empty, over 4096 bytes or repeated: '" + v.name + "'");
-    if (v.bytes && !v.data)
+    if (v.bytes && !v.data && !v.source)
       return fail(Code::kInvalidArgument, "tensor '" + v.name + "' has no data");
     if (size_t es = dtype_size(v.dtype); es && v.bytes % es)
       return fail(Code::kInvalidArgument, "tensor '" + v.name + "' has " + std::to_string(v.bytes) +
@@ -366,6 +366,18 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
   return std::shared_ptr<SaveHandle>(job->handle);
 }
 
+// Copies bytes [off, off + out.size()) of one tensor into staging.
+Status copy_piece(const TensorView& v, uint64_t off, std::span<std::byte> out) {
+  if (v.source) return v.source(off, out);
+  const auto* src = static_cast<const std::byte*>(v.data) + off;
+  if (v.target && v.target->kind() == mem::MemoryKind::kDevice) {
+    SLUICE_ASSIGN_OR_RETURN(uint64_t ticket, v.target->copy_to_host(out.data(), src, out.size()));
+    return v.target->wait(ticket);
+  }
+  std::memcpy(out.data(), src, out.size());
+  return ok();
+}
+
 Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) {
   const uint64_t seg = ring_->segment();
   const auto& ts = job.record.tensors;
@@ -381,14 +393,7 @@ Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) 
       uint64_t lo = std::max(a, ts[i].offset), hi = std::min(b, ts[i].offset + ts[i].bytes);
       if (lo > at) std::memset(dst + (at - a), 0, lo - at);  // alignment padding
       if (hi > lo) {
-        const auto* src = static_cast<const std::byte*>(views[i].data) + (lo - ts[i].offset);
-        if (views[i].target && views[i].target->kind() == mem::MemoryKind::kDevice) {
-          SLUICE_ASSIGN_OR_RETURN(uint64_t ticket,
-                                  views[i].target->copy_to_host(dst + (lo - a), src, hi - lo));
-          SLUICE_RETURN_IF_ERROR(views[i].target->wait(ticket));
-        } else {
-          std::memcpy(dst + (lo - a), src, hi - lo);
-        }
+        SLUICE_RETURN_IF_ERROR(copy_piece(views[i], lo - ts[i].offset, {dst + (lo - a), hi - lo}));
       }
       at = std::max(at, hi);
     }
@@ -1050,7 +1055,11 @@ Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options)
     SLUICE_ASSIGN_OR_RETURN(auto s, store::open_store("file://" + t.local_dir, options));
     t.store = std::move(s);
   } else {
-    SLUICE_ASSIGN_OR_RETURN(auto s, store::open_store(uri, options));
+    // "s3://bucket/ckpt" is the folder ckpt/ of the bucket, not a key prefix "ckpt".
+    std::string root(uri);
+    size_t slash = root.find('/', root.find("://") + 3);
+    if (slash != std::string::npos && slash + 1 < root.size() && root.back() != '/') root += '/';
+    SLUICE_ASSIGN_OR_RETURN(auto s, store::open_store(root, options));
     t.store = std::move(s);
   }
   return t;

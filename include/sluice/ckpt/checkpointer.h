@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -75,7 +76,9 @@ struct Tier {
 Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options = {});
 
 // A tensor to save: `bytes` bytes at `data`, in host memory (target null) or in the memory
-// of `target` (a device: copied to staging through the target's copy engine).
+// of `target` (a device: copied to staging through the target's copy engine). A tensor
+// whose bytes are not in memory (a file) has a `source` instead, called in order to fill
+// staging with bytes [offset, offset + dst.size()); an error from it fails the save.
 struct TensorView {
   std::string name;
   std::string dtype = "uint8";
@@ -83,6 +86,7 @@ struct TensorView {
   const void* data = nullptr;
   uint64_t bytes = 0;
   mem::Target* target = nullptr;
+  std::function<Status(uint64_t offset, std::span<std::byte> dst)> source;
 };
 
 // Where a restored tensor goes: `bytes` must equal the saved tensor's size. `rank` picks

@@ -1,0 +1,276 @@
+#!/usr/bin/python3
+"""`sluice ckpt` end to end: a local tier and a real S3 server (s3rver), bit flips, 503s
+during upload, kill -9 at 50 random moments of a save, and bad input.
+
+Usage: ckpt_test.py PATH/TO/sluice. Exits 77 (SKIP) only for the parts that need s3rver
+when it is missing; the local tests always run.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from s3_harness import Runner, S3rver, find_s3rver, sluice  # noqa: E402
+from s3_faults_test import FaultProxy, pending_uploads, random_503  # noqa: E402
+
+BIN = None
+
+
+def make_state(d, seed, big=24 << 20):
+    """A checkpoint directory whose bytes depend on `seed`: one large file, small ones, an
+    empty one, a nested one."""
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(os.path.join(d, "opt"))
+    rng = random.Random(seed)
+    files = {"model.safetensors": rng.randbytes(big), "config.json": rng.randbytes(777),
+             "opt/state.bin": rng.randbytes(3 << 20), "empty": b""}
+    for name, data in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    return files
+
+
+def same_tree(d, files):
+    got = {}
+    for root, _, names in os.walk(d):
+        for n in names:
+            p = os.path.join(root, n)
+            with open(p, "rb") as f:
+                got[os.path.relpath(p, d)] = f.read()
+    assert got.keys() == files.keys(), f"{sorted(got)} != {sorted(files)}"
+    for k in files:
+        assert got[k] == files[k], f"{k} differs"
+
+
+def run(*args, endpoint=None, timeout=300):
+    return sluice(BIN, "ckpt", *args, endpoint=endpoint, timeout=timeout)
+
+
+def ok(r):
+    assert r.returncode == 0, f"rc {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+    return r
+
+
+def failed_cleanly(r, *words):
+    assert 0 < r.returncode < 64, f"rc {r.returncode} (a crash?)\nstderr: {r.stderr}"
+    assert "sluice: error:" in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, f"{w!r} not in {r.stderr!r}"
+
+
+class Ctx:
+    def __init__(self, scratch, s3):
+        self.scratch = scratch
+        self.s3 = s3
+        self.n = 0
+
+    def dir(self, name):
+        self.n += 1
+        return os.path.join(self.scratch, f"{self.n:02d}-{name}")
+
+
+# --- local tier -----------------------------------------------------------------------------
+
+def test_save_restore_local(ctx):
+    src, tier, out = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out")
+    files = make_state(src, 1)
+    ok(run("save", "--series", "m", "--step", "10", "--to", tier, src))
+    r = ok(run("ls", "--series", "m", "--from", tier, "--json"))
+    steps = json.loads(r.stdout)
+    assert [s["step"] for s in steps] == [10], steps
+    assert steps[0]["bytes"] == sum(len(v) for v in files.values())
+    ok(run("restore", "--series", "m", "--from", tier, "--to", out))
+    same_tree(out, files)
+    # Restoring over existing files needs --force.
+    failed_cleanly(run("restore", "--series", "m", "--from", tier, "--to", out), "exists")
+    ok(run("restore", "--series", "m", "--from", tier, "--to", out, "--force"))
+    # The same step again is refused, and the committed one is intact.
+    make_state(src, 2)
+    failed_cleanly(run("save", "--series", "m", "--step", "10", "--to", tier, src), "already committed")
+    ok(run("verify", "--series", "m", "--from", tier))
+
+
+def test_retention_and_gc(ctx):
+    src, tier = ctx.dir("src"), ctx.dir("tier")
+    make_state(src, 3, big=1 << 20)
+    for step in range(1, 8):
+        ok(run("save", "--series", "r", "--step", str(step), "--to", tier, "--keep-last", "2",
+               "--keep-every", "3", src))
+    steps = [s["step"] for s in json.loads(ok(run("ls", "--series", "r", "--from", tier, "--json")).stdout)]
+    assert steps == [3, 6, 7], steps
+    # An incomplete step (a shard without a manifest) is removed once past the grace.
+    step_dir = os.path.join(tier, "r", "step-000000000099")
+    os.makedirs(step_dir)
+    with open(os.path.join(step_dir, "rank-00000.shard"), "wb") as f:
+        f.write(b"x" * 100)
+    r = json.loads(ok(run("gc", "--series", "r", "--from", tier, "--json")).stdout)
+    assert r["removed_incomplete"] == [], r  # younger than the default grace
+    r = json.loads(ok(run("gc", "--series", "r", "--from", tier, "--grace", "0", "--keep-last", "1",
+                          "--json")).stdout)
+    assert r["removed_incomplete"] == [99], r
+    assert r["removed_steps"] == [3, 6], r
+    steps = [s["step"] for s in json.loads(ok(run("ls", "--series", "r", "--from", tier, "--json")).stdout)]
+    assert steps == [7], steps
+
+
+def test_bad_input(ctx):
+    src, tier, out = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out")
+    make_state(src, 4, big=1 << 20)
+    failed_cleanly(run("save", "--series", "m", "--step", "1", "--to", tier, ctx.dir("missing")), "missing")
+    failed_cleanly(run("save", "--series", "../x", "--step", "1", "--to", tier, src), "series name")
+    failed_cleanly(run("save", "--series", "m", "--step", "abc", "--to", tier, src), "--step")
+    failed_cleanly(run("restore", "--series", "nothing", "--from", tier, "--to", out), "no committed")
+    failed_cleanly(run("restore", "--series", "m", "--step", "5", "--from", tier, "--to", out), "not_found")
+    fifo_dir = ctx.dir("fifo")
+    os.makedirs(fifo_dir)
+    os.mkfifo(os.path.join(fifo_dir, "pipe"))
+    failed_cleanly(run("save", "--series", "m", "--step", "1", "--to", tier, fifo_dir, timeout=20),
+                   "not a regular file")
+    # A damaged manifest: refused as corrupt, and nothing is written.
+    ok(run("save", "--series", "m", "--step", "1", "--to", tier, src))
+    man = os.path.join(tier, "m", "step-000000000001", "manifest.json")
+    with open(man, "r+b") as f:
+        data = bytearray(f.read())
+        data[data.index(b'"bytes"') + 9] ^= 1
+        f.seek(0)
+        f.write(data)
+    failed_cleanly(run("restore", "--series", "m", "--step", "1", "--from", tier, "--to", out), "checksum")
+    assert not os.path.exists(out) or not os.listdir(out)
+
+
+def test_kill9_during_save(ctx):
+    """kill -9 `sluice ckpt save` at 50 random moments; after each, the latest checkpoint
+    restores complete and bit-exact, and is the one before or the one being saved."""
+    src, tier, out = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out")
+    contents = {1: make_state(src, 1000, big=32 << 20)}
+    ok(run("save", "--series", "k", "--step", "1", "--to", tier, src))
+    # How long a save takes here, to spread the kills over it.
+    contents[2] = make_state(src, 1001, big=32 << 20)
+    t0 = time.monotonic()
+    ok(run("save", "--series", "k", "--step", "2", "--to", tier, src))
+    span = time.monotonic() - t0
+    print(f"     a save takes {span:.2f} s here", flush=True)
+    rng = random.Random(7)
+    latest, step, kills, completed = 2, 2, 0, 0
+    env = dict(os.environ)
+    for i in range(50):
+        step += 1
+        contents[step] = make_state(src, 1000 + step, big=32 << 20)
+        p = subprocess.Popen([BIN, "ckpt", "save", "--series", "k", "--step", str(step), "--to", tier,
+                              "--no-progress", src], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env=env)
+        time.sleep(rng.uniform(0, 1.8 * span))
+        p.send_signal(signal.SIGKILL)
+        rc = p.wait()
+        kills += rc == -9
+        r = json.loads(ok(run("ls", "--series", "k", "--from", tier, "--json")).stdout)
+        now = r[-1]["step"]
+        assert now in (latest, step), f"latest {now}, expected {latest} or {step}"
+        if now == step:
+            completed += 1
+        latest = now
+        shutil.rmtree(out, ignore_errors=True)
+        ok(run("restore", "--series", "k", "--from", tier, "--to", out))
+        same_tree(out, contents[latest])
+    print(f"     {kills} saves killed, {completed} of 50 committed before the kill", flush=True)
+    assert kills >= 10 and 50 - completed >= 10, (kills, completed)
+    ok(run("verify", "--series", "k", "--step", "all", "--from", tier))
+    r = json.loads(ok(run("gc", "--series", "k", "--from", tier, "--grace", "0", "--json")).stdout)
+    # Debris of killed saves is gone: no step directory without a manifest, no temp files.
+    for d in os.listdir(os.path.join(tier, "k")):
+        assert os.path.exists(os.path.join(tier, "k", d, "manifest.json")), d
+    tmp = os.path.join(tier, ".sluice-tmp")
+    assert not os.path.exists(tmp) or not os.listdir(tmp), os.listdir(tmp)
+
+
+# --- S3 tier (s3rver) ----------------------------------------------------------------------------
+
+def test_local_then_s3_and_bitflip(ctx):
+    src, tier, out, out2 = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out"), ctx.dir("out2")
+    files = make_state(src, 5)
+    s3 = "s3://test/ckpts"
+    r = ok(run("save", "--series", "m", "--step", "1", "--to", tier, "--to", s3, "--json", src,
+               endpoint=ctx.s3.endpoint))
+    tiers = json.loads(r.stdout)["tiers"]
+    assert [t["state"] for t in tiers] == ["committed", "committed"], tiers
+    r = json.loads(ok(run("ls", "--series", "m", "--from", tier, "--from", s3, "--json",
+                          endpoint=ctx.s3.endpoint)).stdout)
+    assert len(r[0]["tiers"]) == 2, r
+    # From S3 alone.
+    ok(run("restore", "--series", "m", "--from", s3, "--to", out, endpoint=ctx.s3.endpoint))
+    same_tree(out, files)
+    # A flipped bit in the local shard: verify names it, restore reads that chunk from S3.
+    shard = os.path.join(tier, "m", "step-000000000001", "rank-00000.shard")
+    with open(shard, "r+b") as f:
+        f.seek(5 << 20)
+        b = f.read(1)
+        f.seek(5 << 20)
+        f.write(bytes([b[0] ^ 0x40]))
+    r = run("verify", "--series", "m", "--from", tier, "--from", s3, endpoint=ctx.s3.endpoint)
+    assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr
+    r = ok(run("restore", "--series", "m", "--from", tier, "--from", s3, "--to", out2, "--json",
+               endpoint=ctx.s3.endpoint))
+    assert json.loads(r.stdout)["chunks_failed_over"] == 1, r.stdout
+    same_tree(out2, files)
+
+
+def test_s3_503_during_upload(ctx):
+    src, out = ctx.dir("src"), ctx.dir("out")
+    files = make_state(src, 6, big=40 << 20)
+    with FaultProxy(ctx.s3, rules=[random_503(0.3, seed=11)]) as proxy:
+        r = ok(run("save", "--series", "f", "--step", "1", "--to", "s3://test/f503", src,
+                   endpoint=proxy.endpoint))
+        assert proxy.faults(), "no 503 was injected"
+        proxy.check_healthy()
+    ok(run("restore", "--series", "f", "--from", "s3://test/f503", "--to", out, endpoint=ctx.s3.endpoint))
+    same_tree(out, files)
+    # Every part upload refused: the save fails, names the tier, and leaves no upload open.
+    always = lambda req: ("error", 503, "SlowDown") if req.kind == "put-part" else None  # noqa: E731
+    with FaultProxy(ctx.s3, rules=[always]) as proxy:
+        r = run("save", "--series", "f", "--step", "2", "--to", "s3://test/f503", src,
+                endpoint=proxy.endpoint)
+        failed_cleanly(r, "s3://test/f503")
+    assert not pending_uploads(ctx.s3), pending_uploads(ctx.s3)
+    steps = [s["step"] for s in json.loads(ok(run("ls", "--series", "f", "--from", "s3://test/f503",
+                                                  "--json", endpoint=ctx.s3.endpoint)).stdout)]
+    assert steps == [1], steps
+
+
+def main():
+    global BIN
+    if len(sys.argv) != 2:
+        print(f"usage: {sys.argv[0]} PATH/TO/sluice", file=sys.stderr)
+        sys.exit(2)
+    BIN = os.path.abspath(sys.argv[1])
+    scratch = tempfile.mkdtemp(prefix="sluice-ckpt-")
+    runner = Runner()
+    s3 = None
+    try:
+        have_s3 = bool(find_s3rver())
+        if have_s3:
+            s3 = S3rver()
+        ctx = Ctx(scratch, s3)
+        tests = [test_save_restore_local, test_retention_and_gc, test_bad_input, test_kill9_during_save]
+        if have_s3:
+            tests += [test_local_then_s3_and_bitflip, test_s3_503_during_upload]
+        else:
+            print("SKIP - S3 tier tests: s3rver not installed")
+        for t in tests:
+            t0 = time.monotonic()
+            runner.run(t.__name__, t, ctx)
+            print(f"     ({time.monotonic() - t0:.1f} s)", flush=True)
+    finally:
+        if s3:
+            s3.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    runner.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,593 @@
+// `sluice ckpt`: save files as a checkpoint, list, show, verify, restore and clean up.
+// Every file is one tensor of dtype uint8 named by its path relative to the argument it
+// came from; restore writes them back under --to, byte for byte.
+#include "ckpt_cmd.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "common.h"
+#include "sizes.h"
+#include "sluice/ckpt/checkpointer.h"
+#include "sluice/core/fd.h"
+#include "sluice/s3/store.h"
+
+namespace sluice::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct CkptArgs {
+  std::string series;
+  std::string step = "latest";
+  std::vector<std::string> tiers;  // --to (save) or --from (the others)
+  std::vector<std::string> paths;  // save
+  std::string out_dir;             // restore --to
+  AwsFlags aws;
+  unsigned rank = 0, world = 1;
+  int only_rank = -1;  // restore --rank
+  int tier = -1;       // verify --tier
+  unsigned keep_last = 0;
+  uint64_t keep_every = 0;
+  double grace_s = 3600;
+  std::string staging = "1G";
+  std::string chunk = "4M";
+  unsigned commit_timeout_s = 600;
+  bool json = false, no_progress = false, force = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
+  auto v = parse_size(text);
+  if (!v) return fail(Code::kInvalidArgument, flag + " '" + text + "': " + v.error().message());
+  return *v;
+}
+
+Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
+                                                              const std::string& home,
+                                                              uint64_t staging) {
+  s3::register_scheme();
+  store::StoreOptions so;
+  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
+  so.backend.set(s3o);
+  ckpt::CheckpointerOptions o;
+  o.series = a.series;
+  o.rank = a.rank;
+  o.world = a.world;
+  std::vector<std::string> uris = a.tiers;
+  if (uris.empty()) uris.push_back(home + "/ckpt");
+  for (const auto& uri : uris) {
+    SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t, ckpt::open_tier(uri, so));
+    t.retention = {a.keep_last, a.keep_every};
+    o.tiers.push_back(std::move(t));
+  }
+  o.staging_bytes = staging;
+  SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size_flag("--chunk-size", a.chunk));
+  o.commit_timeout = std::chrono::seconds(a.commit_timeout_s);
+  o.incomplete_grace = std::chrono::seconds(static_cast<int64_t>(a.grace_s));
+  o.gc_after_save = a.keep_last || a.keep_every;
+  return ckpt::Checkpointer::open(std::move(o));
+}
+
+Result<uint64_t> parse_step(const std::string& text) {
+  uint64_t step = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), step);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty())
+    return fail(Code::kInvalidArgument, "--step '" + text + "' is not a number or 'latest'");
+  return step;
+}
+
+Result<uint64_t> resolve_step(ckpt::Checkpointer& cp, const std::string& text) {
+  if (text == "latest") return cp.latest();
+  return parse_step(text);
+}
+
+// ---------------------------------------------------------------------------------------
+// save
+
+struct InputFile {
+  std::string name;  // the tensor name: the path relative to the argument
+  std::string path;
+  uint64_t size = 0;
+};
+
+Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& args) {
+  std::vector<InputFile> files;
+  std::map<std::string, std::string> seen;  // name -> path
+  auto add = [&](std::string name, const fs::path& p, uint64_t size) -> Status {
+    auto [it, fresh] = seen.emplace(name, p.string());
+    if (!fresh)
+      return fail(Code::kInvalidArgument, "two inputs would be saved as '" + name +
+                                              "': " + it->second + " and " + p.string());
+    files.push_back({std::move(name), p.string(), size});
+    return ok();
+  };
+  for (const auto& arg : args) {
+    std::error_code ec;
+    auto st = fs::status(arg, ec);
+    if (ec) return fail(Code::kNotFound, "cannot read " + arg + ": " + ec.message());
+    if (fs::is_regular_file(st)) {
+      SLUICE_RETURN_IF_ERROR(add(fs::path(arg).filename().string(), arg, fs::file_size(arg, ec)));
+      continue;
+    }
+    if (!fs::is_directory(st))
+      return fail(Code::kInvalidArgument, arg + " is not a regular file or a directory");
+    std::vector<fs::path> found;
+    for (auto it = fs::recursive_directory_iterator(arg, ec); !ec && it != fs::end(it);
+         it.increment(ec)) {
+      if (it->is_regular_file(ec))
+        found.push_back(it->path());
+      else if (!it->is_directory(ec) && !it->is_symlink(ec))
+        return fail(Code::kInvalidArgument, it->path().string() +
+                                                " is not a regular file (FIFOs, devices and "
+                                                "sockets are not saved)");
+    }
+    if (ec) return fail(Code::kIoError, "listing " + arg + ": " + ec.message());
+    std::sort(found.begin(), found.end());
+    for (const auto& p : found)
+      SLUICE_RETURN_IF_ERROR(add(fs::relative(p, arg).generic_string(), p, fs::file_size(p, ec)));
+  }
+  if (files.empty()) return fail(Code::kInvalidArgument, "nothing to save: no files in the inputs");
+  return files;
+}
+
+// Reads a file's bytes as staging asks for them (opened per call, so a directory of many
+// files holds no descriptors); a file that changes size while being saved fails the save.
+ckpt::TensorView file_tensor(const InputFile& f) {
+  ckpt::TensorView v;
+  v.name = f.name;
+  v.shape = {static_cast<int64_t>(f.size)};
+  v.bytes = f.size;
+  v.source = [path = f.path, size = f.size](uint64_t off, std::span<std::byte> dst) -> Status {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    if (!fd.valid()) return fail_errno(errno, "open " + path);
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
+    if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != size)
+      return fail(Code::kConflict,
+                  path + " changed while being saved (it was " + std::to_string(size) + " bytes)");
+    size_t got = 0;
+    while (got < dst.size()) {
+      ssize_t n =
+          ::pread(fd.get(), dst.data() + got, dst.size() - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return fail_errno(errno, "read " + path);
+      if (n == 0) return fail(Code::kConflict, path + " shrank while being saved");
+      got += static_cast<size_t>(n);
+    }
+    return ok();
+  };
+  return v;
+}
+
+void print_progress(const ckpt::SaveProgress& p) {
+  std::string line = "staged " + format_size(static_cast<double>(p.bytes_staged)) + "/" +
+                     format_size(static_cast<double>(p.bytes_total));
+  for (const auto& t : p.tiers)
+    line +=
+        "  " + t.tier + ": " + ckpt::to_string(t.state) +
+        (t.state == ckpt::TierState::kWriting ? " " + format_size(static_cast<double>(t.bytes_done))
+                                              : "");
+  std::fprintf(stderr, "\r%-100s", line.c_str());
+}
+
+int run_save(const CkptArgs& a, const std::string& home) {
+  auto files = collect_files(a.paths);
+  if (!files) return report_error(files.error());
+  uint64_t total = 0;
+  std::vector<ckpt::TensorView> views;
+  for (const auto& f : *files) {
+    total += f.size;
+    views.push_back(file_tensor(f));
+  }
+  auto staging = size_flag("--staging", a.staging);
+  if (!staging) return report_error(staging.error());
+  // No more staging than the files need (a small save does not touch 1 GiB of memory).
+  auto cp = open_checkpointer(a, home, std::min(*staging, total + (uint64_t{32} << 20)));
+  if (!cp) return report_error(cp.error());
+  auto number = parse_step(a.step);
+  if (!number) return report_error(number.error());
+  const uint64_t step = *number;
+  const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = (*cp)->save(step, views);
+  if (!h) return report_error(h.error());
+  const double staged_s = seconds_since(t0);
+  std::vector<double> tier_s((*cp)->options().tiers.size(), 0);
+  for (size_t i = 0; i < tier_s.size(); ++i) {
+    while (progress && (*h)->progress().tiers[i].state != ckpt::TierState::kCommitted &&
+           !(*h)->progress().finished) {
+      print_progress((*h)->progress());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    (void)(*h)->wait_tier(i);
+    tier_s[i] = seconds_since(t0);
+  }
+  Status st = (*h)->wait();
+  if (progress) std::fprintf(stderr, "\r%-100s\r", "");
+  auto p = (*h)->progress();
+  if (a.json) {
+    json j = {{"series", a.series}, {"step", step},         {"files", files->size()},
+              {"bytes", total},     {"staged_s", staged_s}, {"ok", static_cast<bool>(st)}};
+    for (size_t i = 0; i < p.tiers.size(); ++i)
+      j["tiers"].push_back({{"tier", p.tiers[i].tier},
+                            {"state", ckpt::to_string(p.tiers[i].state)},
+                            {"seconds", tier_s[i]},
+                            {"error", p.tiers[i].error ? p.tiers[i].error->message() : ""}});
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("saved step %llu of series %s: %zu file(s), %s; staged in %.3f s\n",
+                static_cast<unsigned long long>(step), a.series.c_str(), files->size(),
+                format_size(static_cast<double>(total)).c_str(), staged_s);
+    for (size_t i = 0; i < p.tiers.size(); ++i) {
+      const auto& t = p.tiers[i];
+      if (t.state == ckpt::TierState::kCommitted)
+        std::printf("  committed  %s after %.3f s\n", t.tier.c_str(), tier_s[i]);
+      else
+        std::printf("  %-10s %s: %s\n", ckpt::to_string(t.state), t.tier.c_str(),
+                    t.error ? printable(t.error->message()).c_str() : "");
+    }
+  }
+  if (!st) return report_error(st.error());
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// ls, show
+
+int run_ls(const CkptArgs& a, const std::string& home) {
+  if (a.series.empty()) {
+    // Every series on the tiers: the first component of keys that look like a step's.
+    std::set<std::string> names;
+    CkptArgs any = a;
+    any.series = "x";
+    auto cp = open_checkpointer(any, home, 0);
+    if (!cp) return report_error(cp.error());
+    for (const auto& t : (*cp)->options().tiers) {
+      auto objs = t.store->list_all("");
+      if (!objs) return report_error(objs.error());
+      for (const auto& o : *objs) {
+        size_t slash = o.key.find('/');
+        if (slash != std::string::npos && o.key.compare(slash + 1, 5, "step-") == 0)
+          names.insert(o.key.substr(0, slash));
+      }
+    }
+    if (a.json) {
+      std::printf("%s\n", json(names).dump().c_str());
+    } else {
+      for (const auto& n : names) std::printf("%s\n", n.c_str());
+    }
+    return 0;
+  }
+  auto cp = open_checkpointer(a, home, 0);
+  if (!cp) return report_error(cp.error());
+  auto steps = (*cp)->list();
+  if (!steps) return report_error(steps.error());
+  json out = json::array();
+  if (!a.json) std::printf("%-14s %12s  %-20s %s\n", "step", "bytes", "created (UTC)", "tiers");
+  for (const auto& s : *steps) {
+    char when[32] = "-";
+    time_t secs = static_cast<time_t>(s.created_ns / 1000000000);
+    struct tm tm;
+    if (s.created_ns && gmtime_r(&secs, &tm))
+      std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    std::string tiers;
+    for (const auto& t : s.tiers) tiers += (tiers.empty() ? "" : ", ") + t;
+    if (a.json)
+      out.push_back(
+          {{"step", s.step}, {"bytes", s.bytes}, {"created_ns", s.created_ns}, {"tiers", s.tiers}});
+    else
+      std::printf("%-14llu %12s  %-20s %s\n", static_cast<unsigned long long>(s.step),
+                  format_size(static_cast<double>(s.bytes)).c_str(), when, tiers.c_str());
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+int run_show(const CkptArgs& a, const std::string& home) {
+  auto cp = open_checkpointer(a, home, 0);
+  if (!cp) return report_error(cp.error());
+  auto step = resolve_step(**cp, a.step);
+  if (!step) return report_error(step.error());
+  auto m = (*cp)->manifest(*step);
+  if (!m) return report_error(m.error());
+  if (a.json) {
+    std::string text = ckpt::encode_manifest(*m);
+    std::printf("%s", text.c_str());
+    return 0;
+  }
+  std::printf("series %s, step %llu, %u rank(s), %s\n", m->series.c_str(),
+              static_cast<unsigned long long>(m->step), m->world,
+              format_size(static_cast<double>(m->bytes())).c_str());
+  for (const auto& s : m->shards) {
+    std::printf("rank %u: %zu tensor(s), shard of %s, chunks of %s\n", s.rank, s.tensors.size(),
+                format_size(static_cast<double>(s.bytes)).c_str(),
+                format_size(static_cast<double>(s.chunk_size)).c_str());
+    for (const auto& t : s.tensors) {
+      std::string shape;
+      for (int64_t d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+      std::printf("  %-40s %-9s [%s] %s\n", t.name.c_str(), t.dtype.c_str(), shape.c_str(),
+                  format_size(static_cast<double>(t.bytes)).c_str());
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// verify
+
+int run_verify(const CkptArgs& a, const std::string& home) {
+  auto cp = open_checkpointer(a, home, 0);
+  if (!cp) return report_error(cp.error());
+  std::vector<uint64_t> steps;
+  if (a.step == "all") {
+    auto all = (*cp)->list();
+    if (!all) return report_error(all.error());
+    for (const auto& s : *all) steps.push_back(s.step);
+  } else {
+    auto s = resolve_step(**cp, a.step);
+    if (!s) return report_error(s.error());
+    steps.push_back(*s);
+  }
+  bool bad = false;
+  json out = json::array();
+  for (uint64_t step : steps) {
+    for (size_t i = 0; i < (*cp)->options().tiers.size(); ++i) {
+      if (a.tier >= 0 && static_cast<size_t>(a.tier) != i) continue;
+      auto r = (*cp)->verify(step, static_cast<int>(i));
+      const std::string& tier = (*cp)->options().tiers[i].name;
+      if (!r && r.error().code() == Code::kNotFound) continue;  // no copy on this tier
+      if (!r) return report_error(r.error());
+      bad = bad || r->bad_chunks || !r->problems.empty();
+      if (a.json) {
+        out.push_back({{"step", step},
+                       {"tier", tier},
+                       {"chunks", r->chunks},
+                       {"bad_chunks", r->bad_chunks},
+                       {"problems", r->problems}});
+        continue;
+      }
+      std::printf("step %llu on %s: %llu chunk(s), %llu bad%s\n",
+                  static_cast<unsigned long long>(step), tier.c_str(),
+                  static_cast<unsigned long long>(r->chunks),
+                  static_cast<unsigned long long>(r->bad_chunks), r->problems.empty() ? "" : ":");
+      for (const auto& p : r->problems) std::printf("  %s\n", printable(p).c_str());
+    }
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+  return bad ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// restore
+
+// Writes restored tensors as files under the output directory, through a file:// store:
+// each name is checked as a key (relative, no "..", no empty parts), resolved beneath the
+// directory (a symlink cannot lead out), and published atomically.
+int run_restore(const CkptArgs& a, const std::string& home) {
+  if (a.out_dir.empty())
+    return report_error(Error(Code::kInvalidArgument, "restore needs --to DIR"));
+  auto cp = open_checkpointer(a, home, 0);
+  if (!cp) return report_error(cp.error());
+  auto step = resolve_step(**cp, a.step);
+  if (!step) return report_error(step.error());
+  auto m = (*cp)->manifest(*step);
+  if (!m) return report_error(m.error());
+  std::error_code ec;
+  fs::create_directories(a.out_dir, ec);
+  if (ec) return report_error(Error(Code::kIoError, "create " + a.out_dir + ": " + ec.message()));
+  auto out = store::open_store(a.out_dir);
+  if (!out) return report_error(out.error());
+
+  struct Item {
+    unsigned rank;
+    const ckpt::TensorEntry* t;
+    std::string key;
+  };
+  std::vector<Item> items;
+  for (const auto& s : m->shards) {
+    if (a.only_rank >= 0 && s.rank != static_cast<unsigned>(a.only_rank)) continue;
+    for (const auto& t : s.tensors) {
+      std::string key =
+          (m->world > 1 && a.only_rank < 0 ? "rank-" + std::to_string(s.rank) + "/" : "") + t.name;
+      if (auto st = store::validate_key(key); !st)
+        return report_error(Error(
+            Code::kCorruption,
+            "tensor name '" + t.name + "' is not a safe relative path: " + st.error().message()));
+      if (!a.force && (*out)->stat(key))
+        return report_error(Error(Code::kAlreadyExists,
+                                  a.out_dir + "/" + key + " exists (use --force to replace it)"));
+      items.push_back({s.rank, &t, std::move(key)});
+    }
+  }
+  if (items.empty()) return report_error(Error(Code::kNotFound, "no tensors to restore"));
+  // Batches of at most 256 MiB (or one larger tensor), restored into one reused buffer.
+  constexpr uint64_t kBatch = uint64_t{256} << 20;
+  uint64_t biggest = 0;
+  for (const auto& it : items) biggest = std::max(biggest, it.t->bytes);
+  auto buf =
+      AlignedBuffer::allocate(std::max<uint64_t>(std::max(kBatch, biggest), kDirectAlignment));
+  if (!buf) return report_error(buf.error());
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t bytes = 0, failed_over = 0;
+  for (size_t i = 0; i < items.size();) {
+    std::vector<ckpt::TensorDest> dests;
+    std::vector<size_t> which;
+    uint64_t at = 0;
+    for (; i < items.size() && (dests.empty() || at + items[i].t->bytes <= kBatch); ++i) {
+      dests.push_back({items[i].t->name, static_cast<int>(items[i].rank), buf->data() + at,
+                       items[i].t->bytes, nullptr});
+      which.push_back(i);
+      at = (at + items[i].t->bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+    }
+    auto r = (*cp)->restore(*step, dests);
+    if (!r) return report_error(r.error());
+    failed_over += r->chunks_failed_over;
+    for (const auto& p : r->problems)
+      std::fprintf(stderr, "sluice: warning: %s\n", printable(p).c_str());
+    for (size_t k = 0; k < dests.size(); ++k) {
+      store::WriteOptions wo;
+      wo.overwrite = a.force;
+      auto st = (*out)->put(items[which[k]].key,
+                            {static_cast<const std::byte*>(dests[k].data), dests[k].bytes}, wo);
+      if (!st) return report_error(st.error());
+      bytes += dests[k].bytes;
+    }
+  }
+  const double secs = seconds_since(t0);
+  if (a.json) {
+    std::printf("%s\n", json({{"series", a.series},
+                              {"step", *step},
+                              {"files", items.size()},
+                              {"bytes", bytes},
+                              {"seconds", secs},
+                              {"chunks_failed_over", failed_over}})
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf(
+        "restored step %llu of series %s: %zu file(s), %s in %.3f s to %s%s\n",
+        static_cast<unsigned long long>(*step), a.series.c_str(), items.size(),
+        format_size(static_cast<double>(bytes)).c_str(), secs, a.out_dir.c_str(),
+        failed_over
+            ? (" (" + std::to_string(failed_over) + " chunk(s) read from a later tier)").c_str()
+            : "");
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// gc
+
+int run_gc(const CkptArgs& a, const std::string& home) {
+  auto cp = open_checkpointer(a, home, 0);
+  if (!cp) return report_error(cp.error());
+  auto r = (*cp)->gc();
+  if (!r) return report_error(r.error());
+  if (a.json) {
+    std::printf("%s\n", json({{"removed_steps", r->removed_steps},
+                              {"removed_incomplete", r->removed_incomplete},
+                              {"objects_removed", r->objects_removed}})
+                            .dump()
+                            .c_str());
+    return 0;
+  }
+  auto list = [](const std::vector<uint64_t>& v) {
+    std::string s;
+    for (uint64_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+    return s.empty() ? std::string("none") : s;
+  };
+  std::printf("removed checkpoints: %s\nremoved incomplete steps: %s\nobjects removed: %llu\n",
+              list(r->removed_steps).c_str(), list(r->removed_incomplete).c_str(),
+              static_cast<unsigned long long>(r->objects_removed));
+  return 0;
+}
+
+}  // namespace
+
+void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
+  static CkptArgs a;  // CLI11 binds to it; one command runs per process
+  auto* ck = app.add_subcommand(
+      "ckpt",
+      "Checkpoints: save files (safetensors shards, a directory) to tiers, list, show, "
+      "verify, restore, gc");
+  ck->require_subcommand(1);
+  const std::string def_tier = home + "/ckpt";
+  auto common = [&](CLI::App* c, const char* tier_flag, const char* tier_help) {
+    // One value per --to/--from: a path after it is an input, not another tier.
+    c->add_option(tier_flag, a.tiers, tier_help)->default_str(def_tier)->allow_extra_args(false);
+    c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
+    c->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
+    c->add_option("--region", a.aws.region, "Region for s3:// tiers");
+    c->add_option("--chunk-size", a.chunk, "Checksum granularity (a multiple of 4K)")
+        ->default_str("4M");
+    c->add_flag("--json", a.json, "Print the result as JSON");
+  };
+  const char* from_help =
+      "A tier to read, nearest first (repeatable): a directory, file://, s3://bucket/prefix";
+  auto* save = ck->add_subcommand("save", "Save files or directories as one checkpoint step");
+  save->add_option("--series", a.series, "The checkpoint series (A-Z a-z 0-9 . _ -)")->required();
+  save->add_option("--step", a.step, "The step number")->required();
+  save->add_option("PATH", a.paths, "Files or directories to save")->required();
+  common(save, "--to",
+         "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix");
+  save->add_option("--rank", a.rank, "This process's rank (each rank saves its own files)");
+  save->add_option("--world", a.world, "How many ranks save this step")
+      ->check(CLI::Range(1u, 65536u));
+  save->add_option("--staging", a.staging, "Host memory for staging at most")->default_str("1G");
+  save->add_option("--keep-last", a.keep_last, "After the save, keep this many (0: all)");
+  save->add_option("--keep-every", a.keep_every, "After the save, also keep steps divisible by K");
+  save->add_option("--commit-timeout", a.commit_timeout_s,
+                   "Seconds rank 0 waits for every rank's shard")
+      ->default_val(600);
+  save->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
+  save->callback([&rc, home] { rc = run_save(a, home); });
+
+  auto* ls = ck->add_subcommand("ls", "List series, or the committed steps of one series");
+  ls->add_option("--series", a.series, "The series (none: list the series)");
+  common(ls, "--from", from_help);
+  ls->callback([&rc, home] { rc = run_ls(a, home); });
+
+  auto* show = ck->add_subcommand("show", "Show a step's manifest: ranks, tensors, sizes");
+  show->add_option("--series", a.series, "The series")->required();
+  show->add_option("--step", a.step, "A step number or latest")->default_str("latest");
+  common(show, "--from", from_help);
+  show->callback([&rc, home] { rc = run_show(a, home); });
+
+  auto* verify = ck->add_subcommand(
+      "verify",
+      "Read every chunk of a step on every tier holding it and check its checksum; "
+      "exit 1 if any is bad");
+  verify->add_option("--series", a.series, "The series")->required();
+  verify->add_option("--step", a.step, "A step number, latest or all")->default_str("latest");
+  verify->add_option("--tier", a.tier, "Only the tier at this index (0 = first --from)");
+  common(verify, "--from", from_help);
+  verify->callback([&rc, home] { rc = run_verify(a, home); });
+
+  auto* restore = ck->add_subcommand(
+      "restore",
+      "Write a step's files back under --to DIR, each chunk from the nearest tier "
+      "where it verifies");
+  restore->add_option("--series", a.series, "The series")->required();
+  restore->add_option("--step", a.step, "A step number or latest")->default_str("latest");
+  restore->add_option("--to", a.out_dir, "The directory to write the files into")->required();
+  restore->add_option("--from", a.tiers, from_help)->default_str(def_tier)->allow_extra_args(false);
+  restore->add_option("--rank", a.only_rank,
+                      "Only this rank's files (default: every rank; "
+                      "with several, each under rank-N/)");
+  restore->add_flag("--force", a.force, "Replace files that exist");
+  restore->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
+  restore->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
+  restore->add_option("--region", a.aws.region, "Region for s3:// tiers");
+  restore->add_flag("--json", a.json, "Print the result as JSON");
+  restore->callback([&rc, home] { rc = run_restore(a, home); });
+
+  auto* gc = ck->add_subcommand(
+      "gc",
+      "Apply retention (--keep-last, --keep-every) and remove incomplete steps older than "
+      "--grace; the newest committed step is never removed");
+  gc->add_option("--series", a.series, "The series")->required();
+  gc->add_option("--keep-last", a.keep_last, "Keep this many newest checkpoints (0: all)");
+  gc->add_option("--keep-every", a.keep_every, "Also keep steps divisible by K");
+  gc->add_option("--grace", a.grace_s, "Seconds an incomplete step is left alone")
+      ->default_val(3600);
+  common(gc, "--from", from_help);
+  gc->callback([&rc, home] { rc = run_gc(a, home); });
+}
+
+}  // namespace sluice::cli

@@ -236,10 +236,80 @@ Status check_free_space(const Tier& t, uint64_t need, std::string_view what) {
   return ok();
 }
 
+// A thread that copies part of each staged segment: one thread's memcpy runs at about half
+// of what the memory system gives two (8-9 vs 17-18 GiB/s on our machines).
+class CopyHelper {
+ public:
+  CopyHelper() : thread_([this] { loop(); }) {}
+  ~CopyHelper() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    thread_.join();
+  }
+  void post(std::function<Status()> fn) {
+    std::lock_guard lk(mu_);
+    task_ = std::move(fn);
+    done_ = false;
+    cv_.notify_all();
+  }
+  Status wait() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return done_; });
+    return result_;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || task_; });
+      if (!task_) return;
+      auto fn = std::move(task_);
+      task_ = nullptr;
+      lk.unlock();
+      Status r = fn();
+      lk.lock();
+      result_ = std::move(r);
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<Status()> task_;  // guarded by mu_
+  Status result_ = ok();          // guarded by mu_
+  bool done_ = true, stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// The files one restore or verify reads: each local shard is opened once and shared by the
+// reading threads (a FileHandle may be used from many threads at once).
+class ShardFiles {
+ public:
+  Result<io::FileHandle*> get(const std::shared_ptr<io::Context>& ctx, const std::string& path) {
+    std::lock_guard lk(mu_);
+    auto it = open_.find(path);
+    if (it != open_.end()) return it->second.get();
+    SLUICE_ASSIGN_OR_RETURN(auto fh, io::FileHandle::open(ctx, path, {}));
+    auto& slot = open_[path];
+    slot = std::make_unique<io::FileHandle>(std::move(fh));
+    return slot.get();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<io::FileHandle>> open_;  // guarded by mu_
+};
+
 class CheckpointerImpl final : public Checkpointer {
  public:
   CheckpointerImpl(CheckpointerOptions o, std::unique_ptr<StagingRing> ring)
       : o_(std::move(o)), ring_(std::move(ring)) {
+    for (unsigned i = 1; i < o_.stage_threads; ++i)
+      helpers_.push_back(std::make_unique<CopyHelper>());
     stage_thread_ = std::thread([this] { stage_loop(); });
     repl_thread_ = std::thread([this] { replicate_loop(); });
   }
@@ -284,17 +354,19 @@ class CheckpointerImpl final : public Checkpointer {
   void finish(SaveJob& job);
 
   // Reads a shard's bytes [off, off + dst.size()) from tier i.
-  Status read_shard(size_t i, const std::string& key, uint64_t off, std::span<std::byte> dst);
+  Status read_shard(size_t i, const std::string& key, uint64_t off, std::span<std::byte> dst,
+                    ShardFiles& files);
   Result<Manifest> manifest_on(size_t i, uint64_t step);
   // Reads one chunk from the first tier in `holds` where it is intact; returns that tier.
   // `why` collects the failures of earlier tiers.
   Result<size_t> read_chunk(uint64_t step, const ShardRecord& shard, const TensorEntry& tensor,
                             size_t chunk, const std::vector<int>& holds, std::span<std::byte> dst,
-                            std::string& why);
+                            ShardFiles& files, std::string& why);
 
   CheckpointerOptions o_;
   std::unique_ptr<StagingRing> ring_;
-  std::mutex save_mu_;  // one caller stages at a time
+  std::mutex save_mu_;                                // one caller stages at a time
+  std::vector<std::unique_ptr<CopyHelper>> helpers_;  // used under save_mu_
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -378,26 +450,49 @@ Status copy_piece(const TensorView& v, uint64_t off, std::span<std::byte> out) {
   return ok();
 }
 
+// Fills shard bytes [a, b) into `dst` (which holds byte a): tensor bytes and the zeros of
+// the alignment padding between them.
+Status fill_range(const ShardRecord& r, std::span<const TensorView> views, uint64_t a, uint64_t b,
+                  std::byte* dst) {
+  const auto& ts = r.tensors;
+  // The first tensor ending after a: tensors are in offset order.
+  size_t t = std::partition_point(ts.begin(), ts.end(),
+                                  [&](const TensorEntry& e) { return e.offset + e.bytes <= a; }) -
+             ts.begin();
+  uint64_t at = a;  // bytes before `at` are filled
+  for (size_t i = t; i < ts.size() && ts[i].offset < b; ++i) {
+    uint64_t lo = std::max(a, ts[i].offset), hi = std::min(b, ts[i].offset + ts[i].bytes);
+    if (lo > at) std::memset(dst + (at - a), 0, lo - at);
+    if (hi > lo)
+      SLUICE_RETURN_IF_ERROR(copy_piece(views[i], lo - ts[i].offset, {dst + (lo - a), hi - lo}));
+    at = std::max(at, hi);
+  }
+  if (b > at) std::memset(dst + (at - a), 0, b - at);
+  return ok();
+}
+
 Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) {
   const uint64_t seg = ring_->segment();
-  const auto& ts = job.record.tensors;
-  size_t t = 0;  // the first tensor that may overlap the segment
+  const size_t parts = helpers_.size() + 1;
   for (uint64_t k = 0; k < job.segments; ++k) {
     const uint64_t q = job.first_seq + k;
     ring_->wait_free(q);
     std::byte* dst = ring_->slot(q);
     const uint64_t a = k * seg, b = std::min(job.record.bytes, a + seg);
-    uint64_t at = a;  // bytes before `at` in this segment are filled
-    while (t < ts.size() && ts[t].offset + ts[t].bytes <= a) ++t;
-    for (size_t i = t; i < ts.size() && ts[i].offset < b; ++i) {
-      uint64_t lo = std::max(a, ts[i].offset), hi = std::min(b, ts[i].offset + ts[i].bytes);
-      if (lo > at) std::memset(dst + (at - a), 0, lo - at);  // alignment padding
-      if (hi > lo) {
-        SLUICE_RETURN_IF_ERROR(copy_piece(views[i], lo - ts[i].offset, {dst + (lo - a), hi - lo}));
-      }
-      at = std::max(at, hi);
+    // The segment is cut in `parts` page-aligned pieces copied at once; the caller's
+    // thread takes the first.
+    const uint64_t piece =
+        (b - a + parts * kTensorAlignment - 1) / (parts * kTensorAlignment) * kTensorAlignment;
+    size_t posted = 0;
+    for (size_t h = 0; h < helpers_.size() && a + (h + 1) * piece < b; ++h, ++posted) {
+      uint64_t lo = a + (h + 1) * piece, hi = std::min(b, lo + piece);
+      helpers_[h]->post(
+          [&, lo, hi] { return fill_range(job.record, views, lo, hi, dst + (lo - a)); });
     }
-    if (b > at) std::memset(dst + (at - a), 0, b - at);
+    Status st = fill_range(job.record, views, a, std::min(b, a + piece), dst);
+    for (size_t h = 0; h < posted; ++h)
+      if (Status hs = helpers_[h]->wait(); st && !hs) st = hs;
+    if (!st) return st;
     ring_->mark_filled(q);
     job.handle->staged(b);
   }
@@ -667,13 +762,13 @@ Status CheckpointerImpl::wait_for_commit(size_t i, uint64_t step) {
 // Reading.
 
 Status CheckpointerImpl::read_shard(size_t i, const std::string& key, uint64_t off,
-                                    std::span<std::byte> dst) {
+                                    std::span<std::byte> dst, ShardFiles& files) {
   const Tier& tier = o_.tiers[i];
   size_t n = 0;
   if (local_tier(tier)) {
     // Through the data path: O_DIRECT straight into the caller's memory where aligned.
-    SLUICE_ASSIGN_OR_RETURN(auto fh, io::FileHandle::open(o_.io, tier.local_dir + "/" + key, {}));
-    SLUICE_ASSIGN_OR_RETURN(n, fh.read(io::Buffer::host(dst.data(), dst.size()), dst.size(), off));
+    SLUICE_ASSIGN_OR_RETURN(io::FileHandle * fh, files.get(o_.io, tier.local_dir + "/" + key));
+    SLUICE_ASSIGN_OR_RETURN(n, fh->read(io::Buffer::host(dst.data(), dst.size()), dst.size(), off));
   } else {
     SLUICE_ASSIGN_OR_RETURN(n, tier.store->read_full(key, off, dst));
   }
@@ -826,6 +921,7 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
   RestoreReport report;
   report.bytes_by_tier.assign(o_.tiers.size(), 0);
   std::mutex mu;
+  ShardFiles files;
   // Bounce buffers for device destinations, one per reading thread at most.
   BufferPool bounce(m->shards.empty() ? kDirectAlignment : m->shards[0].chunk_size,
                     o_.restore_parallel);
@@ -840,7 +936,7 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
       dst = buf.data();
     }
     std::string why;
-    auto served = read_chunk(step, *t.shard, *t.tensor, t.chunk, holds, {dst, n}, why);
+    auto served = read_chunk(step, *t.shard, *t.tensor, t.chunk, holds, {dst, n}, files, why);
     {
       std::lock_guard lk(mu);
       if (!why.empty()) report.problems.push_back(why);
@@ -865,12 +961,12 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
 Result<size_t> CheckpointerImpl::read_chunk(uint64_t step, const ShardRecord& shard,
                                             const TensorEntry& tensor, size_t chunk,
                                             const std::vector<int>& holds, std::span<std::byte> dst,
-                                            std::string& why) {
+                                            ShardFiles& files, std::string& why) {
   const std::string key = shard_key(o_.series, step, shard.rank);
   const uint64_t at = tensor.offset + chunk * shard.chunk_size;
   for (size_t i = 0; i < o_.tiers.size(); ++i) {
     if (!holds[i]) continue;
-    auto st = read_shard(i, key, at, dst);
+    auto st = read_shard(i, key, at, dst, files);
     if (st && XXH3_64bits(dst.data(), dst.size()) != tensor.chunks[chunk])
       st = fail(Code::kCorruption, key + " on tier " + o_.tiers[i].name + ": chunk " +
                                        std::to_string(chunk) + " of tensor '" + tensor.name +
@@ -888,6 +984,7 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, int tier) {
     return fail(Code::kInvalidArgument, "no tier " + std::to_string(tier));
   VerifyReport report;
   std::mutex mu;
+  ShardFiles files;
   bool any = false;
   for (size_t i = 0; i < o_.tiers.size(); ++i) {
     if (tier >= 0 && static_cast<size_t>(tier) != i) continue;
@@ -928,7 +1025,8 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, int tier) {
       const uint64_t n =
           std::min(it.shard->chunk_size, it.tensor->bytes - it.chunk * it.shard->chunk_size);
       std::string why;
-      auto served = read_chunk(step, *it.shard, *it.tensor, it.chunk, only, {buf.data(), n}, why);
+      auto served =
+          read_chunk(step, *it.shard, *it.tensor, it.chunk, only, {buf.data(), n}, files, why);
       std::lock_guard lk(mu);
       ++report.chunks;
       if (!served) {

@@ -109,7 +109,9 @@ struct CheckpointerOptions {
   uint64_t staging_bytes = uint64_t{1} << 30;
   uint64_t segment_bytes = uint64_t{16} << 20;  // the unit staged and written at once
   uint64_t chunk_size = uint64_t{4} << 20;      // checksum granularity (a multiple of 4 KiB)
-  unsigned restore_parallel = 8;                // chunk reads in flight during a restore
+  // Threads copying into staging during save: the caller's and stage_threads - 1 helpers.
+  unsigned stage_threads = 2;
+  unsigned restore_parallel = 8;  // chunk reads in flight during a restore
   // How long rank 0 waits for every rank's record before failing the commit.
   std::chrono::milliseconds commit_timeout{std::chrono::minutes(10)};
   // How old an uncommitted step's newest object must be before gc removes it.

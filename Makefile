@@ -44,6 +44,7 @@ bench: build test-tools
 	@scripts/install-deps.sh --bench
 	bench/fio_compare.py
 	bench/s3_compare.py
+	bench/ckpt_compare.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

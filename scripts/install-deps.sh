@@ -22,7 +22,7 @@ packages=(
   clang-format                                   # formatting check
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(fio awscli curl rclone iperf3)
+  packages+=(fio awscli curl rclone iperf3 python3-torch)
 fi
 
 missing=()

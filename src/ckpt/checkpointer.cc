@@ -525,9 +525,9 @@ void CheckpointerImpl::stage_loop() {
         if (job->aborted.load(std::memory_order_acquire)) break;
       }
     }
-    if (job->fits || job->source_tier < 0) {
-      // Drain what the caller staged (all of it, or up to where it failed) and free it.
-      ring_->wait_filled(job->first_seq + job->segments - (job->segments ? 1 : 0));
+    if ((job->fits || job->source_tier < 0) && job->segments > 0) {
+      // Wait until the caller has staged all of it (or given up), then free it.
+      ring_->wait_filled(job->first_seq + job->segments - 1);
       ring_->release_through(job->first_seq + job->segments);
     }
     if (job->source_tier < 0) {

@@ -142,6 +142,15 @@ TEST(Checkpointer, SavesStreamingAndRestoresBitExact) {
   s2.expect_restored(*cp, 2);
 }
 
+TEST(Checkpointer, SavesAnEmptyState) {
+  auto cp = Checkpointer::open(small_options({mem_tier("empty")})).value();
+  State none(5, {0, 0});
+  ASSERT_TRUE(cp->save(1, none.views).value()->wait());
+  ASSERT_TRUE(cp->save(2, {}).value()->wait());
+  EXPECT_EQ(cp->latest().value(), 2u);
+  none.expect_restored(*cp, 1);
+}
+
 TEST(Checkpointer, RejectsBadInput) {
   auto cp = Checkpointer::open(small_options({mem_tier("bad")})).value();
   std::vector<std::byte> b(8);

@@ -24,6 +24,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "sluice/xfer/copy.h"
 
@@ -214,13 +215,53 @@ struct SaveJob {
   uint64_t first_seq = 0, segments = 0;
   bool fits = false;                 // the whole shard is in the ring at once
   std::atomic<bool> aborted{false};  // the caller failed while staging
-  std::optional<Error> abort_error;  // set before `aborted`
+  std::optional<Error> abort_error;  // set before `aborted`, read after it
+  // The first tier failed while the caller was still streaming into the ring: staging stops.
+  std::atomic<bool> abandoned{false};
+  std::optional<Error> abandon_error;  // set before `abandoned`, read after it
+  std::string source_etag;             // the shard's etag on source_tier once committed
   std::shared_ptr<Handle> handle;
   int source_tier = -1;  // the tier the stage writer published the shard on
 };
 
 bool local_tier(const Tier& t) {
   return !t.local_dir.empty();
+}
+
+// Step directories left empty on a local tier (a save killed between creating the
+// directory and publishing into it, or a step gc emptied), once older than the grace.
+// Best effort: what cannot be removed is only an empty directory.
+void remove_empty_step_dirs(const std::string& series_dir, std::string_view series,
+                            const std::set<uint64_t>& active, std::chrono::seconds grace) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto cutoff = fs::file_time_type::clock::now() - grace;
+  for (const auto& e : fs::directory_iterator(series_dir, ec)) {
+    uint64_t step = 0;
+    std::string leaf;
+    const std::string key = std::string(series) + "/" + e.path().filename().string() + "/x";
+    std::error_code ec2;
+    if (!parse_step_key(series, key, step, leaf) || active.count(step) || !e.is_directory(ec2) ||
+        e.is_symlink(ec2) || fs::last_write_time(e.path(), ec2) > cutoff || ec2)
+      continue;
+    fs::remove(e.path(), ec2);  // removes only an empty directory (ENOTEMPTY otherwise)
+  }
+}
+
+// A record or manifest from a tier: untrusted, so its size is checked before it is read.
+Result<std::string> read_document(store::Store& s, const std::string& key) {
+  SLUICE_ASSIGN_OR_RETURN(auto info, s.stat(key));
+  if (info.size > kMaxDocumentBytes)
+    return fail(Code::kCorruption, key + " in " + s.uri() + " has " + std::to_string(info.size) +
+                                       " bytes; a checkpoint document has at most " +
+                                       std::to_string(kMaxDocumentBytes));
+  std::string text(info.size, '\0');
+  store::ReadOptions ro;
+  ro.if_match = info.etag;
+  SLUICE_ASSIGN_OR_RETURN(size_t n,
+                          s.read_full(key, 0, std::as_writable_bytes(std::span(text)), ro));
+  text.resize(n);
+  return text;
 }
 
 Status check_free_space(const Tier& t, uint64_t need, std::string_view what) {
@@ -340,6 +381,7 @@ class CheckpointerImpl final : public Checkpointer {
   Result<RestoreReport> restore(uint64_t step, std::span<const TensorDest> dests) override;
   Result<VerifyReport> verify(uint64_t step, int tier) override;
   Result<GcReport> gc() override;
+  Result<SyncReport> sync(std::optional<uint64_t> step) override;
 
  private:
   // Staging: fills the job's segments from the tensors (the caller's thread).
@@ -349,6 +391,9 @@ class CheckpointerImpl final : public Checkpointer {
   // Writes the job's shard from the ring to tier i; the chunk checksums on success.
   Result<std::vector<TensorEntry>> write_from_ring(SaveJob& job, size_t i);
   Status publish_record_and_commit(SaveJob& job, size_t i);
+  // Before this rank publishes its shard of `step` on a tier: AlreadyExists if the step is
+  // committed there; else removes this rank's shard and record left by an earlier attempt.
+  Status clear_stale(const Tier& tier, uint64_t step);
   Status wait_for_commit(size_t i, uint64_t step);
   Status gc_tier(size_t i, GcReport& report);
   void finish(SaveJob& job);
@@ -417,6 +462,13 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
   }
 
   std::lock_guard staging(save_mu_);
+  {
+    // Under save_mu_, so no other save can add the step between this check and the insert.
+    std::lock_guard lk(mu_);
+    if (active_steps_.count(step))
+      return fail(Code::kAlreadyExists, "step " + std::to_string(step) + " of series " + o_.series +
+                                            " is being saved already");
+  }
   const uint64_t seg = ring_->segment();
   job->segments = (r.bytes + seg - 1) / seg;
   job->fits = job->segments <= ring_->slots();
@@ -429,12 +481,24 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
     stage_q_.push_back(job);
     cv_.notify_all();
   }
+  // Whatever ends staging early (an error, or an exception from a source) lets the stage
+  // writer drain the job instead of waiting for segments that will never come.
+  struct StagingGuard {
+    SaveJob& job;
+    StagingRing& ring;
+    bool done = false;
+    ~StagingGuard() {
+      if (done) return;
+      if (!job.abort_error) job.abort_error = Error(Code::kCancelled, "staging was interrupted");
+      job.aborted.store(true, std::memory_order_release);
+      ring.mark_filled(job.first_seq + job.segments);
+    }
+  } guard{*job, *ring_};
   if (auto st = stage(*job, tensors); !st) {
     job->abort_error = st.error();
-    job->aborted.store(true, std::memory_order_release);
-    ring_->mark_filled(job->first_seq + job->segments);  // lets the stage writer drain it
     return std::unexpected(st.error());
   }
+  guard.done = true;
   return std::shared_ptr<SaveHandle>(job->handle);
 }
 
@@ -495,6 +559,10 @@ Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) 
     if (!st) return st;
     ring_->mark_filled(q);
     job.handle->staged(b);
+    if (job.abandoned.load(std::memory_order_acquire))
+      return std::unexpected(
+          Error(Code::kCancelled, "save of step " + std::to_string(job.step) +
+                                      " stopped: " + job.abandon_error->message()));
   }
   return ok();
 }
@@ -522,6 +590,12 @@ void CheckpointerImpl::stage_loop() {
       } else {
         error = chunks.error();
         job->handle->set(i, TierState::kFailed, chunks.error());
+        if (!job->fits) {
+          // Nothing else can take a streamed shard: stop the caller and free the ring.
+          job->abandon_error = chunks.error();
+          job->abandoned.store(true, std::memory_order_release);
+          ring_->release_through(job->first_seq + job->segments);
+        }
         if (job->aborted.load(std::memory_order_acquire)) break;
       }
     }
@@ -556,8 +630,10 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
   for (auto& t : tensors) t.chunks.clear();
   ChunkHasher hasher(tensors, o_.chunk_size);
 
+  SLUICE_RETURN_IF_ERROR(clear_stale(tier, job.step));
   store::WriteOptions wo;
   wo.size_hint = total;
+  wo.overwrite = false;  // another save of the step publishing first wins; this one fails
   SLUICE_ASSIGN_OR_RETURN(auto writer, tier.store->create(key, wo));
   std::optional<io::FileHandle> fh;
   if (local_tier(tier) && !writer->local_path().empty() && total > 0) {
@@ -609,7 +685,6 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
   if (status) status = writer->commit();
   if (!status) {
     writer->abort();
-    if (!job.fits) ring_->release_through(job.first_seq + job.segments);
     return std::unexpected(
         Error(status.error().code(),
               "writing shard " + key + " to tier " + tier.name + ": " + status.error().message()));
@@ -640,13 +715,29 @@ void CheckpointerImpl::replicate_loop() {
       }
       return true;
     };
-    commit_on(src);
+    if (!commit_on(src)) {
+      // Copies are made from a committed copy only.
+      Error e(Code::kCancelled, "not copied: the commit on tier " + o_.tiers[src].name + " failed");
+      for (size_t i = src + 1; i < o_.tiers.size(); ++i)
+        job->handle->set(i, TierState::kSkipped, e);
+      finish(*job);
+      continue;
+    }
     const std::string key = shard_key(o_.series, job->step, o_.rank);
     for (size_t i = src + 1; i < o_.tiers.size(); ++i) {
       job->handle->set(i, TierState::kWriting);
       xfer::CopyOptions co;
+      co.overwrite = false;
       co.on_progress = [&](const xfer::CopyProgress& p) { job->handle->written(i, p.bytes_done); };
-      auto copied = xfer::copy(*o_.tiers[src].store, key, *o_.tiers[i].store, key, co);
+      Status cleared = clear_stale(o_.tiers[i], job->step);
+      Result<store::ObjectInfo> copied =
+          cleared ? xfer::copy(*o_.tiers[src].store, key, *o_.tiers[i].store, key, co)
+                  : Result<store::ObjectInfo>(std::unexpected(cleared.error()));
+      if (copied && copied->etag != job->source_etag) {
+        (void)o_.tiers[i].store->remove(key);  // bytes of another version: never recorded
+        copied = fail(Code::kConflict,
+                      key + " on tier " + o_.tiers[src].name + " changed after it was committed");
+      }
       if (!copied) {
         job->handle->set(
             i, TierState::kFailed,
@@ -667,6 +758,20 @@ void CheckpointerImpl::finish(SaveJob& job) {
   cv_.notify_all();
 }
 
+Status CheckpointerImpl::clear_stale(const Tier& tier, uint64_t step) {
+  auto st = tier.store->stat(manifest_key(o_.series, step));
+  if (st)
+    return fail(Code::kAlreadyExists, "step " + std::to_string(step) + " of series " + o_.series +
+                                          " is already committed on tier " + tier.name);
+  if (st.error().code() != Code::kNotFound) return std::unexpected(st.error());
+  for (const std::string& key :
+       {record_key(o_.series, step, o_.rank), shard_key(o_.series, step, o_.rank)}) {
+    auto rm = tier.store->remove(key);
+    if (!rm && rm.error().code() != Code::kNotFound) return rm;
+  }
+  return ok();
+}
+
 Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
   const Tier& tier = o_.tiers[i];
   ShardRecord rec = job.record;
@@ -677,6 +782,8 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
                                        std::to_string(rec.bytes));
   rec.etag = info.etag;
   rec.created_ns = now_ns();
+  rec.run_id = o_.run_id;
+  if (static_cast<int>(i) == job.source_tier) job.source_etag = info.etag;
   const std::string text = encode_record(rec);
   SLUICE_RETURN_IF_ERROR(
       tier.store->put(record_key(o_.series, job.step, o_.rank), std::as_bytes(std::span(text))));
@@ -698,20 +805,26 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
     for (unsigned r = 1; r < o_.world; ++r) {
       if (have[r]) continue;
       const std::string rk = record_key(o_.series, job.step, r);
-      auto bytes = tier.store->get(rk);
-      if (!bytes) {
-        if (bytes.error().code() == Code::kNotFound) continue;
-        return std::unexpected(bytes.error());
+      auto doc = read_document(*tier.store, rk);
+      if (!doc) {
+        if (doc.error().code() == Code::kNotFound) continue;
+        return std::unexpected(doc.error());
       }
-      auto got = decode_record(
-          std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()),
-          rk + " on tier " + tier.name);
+      auto got = decode_record(*doc, rk + " on tier " + tier.name);
       if (!got) return std::unexpected(got.error());
       if (got->series != o_.series || got->step != job.step || got->rank != r ||
           got->world != o_.world)
         return fail(Code::kCorruption,
                     rk + " on tier " + tier.name + " describes another rank, step or world");
-      // A record left by an earlier attempt names a shard that has since been replaced.
+      // A record of another run (an earlier attempt at this step that crashed) is not this
+      // save's: wait for this run's rank to replace it.
+      if (got->run_id != o_.run_id) continue;
+      if (got->chunk_size != o_.chunk_size)
+        return fail(Code::kInvalidArgument,
+                    rk + " on tier " + tier.name + ": rank " + std::to_string(r) +
+                        " uses chunks of " + std::to_string(got->chunk_size) +
+                        " bytes, rank 0 of " + std::to_string(o_.chunk_size));
+      // The record names the shard now published (not one replaced since).
       auto sh = tier.store->stat(shard_key(o_.series, job.step, r));
       if (!sh || sh->etag != got->etag || sh->size != got->bytes) continue;
       m.shards[r] = std::move(*got);
@@ -781,11 +894,8 @@ Status CheckpointerImpl::read_shard(size_t i, const std::string& key, uint64_t o
 
 Result<Manifest> CheckpointerImpl::manifest_on(size_t i, uint64_t step) {
   const std::string key = manifest_key(o_.series, step);
-  SLUICE_ASSIGN_OR_RETURN(auto bytes, o_.tiers[i].store->get(key));
-  SLUICE_ASSIGN_OR_RETURN(
-      Manifest m,
-      decode_manifest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                      key + " on tier " + o_.tiers[i].name));
+  SLUICE_ASSIGN_OR_RETURN(std::string text, read_document(*o_.tiers[i].store, key));
+  SLUICE_ASSIGN_OR_RETURN(Manifest m, decode_manifest(text, key + " on tier " + o_.tiers[i].name));
   if (m.series != o_.series || m.step != step)
     return fail(Code::kCorruption,
                 key + " on tier " + o_.tiers[i].name + " describes another series or step");
@@ -804,9 +914,17 @@ Result<Manifest> CheckpointerImpl::manifest(uint64_t step) {
 
 Result<std::vector<StepInfo>> CheckpointerImpl::list() {
   std::map<uint64_t, StepInfo> steps;
+  std::optional<Error> unreachable;
+  size_t listed = 0;
   for (size_t i = 0; i < o_.tiers.size(); ++i) {
-    SLUICE_ASSIGN_OR_RETURN(auto objs, o_.tiers[i].store->list_all(o_.series + "/step-"));
-    for (const auto& obj : objs) {
+    // A tier that cannot be listed (S3 down) leaves the others' checkpoints usable.
+    auto objs = o_.tiers[i].store->list_all(o_.series + "/step-");
+    if (!objs) {
+      unreachable = objs.error();
+      continue;
+    }
+    ++listed;
+    for (const auto& obj : *objs) {
       uint64_t step = 0;
       std::string leaf;
       if (!parse_step_key(o_.series, obj.key, step, leaf) || leaf != "manifest.json") continue;
@@ -815,6 +933,7 @@ Result<std::vector<StepInfo>> CheckpointerImpl::list() {
       s.tiers.push_back(o_.tiers[i].name);
     }
   }
+  if (listed == 0 && unreachable) return std::unexpected(*unreachable);
   std::vector<StepInfo> out;
   for (auto& [step, s] : steps) {
     if (auto m = manifest(step)) {
@@ -878,7 +997,7 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
   if (!m) return std::unexpected(manifest(step).error());  // NotFound, or the corruption
 
   std::vector<ChunkTask> tasks;
-  std::set<std::pair<unsigned, std::string_view>> taken;
+  std::set<std::tuple<unsigned, std::string_view, uint64_t>> taken;
   for (const auto& d : dests) {
     const ShardRecord* shard = nullptr;
     const TensorEntry* tensor = nullptr;
@@ -903,18 +1022,22 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
     if (!tensor)
       return fail(Code::kNotFound, "step " + std::to_string(step) + " of series " + o_.series +
                                        " has no tensor '" + d.name + "'");
-    if (tensor->bytes != d.bytes)
+    const uint64_t cs = shard->chunk_size, end = d.offset + d.bytes;
+    if (d.offset > tensor->bytes || d.bytes > tensor->bytes - d.offset || d.offset % cs ||
+        (end != tensor->bytes && end % cs))
       return fail(Code::kInvalidArgument,
                   "tensor '" + d.name + "' has " + std::to_string(tensor->bytes) +
-                      " bytes; the destination has " + std::to_string(d.bytes));
+                      " bytes; the destination asks for " + std::to_string(d.bytes) + " at " +
+                      std::to_string(d.offset) + " (parts must start and end on chunks of " +
+                      std::to_string(cs) + " bytes, or at the tensor's end)");
     if (d.bytes && !d.data)
       return fail(Code::kInvalidArgument, "no destination memory for tensor '" + d.name + "'");
-    if (!taken.insert({shard->rank, tensor->name}).second)
+    if (!taken.insert({shard->rank, tensor->name, d.offset}).second)
       return fail(Code::kInvalidArgument, "tensor '" + d.name + "' is asked for twice");
     bool device = d.target && d.target->kind() == mem::MemoryKind::kDevice;
-    for (size_t c = 0; c < tensor->chunks.size(); ++c)
+    for (uint64_t c = d.offset / cs; c * cs < end; ++c)
       tasks.push_back({shard, tensor, c,
-                       device ? nullptr : static_cast<std::byte*>(d.data) + c * shard->chunk_size,
+                       device ? nullptr : static_cast<std::byte*>(d.data) + (c * cs - d.offset),
                        &d});
   }
 
@@ -948,7 +1071,8 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
     if (!t.host_dst) {
       SLUICE_ASSIGN_OR_RETURN(
           uint64_t ticket,
-          t.dest->target->copy_to_target(static_cast<std::byte*>(t.dest->data) + at, dst, n));
+          t.dest->target->copy_to_target(
+              static_cast<std::byte*>(t.dest->data) + (at - t.dest->offset), dst, n));
       SLUICE_RETURN_IF_ERROR(t.dest->target->wait(ticket));
     }
     return ok();
@@ -990,7 +1114,10 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, int tier) {
     if (tier >= 0 && static_cast<size_t>(tier) != i) continue;
     auto m = manifest_on(i, step);
     if (!m) {
-      if (m.error().code() == Code::kNotFound && tier < 0) continue;
+      if (m.error().code() == Code::kNotFound) {
+        if (tier >= 0) return std::unexpected(m.error());  // no copy there: not a bad one
+        continue;
+      }
       report.problems.push_back(m.error().message());
       ++report.bad_chunks;
       any = true;
@@ -1074,7 +1201,12 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     if (s.committed) committed.push_back(step);
   const Retention& r = tier.retention;
   std::set<uint64_t> keep;
-  if (!committed.empty()) keep.insert(committed.back());  // the newest is never removed
+  // The newest checkpoint that restores is never removed: the newest manifest that decodes
+  // (a damaged newer one does not count), and every newer step with it.
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    keep.insert(*it);
+    if (manifest_on(i, *it)) break;
+  }
   for (size_t k = 0; k < committed.size(); ++k) {
     bool in_last = r.keep_last == 0 || committed.size() - k <= r.keep_last;
     bool every = r.keep_every && committed[k] % r.keep_every == 0;
@@ -1096,6 +1228,9 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     SLUICE_RETURN_IF_ERROR(tier.store->remove_many(s.keys));
     report.objects_removed += s.keys.size() + (s.committed ? 1 : 0);
   }
+  if (local_tier(tier))
+    remove_empty_step_dirs(tier.local_dir + "/" + o_.series, o_.series, active,
+                           o_.incomplete_grace);
   return ok();
 }
 
@@ -1109,6 +1244,84 @@ Result<GcReport> CheckpointerImpl::gc() {
   report.removed_incomplete.erase(
       std::unique(report.removed_incomplete.begin(), report.removed_incomplete.end()),
       report.removed_incomplete.end());
+  return report;
+}
+
+Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only) {
+  SyncReport report;
+  SLUICE_ASSIGN_OR_RETURN(auto steps, list());
+  for (const StepInfo& info : steps) {
+    if (only && info.step != *only) continue;
+    const uint64_t step = info.step;
+    auto note = [&](const std::string& why) {
+      report.problems.push_back("step " + std::to_string(step) + ": " + why);
+    };
+    // The source: the nearest tier whose copy is complete and intact.
+    std::optional<size_t> src;
+    std::optional<Manifest> m;
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < o_.tiers.size(); ++i) {
+      auto got = manifest_on(i, step);
+      if (!got) {
+        if (got.error().code() == Code::kNotFound)
+          missing.push_back(i);
+        else
+          note("tier " + o_.tiers[i].name + ": " + got.error().message());
+        continue;
+      }
+      if (src) continue;
+      auto v = verify(step, static_cast<int>(i));
+      if (v && v->bad_chunks == 0 && v->problems.empty()) {
+        src = i;
+        m = std::move(*got);
+      } else {
+        note("the copy on tier " + o_.tiers[i].name + " does not verify");
+      }
+    }
+    if (missing.empty()) continue;
+    if (!src) {
+      note("no intact copy to copy from");
+      continue;
+    }
+    for (size_t t : missing) {
+      const Tier& dst = o_.tiers[t];
+      Manifest out = *m;
+      out.created_ns = now_ns();
+      uint64_t bytes = 0;
+      Status st = ok();
+      for (auto& shard : out.shards) {
+        const std::string key = shard_key(o_.series, step, shard.rank);
+        auto copied = xfer::copy(*o_.tiers[*src].store, key, *dst.store, key);
+        if (!copied) {
+          st = std::unexpected(copied.error());
+          break;
+        }
+        auto stat = dst.store->stat(key);
+        if (!stat) {
+          st = std::unexpected(stat.error());
+          break;
+        }
+        shard.etag = stat->etag;
+        shard.created_ns = now_ns();
+        bytes += shard.bytes;
+        const std::string text = encode_record(shard);
+        st =
+            dst.store->put(record_key(o_.series, step, shard.rank), std::as_bytes(std::span(text)));
+        if (!st) break;
+      }
+      if (st) {
+        store::WriteOptions wo;
+        wo.overwrite = false;
+        const std::string text = encode_manifest(out);
+        st = dst.store->put(manifest_key(o_.series, step), std::as_bytes(std::span(text)), wo);
+      }
+      if (!st) {
+        note("copying to tier " + dst.name + ": " + st.error().message());
+        continue;
+      }
+      report.copied.push_back({step, dst.name, bytes});
+    }
+  }
   return report;
 }
 
@@ -1170,6 +1383,9 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::open(CheckpointerOptions o) 
   for (const auto& t : o.tiers)
     if (!t.store)
       return fail(Code::kInvalidArgument, "checkpoint tier " + t.name + " has no store");
+  if (o.world > 1 && o.run_id.empty())
+    return fail(Code::kInvalidArgument,
+                "a checkpointer of several ranks needs a run_id shared by every rank");
   if (o.world == 0 || o.rank >= o.world)
     return fail(Code::kInvalidArgument, "rank " + std::to_string(o.rank) +
                                             " is not in a world of " + std::to_string(o.world));

@@ -58,6 +58,7 @@ json record_json(const ShardRecord& r) {
           {"bytes", r.bytes},
           {"etag", r.etag},
           {"save_id", r.save_id},
+          {"run_id", r.run_id},
           {"created_ns", r.created_ns},
           {"tensors", std::move(tensors)}};
 }
@@ -73,6 +74,7 @@ bool record_from(const json& j, ShardRecord& r, std::string& why) {
     r.bytes = j.at("bytes").get<uint64_t>();
     r.etag = j.at("etag").get<std::string>();
     r.save_id = j.at("save_id").get<std::string>();
+    r.run_id = j.at("run_id").get<std::string>();
     r.created_ns = j.at("created_ns").get<int64_t>();
     const json& ts = j.at("tensors");
     if (!ts.is_array() || ts.size() > kMaxTensors) return why = "bad tensor list", false;
@@ -99,6 +101,9 @@ bool record_from(const json& j, ShardRecord& r, std::string& why) {
     return why = "rank " + std::to_string(r.rank) + " of world " + std::to_string(r.world), false;
   if (r.chunk_size == 0 || r.chunk_size % kTensorAlignment || r.chunk_size > kMaxChunkSize)
     return why = "bad chunk_size " + std::to_string(r.chunk_size), false;
+  if (r.bytes > kMaxShardBytes)
+    return why = "shard of " + std::to_string(r.bytes) + " bytes", false;
+  if (r.run_id.size() > 256) return why = "run_id over 256 bytes", false;
   uint64_t end = 0;
   std::set<std::string_view> names;
   for (const auto& t : r.tensors) {
@@ -108,7 +113,7 @@ bool record_from(const json& j, ShardRecord& r, std::string& why) {
         t.offset > r.bytes - t.bytes)
       return why = "tensor '" + t.name + "' lies outside the shard or overlaps another", false;
     end = t.offset + t.bytes;
-    uint64_t want = (t.bytes + r.chunk_size - 1) / r.chunk_size;
+    uint64_t want = t.bytes / r.chunk_size + (t.bytes % r.chunk_size != 0);
     if (t.chunks.size() != want)
       return why = "tensor '" + t.name + "' has " + std::to_string(t.chunks.size()) +
                    " chunk checksums, not " + std::to_string(want),
@@ -119,11 +124,38 @@ bool record_from(const json& j, ShardRecord& r, std::string& why) {
   return true;
 }
 
-// Parses and checks the envelope: JSON, format, version, checksum.
+// How deeply arrays and objects nest in a JSON text (outside strings). Ours nest 5 deep;
+// a hostile document nested thousands deep would exhaust the stack in dump().
+size_t nesting(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// Parses and checks the envelope: size, nesting, JSON, format, version, checksum.
 Result<json> open_document(std::string_view text, std::string_view format, std::string_view where) {
   auto bad = [&](const std::string& why) {
     return fail(Code::kCorruption, std::string(where) + ": " + why);
   };
+  if (text.size() > kMaxDocumentBytes)
+    return bad("over " + std::to_string(kMaxDocumentBytes) + " bytes");
+  if (nesting(text) > 8) return bad("nested too deeply");
   json doc = json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) return bad("not a JSON object");
   if (doc.value("format", "") != format) return bad("not a " + std::string(format) + " document");
@@ -278,6 +310,8 @@ Result<Manifest> decode_manifest(std::string_view text, std::string_view where) 
     const auto& s = m.shards[i];
     if (s.rank != i || s.world != m.world || s.series != m.series || s.step != m.step)
       return bad("shard " + std::to_string(i) + " belongs to another rank, step or series");
+    if (s.chunk_size != m.shards[0].chunk_size)
+      return bad("shard " + std::to_string(i) + " has another chunk size than shard 0");
   }
   return m;
 }

@@ -52,6 +52,14 @@ class TelemetryWriter : public Writer {
   }
   void abort() override { inner_->abort(); }
   uint64_t size() const override { return inner_->size(); }
+  // The inner writer's abilities pass through: positional writes, and a local file a caller
+  // may fill through its own data path.
+  bool positional() const override { return inner_->positional(); }
+  Status write_at(uint64_t offset, std::span<const std::byte> data) override {
+    return inner_->write_at(offset, data);
+  }
+  std::string local_path() const override { return inner_->local_path(); }
+  Status extend_to(uint64_t size) override { return inner_->extend_to(size); }
 
  private:
   std::unique_ptr<Writer> inner_;

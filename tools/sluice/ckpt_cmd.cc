@@ -37,6 +37,7 @@ struct CkptArgs {
   std::string out_dir;             // restore --to
   AwsFlags aws;
   unsigned rank = 0, world = 1;
+  std::string run_id;
   int only_rank = -1;  // restore --rank
   int tier = -1;       // verify --tier
   unsigned keep_last = 0;
@@ -69,6 +70,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   o.series = a.series;
   o.rank = a.rank;
   o.world = a.world;
+  o.run_id = a.run_id;
   std::vector<std::string> uris = a.tiers;
   if (uris.empty()) uris.push_back(home + "/ckpt");
   for (const auto& uri : uris) {
@@ -110,6 +112,10 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
   std::vector<InputFile> files;
   std::map<std::string, std::string> seen;  // name -> path
   auto add = [&](std::string name, const fs::path& p, uint64_t size) -> Status {
+    // Names become paths on restore: refuse here what restore would refuse there.
+    if (auto st = store::validate_key(name); !st)
+      return fail(Code::kInvalidArgument, p.string() + " cannot be saved under the name '" + name +
+                                              "': " + st.error().message());
     auto [it, fresh] = seen.emplace(name, p.string());
     if (!fresh)
       return fail(Code::kInvalidArgument, "two inputs would be saved as '" + name +
@@ -416,39 +422,63 @@ int run_restore(const CkptArgs& a, const std::string& home) {
     }
   }
   if (items.empty()) return report_error(Error(Code::kNotFound, "no tensors to restore"));
-  // Batches of at most 256 MiB (or one larger tensor), restored into one reused buffer.
-  constexpr uint64_t kBatch = uint64_t{256} << 20;
-  uint64_t biggest = 0;
-  for (const auto& it : items) biggest = std::max(biggest, it.t->bytes);
-  auto buf =
-      AlignedBuffer::allocate(std::max<uint64_t>(std::max(kBatch, biggest), kDirectAlignment));
+  // Pieces of at most one window (whole small files, large ones cut on chunk bounds) are
+  // restored into one reused buffer and written at their offsets: memory stays bounded
+  // whatever the checkpoint holds.
+  const uint64_t cs = m->shards.empty() ? kDirectAlignment : m->shards[0].chunk_size;
+  const uint64_t window = std::max(cs, (uint64_t{256} << 20) / cs * cs);
+  auto buf = AlignedBuffer::allocate(window);
   if (!buf) return report_error(buf.error());
+  struct Piece {
+    size_t item;
+    uint64_t offset, bytes, at;  // in the tensor; in the buffer
+  };
+  std::vector<Piece> batch;
+  std::map<size_t, std::unique_ptr<store::Writer>> writers;
+  uint64_t used = 0, bytes = 0, failed_over = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  uint64_t bytes = 0, failed_over = 0;
-  for (size_t i = 0; i < items.size();) {
+  auto flush = [&]() -> Status {
     std::vector<ckpt::TensorDest> dests;
-    std::vector<size_t> which;
-    uint64_t at = 0;
-    for (; i < items.size() && (dests.empty() || at + items[i].t->bytes <= kBatch); ++i) {
-      dests.push_back({items[i].t->name, static_cast<int>(items[i].rank), buf->data() + at,
-                       items[i].t->bytes, nullptr});
-      which.push_back(i);
-      at = (at + items[i].t->bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-    }
-    auto r = (*cp)->restore(*step, dests);
-    if (!r) return report_error(r.error());
-    failed_over += r->chunks_failed_over;
-    for (const auto& p : r->problems)
+    for (const Piece& p : batch)
+      dests.push_back({items[p.item].t->name, static_cast<int>(items[p.item].rank),
+                       buf->data() + p.at, p.bytes, nullptr, p.offset});
+    SLUICE_ASSIGN_OR_RETURN(auto r, (*cp)->restore(*step, dests));
+    failed_over += r.chunks_failed_over;
+    for (const auto& p : r.problems)
       std::fprintf(stderr, "sluice: warning: %s\n", printable(p).c_str());
-    for (size_t k = 0; k < dests.size(); ++k) {
-      store::WriteOptions wo;
-      wo.overwrite = a.force;
-      auto st = (*out)->put(items[which[k]].key,
-                            {static_cast<const std::byte*>(dests[k].data), dests[k].bytes}, wo);
-      if (!st) return report_error(st.error());
-      bytes += dests[k].bytes;
+    for (const Piece& p : batch) {
+      auto& w = writers[p.item];
+      if (!w) {
+        store::WriteOptions wo;
+        wo.overwrite = a.force;
+        wo.size_hint = items[p.item].t->bytes;
+        SLUICE_ASSIGN_OR_RETURN(w, (*out)->create(items[p.item].key, wo));
+      }
+      std::span<const std::byte> piece(buf->data() + p.at, p.bytes);
+      SLUICE_RETURN_IF_ERROR(w->positional() ? w->write_at(p.offset, piece) : w->append(piece));
+      bytes += p.bytes;
+      if (p.offset + p.bytes == items[p.item].t->bytes) {
+        SLUICE_RETURN_IF_ERROR(w->commit());
+        writers.erase(p.item);
+      }
+    }
+    batch.clear();
+    used = 0;
+    return ok();
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    const uint64_t size = items[i].t->bytes;
+    for (uint64_t off = 0; off < size || (size == 0 && off == 0); off += window) {
+      const uint64_t n = std::min(window, size - off);
+      if (used + n > window)
+        if (auto st = flush(); !st) return report_error(st.error());
+      batch.push_back({i, off, n, used});
+      used = (used + n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+      if (size == 0) break;
     }
   }
+  if (!batch.empty())
+    if (auto st = flush(); !st) return report_error(st.error());
   const double secs = seconds_since(t0);
   if (a.json) {
     std::printf("%s\n", json({{"series", a.series},
@@ -498,6 +528,35 @@ int run_gc(const CkptArgs& a, const std::string& home) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------
+// sync
+
+int run_sync(const CkptArgs& a, const std::string& home) {
+  auto cp = open_checkpointer(a, home, 0);
+  if (!cp) return report_error(cp.error());
+  std::optional<uint64_t> only;
+  if (a.step != "all") {
+    auto s = resolve_step(**cp, a.step);
+    if (!s) return report_error(s.error());
+    only = *s;
+  }
+  auto r = (*cp)->sync(only);
+  if (!r) return report_error(r.error());
+  if (a.json) {
+    json copied = json::array();
+    for (const auto& c : r->copied)
+      copied.push_back({{"step", c.step}, {"tier", c.tier}, {"bytes", c.bytes}});
+    std::printf("%s\n", json({{"copied", copied}, {"problems", r->problems}}).dump().c_str());
+  } else {
+    for (const auto& c : r->copied)
+      std::printf("copied step %llu to %s (%s)\n", static_cast<unsigned long long>(c.step),
+                  c.tier.c_str(), format_size(static_cast<double>(c.bytes)).c_str());
+    if (r->copied.empty() && r->problems.empty()) std::printf("every tier holds every step\n");
+    for (const auto& p : r->problems) std::fprintf(stderr, "sluice: %s\n", printable(p).c_str());
+  }
+  return r->problems.empty() ? 0 : 1;
+}
+
 }  // namespace
 
 void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
@@ -527,6 +586,9 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
   common(save, "--to",
          "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix");
   save->add_option("--rank", a.rank, "This process's rank (each rank saves its own files)");
+  save->add_option("--run-id", a.run_id,
+                   "With --world above 1: an id every rank of this run shares (a job id and "
+                   "restart count), so records of a crashed earlier run are never mixed in");
   save->add_option("--world", a.world, "How many ranks save this step")
       ->check(CLI::Range(1u, 65536u));
   save->add_option("--staging", a.staging, "Host memory for staging at most")->default_str("1G");
@@ -576,6 +638,19 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
   restore->add_option("--region", a.aws.region, "Region for s3:// tiers");
   restore->add_flag("--json", a.json, "Print the result as JSON");
   restore->callback([&rc, home] { rc = run_restore(a, home); });
+
+  auto* sync = ck->add_subcommand(
+      "sync",
+      "Copy committed steps to the --from tiers that lack them (after a save whose "
+      "later tiers failed, or to fill a new tier); each copy is verified first");
+  sync->add_option("--series", a.series, "The series")->required();
+  auto* sync_step =
+      sync->add_option("--step", a.step, "A step number, latest or all")->default_str("all");
+  common(sync, "--from", from_help);
+  sync->callback([&rc, home, sync_step] {
+    if (sync_step->count() == 0) a.step = "all";
+    rc = run_sync(a, home);
+  });
 
   auto* gc = ck->add_subcommand(
       "gc",

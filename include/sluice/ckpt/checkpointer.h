@@ -89,20 +89,30 @@ struct TensorView {
   std::function<Status(uint64_t offset, std::span<std::byte> dst)> source;
 };
 
-// Where a restored tensor goes: `bytes` must equal the saved tensor's size. `rank` picks
-// the shard (ranks of a tensor-parallel job may save tensors of the same name); -1 looks in
-// this Checkpointer's rank's shard first, then in any shard holding the name once.
+// Where a restored tensor goes: bytes [offset, offset + bytes) of the saved tensor (the
+// whole tensor by default: offset 0, bytes its size). A part must start at a multiple of
+// the checkpoint's chunk size and end at one or at the tensor's end, so every chunk read
+// is whole and checked; restoring a large tensor part by part bounds the memory a caller
+// needs. `rank` picks the shard (ranks of a tensor-parallel job may save tensors of the
+// same name); -1 looks in this Checkpointer's rank's shard first, then in any shard
+// holding the name once.
 struct TensorDest {
   std::string name;
   int rank = -1;
   void* data = nullptr;
   uint64_t bytes = 0;
   mem::Target* target = nullptr;
+  uint64_t offset = 0;
 };
 
 struct CheckpointerOptions {
   std::string series;
   unsigned rank = 0, world = 1;
+  // Names this run of the job, the same on every rank (a launcher's job id and restart
+  // count, or an id rank 0 broadcasts): rank 0 commits only records carrying it, so a
+  // record left by a crashed earlier run at the same step is never mixed in. Required when
+  // world > 1.
+  std::string run_id;
   std::vector<Tier> tiers;  // fastest first; at least one
   // Host memory the staging takes, allocated and touched once at open. Rounded up to a
   // multiple of 2 * segment_bytes.
@@ -169,6 +179,16 @@ struct VerifyReport {
   std::vector<std::string> problems;
 };
 
+struct SyncReport {
+  struct Copied {
+    uint64_t step = 0;
+    std::string tier;
+    uint64_t bytes = 0;
+  };
+  std::vector<Copied> copied;         // one entry per step and tier it was copied to
+  std::vector<std::string> problems;  // steps that could not be copied, and why
+};
+
 struct GcReport {
   std::vector<uint64_t> removed_steps;  // committed checkpoints removed
   std::vector<uint64_t> removed_incomplete;
@@ -200,6 +220,12 @@ class Checkpointer {
   virtual Result<VerifyReport> verify(uint64_t step, int tier = -1) = 0;
   // Applies each tier's retention and removes stale incomplete steps.
   virtual Result<GcReport> gc() = 0;
+  // Copies committed checkpoints (one step, or every one) to the tiers that lack them: after
+  // a save whose later tiers failed or were cut short by a crash, or when a tier is added.
+  // Each copy is checked against the manifest's chunk checksums on its source first, then
+  // committed on the new tier as a save would (shards, records, manifest last). Steps that
+  // cannot be copied are named in the report; the call fails only when listing fails.
+  virtual Result<SyncReport> sync(std::optional<uint64_t> step = std::nullopt) = 0;
 
   virtual const CheckpointerOptions& options() const = 0;
 };

@@ -23,6 +23,8 @@ namespace sluice::ckpt {
 
 inline constexpr int kFormatVersion = 1;
 inline constexpr uint64_t kTensorAlignment = 4096;  // every tensor starts at a multiple of this
+inline constexpr uint64_t kMaxShardBytes = uint64_t{1} << 48;      // 256 TiB: sums cannot overflow
+inline constexpr uint64_t kMaxDocumentBytes = uint64_t{64} << 20;  // a record or manifest
 
 // One tensor in a shard. `chunks` holds the XXH3-64 of each `chunk_size` piece of the
 // tensor's bytes (the last one shorter), as 16 hex digits.
@@ -43,6 +45,7 @@ struct ShardRecord {
   uint64_t bytes = 0;   // the shard object's size
   std::string etag;     // the shard object's etag once published on the tier it describes
   std::string save_id;  // 32 hex digits, fresh for each save attempt of the rank
+  std::string run_id;   // the run of the job that wrote it (CheckpointerOptions::run_id)
   int64_t created_ns = 0;
   std::vector<TensorEntry> tensors;
 };
@@ -71,9 +74,10 @@ std::string manifest_key(std::string_view series, uint64_t step);
 bool parse_step_key(std::string_view series, std::string_view key, uint64_t& step,
                     std::string& leaf);
 
-// Encoding. Decoding checks the format, version, checksum and every invariant (offsets
-// aligned and in the shard, no overlap, chunk counts, names unique and non-empty) and
-// returns Corruption naming `where` and what is wrong.
+// Encoding. Decoding checks the size and nesting of the text, the format, version,
+// checksum and every invariant (offsets aligned and in the shard, no overlap, chunk counts,
+// names unique and non-empty, one chunk size for every shard) and returns Corruption
+// naming `where` and what is wrong.
 std::string encode_record(const ShardRecord& r);
 Result<ShardRecord> decode_record(std::string_view text, std::string_view where);
 std::string encode_manifest(const Manifest& m);

@@ -115,6 +115,11 @@ TEST(Manifest, RoundTripsAndRejectsDamage) {
   EXPECT_EQ(step, 42u);
   EXPECT_EQ(leaf, "rank-00003.shard");
   EXPECT_FALSE(parse_step_key("s", "s/step-12/x", step, leaf));
+  // A document nested thousands deep is refused before it is parsed.
+  std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  auto d = decode_manifest(deep, "deep");
+  ASSERT_FALSE(d);
+  EXPECT_NE(d.error().message().find("nested"), std::string::npos);
 }
 
 TEST(Checkpointer, SavesStreamingAndRestoresBitExact) {
@@ -257,6 +262,129 @@ TEST(Checkpointer, FailedFirstTierFallsToTheNextFromStaging) {
   EXPECT_TRUE(faulty->list_all("model/").value().empty());
 }
 
+TEST(Checkpointer, SyncCopiesWhatALaterTierMissed) {
+  auto flaky = std::make_shared<store::FaultInjectionStore>(store::make_memory_store("later"));
+  auto later = mem_tier("later", flaky);
+  later.required = false;
+  auto o = small_options({mem_tier("near"), later});
+  auto cp = Checkpointer::open(o).value();
+  State s(60);
+  flaky->fail_always(store::FaultOp::kCreate, Code::kUnavailable);
+  auto h = cp->save(4, s.views).value();
+  ASSERT_TRUE(h->wait());  // the later tier is not required
+  EXPECT_EQ(h->progress().tiers[1].state, TierState::kFailed);
+  flaky->clear();
+  // Corrupt near copy: sync refuses to spread it.
+  auto near = o.tiers[0].store;
+  auto bytes = near->get(shard_key("model", 4, 0)).value();
+  bytes[10] ^= std::byte{1};
+  ASSERT_TRUE(near->put(shard_key("model", 4, 0), bytes));
+  auto bad = cp->sync().value();
+  EXPECT_TRUE(bad.copied.empty());
+  ASSERT_FALSE(bad.problems.empty());
+  bytes[10] ^= std::byte{1};
+  ASSERT_TRUE(near->put(shard_key("model", 4, 0), bytes));
+  auto r = cp->sync().value();
+  ASSERT_EQ(r.copied.size(), 1u);
+  EXPECT_EQ(r.copied[0].tier, "later");
+  EXPECT_TRUE(r.problems.empty());
+  EXPECT_TRUE(cp->sync(4).value().copied.empty());  // nothing left to do
+  // The later tier alone restores it.
+  auto only = small_options({later});
+  auto cp2 = Checkpointer::open(only).value();
+  s.expect_restored(*cp2, 4);
+  EXPECT_EQ(cp2->verify(4).value().bad_chunks, 0u);
+}
+
+TEST(Checkpointer, ARecordOfAnEarlierRunIsNeverCommitted) {
+  auto shared = std::shared_ptr<store::Store>(store::make_memory_store("runs"));
+  auto options = [&](unsigned rank, std::string run) {
+    auto o = small_options({mem_tier("runs", shared)});
+    o.rank = rank;
+    o.world = 2;
+    o.run_id = std::move(run);
+    o.commit_timeout = std::chrono::seconds(5);
+    return o;
+  };
+  State old1(70, {9000}), new0(71, {9000}), new1(72, {9000});
+  {
+    // Run "a" crashed after rank 1 published its shard and record of step 3.
+    auto r1 = Checkpointer::open(options(1, "a")).value();
+    auto o = options(1, "a");
+    o.commit_timeout = std::chrono::milliseconds(50);
+    auto quick = Checkpointer::open(o).value();
+    EXPECT_FALSE(quick->save(3, old1.views).value()->wait());  // nobody commits run a
+  }
+  // Run "b": rank 0 must wait for rank 1 of run b, not take run a's record.
+  auto r0 = Checkpointer::open(options(0, "b")).value();
+  auto h0 = r0->save(3, new0.views).value();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(h0->progress().finished);
+  auto r1 = Checkpointer::open(options(1, "b")).value();
+  ASSERT_TRUE(r1->save(3, new1.views).value()->wait());
+  ASSERT_TRUE(h0->wait());
+  new1.expect_restored(*r1, 3);
+  new0.expect_restored(*r0, 3);
+  // Several ranks without a run id are refused.
+  EXPECT_FALSE(Checkpointer::open(options(0, "")));
+}
+
+TEST(Checkpointer, AFailingFirstTierStopsAStreamingSave) {
+  auto faulty = std::make_shared<store::FaultInjectionStore>(store::make_memory_store("stream"));
+  auto o = small_options({mem_tier("stream", faulty)});  // 4 MiB of staging, state over 5 MiB
+  auto cp = Checkpointer::open(o).value();
+  State big(80, {12 << 20});
+  faulty->fail_always(store::FaultOp::kCreate, Code::kUnavailable);
+  auto h = cp->save(1, big.views);  // must return, not hang on a ring nobody drains
+  if (h) {
+    EXPECT_FALSE((*h)->wait());
+  }
+  faulty->clear();
+  faulty->fail_nth(store::FaultOp::kAppend, 2, Code::kNoSpace);  // mid-stream
+  auto h2 = cp->save(2, big.views);
+  if (h2) {
+    EXPECT_FALSE((*h2)->wait());
+  }
+  faulty->clear();
+  ASSERT_TRUE(cp->save(3, big.views).value()->wait());
+  big.expect_restored(*cp, 3);
+  EXPECT_EQ(cp->latest().value(), 3u);
+}
+
+TEST(Checkpointer, AStepBeingSavedIsNotSavedTwice) {
+  auto slow = std::make_shared<store::FaultInjectionStore>(store::make_memory_store("twice"));
+  slow->set_latency(std::chrono::milliseconds(20));
+  auto cp = Checkpointer::open(small_options({mem_tier("twice", slow)})).value();
+  State a(90), b(91);
+  auto h = cp->save(7, a.views).value();
+  auto again = cp->save(7, b.views);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), Code::kAlreadyExists);
+  ASSERT_TRUE(h->wait());
+  slow->set_latency(std::chrono::milliseconds(0));
+  a.expect_restored(*cp, 7);
+}
+
+TEST(Checkpointer, RestoresATensorInParts) {
+  auto cp = Checkpointer::open(small_options({mem_tier("parts")})).value();
+  State s(100, {(5 << 20) + 123});
+  ASSERT_TRUE(cp->save(1, s.views).value()->wait());
+  const uint64_t size = s.data[0].size(), cs = 1 << 20;
+  std::vector<std::byte> got(size);
+  for (uint64_t off = 0; off < size; off += 2 * cs) {
+    uint64_t n = std::min(2 * cs, size - off);
+    TensorDest d{"t0", -1, got.data() + off, n, nullptr, off};
+    ASSERT_TRUE(cp->restore(1, std::span(&d, 1))) << off;
+  }
+  EXPECT_EQ(got, s.data[0]);
+  TensorDest unaligned{"t0", -1, got.data(), cs, nullptr, 100};
+  EXPECT_EQ(cp->restore(1, std::span(&unaligned, 1)).error().code(), Code::kInvalidArgument);
+  TensorDest ragged{"t0", -1, got.data(), cs + 1, nullptr, 0};
+  EXPECT_EQ(cp->restore(1, std::span(&ragged, 1)).error().code(), Code::kInvalidArgument);
+  TensorDest past{"t0", -1, got.data(), cs, nullptr, 6 * cs};
+  EXPECT_EQ(cp->restore(1, std::span(&past, 1)).error().code(), Code::kInvalidArgument);
+}
+
 TEST(Checkpointer, SeveralRanksCommitOnceEveryRecordIsThere) {
   auto shared = std::shared_ptr<store::Store>(store::make_memory_store("ranks"));
   constexpr unsigned kWorld = 3;
@@ -266,6 +394,7 @@ TEST(Checkpointer, SeveralRanksCommitOnceEveryRecordIsThere) {
     auto o = small_options({mem_tier("shared", shared)});
     o.rank = r;
     o.world = kWorld;
+    o.run_id = "run-1";
     o.commit_timeout = std::chrono::seconds(2);  // rank 1 waits for a step 9 that never commits
     cps.push_back(Checkpointer::open(o).value());
     states.emplace_back(10 + r, std::vector<uint64_t>{3000, 1 << 20});  // same names per rank
@@ -289,6 +418,7 @@ TEST(Checkpointer, SeveralRanksCommitOnceEveryRecordIsThere) {
   cps[0].reset();
   auto o = small_options({mem_tier("shared", shared)});
   o.world = kWorld;
+  o.run_id = "run-1";
   o.commit_timeout = std::chrono::milliseconds(300);
   auto cp0 = Checkpointer::open(o).value();
   auto h1 = cps[1]->save(9, states[1].views).value();

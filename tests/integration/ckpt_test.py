@@ -119,6 +119,20 @@ def test_retention_and_gc(ctx):
     assert steps == [7], steps
 
 
+def test_sync_fills_a_new_tier(ctx):
+    src, a, b, out = ctx.dir("src"), ctx.dir("a"), ctx.dir("b"), ctx.dir("out")
+    files = make_state(src, 8, big=9 << 20)
+    ok(run("save", "--series", "s", "--step", "1", "--to", a, src))
+    ok(run("save", "--series", "s", "--step", "2", "--to", a, src))
+    r = json.loads(ok(run("sync", "--series", "s", "--from", a, "--from", b, "--json")).stdout)
+    assert sorted(c["step"] for c in r["copied"]) == [1, 2], r
+    r = json.loads(ok(run("sync", "--series", "s", "--from", a, "--from", b, "--json")).stdout)
+    assert r["copied"] == [], r
+    ok(run("restore", "--series", "s", "--from", b, "--to", out))
+    same_tree(out, files)
+    ok(run("verify", "--series", "s", "--step", "all", "--from", b))
+
+
 def test_bad_input(ctx):
     src, tier, out = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out")
     make_state(src, 4, big=1 << 20)
@@ -256,7 +270,8 @@ def main():
         if have_s3:
             s3 = S3rver()
         ctx = Ctx(scratch, s3)
-        tests = [test_save_restore_local, test_retention_and_gc, test_bad_input, test_kill9_during_save]
+        tests = [test_save_restore_local, test_retention_and_gc, test_sync_fills_a_new_tier, test_bad_input,
+                 test_kill9_during_save]
         if have_s3:
             tests += [test_local_then_s3_and_bitflip, test_s3_503_during_upload]
         else:

@@ -5,10 +5,13 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 
+#include <atomic>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+
+#include <xxhash.h>
 
 namespace sluice::node {
 
@@ -134,12 +137,128 @@ struct PeerHttpServer::Impl {
     return q;
   }
 
+  // An object request being received: its body grows as MHD hands it over.
+  struct ObjectCall {
+    Impl* self;
+    std::vector<std::byte> body;
+    uint64_t reserved = 0;  // of max_body_bytes
+    std::string refusal;    // set when the body is refused; answered once it is drained
+    ~ObjectCall() { self->body_bytes.fetch_sub(reserved); }
+  };
+  std::atomic<uint64_t> body_bytes{0};
+
+  static void on_completed(void* /*cls*/, MHD_Connection* /*c*/, void** state,
+                           enum MHD_RequestTerminationCode /*why*/) {
+    if (*state && *state != &seen_headers) delete static_cast<ObjectCall*>(*state);
+    *state = nullptr;
+  }
+
+  MHD_Result serve_object(MHD_Connection* c, const char* method, ObjectCall& call) {
+    peer::ObjectRequest r;
+    r.method = method;
+    auto arg = [&](const char* name) {
+      const char* v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+      return std::string(v ? v : "");
+    };
+    auto header = [&](const char* name) {
+      const char* v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+      return std::string(v ? v : "");
+    };
+    r.op = arg("op");
+    r.key = arg("key");
+    r.a = arg("a");
+    r.b = arg("b");
+    r.c = arg("c");
+    r.node = header("X-Sluice-Node");
+    r.target = header("X-Sluice-Target");
+    r.body_xxh3 = header("X-Sluice-Body-Xxh3");
+    std::string t = header("X-Sluice-Time");
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), r.time);
+    if (ec != std::errc() || p != t.data() + t.size())
+      return queue_text(c, MHD_HTTP_BAD_REQUEST, "bad X-Sluice-Time\n");
+    const std::string sig = header("X-Sluice-Signature");
+    ObjectReply reply = o.object(r, sig, call.body);
+    if (reply.status != 200) return queue_text(c, reply.status, reply.body);
+    const uint64_t sum = XXH3_64bits(reply.body.data(), reply.body.size());
+    const std::string signature =
+        peer::sign_chunk_reply(sig, reply.etag, reply.body.size(), sum, o.secret);
+    auto* bytes = new std::string(std::move(reply.body));
+    MHD_Response* resp = MHD_create_response_from_buffer_with_free_callback_cls(
+        bytes->size(), bytes->data(), [](void* b) { delete static_cast<std::string*>(b); }, bytes);
+    if (!resp) {
+      delete bytes;
+      return MHD_NO;
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(sum));
+    MHD_add_response_header(resp, "X-Sluice-Xxh3", hex);
+    MHD_add_response_header(resp, "X-Sluice-Etag", reply.etag.c_str());
+    MHD_add_response_header(resp, "X-Sluice-Reply-Signature", signature.c_str());
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, reply.content_type.c_str());
+    MHD_Result q = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return q;
+  }
+
+  // The object space: the first call (headers) decides whether a body may come; later
+  // calls take the body; the last one (no more data) answers.
+  MHD_Result on_object(MHD_Connection* c, const char* method, const char* upload_data,
+                       size_t* upload_size, void** state) {
+    if (*state == nullptr) {
+      auto call = std::make_unique<ObjectCall>();
+      call->self = this;
+      const char* cl =
+          MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+      uint64_t len = 0;
+      if (cl) std::from_chars(cl, cl + std::strlen(cl), len);
+      if (len > 0) {
+        if (std::strcmp(method, "PUT") != 0 || len > peer::kMaxObjectPart) {
+          call->refusal = "a body only with PUT, at most 16 MiB\n";
+        } else if (body_bytes.fetch_add(len) + len > o.max_body_bytes) {
+          body_bytes.fetch_sub(len);
+          call->refusal = "busy: too many uploads in progress\n";
+        } else {
+          call->reserved = len;
+          call->body.reserve(len);
+        }
+      }
+      *state = call.release();
+      return MHD_YES;
+    }
+    auto* call = static_cast<ObjectCall*>(*state);
+    if (*upload_size != 0) {
+      if (call->refusal.empty() && call->body.size() + *upload_size <= call->reserved) {
+        const auto* d = reinterpret_cast<const std::byte*>(upload_data);
+        call->body.insert(call->body.end(), d, d + *upload_size);
+      } else if (call->refusal.empty()) {
+        call->refusal = "the body is longer than its Content-Length\n";
+      }
+      *upload_size = 0;
+      return MHD_YES;
+    }
+    if (!call->refusal.empty())
+      return queue_text(
+          c,
+          call->refusal.starts_with("busy") ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_BAD_REQUEST,
+          call->refusal);
+    return serve_object(c, method, *call);
+  }
+
+  static inline int seen_headers = 0;
+
   static MHD_Result on_request(void* cls, MHD_Connection* c, const char* url, const char* method,
-                               const char* /*version*/, const char* /*upload_data*/,
+                               const char* /*version*/, const char* upload_data,
                                size_t* upload_size, void** state) {
     auto* self = static_cast<Impl*>(cls);
-    static int seen_headers;
-    // Anything but GET is refused on the headers, before a body is read.
+    if (std::string_view(url) == "/v1/object" && self->o.object) {
+      try {
+        return self->on_object(c, method, upload_data, upload_size, state);
+      } catch (const std::exception& e) {  // bad_alloc from a body or a reply
+        self->log(std::string("HTTP ") + url + ": " + e.what());
+        return queue_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal error\n");
+      }
+    }
+    // Anything else but GET is refused on the headers, before a body is read.
     if (std::strcmp(method, "GET") != 0)
       return queue_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
     if (*state == nullptr) {  // headers only so far: answer once the request is whole
@@ -187,7 +306,8 @@ Result<std::unique_ptr<PeerHttpServer>> PeerHttpServer::start(PeerHttpOptions op
       MHD_OPTION_CONNECTION_LIMIT, impl->o.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
       impl->o.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, impl->o.timeout_s,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<size_t>(32 << 10), MHD_OPTION_EXTERNAL_LOGGER,
-      &Impl::on_log, impl.get(), MHD_OPTION_END);
+      &Impl::on_log, impl.get(), MHD_OPTION_NOTIFY_COMPLETED, &Impl::on_completed, impl.get(),
+      MHD_OPTION_END);
   if (!impl->daemon)
     return fail(Code::kUnavailable, "cannot listen on " + impl->o.host + ":" +
                                         std::to_string(impl->o.port) +

@@ -2,8 +2,10 @@
 // signed with the node secret) and Prometheus metrics (GET /metrics). One thread per
 // connection, at most max_connections of them (and max_per_ip from one address); a
 // connection idle (or sending its headers) for timeout_s is closed; request headers are bounded by
-// MHD's connection memory limit (32 KiB), and a request with a body is refused. A chunk on NVMe is
-// sent from its file with sendfile; others from the buffer the cache filled.
+// MHD's connection memory limit (32 KiB). Only the object space's part uploads (PUT
+// /v1/object) carry a body: at most 16 MiB, with a Content-Length, and at most
+// max_body_bytes of bodies held at once (503 beyond); any other body is refused. A chunk on
+// NVMe is sent from its file with sendfile; others from the buffer the cache filled.
 // docs/formats/peer-protocol.md describes the requests.
 #pragma once
 
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "node/object_space.h"
 #include "sluice/core/fd.h"
 #include "sluice/core/status.h"
 #include "sluice/peer/peer_store.h"
@@ -38,6 +41,13 @@ struct PeerHttpOptions {
   // Serves a checked request: the signature is verified by the handler.
   std::function<Result<ChunkBody>(const peer::ChunkRequest&, std::string_view signature)> chunk;
   std::function<std::string()> metrics;  // Prometheus text
+  // The object space (GET/PUT/POST/DELETE /v1/object); replies with status 200 are signed
+  // here with `secret`, bound to the request's signature.
+  std::function<ObjectReply(const peer::ObjectRequest&, std::string_view signature,
+                            std::span<const std::byte> body)>
+      object;
+  std::string secret;
+  uint64_t max_body_bytes = uint64_t{256} << 20;
   std::function<void(std::string_view)> log;
 };
 

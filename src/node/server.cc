@@ -150,6 +150,7 @@ struct NodeServer::Impl {
   std::map<std::string, AccessVerdict> access;  // guarded by access_mu
 
   // Last member: destroyed first, so no peer request runs while the rest goes away.
+  std::unique_ptr<ObjectSpace> objects;  // before http, which calls into it until stopped
   std::unique_ptr<PeerHttpServer> http;
 
   explicit Impl(ServerOptions opts)
@@ -815,6 +816,16 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
     }
     ho.metrics = [i] { return i->metrics(); };
     ho.log = o.log;
+    if (o.peer.membership && !o.peer.objects_directory.empty()) {
+      ObjectSpaceOptions so;
+      so.directory = o.peer.objects_directory;
+      so.secret = o.peer.secret;
+      so.membership = o.peer.membership;
+      SLUICE_ASSIGN_OR_RETURN(impl->objects, ObjectSpace::open(std::move(so)));
+      ho.object = [i](const peer::ObjectRequest& r, std::string_view sig,
+                      std::span<const std::byte> body) { return i->objects->handle(r, sig, body); };
+      ho.secret = o.peer.secret;
+    }
     SLUICE_ASSIGN_OR_RETURN(impl->http, PeerHttpServer::start(std::move(ho)));
   }
   return std::unique_ptr<NodeServer>(new NodeServer(std::move(impl)));

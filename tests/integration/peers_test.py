@@ -348,6 +348,47 @@ def test_a_corrupt_chunk_on_the_owner_is_checked_and_refetched(s3, digest):
         job.close()
 
 
+def test_checkpoints_on_a_peer_survive_the_loss_of_the_node(s3):
+    job = Job(s3.endpoint, 2, "ckpt")
+    try:
+        src = os.path.join(job.dir, "state")
+        os.makedirs(src)
+        data = random.randbytes(9 * MIB + 5)
+        with open(os.path.join(src, "model.bin"), "wb") as f:
+            f.write(data)
+        local, durable = os.path.join(job.dir, "local"), os.path.join(job.dir, "durable")
+        peer = f"sluiced://n1@127.0.0.1:{job.ports[1]}/ckpt/"
+        me = ["--node-name", "n0", "--node-secret-file", job.secret]
+        sluice("ckpt", "save", "--series", "m", "--step", "1", "--to", local, "--to", peer, *me, src)
+        # This node is lost: restore from the peer alone.
+        out = os.path.join(job.dir, "out1")
+        sluice("ckpt", "restore", "--series", "m", "--from", peer, "--to", out, *me)
+        with open(os.path.join(out, "model.bin"), "rb") as f:
+            assert f.read() == data
+        sluice("ckpt", "verify", "--series", "m", "--from", peer, *me)
+        # Without the secret, or as a stranger, the peer refuses.
+        p = sluice("ckpt", "ls", "--series", "m", "--from", peer, "--node-name", "n0", check=False)
+        assert p.returncode != 0 and b"--node-secret-file" in p.stderr, p.stderr
+        p = sluice("ckpt", "ls", "--series", "m", "--from", peer, "--node-name", "zz",
+                   "--node-secret-file", job.secret, check=False)
+        assert p.returncode != 0 and b"not a member" in p.stderr, p.stderr
+        # The peer dies: a save that only requires the first tier goes on to the next one,
+        # and a restore skips the dead peer.
+        job.procs[1].kill()
+        job.procs[1].wait()
+        p = sluice("ckpt", "save", "--series", "m", "--step", "2", "--to", local, "--to", peer, "--to", durable,
+                   "--require", "first", "--json", *me, src)
+        tiers = json.loads(p.stdout)["tiers"]
+        assert [t["state"] for t in tiers] == ["committed", "failed", "committed"], tiers
+        out = os.path.join(job.dir, "out2")
+        sluice("ckpt", "restore", "--series", "m", "--step", "2", "--from", peer, "--from", durable,
+               "--to", out, *me)
+        with open(os.path.join(out, "model.bin"), "rb") as f:
+            assert f.read() == data
+    finally:
+        job.close()
+
+
 def test_bad_peer_settings_are_refused():
     d = os.path.join(WORK, "settings")
     os.makedirs(d)
@@ -415,6 +456,8 @@ def main():
               test_bad_requests_are_refused_and_the_daemon_stays_up, s3, digest)
         r.run("a corrupt chunk on the owner is checked and refetched",
               test_a_corrupt_chunk_on_the_owner_is_checked_and_refetched, s3, digest)
+        r.run("checkpoints on a peer survive the loss of the node",
+              test_checkpoints_on_a_peer_survive_the_loss_of_the_node, s3)
         r.run("bad peer settings refused", test_bad_peer_settings_are_refused)
         r.finish()
     finally:

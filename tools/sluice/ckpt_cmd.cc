@@ -20,6 +20,7 @@
 #include "sizes.h"
 #include "sluice/ckpt/checkpointer.h"
 #include "sluice/core/fd.h"
+#include "sluice/peer/object_store.h"
 #include "sluice/s3/store.h"
 
 namespace sluice::cli {
@@ -38,8 +39,10 @@ struct CkptArgs {
   AwsFlags aws;
   unsigned rank = 0, world = 1;
   std::string run_id;
-  int only_rank = -1;  // restore --rank
-  int tier = -1;       // verify --tier
+  std::string node_name, secret_file;  // for sluiced:// tiers
+  std::string require = "all";         // save: which tiers must commit
+  int only_rank = -1;                  // restore --rank
+  int tier = -1;                       // verify --tier
   unsigned keep_last = 0;
   uint64_t keep_every = 0;
   double grace_s = 3600;
@@ -66,6 +69,17 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   store::StoreOptions so;
   SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
   so.backend.set(s3o);
+  if (std::any_of(a.tiers.begin(), a.tiers.end(),
+                  [](const std::string& t) { return t.starts_with("sluiced://"); })) {
+    // A peer daemon's object space: this node signs as a member of the job.
+    if (a.secret_file.empty())
+      return fail(Code::kInvalidArgument, "a sluiced:// tier needs --node-secret-file FILE");
+    peer::register_object_scheme();
+    peer::ObjectStoreOptions po;
+    po.node = a.node_name.empty() ? short_host_name() : a.node_name;
+    SLUICE_ASSIGN_OR_RETURN(po.secret, read_secret(a.secret_file));
+    so.backend.set(po);
+  }
   ckpt::CheckpointerOptions o;
   o.series = a.series;
   o.rank = a.rank;
@@ -76,6 +90,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   for (const auto& uri : uris) {
     SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t, ckpt::open_tier(uri, so));
     t.retention = {a.keep_last, a.keep_every};
+    t.required = a.require == "all" || o.tiers.empty();
     o.tiers.push_back(std::move(t));
   }
   o.staging_bytes = staging;
@@ -573,6 +588,11 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
     c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
     c->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
     c->add_option("--region", a.aws.region, "Region for s3:// tiers");
+    c->add_option("--node-name", a.node_name,
+                  "This node's member name, for sluiced://MEMBER@HOST:PORT/ tiers (default: the "
+                  "short host name)");
+    c->add_option("--node-secret-file", a.secret_file,
+                  "The job's node secret (mode 600), for sluiced:// tiers");
     c->add_option("--chunk-size", a.chunk, "Checksum granularity (a multiple of 4K)")
         ->default_str("4M");
     c->add_flag("--json", a.json, "Print the result as JSON");
@@ -591,6 +611,11 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
                    "restart count), so records of a crashed earlier run are never mixed in");
   save->add_option("--world", a.world, "How many ranks save this step")
       ->check(CLI::Range(1u, 65536u));
+  save->add_option("--require", a.require,
+                   "all: the save fails unless every tier commits; first: only the first must "
+                   "(later tiers are best effort, and report their errors)")
+      ->default_str("all")
+      ->check(CLI::IsMember({"all", "first"}));
   save->add_option("--staging", a.staging, "Host memory for staging at most")->default_str("1G");
   save->add_option("--keep-last", a.keep_last, "After the save, keep this many (0: all)");
   save->add_option("--keep-every", a.keep_every, "After the save, also keep steps divisible by K");
@@ -636,6 +661,9 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
   restore->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
   restore->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
   restore->add_option("--region", a.aws.region, "Region for s3:// tiers");
+  restore->add_option("--node-name", a.node_name, "This node's member name, for sluiced:// tiers");
+  restore->add_option("--node-secret-file", a.secret_file,
+                      "The job's node secret (mode 600), for sluiced:// tiers");
   restore->add_flag("--json", a.json, "Print the result as JSON");
   restore->callback([&rc, home] { rc = run_restore(a, home); });
 

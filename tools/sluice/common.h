@@ -11,5 +11,12 @@ namespace sluice::cli {
 std::string sluice_home();
 // Prints "sluice: error: ..." to stderr; returns the exit code (2 for a usage error).
 int report_error(const Error& e);
+// A settings file (config, peers, node secret): a regular file of at most 1 MiB. A FIFO or
+// a device is refused before it is read (it would block, or never end). `what` names it.
+Result<std::string> read_small_file(const std::string& path, const char* what);
+// The node secret: the first line of a file only its owner may read, at least 16 bytes.
+Result<std::string> read_secret(const std::string& path);
+// This host's name up to the first dot: the default member name of a node.
+std::string short_host_name();
 
 }  // namespace sluice::cli

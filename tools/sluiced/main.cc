@@ -31,7 +31,7 @@ struct Args {
   cli::CacheFlags cache;
   cli::AwsFlags aws;
   std::string socket, config;
-  std::string peer_listen, peers, node_name, secret_file;
+  std::string peer_listen, peers, node_name, secret_file, objects_dir;
   unsigned peer_timeout_ms = 10000;
   unsigned access_ttl_s = 60;
   unsigned max_connections = 256, max_per_uid = 64;
@@ -45,23 +45,6 @@ void log_line(std::string_view line) {
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   std::lock_guard lock(mu);
   std::fprintf(stderr, "%s sluiced: %.*s\n", when, static_cast<int>(line.size()), line.data());
-}
-
-// A settings file (config, peers, node secret): a regular file of at most 1 MiB. A FIFO or
-// a device is refused before it is read (it would block start-up, or never end).
-Result<std::string> read_small_file(const std::string& path, const char* what) {
-  const std::string named = std::string(what) + " " + path;
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (!fd.valid()) return fail_errno(errno, "open " + named);
-  struct stat sb;
-  if (::fstat(fd.get(), &sb) != 0) return fail_errno(errno, "stat " + named);
-  if (!S_ISREG(sb.st_mode)) return fail(Code::kInvalidArgument, named + " is not a regular file");
-  if (sb.st_size > (1 << 20)) return fail(Code::kInvalidArgument, named + " is over 1 MiB");
-  std::string text(static_cast<size_t>(sb.st_size), '\0');
-  SLUICE_ASSIGN_OR_RETURN(size_t n,
-                          pread_full(fd.get(), std::as_writable_bytes(std::span(text)), 0, named));
-  text.resize(n);
-  return text;
 }
 
 // A team's own S3 credentials: "aws_profile" (from ~/.aws, as the CLI reads it), or
@@ -139,7 +122,7 @@ Result<std::vector<node::TeamGrant>> parse_teams(const Json& teams, const std::s
 // Fills settings not given as flags from the JSON config file.
 Result<Json> apply_config(Args& a, const CLI::App& app) {
   if (a.config.empty()) return Json();
-  SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(a.config, "config"));
+  SLUICE_ASSIGN_OR_RETURN(std::string text, cli::read_small_file(a.config, "config"));
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return fail(Code::kInvalidArgument, a.config + ": not a JSON object");
@@ -175,24 +158,10 @@ Result<Json> apply_config(Args& a, const CLI::App& app) {
   SLUICE_RETURN_IF_ERROR(str("peers", "--peers", a.peers));
   SLUICE_RETURN_IF_ERROR(str("node_name", "--node-name", a.node_name));
   SLUICE_RETURN_IF_ERROR(str("node_secret_file", "--node-secret-file", a.secret_file));
+  SLUICE_RETURN_IF_ERROR(str("objects_dir", "--objects-dir", a.objects_dir));
   SLUICE_RETURN_IF_ERROR(num("peer_timeout_ms", "--peer-timeout-ms", a.peer_timeout_ms));
   SLUICE_RETURN_IF_ERROR(num("access_ttl_s", "--access-ttl", a.access_ttl_s));
   return j.contains("teams") ? j["teams"] : Json();
-}
-
-// The node secret: the file's first line, at least 16 bytes, in a file only its owner reads.
-Result<std::string> read_secret(const std::string& path) {
-  struct stat sb;
-  if (::stat(path.c_str(), &sb) != 0) return fail_errno(errno, "node secret file " + path);
-  if (sb.st_mode & 077)
-    return fail(Code::kPermissionDenied,
-                "node secret file " + path + " is readable by others: chmod 600 it");
-  SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(path, "node secret file"));
-  std::string secret = text.substr(0, text.find('\n'));
-  while (!secret.empty() && (secret.back() == '\r' || secret.back() == ' ')) secret.pop_back();
-  if (secret.size() < 16)
-    return fail(Code::kInvalidArgument, "node secret in " + path + " is under 16 bytes");
-  return secret;
 }
 
 // The HTTP port and the membership from --peer-listen, --peers, --node-name and the secret.
@@ -221,21 +190,15 @@ Status configure_peers(const Args& a, node::PeerConfig& p) {
     SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> names, peer::expand_hostlist(list));
     for (std::string& n : names) members.push_back(peer::Member{n, n, p.port});
   } else {
-    SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(a.peers, "peers file"));
+    SLUICE_ASSIGN_OR_RETURN(std::string text, cli::read_small_file(a.peers, "peers file"));
     SLUICE_ASSIGN_OR_RETURN(members, peer::parse_host_list(text, a.peers));
   }
-  std::string self = a.node_name;
-  if (self.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    self = host;
-    self = self.substr(0, self.find('.'));
-  }
+  std::string self = a.node_name.empty() ? cli::short_host_name() : a.node_name;
   SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(members), self));
   p.membership = std::make_shared<const peer::Membership>(std::move(m));
   if (a.secret_file.empty())
     return fail(Code::kInvalidArgument, "--peers needs --node-secret-file FILE");
-  SLUICE_ASSIGN_OR_RETURN(p.secret, read_secret(a.secret_file));
+  SLUICE_ASSIGN_OR_RETURN(p.secret, cli::read_secret(a.secret_file));
   return ok();
 }
 
@@ -263,6 +226,8 @@ int run(Args& a, const CLI::App& app) {
   o.idle_timeout = std::chrono::seconds(a.idle_s);
   o.log = log_line;
   if (Status p = configure_peers(a, o.peer); !p) return cli::report_error(p.error());
+  if (o.peer.membership)
+    o.peer.objects_directory = a.objects_dir.empty() ? home + "/peer-objects" : a.objects_dir;
   const bool has_peers = o.peer.membership != nullptr;
   const size_t members = has_peers ? o.peer.membership->members().size() : 0;
 
@@ -336,6 +301,10 @@ int main(int argc, char** argv) {
   app.add_option("--node-secret-file", a.secret_file,
                  "File whose first line is the secret the job's daemons share (mode 600, "
                  ">= 16 bytes); required with --peers");
+  app.add_option(
+      "--objects-dir", a.objects_dir,
+      "Where the job's members keep objects on this node (checkpoints' peer tier, "
+      "sluiced://NAME@HOST:PORT/ URIs); with --peers. Default: $SLUICE_HOME/peer-objects");
   app.add_option("--peer-timeout-ms", a.peer_timeout_ms,
                  "A chunk from a peer slower than this comes from the backing store")
       ->default_val(10000);

@@ -80,6 +80,9 @@ struct PeerConfig {
   std::chrono::milliseconds retry_after{5000};  // a failed peer is skipped this long
   unsigned max_connections = 256;               // HTTP connections at once, one thread each
   unsigned max_per_ip = 64;  // from one address (daemons sharing a host share it)
+  // The object space the job's members keep on this node (checkpoints' peer tier), served
+  // on the HTTP port with peers; empty: none. peer/object_store.h is its client.
+  std::string objects_directory;
 };
 
 struct ServerOptions {

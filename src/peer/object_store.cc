@@ -1,0 +1,402 @@
+// sluiced:// — a peer daemon's object space as a store (the client side).
+#include "sluice/peer/object_store.h"
+
+#include <curl/curl.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "signing.h"
+#include "sluice/peer/peer_store.h"
+
+namespace sluice::peer {
+
+namespace {
+
+using nlohmann::json;
+
+std::string canonical(const ObjectRequest& r) {
+  return "sluice-peer-object-v1\n" + r.method + "\n" + r.op + "\n" + r.node + "\n" + r.target +
+         "\n" + std::to_string(r.time) + "\n" + r.key + "\n" + r.a + "\n" + r.b + "\n" + r.c +
+         "\n" + r.body_xxh3;
+}
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// "sluiced://NAME@HOST:PORT/prefix/": the member, its address, the folder.
+struct Where {
+  std::string member, address, prefix;
+};
+
+Result<Where> parse_uri(std::string_view uri) {
+  std::string_view rest = uri;
+  if (!rest.starts_with("sluiced://"))
+    return fail(Code::kInvalidArgument, "not a sluiced:// URI: '" + std::string(uri) + "'");
+  rest.remove_prefix(10);
+  size_t at = rest.find('@'), slash = rest.find('/');
+  if (at == std::string_view::npos || (slash != std::string_view::npos && at > slash) || at == 0)
+    return fail(Code::kInvalidArgument,
+                "'" + std::string(uri) + "': expected sluiced://MEMBER@HOST:PORT/folder/");
+  Where w;
+  w.member = std::string(rest.substr(0, at));
+  std::string_view addr =
+      rest.substr(at + 1, slash == std::string_view::npos ? slash : slash - at - 1);
+  if (addr.empty() || addr.find(':') == std::string_view::npos)
+    return fail(Code::kInvalidArgument, "'" + std::string(uri) + "': no HOST:PORT");
+  w.address = std::string(addr);
+  if (slash != std::string_view::npos) w.prefix = std::string(rest.substr(slash + 1));
+  if (!w.prefix.empty() && w.prefix.back() != '/') w.prefix += '/';
+  if (!w.prefix.empty())
+    SLUICE_RETURN_IF_ERROR(store::validate_key(w.prefix.substr(0, w.prefix.size() - 1)));
+  return w;
+}
+
+std::string escape(CURL* c, std::string_view s) {
+  char* e = curl_easy_escape(c, s.data(), static_cast<int>(s.size()));
+  std::string out = e ? e : "";
+  curl_free(e);
+  return out;
+}
+
+struct Reply {
+  long status = 0;
+  std::string body;
+  std::string xxh3, signature, etag;
+};
+
+class ObjectClient {
+ public:
+  ObjectClient(Where w, ObjectStoreOptions o) : w_(std::move(w)), o_(std::move(o)) {}
+
+  const Where& where() const { return w_; }
+  const ObjectStoreOptions& options() const { return o_; }
+
+  // Sends one signed request and checks the signed reply. `out` receives a read's bytes
+  // (up to its size); other bodies land in Reply::body (bounded).
+  Result<Reply> call(ObjectRequest r, std::span<const std::byte> body = {},
+                     std::span<std::byte> out = {}) {
+    r.node = o_.node;
+    r.target = w_.member;
+    r.time = std::time(nullptr);
+    if (!body.empty() || r.op == "part") r.body_xxh3 = hex16(XXH3_64bits(body.data(), body.size()));
+    const std::string sig = sign_object_request(r, o_.secret);
+    CURL* c = curl_easy_init();
+    if (!c) return fail(Code::kInternal, "curl_easy_init failed");
+    std::string url = "http://" + w_.address + "/v1/object?op=" + r.op +
+                      "&key=" + escape(c, r.key) + "&a=" + escape(c, r.a) + "&b=" + escape(c, r.b) +
+                      "&c=" + escape(c, r.c);
+    curl_slist* h = nullptr;
+    for (const std::string& line :
+         {"X-Sluice-Node: " + r.node, "X-Sluice-Target: " + r.target,
+          "X-Sluice-Time: " + std::to_string(r.time), "X-Sluice-Signature: " + sig,
+          "X-Sluice-Body-Xxh3: " + r.body_xxh3, std::string("Expect:"),
+          std::string("Content-Type: application/octet-stream")})
+      h = curl_slist_append(h, line.c_str());
+    Sink sink;
+    sink.into = out;
+    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(o_.connect_timeout.count()));
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(o_.timeout.count()));
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, r.method.c_str());
+    if (r.method == "PUT" || r.method == "POST") {
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS,
+                       body.empty() ? "" : reinterpret_cast<const char*>(body.data()));
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+    }
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &sink);
+    CURLcode rc = curl_easy_perform(c);
+    Reply reply;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &reply.status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    const std::string what = r.op + " '" + r.key + "' on " + w_.member + " (" + w_.address + ")";
+    if (rc != CURLE_OK && !sink.overflow)
+      return fail(rc == CURLE_OPERATION_TIMEDOUT ? Code::kTimedOut : Code::kUnavailable,
+                  what + ": " + curl_easy_strerror(rc));
+    if (sink.overflow)
+      return fail(Code::kCorruption, what + ": the reply is longer than asked for");
+    reply.body = std::move(sink.text);
+    if (reply.status != 200) {
+      std::string msg = reply.body.substr(0, 300);
+      while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+      Code code = reply.status == 404   ? Code::kNotFound
+                  : reply.status == 409 ? Code::kAlreadyExists
+                  : reply.status == 412 ? Code::kConflict
+                  : reply.status == 403 ? Code::kPermissionDenied
+                  : reply.status == 400 ? Code::kInvalidArgument
+                  : reply.status == 507 ? Code::kNoSpace
+                                        : Code::kUnavailable;
+      return fail(code, what + ": HTTP " + std::to_string(reply.status) + ": " + msg);
+    }
+    // The body is checked against the owner's signature over its XXH3 and length.
+    std::string_view got =
+        sink.into.empty()
+            ? std::string_view(reply.body)
+            : std::string_view(reinterpret_cast<const char*>(sink.into.data()), sink.received);
+    const std::string sum = hex16(XXH3_64bits(got.data(), got.size()));
+    reply.xxh3 = sink.xxh3;
+    reply.signature = sink.signature;
+    reply.etag = sink.etag;
+    uint64_t claimed = 0;
+    std::from_chars(sink.xxh3.data(), sink.xxh3.data() + sink.xxh3.size(), claimed, 16);
+    if (sum != sink.xxh3 ||
+        !equal_in_constant_time(sign_chunk_reply(sig, sink.etag, got.size(), claimed, o_.secret),
+                                sink.signature))
+      return fail(Code::kCorruption, what + ": the reply fails its checksum or signature");
+    reply.body.resize(sink.into.empty() ? reply.body.size() : 0);
+    if (!sink.into.empty()) reply.body = std::to_string(sink.received);
+    return reply;
+  }
+
+ private:
+  struct Sink {
+    std::span<std::byte> into;  // a read's destination; empty: text
+    std::string text;
+    std::string xxh3, signature, etag;
+    size_t received = 0;
+    bool overflow = false;
+    long status = 0;  // from the status line: only a 200's body goes to `into`
+  };
+
+  static size_t on_body(char* p, size_t size, size_t n, void* ud) {
+    auto* s = static_cast<Sink*>(ud);
+    size_t len = size * n;
+    if (!s->into.empty() && s->status == 200) {
+      if (s->received + len > s->into.size()) return s->overflow = true, 0;
+      std::memcpy(s->into.data() + s->received, p, len);
+      s->received += len;
+      return len;
+    }
+    if (s->text.size() + len > (uint64_t{64} << 20)) return s->overflow = true, 0;
+    s->text.append(p, len);
+    return len;
+  }
+
+  static size_t on_header(char* p, size_t size, size_t n, void* ud) {
+    auto* s = static_cast<Sink*>(ud);
+    std::string_view line(p, size * n);
+    if (line.starts_with("HTTP/")) {  // a new status line (after a 100 Continue, say)
+      size_t sp = line.find(' ');
+      if (sp != std::string_view::npos)
+        std::from_chars(line.data() + sp + 1, line.data() + line.size(), s->status);
+    }
+    auto value = [&](std::string_view name) -> std::optional<std::string> {
+      if (line.size() <= name.size() + 1 ||
+          strncasecmp(line.data(), name.data(), name.size()) != 0 || line[name.size()] != ':')
+        return std::nullopt;
+      std::string_view v = line.substr(name.size() + 1);
+      while (!v.empty() && (v.front() == ' ')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' '))
+        v.remove_suffix(1);
+      return std::string(v);
+    };
+    if (auto v = value("X-Sluice-Xxh3")) s->xxh3 = *v;
+    if (auto v = value("X-Sluice-Reply-Signature")) s->signature = *v;
+    if (auto v = value("X-Sluice-Etag")) s->etag = *v;
+    return size * n;
+  }
+
+  Where w_;
+  ObjectStoreOptions o_;
+};
+
+store::ObjectInfo info_from(const json& j, std::string key) {
+  store::ObjectInfo i;
+  i.key = std::move(key);
+  i.size = j.at("size").get<uint64_t>();
+  i.etag = j.at("etag").get<std::string>();
+  i.mtime_ns = j.at("mtime_ns").get<int64_t>();
+  return i;
+}
+
+class ObjectWriter final : public store::Writer {
+ public:
+  ObjectWriter(ObjectClient& client, std::string key, std::string upload)
+      : client_(client), key_(std::move(key)), upload_(std::move(upload)) {}
+  ~ObjectWriter() override { abort(); }
+
+  Status append(std::span<const std::byte> data) override { return write_at(size_.load(), data); }
+  bool positional() const override { return true; }
+  Status write_at(uint64_t offset, std::span<const std::byte> data) override {
+    if (done_) return fail(Code::kInvalidArgument, "write to a finished upload of '" + key_ + "'");
+    const uint64_t part = std::min(client_.options().part_size, kMaxObjectPart);
+    for (uint64_t at = 0; at < data.size(); at += part) {
+      auto piece = data.subspan(at, std::min<uint64_t>(part, data.size() - at));
+      ObjectRequest r{"PUT", "part", "", "", 0, upload_, std::to_string(offset + at), "", "", ""};
+      auto rep = client_.call(std::move(r), piece);
+      if (!rep) {
+        abort();
+        return std::unexpected(rep.error());
+      }
+    }
+    uint64_t end = offset + data.size();
+    for (uint64_t cur = size_.load(); end > cur && !size_.compare_exchange_weak(cur, end);) {
+    }
+    return ok();
+  }
+  Status commit() override {
+    if (done_) return fail(Code::kInvalidArgument, "commit of a finished upload of '" + key_ + "'");
+    ObjectRequest r{"POST", "commit", "", "", 0, upload_, std::to_string(size_.load()), "", "", ""};
+    auto rep = client_.call(std::move(r));
+    done_ = true;
+    if (!rep) return std::unexpected(rep.error());
+    return ok();
+  }
+  void abort() override {
+    if (done_.exchange(true)) return;
+    ObjectRequest r{"DELETE", "abort", "", "", 0, upload_, "", "", "", ""};
+    (void)client_.call(std::move(r));  // the owner drops idle uploads anyway
+  }
+  uint64_t size() const override { return size_.load(); }
+
+ private:
+  ObjectClient& client_;
+  std::string key_, upload_;
+  std::atomic<uint64_t> size_{0};
+  std::atomic<bool> done_{false};
+};
+
+class ObjectStore final : public store::Store {
+ public:
+  ObjectStore(std::string uri, Where w, ObjectStoreOptions o)
+      : uri_(std::move(uri)), client_(std::move(w), std::move(o)) {}
+
+  Result<store::ObjectInfo> stat(std::string_view key) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_ASSIGN_OR_RETURN(auto rep,
+                            client_.call({"GET", "stat", "", "", 0, full(key), "", "", "", ""}));
+    json j = json::parse(rep.body, nullptr, false);
+    try {
+      return info_from(j, std::string(key));
+    } catch (const json::exception&) {
+      return fail(Code::kCorruption,
+                  "stat of '" + std::string(key) + "' on " + uri_ + ": bad reply");
+    }
+  }
+
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    // One request of at most kMaxObjectPart bytes: read_full loops for the rest.
+    auto into = dst.first(std::min<size_t>(dst.size(), kMaxObjectPart));
+    if (into.empty()) return size_t{0};
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rep, client_.call({"GET", "read", "", "", 0, full(key), std::to_string(offset),
+                                std::to_string(into.size()), options.if_match, ""},
+                               {}, into));
+    size_t n = 0;
+    std::from_chars(rep.body.data(), rep.body.data() + rep.body.size(), n);
+    return n;
+  }
+
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions& options) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rep, client_.call({"POST", "begin", "", "", 0, full(key),
+                                options.size_hint ? std::to_string(*options.size_hint) : "",
+                                options.overwrite ? "1" : "0", "", ""}));
+    json j = json::parse(rep.body, nullptr, false);
+    if (!j.is_object() || !j.contains("upload") || !j["upload"].is_string())
+      return fail(Code::kCorruption,
+                  "create '" + std::string(key) + "' on " + uri_ + ": bad reply");
+    return std::unique_ptr<store::Writer>(
+        std::make_unique<ObjectWriter>(client_, std::string(key), j["upload"].get<std::string>()));
+  }
+
+  Result<store::ListPage> list(const store::ListOptions& options) override {
+    if (options.max_keys < 1 || options.max_keys > 10000)
+      return fail(Code::kInvalidArgument, "list of " + uri_ + ": max_keys must be 1 to 10000");
+    const std::string& pre = client_.where().prefix;
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rep, client_.call({"GET", "list", "", "", 0, pre + options.prefix,
+                                options.continuation, std::to_string(options.max_keys), "", ""}));
+    json j = json::parse(rep.body, nullptr, false);
+    store::ListPage page;
+    try {
+      for (const json& o : j.at("objects")) {
+        std::string k = o.at("key").get<std::string>();
+        if (!k.starts_with(pre + options.prefix))
+          return fail(Code::kCorruption,
+                      "list of " + uri_ + " returned '" + k + "', outside the prefix");
+        page.objects.push_back(info_from(o, k.substr(pre.size())));
+      }
+      page.next_token = j.at("next").get<std::string>();
+    } catch (const json::exception&) {
+      return fail(Code::kCorruption, "list of " + uri_ + ": bad reply");
+    }
+    return page;
+  }
+
+  Status remove(std::string_view key) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    auto rep = client_.call({"DELETE", "remove", "", "", 0, full(key), "", "", "", ""});
+    if (!rep) return std::unexpected(rep.error());
+    return ok();
+  }
+
+  std::string uri() const override { return uri_; }
+
+ private:
+  std::string full(std::string_view key) const { return client_.where().prefix + std::string(key); }
+  std::string uri_;
+  ObjectClient client_;
+};
+
+}  // namespace
+
+std::string sign_object_request(const ObjectRequest& r, std::string_view secret) {
+  return hmac_hex(secret, canonical(r));
+}
+
+Status verify_object_request(const ObjectRequest& r, std::string_view signature,
+                             std::string_view secret, int64_t now, int64_t max_skew_s) {
+  for (std::string_view f :
+       {std::string_view(r.method), std::string_view(r.op), std::string_view(r.node),
+        std::string_view(r.target), std::string_view(r.key), std::string_view(r.a),
+        std::string_view(r.b), std::string_view(r.c), std::string_view(r.body_xxh3)})
+    if (has_control(f))
+      return fail(Code::kInvalidArgument, "a request field holds a control character");
+  if (r.time < now - max_skew_s || r.time > now + max_skew_s)
+    return fail(Code::kPermissionDenied,
+                "object request from '" + r.node + "' signed at " + std::to_string(r.time) +
+                    ", over " + std::to_string(max_skew_s) + " s from this node's clock");
+  if (!equal_in_constant_time(sign_object_request(r, secret), signature))
+    return fail(Code::kPermissionDenied,
+                "object request from '" + r.node + "': bad signature (another node secret?)");
+  return ok();
+}
+
+void register_object_scheme() {
+  store::register_scheme(
+      "sluiced",
+      [](std::string_view uri,
+         const store::StoreOptions& so) -> Result<std::unique_ptr<store::Store>> {
+        const auto* o = so.backend.get<ObjectStoreOptions>();
+        if (!o || o->node.empty() || o->secret.size() < 16)
+          return fail(Code::kInvalidArgument,
+                      "sluiced:// needs this member's name and the node secret "
+                      "(peer::ObjectStoreOptions)");
+        SLUICE_ASSIGN_OR_RETURN(Where w, parse_uri(uri));
+        return std::unique_ptr<store::Store>(
+            std::make_unique<ObjectStore>(std::string(uri), std::move(w), *o));
+      });
+}
+
+}  // namespace sluice::peer

@@ -388,6 +388,8 @@ class CheckpointerImpl final : public Checkpointer {
   Status stage(SaveJob& job, std::span<const TensorView> views);
   void stage_loop();
   void replicate_loop();
+  // The next job of a queue; null once stopping with the queue empty (the loops end).
+  std::shared_ptr<SaveJob> take(std::deque<std::shared_ptr<SaveJob>>& q);
   // Writes the job's shard from the ring to tier i; the chunk checksums on success.
   Result<std::vector<TensorEntry>> write_from_ring(SaveJob& job, size_t i);
   Status publish_record_and_commit(SaveJob& job, size_t i);
@@ -568,16 +570,17 @@ Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) 
   return ok();
 }
 
+std::shared_ptr<SaveJob> CheckpointerImpl::take(std::deque<std::shared_ptr<SaveJob>>& q) {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return stopping_ || !q.empty(); });
+  if (q.empty()) return nullptr;
+  auto job = q.front();
+  q.pop_front();
+  return job;
+}
+
 void CheckpointerImpl::stage_loop() {
-  for (;;) {
-    std::shared_ptr<SaveJob> job;
-    {
-      std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !stage_q_.empty(); });
-      if (stage_q_.empty()) return;
-      job = stage_q_.front();
-      stage_q_.pop_front();
-    }
+  while (std::shared_ptr<SaveJob> job = take(stage_q_)) {
     // The first tier that takes the shard; with the whole shard in the ring, a failure
     // moves on to the next tier, else only the first can be written.
     const size_t last = job->fits ? o_.tiers.size() : 1;
@@ -694,15 +697,7 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
 }
 
 void CheckpointerImpl::replicate_loop() {
-  for (;;) {
-    std::shared_ptr<SaveJob> job;
-    {
-      std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !repl_q_.empty(); });
-      if (repl_q_.empty()) return;
-      job = repl_q_.front();
-      repl_q_.pop_front();
-    }
+  while (std::shared_ptr<SaveJob> job = take(repl_q_)) {
     const size_t src = static_cast<size_t>(job->source_tier);
     auto commit_on = [&](size_t i) {
       if (auto st = publish_record_and_commit(*job, i); !st) {

@@ -334,6 +334,11 @@ class ShardFiles {
     std::lock_guard lk(mu_);
     auto it = open_.find(path);
     if (it != open_.end()) return it->second.get();
+    // A shard replaced by a FIFO or a device must not block or feed the reader.
+    std::error_code ec;
+    if (std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::regular)
+      return fail(ec ? Code::kNotFound : Code::kCorruption,
+                  path + (ec ? ": " + ec.message() : " is not a regular file"));
     SLUICE_ASSIGN_OR_RETURN(auto fh, io::FileHandle::open(ctx, path, {}));
     auto& slot = open_[path];
     slot = std::make_unique<io::FileHandle>(std::move(fh));
@@ -394,8 +399,9 @@ class CheckpointerImpl final : public Checkpointer {
   Result<std::vector<TensorEntry>> write_from_ring(SaveJob& job, size_t i);
   Status publish_record_and_commit(SaveJob& job, size_t i);
   // Before this rank publishes its shard of `step` on a tier: AlreadyExists if the step is
-  // committed there; else removes this rank's shard and record left by an earlier attempt.
-  Status clear_stale(const Tier& tier, uint64_t step);
+  // committed there. (Shards of other attempts are left alone: a concurrent save may own
+  // them; gc removes them once stale.)
+  Status check_not_committed(const Tier& tier, uint64_t step);
   Status wait_for_commit(size_t i, uint64_t step);
   Status gc_tier(size_t i, GcReport& report);
   void finish(SaveJob& job);
@@ -438,8 +444,14 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
   r.world = o_.world;
   r.chunk_size = o_.chunk_size;
   r.save_id = fresh_id();
+  if (step > kMaxStep)
+    return fail(Code::kInvalidArgument,
+                "step " + std::to_string(step) + " is over " + std::to_string(kMaxStep));
   std::set<std::string_view> names;
   for (const auto& v : tensors) {
+    if (!valid_utf8(v.name) || !valid_utf8(v.dtype))
+      return fail(Code::kInvalidArgument,
+                  "tensor name or dtype is not UTF-8: '" + v.name.substr(0, 200) + "'");
     if (v.name.empty() || v.name.size() > 4096 || !names.insert(v.name).second)
       return fail(Code::kInvalidArgument,
                   "tensor name empty, over 4096 bytes or repeated: '" + v.name + "'");
@@ -629,12 +641,12 @@ void CheckpointerImpl::stage_loop() {
 Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job, size_t i) {
   const Tier& tier = o_.tiers[i];
   const uint64_t seg = ring_->segment(), total = job.record.bytes;
-  const std::string key = shard_key(o_.series, job.step, o_.rank);
+  const std::string key = shard_key(o_.series, job.step, o_.rank, job.record.save_id);
   std::vector<TensorEntry> tensors = job.record.tensors;
   for (auto& t : tensors) t.chunks.clear();
   ChunkHasher hasher(tensors, o_.chunk_size);
 
-  SLUICE_RETURN_IF_ERROR(clear_stale(tier, job.step));
+  SLUICE_RETURN_IF_ERROR(check_not_committed(tier, job.step));
   store::WriteOptions wo;
   wo.size_hint = total;
   wo.overwrite = false;  // another save of the step publishing first wins; this one fails
@@ -719,13 +731,13 @@ void CheckpointerImpl::replicate_loop() {
       finish(*job);
       continue;
     }
-    const std::string key = shard_key(o_.series, job->step, o_.rank);
+    const std::string key = shard_key(o_.series, job->step, o_.rank, job->record.save_id);
     for (size_t i = src + 1; i < o_.tiers.size(); ++i) {
       job->handle->set(i, TierState::kWriting);
       xfer::CopyOptions co;
       co.overwrite = false;
       co.on_progress = [&](const xfer::CopyProgress& p) { job->handle->written(i, p.bytes_done); };
-      Status cleared = clear_stale(o_.tiers[i], job->step);
+      Status cleared = check_not_committed(o_.tiers[i], job->step);
       Result<store::ObjectInfo> copied =
           cleared ? xfer::copy(*o_.tiers[src].store, key, *o_.tiers[i].store, key, co)
                   : Result<store::ObjectInfo>(std::unexpected(cleared.error()));
@@ -754,24 +766,20 @@ void CheckpointerImpl::finish(SaveJob& job) {
   cv_.notify_all();
 }
 
-Status CheckpointerImpl::clear_stale(const Tier& tier, uint64_t step) {
+Status CheckpointerImpl::check_not_committed(const Tier& tier, uint64_t step) {
   auto st = tier.store->stat(manifest_key(o_.series, step));
   if (st)
     return fail(Code::kAlreadyExists, "step " + std::to_string(step) + " of series " + o_.series +
                                           " is already committed on tier " + tier.name);
   if (st.error().code() != Code::kNotFound) return std::unexpected(st.error());
-  for (const std::string& key :
-       {record_key(o_.series, step, o_.rank), shard_key(o_.series, step, o_.rank)}) {
-    auto rm = tier.store->remove(key);
-    if (!rm && rm.error().code() != Code::kNotFound) return rm;
-  }
   return ok();
 }
 
 Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
   const Tier& tier = o_.tiers[i];
   ShardRecord rec = job.record;
-  SLUICE_ASSIGN_OR_RETURN(auto info, tier.store->stat(shard_key(o_.series, job.step, o_.rank)));
+  SLUICE_ASSIGN_OR_RETURN(auto info,
+                          tier.store->stat(shard_key(o_.series, job.step, o_.rank, rec.save_id)));
   if (info.size != rec.bytes)
     return fail(Code::kCorruption, "shard " + info.key + " on tier " + tier.name + " has " +
                                        std::to_string(info.size) + " bytes, not " +
@@ -821,7 +829,7 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
                         " uses chunks of " + std::to_string(got->chunk_size) +
                         " bytes, rank 0 of " + std::to_string(o_.chunk_size));
       // The record names the shard now published (not one replaced since).
-      auto sh = tier.store->stat(shard_key(o_.series, job.step, r));
+      auto sh = tier.store->stat(shard_key(o_.series, job.step, r, got->save_id));
       if (!sh || sh->etag != got->etag || sh->size != got->bytes) continue;
       m.shards[r] = std::move(*got);
       have[r] = true;
@@ -1082,7 +1090,7 @@ Result<size_t> CheckpointerImpl::read_chunk(uint64_t step, const ShardRecord& sh
                                             const TensorEntry& tensor, size_t chunk,
                                             const std::vector<int>& holds, std::span<std::byte> dst,
                                             ShardFiles& files, std::string& why) {
-  const std::string key = shard_key(o_.series, step, shard.rank);
+  const std::string key = shard_key(o_.series, step, shard.rank, shard.save_id);
   const uint64_t at = tensor.offset + chunk * shard.chunk_size;
   for (size_t i = 0; i < o_.tiers.size(); ++i) {
     if (!holds[i]) continue;
@@ -1129,11 +1137,12 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, int tier) {
     };
     std::vector<Item> items;
     for (const auto& s : m->shards) {
-      auto info = o_.tiers[i].store->stat(shard_key(o_.series, step, s.rank));
+      const std::string sk = shard_key(o_.series, step, s.rank, s.save_id);
+      auto info = o_.tiers[i].store->stat(sk);
       if (!info || info->size != s.bytes) {
         std::lock_guard lk(mu);
         report.problems.push_back(
-            shard_key(o_.series, step, s.rank) + " on tier " + o_.tiers[i].name + ": " +
+            sk + " on tier " + o_.tiers[i].name + ": " +
             (info ? "has " + std::to_string(info->size) + " bytes, not " + std::to_string(s.bytes)
                   : info.error().message()));
       }
@@ -1176,6 +1185,8 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     bool committed = false;
     int64_t newest_ns = 0;
     std::vector<std::string> keys;
+    std::vector<store::ObjectInfo> shards;
+    size_t records = 0;
   };
   std::map<uint64_t, StepObjects> steps;
   for (const auto& obj : objs) {
@@ -1184,6 +1195,8 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     if (!parse_step_key(o_.series, obj.key, step, leaf)) continue;
     StepObjects& s = steps[step];
     if (leaf == "manifest.json") s.committed = true;
+    if (leaf.ends_with(".shard")) s.shards.push_back(obj);
+    if (leaf.ends_with(".json") && leaf != "manifest.json") ++s.records;
     s.newest_ns = std::max(s.newest_ns, obj.mtime_ns);
     s.keys.push_back(obj.key);
   }
@@ -1212,6 +1225,22 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
       now_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(o_.incomplete_grace).count();
   for (auto& [step, s] : steps) {
     if (active.count(step)) continue;
+    if (s.committed && keep.count(step) && s.shards.size() > s.records) {
+      // A kept checkpoint with more shards than ranks: the others are of attempts that lost
+      // the race to commit, or crashed; once stale they go.
+      auto m = manifest_on(i, step);
+      if (!m) continue;
+      std::set<std::string> named;
+      for (const auto& sh : m->shards)
+        named.insert(shard_key(o_.series, step, sh.rank, sh.save_id));
+      for (const auto& obj : s.shards) {
+        if (named.count(obj.key) || obj.mtime_ns > cutoff) continue;
+        auto rm = tier.store->remove(obj.key);
+        if (!rm && rm.error().code() != Code::kNotFound) return rm;
+        ++report.objects_removed;
+      }
+      continue;
+    }
     if (s.committed ? keep.count(step) != 0 : s.newest_ns > cutoff) continue;
     if (s.committed) {
       // The manifest goes first: a half-removed checkpoint is no longer listed.
@@ -1286,7 +1315,7 @@ Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only) {
       uint64_t bytes = 0;
       Status st = ok();
       for (auto& shard : out.shards) {
-        const std::string key = shard_key(o_.series, step, shard.rank);
+        const std::string key = shard_key(o_.series, step, shard.rank, shard.save_id);
         auto copied = xfer::copy(*o_.tiers[*src].store, key, *dst.store, key);
         if (!copied) {
           st = std::unexpected(copied.error());

@@ -104,6 +104,10 @@ bool record_from(const json& j, ShardRecord& r, std::string& why) {
   if (r.bytes > kMaxShardBytes)
     return why = "shard of " + std::to_string(r.bytes) + " bytes", false;
   if (r.run_id.size() > 256) return why = "run_id over 256 bytes", false;
+  if (r.step > kMaxStep) return why = "step over " + std::to_string(kMaxStep), false;
+  if (r.save_id.size() != 32 ||
+      r.save_id.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return why = "save_id is not 32 hex digits", false;
   uint64_t end = 0;
   std::set<std::string_view> names;
   for (const auto& t : r.tensors) {
@@ -211,10 +215,11 @@ std::string step_prefix(std::string_view series, uint64_t step) {
   return std::string(series) + buf;
 }
 
-std::string shard_key(std::string_view series, uint64_t step, unsigned rank) {
+std::string shard_key(std::string_view series, uint64_t step, unsigned rank,
+                      std::string_view save_id) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "rank-%05u.shard", rank);
-  return step_prefix(series, step) + buf;
+  std::snprintf(buf, sizeof buf, "rank-%05u-", rank);
+  return step_prefix(series, step) + buf + std::string(save_id) + ".shard";
 }
 
 std::string record_key(std::string_view series, uint64_t step, unsigned rank) {
@@ -236,6 +241,26 @@ bool parse_step_key(std::string_view series, std::string_view key, uint64_t& ste
   auto [p, ec] = std::from_chars(key.data(), key.data() + 12, step);
   if (ec != std::errc() || p != key.data() + 12) return false;
   leaf = std::string(key.substr(13));
+  return true;
+}
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size() || (n == 2 && c < 0xc2) || (n == 4 && c > 0xf4)) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    if (n == 3) {  // no overlong forms, no surrogates
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 >= 0xa0)) return false;
+    }
+    if (n == 4) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      if ((c == 0xf0 && c1 < 0x90) || (c == 0xf4 && c1 >= 0x90)) return false;
+    }
+    i += n;
+  }
   return true;
 }
 

@@ -220,7 +220,8 @@ def test_local_then_s3_and_bitflip(ctx):
     ok(run("restore", "--series", "m", "--from", s3, "--to", out, endpoint=ctx.s3.endpoint))
     same_tree(out, files)
     # A flipped bit in the local shard: verify names it, restore reads that chunk from S3.
-    shard = os.path.join(tier, "m", "step-000000000001", "rank-00000.shard")
+    step_dir = os.path.join(tier, "m", "step-000000000001")
+    shard = os.path.join(step_dir, [n for n in os.listdir(step_dir) if n.endswith(".shard")][0])
     with open(shard, "r+b") as f:
         f.seek(5 << 20)
         b = f.read(1)

@@ -128,9 +128,14 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
   std::map<std::string, std::string> seen;  // name -> path
   auto add = [&](std::string name, const fs::path& p, uint64_t size) -> Status {
     // Names become paths on restore: refuse here what restore would refuse there.
-    if (auto st = store::validate_key(name); !st)
-      return fail(Code::kInvalidArgument, p.string() + " cannot be saved under the name '" + name +
-                                              "': " + st.error().message());
+    Status st = store::validate_key(name);
+    if (st && (name == ".sluice-tmp" || name.starts_with(".sluice-tmp/") ||
+               name.find("/.sluice-tmp/") != std::string::npos))
+      st = fail(Code::kInvalidArgument, "a .sluice-tmp component is reserved");
+    if (st && !ckpt::valid_utf8(name)) st = fail(Code::kInvalidArgument, "the name is not UTF-8");
+    if (!st)
+      return fail(Code::kInvalidArgument, p.string() + " cannot be saved under the name '" +
+                                              name.substr(0, 200) + "': " + st.error().message());
     auto [it, fresh] = seen.emplace(name, p.string());
     if (!fresh)
       return fail(Code::kInvalidArgument, "two inputs would be saved as '" + name +
@@ -151,17 +156,24 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
     std::vector<fs::path> found;
     for (auto it = fs::recursive_directory_iterator(arg, ec); !ec && it != fs::end(it);
          it.increment(ec)) {
+      // A link to a file is saved under the link's own name; a link to a directory is
+      // refused rather than skipped (it is not followed: loops, and trees saved twice).
+      if (it->is_symlink(ec) && it->is_directory(ec))
+        return fail(Code::kInvalidArgument, it->path().string() +
+                                                " is a symbolic link to a directory: give the "
+                                                "directory as an argument of its own");
       if (it->is_regular_file(ec))
         found.push_back(it->path());
-      else if (!it->is_directory(ec) && !it->is_symlink(ec))
+      else if (!it->is_directory(ec))
         return fail(Code::kInvalidArgument, it->path().string() +
-                                                " is not a regular file (FIFOs, devices and "
-                                                "sockets are not saved)");
+                                                " is not a regular file (FIFOs, devices, sockets "
+                                                "and dangling links are not saved)");
     }
     if (ec) return fail(Code::kIoError, "listing " + arg + ": " + ec.message());
     std::sort(found.begin(), found.end());
     for (const auto& p : found)
-      SLUICE_RETURN_IF_ERROR(add(fs::relative(p, arg).generic_string(), p, fs::file_size(p, ec)));
+      SLUICE_RETURN_IF_ERROR(
+          add(p.lexically_relative(arg).generic_string(), p, fs::file_size(p, ec)));
   }
   if (files.empty()) return fail(Code::kInvalidArgument, "nothing to save: no files in the inputs");
   return files;
@@ -430,7 +442,10 @@ int run_restore(const CkptArgs& a, const std::string& home) {
         return report_error(Error(
             Code::kCorruption,
             "tensor name '" + t.name + "' is not a safe relative path: " + st.error().message()));
-      if (!a.force && (*out)->stat(key))
+      std::error_code lec;
+      if (!a.force &&
+          (fs::symlink_status(fs::path(a.out_dir) / key, lec).type() != fs::file_type::not_found ||
+           (*out)->stat(key)))
         return report_error(Error(Code::kAlreadyExists,
                                   a.out_dir + "/" + key + " exists (use --force to replace it)"));
       items.push_back({s.rank, &t, std::move(key)});

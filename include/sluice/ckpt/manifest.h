@@ -7,7 +7,7 @@
 // are described in docs/formats/checkpoint-manifest.md.
 //
 // Keys, under a tier's root (a store):
-//   <series>/step-<012 digits>/rank-<05 digits>.shard   the rank's tensor bytes
+//   <series>/step-<012 digits>/rank-<05 digits>-<save id>.shard   the rank's tensor bytes
 //   <series>/step-<012 digits>/rank-<05 digits>.json    the rank's shard record
 //   <series>/step-<012 digits>/manifest.json            the commit record: present = committed
 #pragma once
@@ -67,7 +67,11 @@ size_t dtype_size(std::string_view dtype);
 Status validate_series(std::string_view series);
 
 std::string step_prefix(std::string_view series, uint64_t step);  // "<series>/step-…/"
-std::string shard_key(std::string_view series, uint64_t step, unsigned rank);
+// Shards are named for the save attempt that wrote them (ShardRecord::save_id), so two
+// saves of one step, or a crashed attempt and its retry, never write the same object.
+std::string shard_key(std::string_view series, uint64_t step, unsigned rank,
+                      std::string_view save_id);
+inline constexpr uint64_t kMaxStep = 999'999'999'999;  // twelve digits in the keys
 std::string record_key(std::string_view series, uint64_t step, unsigned rank);
 std::string manifest_key(std::string_view series, uint64_t step);
 // The step of a key under "<series>/", if it is a step's key.
@@ -87,5 +91,7 @@ Result<Manifest> decode_manifest(std::string_view text, std::string_view where);
 uint64_t layout(std::vector<TensorEntry>& tensors);
 
 std::string hex64(uint64_t v);
+// Whether `s` is well-formed UTF-8 (names and dtypes must be: the documents are JSON).
+bool valid_utf8(std::string_view s);
 
 }  // namespace sluice::ckpt

@@ -74,6 +74,7 @@ TEST(Manifest, RoundTripsAndRejectsDamage) {
   r.series = "s";
   r.step = 7;
   r.chunk_size = 4096;
+  r.save_id = "0123456789abcdef0123456789abcdef";
   r.tensors = {{"a", "float32", {2, 3}, 0, 24, {1}}, {"b", "uint8", {}, 0, 5000, {2, 3}}};
   r.bytes = layout(r.tensors);
   EXPECT_EQ(r.tensors[1].offset, 4096u);
@@ -111,9 +112,9 @@ TEST(Manifest, RoundTripsAndRejectsDamage) {
   EXPECT_TRUE(validate_series("llama-8b_v1.2"));
   uint64_t step = 0;
   std::string leaf;
-  ASSERT_TRUE(parse_step_key("s", shard_key("s", 42, 3), step, leaf));
+  ASSERT_TRUE(parse_step_key("s", shard_key("s", 42, 3, "ab"), step, leaf));
   EXPECT_EQ(step, 42u);
-  EXPECT_EQ(leaf, "rank-00003.shard");
+  EXPECT_EQ(leaf, "rank-00003-ab.shard");
   EXPECT_FALSE(parse_step_key("s", "s/step-12/x", step, leaf));
   // A document nested thousands deep is refused before it is parsed.
   std::string deep = std::string(5000, '[') + std::string(5000, ']');
@@ -164,6 +165,9 @@ TEST(Checkpointer, RejectsBadInput) {
   EXPECT_EQ(cp->save(1, dup).error().code(), Code::kInvalidArgument);
   TensorView odd{"y", "float32", {}, b.data(), 7, nullptr};
   EXPECT_EQ(cp->save(1, std::span(&odd, 1)).error().code(), Code::kInvalidArgument);
+  TensorView bad_utf8{"\xff\xfe", "uint8", {}, b.data(), 8, nullptr};
+  EXPECT_EQ(cp->save(1, std::span(&bad_utf8, 1)).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(cp->save(kMaxStep + 1, std::span(&v, 1)).error().code(), Code::kInvalidArgument);
   TensorView null{"z", "uint8", {}, nullptr, 7, nullptr};
   EXPECT_EQ(cp->save(1, std::span(&null, 1)).error().code(), Code::kInvalidArgument);
   ASSERT_TRUE(cp->save(1, std::span(&v, 1)).value()->wait());
@@ -210,7 +214,8 @@ TEST(Checkpointer, LocalTierThenCopyAndBitFlipFallsBack) {
   // Flip one bit in the middle of the big tensor's shard bytes on the local tier.
   auto m = cp->manifest(5).value();
   const TensorEntry& big = m.shards[0].tensors[2];
-  std::string path = local.local_dir + "/" + shard_key("model", 5, 0);
+  const std::string key = shard_key("model", 5, 0, m.shards[0].save_id);
+  std::string path = local.local_dir + "/" + key;
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(static_cast<std::streamoff>(big.offset + 3 * (1 << 20) + 17));
@@ -232,9 +237,9 @@ TEST(Checkpointer, LocalTierThenCopyAndBitFlipFallsBack) {
 
   // Both copies damaged: a clear error, never bytes.
   auto remote = cp->options().tiers[1].store;
-  auto bytes = remote->get(shard_key("model", 5, 0)).value();
+  auto bytes = remote->get(key).value();
   bytes[big.offset + 3 * (1 << 20) + 100] ^= std::byte{1};
-  ASSERT_TRUE(remote->put(shard_key("model", 5, 0), bytes));
+  ASSERT_TRUE(remote->put(key, bytes));
   std::vector<std::byte> out(big.bytes);
   TensorDest d{"t2", -1, out.data(), out.size(), nullptr};
   auto bad = cp->restore(5, std::span(&d, 1));
@@ -276,14 +281,15 @@ TEST(Checkpointer, SyncCopiesWhatALaterTierMissed) {
   flaky->clear();
   // Corrupt near copy: sync refuses to spread it.
   auto near = o.tiers[0].store;
-  auto bytes = near->get(shard_key("model", 4, 0)).value();
+  const std::string key = shard_key("model", 4, 0, cp->manifest(4).value().shards[0].save_id);
+  auto bytes = near->get(key).value();
   bytes[10] ^= std::byte{1};
-  ASSERT_TRUE(near->put(shard_key("model", 4, 0), bytes));
+  ASSERT_TRUE(near->put(key, bytes));
   auto bad = cp->sync().value();
   EXPECT_TRUE(bad.copied.empty());
   ASSERT_FALSE(bad.problems.empty());
   bytes[10] ^= std::byte{1};
-  ASSERT_TRUE(near->put(shard_key("model", 4, 0), bytes));
+  ASSERT_TRUE(near->put(key, bytes));
   auto r = cp->sync().value();
   ASSERT_EQ(r.copied.size(), 1u);
   EXPECT_EQ(r.copied[0].tier, "later");
@@ -363,6 +369,31 @@ TEST(Checkpointer, AStepBeingSavedIsNotSavedTwice) {
   ASSERT_TRUE(h->wait());
   slow->set_latency(std::chrono::milliseconds(0));
   a.expect_restored(*cp, 7);
+}
+
+TEST(Checkpointer, TwoSavesRacingOnOneStepLeaveOneIntactCheckpoint) {
+  auto shared = std::shared_ptr<store::Store>(store::make_memory_store("race"));
+  for (int round = 0; round < 20; ++round) {
+    auto o = small_options({mem_tier("race", shared)});
+    o.series = "race" + std::to_string(round);
+    auto a = Checkpointer::open(o).value();
+    auto b = Checkpointer::open(o).value();
+    State sa(200 + round), sb(300 + round);
+    Status ra, rb;
+    std::thread ta([&] {
+      auto h = a->save(1, sa.views);
+      ra = h ? (*h)->wait() : Status(std::unexpected(h.error()));
+    });
+    std::thread tb([&] {
+      auto h = b->save(1, sb.views);
+      rb = h ? (*h)->wait() : Status(std::unexpected(h.error()));
+    });
+    ta.join();
+    tb.join();
+    ASSERT_TRUE(static_cast<bool>(ra) != static_cast<bool>(rb)) << round;  // exactly one wins
+    EXPECT_EQ(a->verify(1).value().bad_chunks, 0u) << round;
+    (ra ? sa : sb).expect_restored(*a, 1);
+  }
 }
 
 TEST(Checkpointer, RestoresATensorInParts) {

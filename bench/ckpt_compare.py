@@ -5,6 +5,7 @@ same state size, interleaved, several rounds; prints the median of the per-round
     bench/ckpt_compare.py                       # 2 GiB of 128 float32 tensors, 5 rounds
     bench/ckpt_compare.py --bytes 512M --rounds 3 --dir /mnt/nvme/bench
     bench/ckpt_compare.py --markdown            # a table for docs/performance.md
+    bench/ckpt_compare.py --target ramloop      # on ext4 over a RAM-backed loop device (root)
 
 What is compared, each round:
   stall     sluice save() returning (bytes staged)   vs  memcpy of the same bytes into
@@ -27,6 +28,7 @@ import sys
 import tempfile
 
 from benchlib import parse_size, print_table
+from fio_compare import RamLoop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH_DEFAULT = os.path.join(HERE, "..", "build", "bin", "sluice_ckpt_bench")
@@ -99,6 +101,8 @@ def main():
     ap.add_argument("--tensors", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir in /var/tmp, on disk)")
+    ap.add_argument("--target", choices=["disk", "ramloop"], default="disk",
+                    help="ramloop: ext4 on a loop device over /dev/shm, a steadier fast NVMe (needs root)")
     ap.add_argument("--bench", default=BENCH_DEFAULT)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
@@ -108,7 +112,8 @@ def main():
             sys.exit(f"ckpt_compare: {tool} is missing (scripts/install-deps.sh --bench)")
     if subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode:
         sys.exit("ckpt_compare: /usr/bin/python3 cannot import torch (apt-get install python3-torch)")
-    d = tempfile.mkdtemp(prefix="sluice-ckpt-bench-", dir=a.dir or "/var/tmp")
+    loop = RamLoop(nbytes * 2) if a.target == "ramloop" else None
+    d = tempfile.mkdtemp(prefix="sluice-ckpt-bench-", dir=loop.mount if loop else (a.dir or "/var/tmp"))
     rows = []
     try:
         for r in range(a.rounds):
@@ -125,6 +130,8 @@ def main():
                                                  if k.endswith("_s")), file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+        if loop:
+            loop.close()
 
     def med(key):
         return statistics.median(x[key] for x in rows)
@@ -147,7 +154,8 @@ def main():
     for name, f, target, secs in table:
         m, lo, hi = ratio(f)
         out.append([name, f"{m:.2f}", f"{lo:.2f}-{hi:.2f}", target, secs])
-    print(f"{nbytes / (1 << 30):.2f} GiB in {a.tensors} float32 tensors, {a.rounds} rounds, medians")
+    print(f"{nbytes / (1 << 30):.2f} GiB in {a.tensors} float32 tensors, {a.rounds} rounds, medians, "
+          f"on {a.target}")
     print_table(["comparison", "median ratio", "range", "target", "median seconds"], out, a.markdown)
 
 

@@ -1368,7 +1368,7 @@ const char* to_string(TierState s) {
   return "unknown";
 }
 
-Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options) {
+Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options, bool create) {
   Tier t;
   t.name = std::string(uri);
   std::string_view path = uri;
@@ -1380,7 +1380,9 @@ Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options)
   if (local) {
     if (path.empty()) return fail(Code::kInvalidArgument, "empty checkpoint tier path");
     std::error_code ec;
-    std::filesystem::create_directories(std::string(path), ec);
+    if (!create && !std::filesystem::is_directory(std::string(path), ec))
+      return fail(Code::kNotFound, "checkpoint tier " + std::string(path) + " is not a directory");
+    if (create) std::filesystem::create_directories(std::string(path), ec);
     if (ec)
       return fail(Code::kIoError, "cannot create checkpoint tier directory " + std::string(path) +
                                       ": " + ec.message());

@@ -62,9 +62,11 @@ Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
   return *v;
 }
 
+// `writes`: the command writes new copies (save, sync), so a missing local tier is
+// created; the others refuse it, so a mistyped path is an error, not an empty tier.
 Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
                                                               const std::string& home,
-                                                              uint64_t staging) {
+                                                              uint64_t staging, bool writes) {
   s3::register_scheme();
   store::StoreOptions so;
   SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
@@ -88,7 +90,8 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   std::vector<std::string> uris = a.tiers;
   if (uris.empty()) uris.push_back(home + "/ckpt");
   for (const auto& uri : uris) {
-    SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t, ckpt::open_tier(uri, so));
+    // The default tier is sluice's own directory: made on first use by any command.
+    SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t, ckpt::open_tier(uri, so, writes || a.tiers.empty()));
     t.retention = {a.keep_last, a.keep_every};
     t.required = a.require == "all" || o.tiers.empty();
     o.tiers.push_back(std::move(t));
@@ -231,7 +234,7 @@ int run_save(const CkptArgs& a, const std::string& home) {
   auto staging = size_flag("--staging", a.staging);
   if (!staging) return report_error(staging.error());
   // No more staging than the files need (a small save does not touch 1 GiB of memory).
-  auto cp = open_checkpointer(a, home, std::min(*staging, total + (uint64_t{32} << 20)));
+  auto cp = open_checkpointer(a, home, std::min(*staging, total + (uint64_t{32} << 20)), true);
   if (!cp) return report_error(cp.error());
   auto number = parse_step(a.step);
   if (!number) return report_error(number.error());
@@ -289,7 +292,7 @@ int run_ls(const CkptArgs& a, const std::string& home) {
     std::set<std::string> names;
     CkptArgs any = a;
     any.series = "x";
-    auto cp = open_checkpointer(any, home, 0);
+    auto cp = open_checkpointer(any, home, 0, false);
     if (!cp) return report_error(cp.error());
     for (const auto& t : (*cp)->options().tiers) {
       auto objs = t.store->list_all("");
@@ -307,7 +310,7 @@ int run_ls(const CkptArgs& a, const std::string& home) {
     }
     return 0;
   }
-  auto cp = open_checkpointer(a, home, 0);
+  auto cp = open_checkpointer(a, home, 0, false);
   if (!cp) return report_error(cp.error());
   auto steps = (*cp)->list();
   if (!steps) return report_error(steps.error());
@@ -333,7 +336,7 @@ int run_ls(const CkptArgs& a, const std::string& home) {
 }
 
 int run_show(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0);
+  auto cp = open_checkpointer(a, home, 0, false);
   if (!cp) return report_error(cp.error());
   auto step = resolve_step(**cp, a.step);
   if (!step) return report_error(step.error());
@@ -365,7 +368,7 @@ int run_show(const CkptArgs& a, const std::string& home) {
 // verify
 
 int run_verify(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0);
+  auto cp = open_checkpointer(a, home, 0, false);
   if (!cp) return report_error(cp.error());
   std::vector<uint64_t> steps;
   if (a.step == "all") {
@@ -415,7 +418,7 @@ int run_verify(const CkptArgs& a, const std::string& home) {
 int run_restore(const CkptArgs& a, const std::string& home) {
   if (a.out_dir.empty())
     return report_error(Error(Code::kInvalidArgument, "restore needs --to DIR"));
-  auto cp = open_checkpointer(a, home, 0);
+  auto cp = open_checkpointer(a, home, 0, false);
   if (!cp) return report_error(cp.error());
   auto step = resolve_step(**cp, a.step);
   if (!step) return report_error(step.error());
@@ -535,7 +538,7 @@ int run_restore(const CkptArgs& a, const std::string& home) {
 // gc
 
 int run_gc(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0);
+  auto cp = open_checkpointer(a, home, 0, false);
   if (!cp) return report_error(cp.error());
   auto r = (*cp)->gc();
   if (!r) return report_error(r.error());
@@ -562,7 +565,7 @@ int run_gc(const CkptArgs& a, const std::string& home) {
 // sync
 
 int run_sync(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0);
+  auto cp = open_checkpointer(a, home, 0, true);
   if (!cp) return report_error(cp.error());
   std::optional<uint64_t> only;
   if (a.step != "all") {

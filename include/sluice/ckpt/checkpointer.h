@@ -71,9 +71,12 @@ struct Tier {
   Retention retention;
 };
 
-// Opens a tier by URI: a directory (plain path or file://, created if missing) or any
-// store URI open_store knows (s3://bucket/prefix, mem://name).
-Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options = {});
+// Opens a tier by URI: a directory (plain path or file://; created if missing when
+// `create`, else NotFound) or any store URI open_store knows (s3://bucket/prefix,
+// mem://name, sluiced://member@host:port/folder). Readers pass create = false, so a
+// mistyped path is an error rather than an empty tier.
+Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options = {},
+                       bool create = true);
 
 // A tensor to save: `bytes` bytes at `data`, in host memory (target null) or in the memory
 // of `target` (a device: copied to staging through the target's copy engine). A tensor

@@ -1407,9 +1407,14 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::open(CheckpointerOptions o) 
   SLUICE_RETURN_IF_ERROR(validate_series(o.series));
   if (o.tiers.empty())
     return fail(Code::kInvalidArgument, "a checkpointer needs at least one tier");
-  for (const auto& t : o.tiers)
+  std::set<std::string> roots;
+  for (const auto& t : o.tiers) {
     if (!t.store)
       return fail(Code::kInvalidArgument, "checkpoint tier " + t.name + " has no store");
+    // One place named twice would commit once and then fail as "already committed".
+    if (!roots.insert(t.local_dir.empty() ? t.store->uri() : t.local_dir).second)
+      return fail(Code::kInvalidArgument, "checkpoint tier " + t.name + " is given twice");
+  }
   if (o.world > 1 && o.run_id.empty())
     return fail(Code::kInvalidArgument,
                 "a checkpointer of several ranks needs a run_id shared by every rank");

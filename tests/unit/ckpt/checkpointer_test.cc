@@ -185,6 +185,9 @@ TEST(Checkpointer, RejectsBadInput) {
   o = small_options({mem_tier("bad2")});
   o.series = "../etc";
   EXPECT_FALSE(Checkpointer::open(o));
+  auto twice = mem_tier("bad4");
+  o = small_options({twice, twice});
+  EXPECT_EQ(Checkpointer::open(o).error().code(), Code::kInvalidArgument);
   o = small_options({mem_tier("bad3")});
   o.rank = 2;
   o.world = 2;

@@ -373,6 +373,12 @@ class CheckpointerImpl final : public Checkpointer {
 
   const CheckpointerOptions& options() const override { return o_; }
 
+  Status check_cancel() const {
+    if (o_.cancel && o_.cancel->load(std::memory_order_relaxed))
+      return fail(Code::kCancelled, "checkpoint work of series " + o_.series + " was cancelled");
+    return ok();
+  }
+
   Result<std::shared_ptr<SaveHandle>> save(uint64_t step,
                                            std::span<const TensorView> tensors) override;
   void flush() override {
@@ -556,6 +562,7 @@ Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) 
   for (uint64_t k = 0; k < job.segments; ++k) {
     const uint64_t q = job.first_seq + k;
     ring_->wait_free(q);
+    SLUICE_RETURN_IF_ERROR(check_cancel());
     std::byte* dst = ring_->slot(q);
     const uint64_t a = k * seg, b = std::min(job.record.bytes, a + seg);
     // The segment is cut in `parts` page-aligned pieces copied at once; the caller's
@@ -662,6 +669,10 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
   // Up to four segments in flight on the data path; released in order once written,
   // unless the whole shard stays in the ring until it is published.
   std::deque<std::pair<uint64_t, std::future<Result<size_t>>>> inflight;
+  // Streaming, the segments in flight are not yet free for the caller: holding every slot
+  // of the ring while waiting for the caller to fill the next one would deadlock.
+  const size_t depth =
+      job.fits ? 4 : static_cast<size_t>(std::min<uint64_t>(4, ring_->slots() - 1));
   auto retire = [&]() -> Status {
     auto [k, f] = std::move(inflight.front());
     inflight.pop_front();
@@ -675,6 +686,7 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
   for (uint64_t k = 0; k < job.segments && status; ++k) {
     const uint64_t q = job.first_seq + k;
     ring_->wait_filled(q);
+    if (status = check_cancel(); !status) break;
     if (job.aborted.load(std::memory_order_acquire)) {
       status = std::unexpected(Error(Code::kCancelled, "staging failed"));
       break;
@@ -684,7 +696,7 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
     hasher.feed(a, bytes);
     if (fh) {
       inflight.emplace_back(k, fh->write_async(io::Buffer::host(bytes.data(), n), n, a));
-      if (inflight.size() >= 4) status = retire();
+      if (inflight.size() >= depth) status = retire();
     } else {
       status = writer->positional() ? writer->write_at(a, bytes) : writer->append(bytes);
       if (status) {
@@ -736,6 +748,7 @@ void CheckpointerImpl::replicate_loop() {
       job->handle->set(i, TierState::kWriting);
       xfer::CopyOptions co;
       co.overwrite = false;
+      co.cancel = o_.cancel;
       co.on_progress = [&](const xfer::CopyProgress& p) { job->handle->written(i, p.bytes_done); };
       Status cleared = check_not_committed(o_.tiers[i], job->step);
       Result<store::ObjectInfo> copied =
@@ -843,6 +856,7 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
                                        ": no shard record from rank(s) " + missing + " after " +
                                        std::to_string(o_.commit_timeout.count()) + " ms");
     }
+    SLUICE_RETURN_IF_ERROR(check_cancel());
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
@@ -870,6 +884,7 @@ Status CheckpointerImpl::wait_for_commit(size_t i, uint64_t step) {
       return fail(Code::kTimedOut, "step " + std::to_string(step) + " on tier " + o_.tiers[i].name +
                                        ": rank 0 did not commit within " +
                                        std::to_string(o_.commit_timeout.count()) + " ms");
+    SLUICE_RETURN_IF_ERROR(check_cancel());
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
@@ -1053,6 +1068,7 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
   BufferPool bounce(m->shards.empty() ? kDirectAlignment : m->shards[0].chunk_size,
                     o_.restore_parallel);
   Status done = parallel_for(tasks.size(), o_.restore_parallel, [&](size_t k) -> Status {
+    SLUICE_RETURN_IF_ERROR(check_cancel());
     const ChunkTask& t = tasks[k];
     const uint64_t at = t.chunk * t.shard->chunk_size;
     const uint64_t n = std::min(t.shard->chunk_size, t.tensor->bytes - at);

@@ -133,6 +133,32 @@ def test_sync_fills_a_new_tier(ctx):
     ok(run("verify", "--series", "s", "--step", "all", "--from", b))
 
 
+def test_interrupted_save_leaves_nothing(ctx):
+    """SIGTERM and SIGINT in the middle of a save: exit 130, no temporary file, no step."""
+    src, tier = ctx.dir("src"), ctx.dir("tier")
+    os.makedirs(src)
+    with open(os.path.join(src, "zeros"), "wb") as f:
+        f.truncate(2 << 30)  # sparse: cheap to read, 2 GiB to write
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        p = subprocess.Popen([BIN, "ckpt", "save", "--series", "x", "--step", "1", "--to", tier,
+                              "--staging", "32M", "--no-progress", src],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             restore_signals=True)
+        time.sleep(0.25)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+        steps = json.loads(ok(run("ls", "--series", "x", "--from", tier, "--json")).stdout)
+        if p.returncode == 0:  # finished before the signal came: a whole checkpoint
+            assert [s["step"] for s in steps] == [1], steps
+            shutil.rmtree(tier)
+            continue
+        assert p.returncode == 130, (p.returncode, err)
+        assert "cancelled" in err, err
+        assert steps == [], steps
+        tmp = os.path.join(tier, ".sluice-tmp")
+        assert not os.path.exists(tmp) or not os.listdir(tmp), os.listdir(tmp)
+
+
 def test_bad_input(ctx):
     src, tier, out = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out")
     make_state(src, 4, big=1 << 20)
@@ -272,7 +298,7 @@ def main():
             s3 = S3rver()
         ctx = Ctx(scratch, s3)
         tests = [test_save_restore_local, test_retention_and_gc, test_sync_fills_a_new_tier, test_bad_input,
-                 test_kill9_during_save]
+                 test_interrupted_save_leaves_nothing, test_kill9_during_save]
         if have_s3:
             tests += [test_local_then_s3_and_bitflip, test_s3_503_during_upload]
         else:

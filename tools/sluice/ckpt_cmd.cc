@@ -50,6 +50,7 @@ struct CkptArgs {
   std::string chunk = "4M";
   unsigned commit_timeout_s = 600;
   bool json = false, no_progress = false, force = false;
+  const std::atomic<bool>* cancel = nullptr;  // set by Ctrl-C (save, restore, sync)
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -101,6 +102,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   o.commit_timeout = std::chrono::seconds(a.commit_timeout_s);
   o.incomplete_grace = std::chrono::seconds(static_cast<int64_t>(a.grace_s));
   o.gc_after_save = a.keep_last || a.keep_every;
+  o.cancel = a.cancel;
   return ckpt::Checkpointer::open(std::move(o));
 }
 
@@ -592,8 +594,16 @@ int run_sync(const CkptArgs& a, const std::string& home) {
 
 }  // namespace
 
-void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
+void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
   static CkptArgs a;  // CLI11 binds to it; one command runs per process
+  // Long commands stop on Ctrl-C or SIGTERM: writers are aborted, and the exit is 130.
+  auto interruptible = [cancel, &rc](int (*run)(const CkptArgs&, const std::string&),
+                                     const std::string& home_dir) {
+    a.cancel = cancel.flag;
+    if (cancel.install) cancel.install();
+    rc = run(a, home_dir);
+    if (cancel.flag && cancel.flag->load()) rc = 130;
+  };
   auto* ck = app.add_subcommand(
       "ckpt",
       "Checkpoints: save files (safetensors shards, a directory) to tiers, list, show, "
@@ -641,7 +651,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
                    "Seconds rank 0 waits for every rank's shard")
       ->default_val(600);
   save->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
-  save->callback([&rc, home] { rc = run_save(a, home); });
+  save->callback([interruptible, home] { interruptible(run_save, home); });
 
   auto* ls = ck->add_subcommand("ls", "List series, or the committed steps of one series");
   ls->add_option("--series", a.series, "The series (none: list the series)");
@@ -683,7 +693,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
   restore->add_option("--node-secret-file", a.secret_file,
                       "The job's node secret (mode 600), for sluiced:// tiers");
   restore->add_flag("--json", a.json, "Print the result as JSON");
-  restore->callback([&rc, home] { rc = run_restore(a, home); });
+  restore->callback([interruptible, home] { interruptible(run_restore, home); });
 
   auto* sync = ck->add_subcommand(
       "sync",
@@ -693,9 +703,9 @@ void add_ckpt_commands(CLI::App& app, std::string home, int& rc) {
   auto* sync_step =
       sync->add_option("--step", a.step, "A step number, latest or all")->default_str("all");
   common(sync, "--from", from_help);
-  sync->callback([&rc, home, sync_step] {
+  sync->callback([interruptible, home, sync_step] {
     if (sync_step->count() == 0) a.step = "all";
-    rc = run_sync(a, home);
+    interruptible(run_sync, home);
   });
 
   auto* gc = ck->add_subcommand(

@@ -7,11 +7,13 @@
 #include <CLI/CLI.hpp>
 
 #include "aws_config.h"
+#include "cache_cmd.h"
 
 namespace sluice::cli {
 
 // Adds `ckpt` to the app; its subcommands set rc when they run. `home` is $SLUICE_HOME,
-// whose ckpt/ directory is the default tier.
-void add_ckpt_commands(CLI::App& app, std::string home, int& rc);
+// whose ckpt/ directory is the default tier. save, restore and sync install `cancel`'s
+// signal handlers: Ctrl-C stops them with nothing half-written left, and exit 130.
+void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc);
 
 }  // namespace sluice::cli

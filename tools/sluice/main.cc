@@ -299,7 +299,7 @@ int main(int argc, char** argv) {
   add_cp(app, cp, rc);
   CacheArgs cache_args;
   add_cache_commands(app, cache_args, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
-  add_ckpt_commands(app, sluice_home(), rc);
+  add_ckpt_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
   // CLI11 only says "A subcommand is required" for a word it does not know: name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

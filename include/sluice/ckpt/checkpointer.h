@@ -36,6 +36,7 @@
 // one background writer. Destroying the Checkpointer waits for queued saves to finish.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -129,7 +130,11 @@ struct CheckpointerOptions {
   std::chrono::milliseconds commit_timeout{std::chrono::minutes(10)};
   // How old an uncommitted step's newest object must be before gc removes it.
   std::chrono::seconds incomplete_grace{std::chrono::hours(1)};
-  bool gc_after_save = true;        // run retention on each tier after it commits
+  bool gc_after_save = true;  // run retention on each tier after it commits
+  // When this becomes true (Ctrl-C in a tool), work stops at the next segment or chunk:
+  // saves abort their writers (no temporary file or open upload is left) and report
+  // Cancelled on every tier not yet committed; save() and restore() return Cancelled.
+  const std::atomic<bool>* cancel = nullptr;
   std::shared_ptr<io::Context> io;  // null: a default context
 };
 

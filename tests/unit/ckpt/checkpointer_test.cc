@@ -360,6 +360,18 @@ TEST(Checkpointer, AFailingFirstTierStopsAStreamingSave) {
   EXPECT_EQ(cp->latest().value(), 3u);
 }
 
+TEST(Checkpointer, StreamsThroughTheSmallestRingToALocalTier) {
+  // Two slots, and writes in flight on the data path: the writer must free a slot before
+  // it waits for the caller to fill the next one (this deadlocked once).
+  TempDir dir;
+  auto o = small_options({open_tier(dir.path()).value()});
+  o.staging_bytes = 2 << 20;
+  auto cp = Checkpointer::open(o).value();
+  State big(85, {(9 << 20) + 5});
+  ASSERT_TRUE(cp->save(1, big.views).value()->wait());
+  big.expect_restored(*cp, 1);
+}
+
 TEST(Checkpointer, AStepBeingSavedIsNotSavedTwice) {
   auto slow = std::make_shared<store::FaultInjectionStore>(store::make_memory_store("twice"));
   slow->set_latency(std::chrono::milliseconds(20));

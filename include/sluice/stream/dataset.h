@@ -1,0 +1,217 @@
+// sluice/stream/dataset.h: a dataset under a store prefix, and the loader that streams it.
+//
+//   auto store = open_store("cache+s3://bucket/").value();   // through the tiered cache
+//   auto ds = Dataset::open(std::move(store), "imagenet/train/", {}).value();
+//   Loader loader(ds, {.seed = 7, .rank = r, .world = w});
+//   while (auto batch = loader.next_batch(256).value(); !batch.empty()) { ... }
+//   std::string token = loader.state();    // saved with the checkpoint
+//   Loader resumed(ds, {.seed = 7, .rank = r, .world = w, .resume = token});
+//
+// A dataset is either WebDataset tar shards (samples grouped by basename inside each
+// ".tar" object; see tar.h) or plain objects (one sample per key, the files of one basename
+// grouping into fields, as in a shard). Dataset::open lists the prefix once and reads each
+// shard's index ("<shard>.idx", written by `sluice dataset pack`), scanning a shard's tar
+// headers where it has none.
+//
+// The order of an epoch is a function of (seed, epoch, sample position) only:
+//   1. the shards are shuffled by (seed, epoch);
+//   2. walking that order, shards are grouped into windows of at least `shuffle_window`
+//      samples; the samples of each window are shuffled by (seed, epoch, window), so every
+//      window mixes several shards (a bounded shuffle);
+//   3. the epoch is the windows one after another: positions 0 .. N-1.
+// Consumers (world ranks x workers each; consumer = rank * workers + worker) take the
+// positions of the epoch round-robin: consumer c reads positions start + c, start + c + C, ...
+// where C is the number of consumers and `start` the position the loader started the
+// epoch at (0, or a resume token's). Every sample is read exactly once per epoch across the
+// job. When N - start is not a multiple of C, the first (N - start) mod C consumers read
+// one sample more than the others; nothing is dropped or repeated.
+//
+// Resume: state() returns a token (epoch, position) where position is the job-wide count of
+// samples consumed in the epoch, assuming every consumer has consumed as many samples as
+// this one (synchronous training steps). A loader opened with that token, for any number of
+// consumers, continues with exactly the positions not consumed yet; with the same number of
+// consumers each one reads exactly what the uninterrupted run would have read.
+//
+// Reads: a background thread reads ahead, within `memory_bytes`, the samples this consumer
+// will take next, in slices (the first small, for a quick first batch), with up to
+// `inflight` requests in flight; ranges of one shard that lie close together are read with
+// one request. Where the store is a cache::TieredCache, the loader declares each coming
+// window's ranges to it (the cache fetches ahead and evicts by the declared order); at the
+// end of an epoch the next epoch's first window is read ahead like any other, so there is
+// no dip at the epoch boundary. A store answering Unavailable (S3 SlowDown, 503) is backed
+// off exponentially with jitter and the window in flight is halved, then grows back.
+//
+// Errors: a shard whose bytes are not a valid tar (or do not match its index) is Corruption
+// naming the shard and offset; with `skip_corrupt` its samples are skipped and counted
+// (LoaderStats::skipped_samples) instead.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/core/status.h"
+#include "sluice/mem/target.h"
+#include "sluice/store/store.h"
+
+namespace sluice::telemetry {
+class Registry;
+}
+
+namespace sluice::stream {
+
+enum class Format { kAuto, kTar, kObjects };
+
+struct DatasetOptions {
+  // kAuto: tar shards when the prefix holds ".tar" objects and nothing else but their
+  // ".idx" indexes; plain objects otherwise.
+  Format format = Format::kAuto;
+  // Skip shards that cannot be scanned (counted in Dataset::skipped_shards) instead of
+  // failing open.
+  bool skip_corrupt = false;
+  // Requests in flight while reading indexes and scanning shards.
+  unsigned inflight = 16;
+};
+
+struct ShardInfo {
+  std::string key;  // the object's key in the store
+  uint64_t size = 0;
+  std::string etag;
+  uint64_t first = 0;    // the dataset-wide number of its first sample
+  uint64_t samples = 0;  // how many it holds
+  bool indexed = false;  // its samples came from an index (false: scanned)
+};
+
+class Dataset {
+ public:
+  static Result<std::shared_ptr<Dataset>> open(std::shared_ptr<store::Store> store,
+                                               std::string prefix, DatasetOptions options = {});
+
+  Format format() const { return format_; }  // kTar or kObjects
+  const std::string& prefix() const { return prefix_; }
+  const std::vector<ShardInfo>& shards() const { return shards_; }
+  uint64_t samples() const { return samples_.size(); }
+  uint64_t bytes() const { return bytes_; }  // of the shards (or objects)
+  uint64_t skipped_shards() const { return skipped_shards_; }
+  // A fingerprint of the dataset's layout (shards, sizes, sample counts): a resume token
+  // carries it so it is never applied to a different dataset.
+  uint64_t fingerprint() const { return fingerprint_; }
+  store::Store& store() const { return *store_; }
+  const DatasetOptions& options() const { return options_; }
+
+  // A sample's place: its shard, its key, and the byte range (tar) or its objects.
+  struct SampleRef {
+    uint32_t shard = 0;               // tar: index into shards(); objects: first object
+    uint32_t objects = 1;             // objects format: how many consecutive objects (fields)
+    uint64_t offset = 0, length = 0;  // tar: the range in the shard; objects: total bytes
+  };
+  const SampleRef& sample(uint64_t n) const { return samples_[n]; }
+  const std::string& sample_key(uint64_t n) const { return keys_[n]; }
+
+ private:
+  Dataset() = default;
+  std::shared_ptr<store::Store> store_;
+  std::string prefix_;
+  DatasetOptions options_;
+  Format format_ = Format::kTar;
+  std::vector<ShardInfo> shards_;  // tar shards, or objects (one per field object)
+  std::vector<SampleRef> samples_;
+  std::vector<std::string> keys_;
+  uint64_t bytes_ = 0, skipped_shards_ = 0, fingerprint_ = 0;
+};
+
+// One field of a sample: its name ("jpg") and bytes (valid while the Sample lives).
+struct Field {
+  std::string name;
+  std::span<const std::byte> data;
+};
+
+struct Sample {
+  std::string_view key;  // valid while the Dataset lives
+  uint64_t epoch = 0;
+  uint64_t position = 0;  // in the epoch's order
+  uint64_t index = 0;     // the dataset-wide sample number (Dataset::sample)
+  std::vector<Field> fields;
+  std::shared_ptr<const void> hold;  // keeps the bytes alive
+  const Field* field(std::string_view name) const;
+  uint64_t bytes() const;
+};
+
+struct LoaderOptions {
+  uint64_t seed = 0;
+  uint64_t epoch = 0;   // the first epoch (a resume token overrides it)
+  uint64_t epochs = 1;  // epochs to read from the first one; 0: without end
+  unsigned rank = 0, world = 1;
+  unsigned worker = 0, workers = 1;
+  std::string resume;  // a token from state(); empty: start at the epoch's beginning
+  bool shuffle = true;
+  uint64_t shuffle_window = 8192;               // samples mixed at once (whole shards, at least)
+  uint64_t memory_bytes = uint64_t{256} << 20;  // read ahead, at most
+  unsigned inflight = 32;                       // requests in flight, at most
+  uint64_t coalesce_gap = uint64_t{64} << 10;   // ranges closer than this: one request
+  bool skip_corrupt = false;
+  telemetry::Registry* registry = nullptr;  // where sluice_stream_* metrics go; may be null
+};
+
+struct LoaderStats {
+  uint64_t samples = 0, bytes = 0;        // delivered to the caller
+  uint64_t requests = 0, read_bytes = 0;  // sent to the store (coalesced ranges included)
+  uint64_t throttled = 0;                 // Unavailable answers backed off
+  uint64_t skipped_samples = 0;
+  double first_batch_seconds = 0;  // from construction to the first sample
+  double stall_seconds = 0;        // the caller waited on data
+  double elapsed_seconds = 0;      // since construction
+};
+
+class Loader {
+ public:
+  // Fails (in the first next()) with InvalidArgument on a bad token or partition.
+  Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // The next sample; nullopt at the end of the last epoch.
+  Result<std::optional<Sample>> next();
+  // Up to `n` samples (fewer at the end of the last epoch; empty after it). Samples of
+  // an epoch's end and the next epoch's start may share a batch.
+  Result<std::vector<Sample>> next_batch(size_t n);
+
+  // The resume token for what has been consumed so far (see the header comment).
+  std::string state() const;
+  LoaderStats stats() const;
+
+  // The epoch order, for tests and tools: the dataset-wide sample number at `position` of
+  // `epoch`.
+  static uint64_t order_at(const Dataset& ds, uint64_t seed, uint64_t epoch, bool shuffle,
+                           uint64_t window, uint64_t position);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// A batch copied into a memory target: every field laid end to end, sample by sample, field
+// by field; offsets[i] is where the i-th field starts (one more entry: the total).
+struct TargetBatch {
+  mem::Allocation memory;
+  std::vector<uint64_t> offsets;
+};
+// Copies a batch into memory of `target` (host, or device memory through the target's
+// pinned staging buffers), and returns once the copies are done.
+Result<TargetBatch> copy_batch(std::span<const Sample> batch, mem::Target& target);
+
+// A resume token's parts, for tools (`sluice dataset read --resume`).
+struct ResumePoint {
+  uint64_t epoch = 0, position = 0, samples = 0, fingerprint = 0, seed = 0;
+};
+Result<ResumePoint> parse_token(std::string_view token);
+std::string make_token(const ResumePoint& point);
+
+}  // namespace sluice::stream

@@ -1,0 +1,721 @@
+// Loader: the epoch order, the consumer's share of it, and the read-ahead; see dataset.h.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "core/executor.h"
+#include "sluice/cache/tiered_cache.h"
+#include "sluice/stream/dataset.h"
+#include "sluice/stream/tar.h"
+#include "sluice/telemetry/registry.h"
+
+namespace sluice::stream {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// A small deterministic generator; the order must not depend on the standard library's
+// distributions, which differ between implementations.
+class Rng {
+ public:
+  Rng(uint64_t seed, uint64_t epoch, uint64_t stream, uint64_t tag) {
+    for (uint64_t v : {seed, epoch, stream, tag}) {
+      state_ ^= v;
+      splitmix64(state_);
+    }
+  }
+  uint64_t next() { return splitmix64(state_); }
+  uint64_t below(uint64_t n) {  // uniform in [0, n), by rejection
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    for (;;)
+      if (uint64_t v = next(); v < limit) return v % n;
+  }
+
+ private:
+  uint64_t state_ = 0x5eed5eed5eed5eedULL;
+};
+
+template <typename T>
+void shuffle(std::vector<T>& v, Rng& rng) {
+  for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng.below(i)]);
+}
+
+constexpr uint64_t kShardTag = 1, kWindowTag = 2;
+
+// The order of one epoch: units (tar shards, or single samples of a plain-object dataset)
+// shuffled, cut into windows of at least `window` samples, each window's samples shuffled.
+class EpochPlan {
+ public:
+  EpochPlan(const Dataset& ds, uint64_t seed, uint64_t epoch, bool shuffled, uint64_t window)
+      : ds_(ds), seed_(seed), epoch_(epoch), shuffled_(shuffled) {
+    tar_ = ds.format() == Format::kTar;
+    uint64_t units = tar_ ? ds.shards().size() : ds.samples();
+    units_.resize(units);
+    for (uint64_t i = 0; i < units; ++i) units_[i] = static_cast<uint32_t>(i);
+    if (shuffled) {
+      Rng rng(seed, epoch, 0, kShardTag);
+      shuffle(units_, rng);
+    }
+    uint64_t pos = 0, in_window = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (in_window == 0) {
+        starts_.push_back(pos);
+        first_unit_.push_back(u);
+      }
+      uint64_t n = unit_samples(units_[u]);
+      pos += n;
+      in_window += n;
+      if (in_window >= window) in_window = 0;
+    }
+    starts_.push_back(pos);
+    first_unit_.push_back(units_.size());
+  }
+  uint64_t epoch() const { return epoch_; }
+  uint64_t size() const { return starts_.back(); }
+  size_t window_of(uint64_t position) const {
+    return static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), position) -
+                               starts_.begin() - 1);
+  }
+  uint64_t window_start(size_t w) const { return starts_[w]; }
+  size_t windows() const { return starts_.size() - 1; }
+  // The dataset-wide sample number at `position`.
+  uint64_t sample_at(uint64_t position) {
+    size_t w = window_of(position);
+    load(w);
+    return order_[position - starts_[w]];
+  }
+
+ private:
+  uint64_t unit_samples(uint32_t u) const { return tar_ ? ds_.shards()[u].samples : 1; }
+  void load(size_t w) {
+    if (loaded_ == w) return;
+    order_.clear();
+    for (size_t u = first_unit_[w]; u < first_unit_[w + 1]; ++u) {
+      if (!tar_) {
+        order_.push_back(units_[u]);
+        continue;
+      }
+      const ShardInfo& s = ds_.shards()[units_[u]];
+      for (uint64_t i = 0; i < s.samples; ++i) order_.push_back(s.first + i);
+    }
+    if (shuffled_) {
+      Rng rng(seed_, epoch_, w, kWindowTag);
+      shuffle(order_, rng);
+    }
+    loaded_ = w;
+  }
+  const Dataset& ds_;
+  uint64_t seed_, epoch_;
+  bool shuffled_, tar_;
+  std::vector<uint32_t> units_;
+  std::vector<uint64_t> starts_;    // window w covers positions [starts_[w], starts_[w+1])
+  std::vector<size_t> first_unit_;  // and units [first_unit_[w], first_unit_[w+1])
+  size_t loaded_ = SIZE_MAX;
+  std::vector<uint64_t> order_;  // window loaded_'s samples in order
+};
+
+// Limits the reads in flight; halves the limit when the store pushes back, and grows it
+// again by one for each limit's worth of successes (additive increase).
+class ReadGate {
+ public:
+  explicit ReadGate(unsigned max) : max_(max), limit_(max) {}
+  void acquire() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return running_ < limit_; });
+    ++running_;
+  }
+  void release(bool throttled) {
+    std::lock_guard lock(mu_);
+    --running_;
+    if (throttled) {
+      limit_ = std::max(1u, limit_ / 2);
+      successes_ = 0;
+    } else if (++successes_ >= limit_ && limit_ < max_) {
+      ++limit_;
+      successes_ = 0;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const unsigned max_;
+  unsigned limit_, running_ = 0, successes_ = 0;  // guarded by mu_
+};
+
+// A run of samples for this consumer, read and parsed.
+struct Slice {
+  uint64_t epoch = 0;
+  std::vector<Sample> samples;
+  uint64_t bytes = 0;  // of its buffer
+  std::optional<Error> error;
+  bool end = false;  // nothing follows
+};
+
+// One request: `length` bytes of object `shard` at `offset`, into the slice's buffer.
+struct Range {
+  uint32_t shard;
+  uint64_t offset, length, buffer_offset;
+};
+
+}  // namespace
+
+struct Loader::Impl {
+  std::shared_ptr<const Dataset> ds;
+  LoaderOptions o;
+  uint64_t consumer = 0, consumers = 1;
+  uint64_t first_epoch = 0, end_epoch = UINT64_MAX, start = 0;  // start: of first_epoch
+  std::optional<Error> bad_options;
+  Clock::time_point created = Clock::now();
+  cache::TieredCache* cache = nullptr;
+
+  // The consumer's side (the caller's thread).
+  std::shared_ptr<Slice> current;
+  size_t current_i = 0;
+  bool first_delivered = false;
+  // What has been consumed, for state(): guarded by state_mu (state() may be called from
+  // another thread than next()).
+  mutable std::mutex state_mu;
+  uint64_t token_epoch = 0, token_position = 0;
+
+  // The fetcher's side.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Slice>> ready;  // guarded by mu
+  uint64_t queued_bytes = 0;                 // guarded by mu
+  bool stopping = false;                     // guarded by mu
+  ReadGate gate;
+  std::unique_ptr<Executor> io;
+  std::thread fetcher;
+
+  struct Counters {
+    std::atomic<uint64_t> samples{0}, bytes{0}, requests{0}, read_bytes{0}, throttled{0},
+        skipped{0}, stall_ns{0}, first_ns{0};
+  } counts;
+  telemetry::Counter *m_samples = nullptr, *m_bytes = nullptr, *m_stall_us = nullptr,
+                     *m_throttled = nullptr, *m_requests = nullptr;
+  telemetry::Gauge* m_first_ms = nullptr;
+
+  Impl(std::shared_ptr<const Dataset> d, LoaderOptions opts)
+      : ds(std::move(d)), o(std::move(opts)), gate(std::clamp(o.inflight, 1u, 1024u)) {}
+
+  // How many positions of an epoch (from `from`) consumer c reads.
+  uint64_t share(uint64_t from) const {
+    uint64_t n = ds->samples();
+    if (from + consumer >= n) return 0;
+    return (n - from - consumer + consumers - 1) / consumers;
+  }
+
+  Status validate() {
+    if (o.world == 0 || o.rank >= o.world)
+      return fail(Code::kInvalidArgument, "loader: rank " + std::to_string(o.rank) +
+                                              " is not below world " + std::to_string(o.world));
+    if (o.workers == 0 || o.worker >= o.workers)
+      return fail(Code::kInvalidArgument, "loader: worker " + std::to_string(o.worker) +
+                                              " is not below workers " + std::to_string(o.workers));
+    if (o.shuffle_window == 0) return fail(Code::kInvalidArgument, "loader: shuffle window is 0");
+    if (o.memory_bytes < (uint64_t{1} << 20))
+      return fail(Code::kInvalidArgument, "loader: memory budget below 1 MiB");
+    consumer = uint64_t{o.rank} * o.workers + o.worker;
+    consumers = uint64_t{o.world} * o.workers;
+    first_epoch = o.epoch;
+    if (o.epochs) end_epoch = o.epochs > UINT64_MAX - o.epoch ? UINT64_MAX : o.epoch + o.epochs;
+    if (!o.resume.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(auto p, parse_token(o.resume));
+      if (p.fingerprint != ds->fingerprint() || p.samples != ds->samples())
+        return fail(Code::kInvalidArgument,
+                    "loader: the resume token was made for another dataset (" +
+                        std::to_string(p.samples) + " samples; this one has " +
+                        std::to_string(ds->samples()) + ", or its shards changed)");
+      if (p.seed != o.seed)
+        return fail(Code::kInvalidArgument, "loader: the resume token was made with seed " +
+                                                std::to_string(p.seed) + ", not " +
+                                                std::to_string(o.seed));
+      if (p.epoch < o.epoch || p.epoch > end_epoch)
+        return fail(Code::kInvalidArgument, "loader: the resume token's epoch " +
+                                                std::to_string(p.epoch) +
+                                                " is outside the epochs asked for");
+      first_epoch = p.epoch;
+      start = p.position;
+    }
+    token_epoch = first_epoch;
+    token_position = start;
+    return ok();
+  }
+
+  // ---- reads ----------------------------------------------------------------------------
+
+  Status read_range(const std::string& key, uint64_t offset, std::span<std::byte> dst,
+                    const store::ReadOptions& ro) {
+    for (int attempt = 0;; ++attempt) {
+      gate.acquire();
+      auto got = ds->store().read_full(key, offset, dst, ro);
+      bool throttled = !got && got.error().code() == Code::kUnavailable && attempt < 8;
+      gate.release(throttled);
+      counts.requests.fetch_add(1, std::memory_order_relaxed);
+      if (m_requests) m_requests->add();
+      if (got) {
+        counts.read_bytes.fetch_add(*got, std::memory_order_relaxed);
+        if (*got != dst.size())
+          return fail(Code::kCorruption, "dataset object " + key + ": " +
+                                             std::to_string(dst.size()) + " bytes at offset " +
+                                             std::to_string(offset) + " expected, " +
+                                             std::to_string(*got) + " read (it shrank)");
+        return ok();
+      }
+      if (!throttled) return std::unexpected(got.error().with_context("dataset object " + key));
+      counts.throttled.fetch_add(1, std::memory_order_relaxed);
+      if (m_throttled) m_throttled->add();
+      // Exponential backoff with full jitter: 10 ms, 20 ms, ... up to 2.5 s.
+      uint64_t cap_us = std::min<uint64_t>(10'000ull << attempt, 2'500'000);
+      Rng rng(offset, attempt, reinterpret_cast<uintptr_t>(dst.data()), 3);
+      std::this_thread::sleep_for(std::chrono::microseconds(cap_us / 2 + rng.below(cap_us / 2)));
+    }
+  }
+
+  // Runs the reads of `ranges` on the I/O threads and waits for all of them.
+  Status read_all(const std::vector<Range>& ranges, std::byte* buffer) {
+    std::mutex done_mu;
+    std::condition_variable done_cv;
+    size_t left = ranges.size();
+    std::optional<Error> first;
+    for (const Range& r : ranges) {
+      io->post([&, r] {
+        const ShardInfo& s = ds->shards()[r.shard];
+        store::ReadOptions ro{.if_match = s.etag, .object_size = s.size};
+        auto st = read_range(s.key, r.offset, {buffer + r.buffer_offset, r.length}, ro);
+        std::lock_guard lock(done_mu);
+        if (!st && !first) first = st.error();
+        if (--left == 0) done_cv.notify_all();
+      });
+    }
+    std::unique_lock lock(done_mu);
+    done_cv.wait(lock, [&] { return left == 0; });
+    if (first) return std::unexpected(*first);
+    return ok();
+  }
+
+  // The requests that read `samples` (dataset-wide numbers): for tar, ranges of one shard
+  // closer than coalesce_gap merge (up to 16 MiB a request); each sample's place in the
+  // buffer goes to `where`.
+  std::vector<Range> plan_reads(const std::vector<uint64_t>& samples, std::vector<uint64_t>& where,
+                                uint64_t& total) const {
+    constexpr uint64_t kMaxRequest = uint64_t{16} << 20;
+    std::vector<Range> ranges;
+    where.assign(samples.size(), 0);
+    total = 0;
+    if (ds->format() == Format::kObjects) {
+      for (size_t i = 0; i < samples.size(); ++i) {
+        const auto& ref = ds->sample(samples[i]);
+        where[i] = total;
+        for (uint32_t f = 0; f < ref.objects; ++f) {
+          uint64_t size = ds->shards()[ref.shard + f].size;
+          ranges.push_back(Range{ref.shard + f, 0, size, total});
+          total += size;
+        }
+      }
+      return ranges;
+    }
+    std::vector<size_t> by_place(samples.size());
+    for (size_t i = 0; i < by_place.size(); ++i) by_place[i] = i;
+    std::sort(by_place.begin(), by_place.end(), [&](size_t a, size_t b) {
+      const auto &x = ds->sample(samples[a]), &y = ds->sample(samples[b]);
+      return std::tie(x.shard, x.offset) < std::tie(y.shard, y.offset);
+    });
+    for (size_t i : by_place) {
+      const auto& ref = ds->sample(samples[i]);
+      Range* last = ranges.empty() ? nullptr : &ranges.back();
+      if (last && last->shard == ref.shard && ref.offset >= last->offset + last->length &&
+          ref.offset - (last->offset + last->length) <= o.coalesce_gap &&
+          ref.offset + ref.length - last->offset <= kMaxRequest) {
+        uint64_t grow = ref.offset + ref.length - (last->offset + last->length);
+        where[i] = last->buffer_offset + (ref.offset - last->offset);
+        last->length += grow;
+        total += grow;
+      } else {
+        ranges.push_back(Range{ref.shard, ref.offset, ref.length, total});
+        where[i] = total;
+        total += ref.length;
+      }
+    }
+    return ranges;
+  }
+
+  // Reads and parses the samples at `positions` of `plan`'s epoch.
+  std::shared_ptr<Slice> fetch(EpochPlan& plan, const std::vector<uint64_t>& positions) {
+    auto slice = std::make_shared<Slice>();
+    slice->epoch = plan.epoch();
+    std::vector<uint64_t> samples(positions.size()), where;
+    for (size_t i = 0; i < positions.size(); ++i) samples[i] = plan.sample_at(positions[i]);
+    uint64_t total = 0;
+    auto ranges = plan_reads(samples, where, total);
+    auto buffer = std::shared_ptr<std::byte[]>(new std::byte[std::max<uint64_t>(total, 1)]);
+    slice->bytes = total;
+    if (auto st = read_all(ranges, buffer.get()); !st) {
+      slice->error = st.error();
+      return slice;
+    }
+    std::shared_ptr<const void> hold(buffer, buffer.get());
+    slice->samples.reserve(samples.size());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const auto& ref = ds->sample(samples[i]);
+      Sample s{ds->sample_key(samples[i]), plan.epoch(), positions[i], samples[i], {}, hold};
+      std::byte* base = buffer.get() + where[i];
+      if (ds->format() == Format::kObjects) {
+        uint64_t off = 0;
+        std::string key, field;
+        for (uint32_t f = 0; f < ref.objects; ++f) {
+          const ShardInfo& obj = ds->shards()[ref.shard + f];
+          std::string_view rel = std::string_view(obj.key).substr(ds->prefix().size());
+          if (!split_sample_name(rel, key, field)) field = "data";
+          s.fields.push_back(Field{field, {base + off, obj.size}});
+          off += obj.size;
+        }
+      } else {
+        const ShardInfo& shard = ds->shards()[ref.shard];
+        auto parsed = parse_tar_sample({base, ref.length}, ref.offset, shard.key);
+        if (parsed && parsed->key != s.key)
+          parsed =
+              fail(Code::kCorruption, "shard " + shard.key + " at offset " +
+                                          std::to_string(ref.offset) + ": sample '" + parsed->key +
+                                          "' where the index has '" + std::string(s.key) + "'");
+        if (!parsed) {
+          if (o.skip_corrupt) {
+            counts.skipped.fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
+          slice->error = parsed.error();
+          slice->samples.clear();
+          return slice;
+        }
+        for (auto& f : parsed->fields)
+          s.fields.push_back(Field{std::move(f.name), {base + (f.offset - ref.offset), f.size}});
+      }
+      slice->samples.push_back(std::move(s));
+    }
+    return slice;
+  }
+
+  // Tells the cache which ranges this consumer reads in window `w` of `plan`.
+  void declare_window(EpochPlan& plan, size_t w, uint64_t from) {
+    if (!cache || w >= plan.windows()) return;
+    uint64_t lo = std::max(plan.window_start(w), from), hi = plan.window_start(w + 1);
+    std::vector<uint64_t> samples;
+    // The consumer's positions are from + consumer + k * consumers.
+    uint64_t first = from + consumer;
+    if (lo > first) first += (lo - first + consumers - 1) / consumers * consumers;
+    for (uint64_t p = first; p < hi; p += consumers) samples.push_back(plan.sample_at(p));
+    std::vector<uint64_t> where;
+    uint64_t total = 0;
+    auto ranges = plan_reads(samples, where, total);
+    std::vector<cache::PlannedRead> order;
+    order.reserve(ranges.size());
+    for (const auto& r : ranges)
+      order.push_back({ds->shards()[r.shard].key, r.offset, std::max<uint64_t>(r.length, 1)});
+    (void)cache->declare(order);  // advice only: a failure costs prefetch, nothing else
+  }
+
+  void push(std::shared_ptr<Slice> slice) {
+    std::lock_guard lock(mu);
+    queued_bytes += slice->bytes;
+    ready.push_back(std::move(slice));
+    cv.notify_all();
+  }
+
+  void run_fetcher() {
+    uint64_t epoch = first_epoch, from = start, k = 0;
+    uint64_t slice_samples = 16;
+    const uint64_t slice_bytes = std::max<uint64_t>(o.memory_bytes / 4, 1);
+    std::unique_ptr<EpochPlan> plan;
+    size_t declared = SIZE_MAX;
+    while (true) {
+      if (epoch >= end_epoch) {
+        auto end = std::make_shared<Slice>();
+        end->end = true;
+        push(std::move(end));
+        return;
+      }
+      uint64_t count = share(from);
+      if (k >= count) {
+        ++epoch;
+        from = 0;
+        k = 0;
+        plan.reset();
+        continue;
+      }
+      if (!plan) {
+        plan = std::make_unique<EpochPlan>(*ds, o.seed, epoch, o.shuffle, o.shuffle_window);
+        declared = SIZE_MAX;
+      }
+      // The next slice: positions from + consumer + j * consumers, within the byte budget.
+      std::vector<uint64_t> positions;
+      uint64_t bytes = 0;
+      for (uint64_t j = k; j < count && positions.size() < slice_samples; ++j) {
+        uint64_t p = from + consumer + j * consumers;
+        uint64_t len = ds->sample(plan->sample_at(p)).length;
+        if (!positions.empty() && bytes + len > slice_bytes) break;
+        positions.push_back(p);
+        bytes += len;
+      }
+      // Grow slices geometrically: the first is small, for a quick first batch.
+      slice_samples = std::min<uint64_t>(slice_samples * 2, 16384);
+      size_t w = plan->window_of(positions.front());
+      if (w != declared) {
+        declare_window(*plan, w + 1, from);
+        declared = w;
+      }
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] {
+          return stopping || ready.empty() || queued_bytes + bytes <= o.memory_bytes;
+        });
+        if (stopping) return;
+      }
+      auto slice = fetch(*plan, positions);
+      bool failed = slice->error.has_value();
+      k += positions.size();
+      push(std::move(slice));
+      if (failed) return;
+    }
+  }
+
+  void record(const Sample& s) {
+    uint64_t bytes = s.bytes();
+    counts.samples.fetch_add(1, std::memory_order_relaxed);
+    counts.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    if (m_samples) m_samples->add();
+    if (m_bytes) m_bytes->add(bytes);
+    // The token after this sample: the job-wide count consumed, in lockstep.
+    uint64_t from = s.epoch == first_epoch ? start : 0;
+    uint64_t k = (s.position - from - consumer) / consumers + 1;
+    std::lock_guard lock(state_mu);
+    if (k >= share(from)) {
+      token_epoch = s.epoch + 1;
+      token_position = 0;
+    } else {
+      token_epoch = s.epoch;
+      token_position = from + k * consumers;
+    }
+  }
+
+  Result<std::optional<Sample>> next() {
+    if (bad_options) return std::unexpected(*bad_options);
+    while (!current || current_i == current->samples.size()) {
+      if (current && current->error) return std::unexpected(*current->error);
+      if (current && current->end) return std::optional<Sample>{};
+      auto waited = Clock::now();
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return !ready.empty(); });
+      current = std::move(ready.front());
+      ready.pop_front();
+      queued_bytes -= current->bytes;
+      current_i = 0;
+      cv.notify_all();
+      lock.unlock();
+      if (first_delivered) {
+        auto ns = static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - waited).count());
+        counts.stall_ns.fetch_add(ns, std::memory_order_relaxed);
+        if (m_stall_us) m_stall_us->add(ns / 1000);
+      }
+    }
+    Sample s = std::move(current->samples[current_i++]);
+    if (!first_delivered) {
+      first_delivered = true;
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - created);
+      counts.first_ns.store(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
+      if (m_first_ms) m_first_ms->set(ns.count() / 1'000'000);
+    }
+    record(s);
+    return std::optional<Sample>(std::move(s));
+  }
+};
+
+Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
+    : impl_(std::make_unique<Impl>(std::move(dataset), std::move(options))) {
+  Impl& m = *impl_;
+  if (!m.ds) {
+    m.bad_options = Error(Code::kInvalidArgument, "loader: no dataset");
+    return;
+  }
+  if (auto st = m.validate(); !st) {
+    m.bad_options = st.error();
+    return;
+  }
+  m.cache = dynamic_cast<cache::TieredCache*>(&m.ds->store());
+  if (auto* r = m.o.registry) {
+    m.m_samples = &r->counter("sluice_stream_samples_total", {}, "samples delivered by loaders");
+    m.m_bytes = &r->counter("sluice_stream_bytes_total", {}, "sample bytes delivered by loaders");
+    m.m_stall_us = &r->counter("sluice_stream_stall_microseconds_total", {},
+                               "time callers waited on the loader for data");
+    m.m_throttled = &r->counter("sluice_stream_throttled_total", {},
+                                "store answers Unavailable (SlowDown) backed off");
+    m.m_requests = &r->counter("sluice_stream_requests_total", {}, "reads sent to the store");
+    m.m_first_ms = &r->gauge("sluice_stream_first_batch_milliseconds", {},
+                             "time from opening a loader to its first sample");
+  }
+  m.io = std::make_unique<Executor>(std::clamp(m.o.inflight, 1u, 1024u));
+  m.fetcher = std::thread([&m] { m.run_fetcher(); });
+}
+
+Loader::~Loader() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mu);
+    m.stopping = true;
+  }
+  m.cv.notify_all();
+  if (m.fetcher.joinable()) m.fetcher.join();
+  m.io.reset();
+}
+
+Result<std::optional<Sample>> Loader::next() {
+  return impl_->next();
+}
+
+Result<std::vector<Sample>> Loader::next_batch(size_t n) {
+  std::vector<Sample> batch;
+  batch.reserve(n);
+  while (batch.size() < n) {
+    SLUICE_ASSIGN_OR_RETURN(auto s, impl_->next());
+    if (!s) break;
+    batch.push_back(std::move(*s));
+  }
+  return batch;
+}
+
+std::string Loader::state() const {
+  const Impl& m = *impl_;
+  ResumePoint p{.samples = m.ds ? m.ds->samples() : 0,
+                .fingerprint = m.ds ? m.ds->fingerprint() : 0,
+                .seed = m.o.seed};
+  std::lock_guard lock(m.state_mu);
+  p.epoch = m.token_epoch;
+  p.position = m.token_position;
+  return make_token(p);
+}
+
+LoaderStats Loader::stats() const {
+  const auto& c = impl_->counts;
+  LoaderStats s;
+  s.samples = c.samples.load(std::memory_order_relaxed);
+  s.bytes = c.bytes.load(std::memory_order_relaxed);
+  s.requests = c.requests.load(std::memory_order_relaxed);
+  s.read_bytes = c.read_bytes.load(std::memory_order_relaxed);
+  s.throttled = c.throttled.load(std::memory_order_relaxed);
+  s.skipped_samples = c.skipped.load(std::memory_order_relaxed);
+  s.first_batch_seconds = static_cast<double>(c.first_ns.load(std::memory_order_relaxed)) / 1e9;
+  s.stall_seconds = static_cast<double>(c.stall_ns.load(std::memory_order_relaxed)) / 1e9;
+  s.elapsed_seconds = seconds_since(impl_->created);
+  return s;
+}
+
+uint64_t Loader::order_at(const Dataset& ds, uint64_t seed, uint64_t epoch, bool shuffle,
+                          uint64_t window, uint64_t position) {
+  EpochPlan plan(ds, seed, epoch, shuffle, std::max<uint64_t>(window, 1));
+  return plan.sample_at(position);
+}
+
+const Field* Sample::field(std::string_view name) const {
+  for (const auto& f : fields)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+uint64_t Sample::bytes() const {
+  uint64_t n = 0;
+  for (const auto& f : fields) n += f.data.size();
+  return n;
+}
+
+// ---- tokens --------------------------------------------------------------------------------
+// "v1.EPOCH.POSITION.SAMPLES.FINGERPRINT(16 hex).SEED"
+
+std::string make_token(const ResumePoint& p) {
+  char fp[17];
+  std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(p.fingerprint));
+  return "v1." + std::to_string(p.epoch) + "." + std::to_string(p.position) + "." +
+         std::to_string(p.samples) + "." + fp + "." + std::to_string(p.seed);
+}
+
+Result<ResumePoint> parse_token(std::string_view token) {
+  auto bad = [&] {
+    return fail(Code::kInvalidArgument,
+                "resume token '" + std::string(token.substr(0, 100)) +
+                    "' is malformed (expected v1.EPOCH.POSITION.SAMPLES.FINGERPRINT.SEED)");
+  };
+  if (!token.starts_with("v1.")) return bad();
+  std::string_view rest = token.substr(3);
+  uint64_t v[5];
+  for (int i = 0; i < 5; ++i) {
+    size_t dot = rest.find('.');
+    std::string_view part = rest.substr(0, dot);
+    if (part.empty() || (dot == std::string_view::npos) != (i == 4)) return bad();
+    auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v[i], i == 3 ? 16 : 10);
+    if (ec != std::errc{} || p != part.data() + part.size()) return bad();
+    rest = dot == std::string_view::npos ? std::string_view{} : rest.substr(dot + 1);
+  }
+  ResumePoint r{v[0], v[1], v[2], v[3], v[4]};
+  if (r.position > r.samples) return bad();
+  return r;
+}
+
+// ---- device copies -------------------------------------------------------------------------
+
+Result<TargetBatch> copy_batch(std::span<const Sample> batch, mem::Target& target) {
+  TargetBatch out;
+  uint64_t total = 0;
+  for (const auto& s : batch)
+    for (const auto& f : s.fields) {
+      out.offsets.push_back(total);
+      total += f.data.size();
+    }
+  out.offsets.push_back(total);
+  SLUICE_ASSIGN_OR_RETURN(out.memory, target.allocate(std::max<uint64_t>(total, 1)));
+  constexpr size_t kStaging = size_t{4} << 20;
+  SLUICE_ASSIGN_OR_RETURN(auto staging, target.staging(kStaging).acquire());
+  auto* dst = static_cast<std::byte*>(out.memory.get());
+  size_t used = 0;
+  uint64_t dst_off = 0;
+  auto flush = [&]() -> Status {
+    if (used == 0) return ok();
+    SLUICE_ASSIGN_OR_RETURN(uint64_t ticket,
+                            target.copy_to_target(dst + dst_off, staging.data(), used));
+    SLUICE_RETURN_IF_ERROR(target.wait(ticket));
+    dst_off += used;
+    used = 0;
+    return ok();
+  };
+  for (const auto& s : batch)
+    for (const auto& f : s.fields) {
+      auto src = f.data;
+      while (!src.empty()) {
+        size_t n = std::min(src.size(), kStaging - used);
+        std::memcpy(staging.data() + used, src.data(), n);
+        used += n;
+        src = src.subspan(n);
+        if (used == kStaging) SLUICE_RETURN_IF_ERROR(flush());
+      }
+    }
+  SLUICE_RETURN_IF_ERROR(flush());
+  return out;
+}
+
+}  // namespace sluice::stream

@@ -1,0 +1,418 @@
+// The streaming loader: exactly-once partitions, deterministic order, exact resume,
+// corrupt shards, throttling, and copies into device memory.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+#include "sluice/mem/target.h"
+#include "sluice/store/store.h"
+#include "sluice/stream/dataset.h"
+#include "sluice/stream/tar.h"
+#include "sluice/testing/fault_store.h"
+#include "test_util.h"
+
+namespace sluice::stream {
+namespace {
+
+using testing::as_bytes;
+
+std::string sample_key(size_t shard, size_t i) {
+  return "s" + std::to_string(shard) + "/" + std::to_string(i);
+}
+
+// Tar shards with the given sample counts; every sample has "txt" (its key) and "bin".
+// Shards with an even number get an index; the others are scanned.
+void write_tar_dataset(store::Store& s, const std::vector<size_t>& counts,
+                       const std::string& prefix = "ds/") {
+  for (size_t shard = 0; shard < counts.size(); ++shard) {
+    std::vector<std::byte> tar;
+    TarWriter w([&](std::span<const std::byte> b) {
+      tar.insert(tar.end(), b.begin(), b.end());
+      return ok();
+    });
+    ShardIndex index;
+    for (size_t i = 0; i < counts[shard]; ++i) {
+      std::string key = sample_key(shard, i);
+      uint64_t start = w.bytes();
+      ASSERT_TRUE(w.add(key + ".txt", as_bytes(key)));
+      auto bin = testing::random_bytes(100 + 37 * i, shard * 1000 + i);
+      ASSERT_TRUE(w.add(key + ".bin", bin));
+      index.samples.push_back({key, start, w.bytes() - start});
+    }
+    ASSERT_TRUE(w.finish());
+    index.shard_size = tar.size();
+    char name[32];
+    std::snprintf(name, sizeof name, "shard-%04zu.tar", shard);
+    ASSERT_TRUE(s.put(prefix + name, tar));
+    if (shard % 2 == 0) {
+      ASSERT_TRUE(s.put(prefix + name + ".idx", encode_index(index)));
+    }
+  }
+}
+
+std::shared_ptr<Dataset> open_ds(std::shared_ptr<store::Store> s, const std::string& prefix,
+                                 DatasetOptions o = {}) {
+  auto ds = Dataset::open(std::move(s), prefix, o);
+  EXPECT_TRUE(ds) << ds.error().to_string();
+  return ds ? *ds : nullptr;
+}
+
+struct Read {
+  uint64_t epoch, position, index;
+  bool operator==(const Read&) const = default;
+  friend void PrintTo(const Read& r, std::ostream* os) {
+    *os << r.epoch << ":" << r.position << "=" << r.index;
+  }
+};
+
+// Drains a loader (or reads `limit` samples); checks each sample's bytes on the way.
+std::vector<Read> drain(Loader& l, const Dataset& ds, size_t limit = SIZE_MAX) {
+  std::vector<Read> out;
+  while (out.size() < limit) {
+    auto s = l.next();
+    EXPECT_TRUE(s) << s.error().to_string();
+    if (!s || !*s) break;
+    const Sample& x = **s;
+    EXPECT_EQ(x.key, ds.sample_key(x.index));
+    if (ds.format() == Format::kTar) {
+      auto* txt = x.field("txt");
+      EXPECT_TRUE(txt && std::string_view(reinterpret_cast<const char*>(txt->data.data()),
+                                          txt->data.size()) == x.key);
+    }
+    out.push_back({x.epoch, x.position, x.index});
+  }
+  return out;
+}
+
+std::shared_ptr<Dataset> tar_dataset(const std::vector<size_t>& counts) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  write_tar_dataset(*s, counts);
+  return open_ds(s, "ds/");
+}
+
+std::shared_ptr<Dataset> object_dataset(size_t n) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  for (size_t i = 0; i < n; ++i) {
+    std::string key = "objs/" + std::to_string(1000 + i);
+    EXPECT_TRUE(s->put(key + ".bin", testing::random_bytes(10 + i, i)));
+    if (i % 3 == 0) {
+      EXPECT_TRUE(s->put(key + ".cls", as_bytes(std::to_string(i))));
+    }
+  }
+  return open_ds(s, "objs/");
+}
+
+TEST(Dataset, OpensTarShardsWithAndWithoutIndexes) {
+  auto ds = tar_dataset({3, 5, 0, 2});
+  ASSERT_TRUE(ds);
+  EXPECT_EQ(ds->format(), Format::kTar);
+  EXPECT_EQ(ds->samples(), 10u);
+  ASSERT_EQ(ds->shards().size(), 4u);
+  EXPECT_TRUE(ds->shards()[0].indexed);
+  EXPECT_FALSE(ds->shards()[1].indexed);
+  EXPECT_EQ(ds->sample_key(3), sample_key(1, 0));
+}
+
+TEST(Dataset, ObjectsGroupFieldsByBasename) {
+  auto ds = object_dataset(10);
+  ASSERT_TRUE(ds);
+  EXPECT_EQ(ds->format(), Format::kObjects);
+  EXPECT_EQ(ds->samples(), 10u);
+  EXPECT_EQ(ds->sample_key(0), "1000");
+  EXPECT_EQ(ds->sample(0).objects, 2u);  // .bin and .cls
+  EXPECT_EQ(ds->sample(1).objects, 1u);
+}
+
+TEST(Dataset, EmptyPrefixIsNotFound) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  auto ds = Dataset::open(s, "nothing/");
+  ASSERT_FALSE(ds);
+  EXPECT_EQ(ds.error().code(), Code::kNotFound);
+}
+
+// Every (world, workers) partition reads every sample exactly once per epoch.
+TEST(Loader, ExactlyOncePerEpochAcrossRanksAndWorkers) {
+  for (auto ds : {tar_dataset({7, 13, 1, 20, 5, 0, 9}), object_dataset(37)}) {
+    ASSERT_TRUE(ds);
+    for (auto [world, workers] :
+         std::vector<std::pair<unsigned, unsigned>>{{1, 1}, {2, 1}, {3, 2}, {4, 3}, {64, 1}}) {
+      std::map<uint64_t, std::multiset<uint64_t>> seen;  // epoch -> samples
+      std::vector<size_t> counts;
+      for (unsigned r = 0; r < world; ++r)
+        for (unsigned w = 0; w < workers; ++w) {
+          Loader l(ds, {.seed = 11,
+                        .epochs = 2,
+                        .rank = r,
+                        .world = world,
+                        .worker = w,
+                        .workers = workers,
+                        .shuffle_window = 10});
+          auto reads = drain(l, *ds);
+          size_t in_epoch0 = 0;
+          for (const auto& x : reads) {
+            seen[x.epoch].insert(x.index);
+            in_epoch0 += x.epoch == 0;
+          }
+          counts.push_back(in_epoch0);
+        }
+      ASSERT_EQ(seen.size(), 2u);
+      for (auto& [epoch, s] : seen) {
+        ASSERT_EQ(s.size(), ds->samples()) << "world " << world << " workers " << workers;
+        uint64_t want = 0;
+        for (uint64_t x : s) EXPECT_EQ(x, want++);
+      }
+      // Shares differ by at most one sample, the larger ones first.
+      auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
+      EXPECT_LE(*hi - *lo, 1u);
+      EXPECT_TRUE(std::is_sorted(counts.rbegin(), counts.rend()));
+    }
+  }
+}
+
+TEST(Loader, OrderIsAFunctionOfSeedAndEpoch) {
+  auto ds = tar_dataset({7, 13, 1, 20, 5, 0, 9});
+  auto order = [&](uint64_t seed, uint64_t epoch) {
+    Loader l(ds, {.seed = seed, .epoch = epoch, .shuffle_window = 10});
+    std::vector<uint64_t> v;
+    for (auto& x : drain(l, *ds)) v.push_back(x.index);
+    return v;
+  };
+  auto a = order(5, 0);
+  EXPECT_EQ(a, order(5, 0));
+  EXPECT_NE(a, order(5, 1));
+  EXPECT_NE(a, order(6, 0));
+  for (size_t p = 0; p < a.size(); ++p) EXPECT_EQ(a[p], Loader::order_at(*ds, 5, 0, true, 10, p));
+  Loader plain(ds, {.shuffle = false});
+  std::vector<uint64_t> identity;
+  for (auto& x : drain(plain, *ds)) identity.push_back(x.index);
+  for (size_t p = 0; p < identity.size(); ++p) EXPECT_EQ(identity[p], p);
+}
+
+// Resuming every consumer from its token (at a random point, then again) reads exactly
+// what the uninterrupted run reads.
+TEST(Loader, ResumeEqualsUninterruptedRun) {
+  auto ds = tar_dataset({7, 13, 1, 20, 5, 0, 9});
+  const unsigned world = 3;
+  auto opts = [&](unsigned r, std::string token = "") {
+    return LoaderOptions{.seed = 3,
+                         .epochs = 3,
+                         .rank = r,
+                         .world = world,
+                         .resume = std::move(token),
+                         .shuffle_window = 12};
+  };
+  std::vector<std::vector<Read>> full(world);
+  for (unsigned r = 0; r < world; ++r) {
+    Loader l(ds, opts(r));
+    full[r] = drain(l, *ds);
+  }
+  // Consumers step together within an epoch: a lockstep point is (epoch, j samples into
+  // it), and consumer r has then consumed its shares of the epochs before plus j.
+  const uint64_t epochs = 3;
+  std::vector<std::vector<size_t>> before(world, std::vector<size_t>(epochs + 1, 0));
+  size_t min_share = SIZE_MAX;
+  for (unsigned r = 0; r < world; ++r)
+    for (uint64_t e = 0; e < epochs; ++e) {
+      size_t share = std::count_if(full[r].begin(), full[r].end(),
+                                   [&](const Read& x) { return x.epoch == e; });
+      before[r][e + 1] = before[r][e] + share;
+      min_share = std::min(min_share, share);
+    }
+  std::mt19937 rng(42);
+  for (int trial = 0; trial < 20; ++trial) {
+    uint64_t e1 = rng() % epochs, j1 = rng() % min_share;
+    uint64_t e2 = e1 + rng() % (epochs - e1),
+             j2 = e2 == e1 ? j1 + rng() % (min_share - j1) : rng() % min_share;
+    auto k1 = [&](unsigned r) { return before[r][e1] + j1; };
+    auto k2 = [&](unsigned r) { return before[r][e2] + j2 - k1(r); };
+    std::vector<std::vector<Read>> got(world);
+    std::string token;
+    for (unsigned r = 0; r < world; ++r) {
+      Loader l(ds, opts(r));
+      got[r] = drain(l, *ds, k1(r));
+      if (r == 0) token = l.state();
+      EXPECT_EQ(l.state(), token) << "consumers in lockstep share one token";
+    }
+    std::string token2;
+    for (unsigned r = 0; r < world; ++r) {
+      Loader l(ds, opts(r, token));
+      auto more = drain(l, *ds, k2(r));
+      got[r].insert(got[r].end(), more.begin(), more.end());
+      if (r == 0) token2 = l.state();
+      EXPECT_EQ(l.state(), token2);
+    }
+    for (unsigned r = 0; r < world; ++r) {
+      Loader l(ds, opts(r, token2));
+      auto rest = drain(l, *ds);
+      got[r].insert(got[r].end(), rest.begin(), rest.end());
+      EXPECT_EQ(got[r], full[r]) << "trial " << trial << " rank " << r << " tokens " << token << " "
+                                 << token2;
+    }
+  }
+}
+
+// A job resumed on a different number of ranks covers the rest of the epoch exactly once.
+TEST(Loader, ElasticResumeCoversTheRestOnce) {
+  auto ds = tar_dataset({7, 13, 1, 20, 5, 0, 9});
+  for (auto [before, after] : std::vector<std::pair<unsigned, unsigned>>{{2, 3}, {4, 1}, {3, 5}}) {
+    std::multiset<uint64_t> epoch0, epoch1;
+    std::string token;
+    for (unsigned r = 0; r < before; ++r) {
+      Loader l(ds, {.seed = 9, .epochs = 2, .rank = r, .world = before, .shuffle_window = 8});
+      for (auto& x : drain(l, *ds, 5)) (x.epoch == 0 ? epoch0 : epoch1).insert(x.index);
+      token = l.state();
+    }
+    for (unsigned r = 0; r < after; ++r) {
+      Loader l(ds, {.seed = 9,
+                    .epochs = 2,
+                    .rank = r,
+                    .world = after,
+                    .resume = token,
+                    .shuffle_window = 8});
+      for (auto& x : drain(l, *ds)) (x.epoch == 0 ? epoch0 : epoch1).insert(x.index);
+    }
+    for (auto* s : {&epoch0, &epoch1}) {
+      ASSERT_EQ(s->size(), ds->samples()) << before << " -> " << after;
+      EXPECT_EQ(std::set<uint64_t>(s->begin(), s->end()).size(), ds->samples());
+    }
+  }
+}
+
+TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
+  auto ds = tar_dataset({3, 4});
+  auto other = tar_dataset({3, 5});
+  Loader a(ds, {.seed = 1});
+  ASSERT_TRUE(a.next());
+  std::string token = a.state();
+  for (auto [opts, why] : std::vector<std::pair<LoaderOptions, std::string>>{
+           {{.resume = "garbage"}, "malformed"},
+           {{.seed = 2, .resume = token}, "seed"},
+           {{.rank = 2, .world = 2}, "rank"},
+           {{.worker = 1, .workers = 1}, "worker"}}) {
+    Loader l(ds, opts);
+    auto r = l.next();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.error().message().find(why), std::string::npos) << r.error().message();
+  }
+  Loader l(other, {.seed = 1, .resume = token});
+  auto r = l.next();
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("another dataset"), std::string::npos);
+  EXPECT_TRUE(parse_token(token));
+  EXPECT_FALSE(parse_token("v1.1.2.3.zz.4"));
+  EXPECT_FALSE(parse_token("v1.1.9.3.00.4"));  // position past the samples
+}
+
+TEST(Loader, CorruptShardNamesShardAndOffsetOrIsSkipped) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  write_tar_dataset(*s, {4, 4, 4});
+  auto tar = s->get("ds/shard-0000.tar").value();  // indexed: open does not scan it
+  tar[3 * 512 * 0 + 2 * 512 + 512 * 0 + 1024 + 5] ^= std::byte{0xff};
+  ASSERT_TRUE(s->put("ds/shard-0000.tar", tar));
+  auto ds = open_ds(s, "ds/");
+  ASSERT_TRUE(ds);
+  {
+    Loader l(ds, {.shuffle = false});
+    Result<std::optional<Sample>> r;
+    while ((r = l.next()) && *r) {
+    }
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), Code::kCorruption);
+    EXPECT_NE(r.error().message().find("shard-0000.tar at offset"), std::string::npos)
+        << r.error().message();
+  }
+  Loader l(ds, {.shuffle = false, .skip_corrupt = true});
+  auto reads = drain(l, *ds);
+  EXPECT_EQ(reads.size(), ds->samples() - 1);
+  EXPECT_EQ(l.stats().skipped_samples, 1u);
+  // A corrupt shard without an index fails open, or is skipped and counted.
+  auto tar2 = s->get("ds/shard-0001.tar").value();
+  tar2[1024 + 10] ^= std::byte{0xff};  // the second header
+  ASSERT_TRUE(s->put("ds/shard-0001.tar", tar2));
+  auto bad = Dataset::open(s, "ds/");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("shard-0001.tar"), std::string::npos);
+  auto skipped = open_ds(s, "ds/", {.skip_corrupt = true});
+  ASSERT_TRUE(skipped);
+  EXPECT_EQ(skipped->skipped_shards(), 1u);
+  EXPECT_EQ(skipped->samples(), 8u);
+}
+
+TEST(Loader, ReplacedShardIsConflictNotMixedBytes) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  write_tar_dataset(*s, {4, 4});
+  auto ds = open_ds(s, "ds/");
+  write_tar_dataset(*s, {5, 5});  // replaced after the listing
+  Loader l(ds, {.shuffle = false});
+  auto r = l.next();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kConflict) << r.error().to_string();
+}
+
+TEST(Loader, SlowDownIsBackedOffNotFatal) {
+  auto faults = std::make_shared<store::FaultInjectionStore>(store::make_memory_store());
+  write_tar_dataset(*faults, {10, 10, 10});
+  auto ds = open_ds(faults, "ds/");
+  ASSERT_TRUE(ds);
+  for (uint64_t n : {1, 2, 3, 5}) faults->fail_nth(store::FaultOp::kRead, n, Code::kUnavailable);
+  Loader l(ds, {.seed = 1, .inflight = 4});
+  auto reads = drain(l, *ds);
+  EXPECT_EQ(reads.size(), 30u);
+  EXPECT_GE(l.stats().throttled, 4u);
+  // A store that never recovers fails with its error after the retries.
+  faults->fail_always(store::FaultOp::kRead, Code::kUnavailable);
+  Loader dead(ds, {.seed = 1, .inflight = 1});
+  auto r = dead.next();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kUnavailable);
+}
+
+TEST(Loader, StatsAndBatches) {
+  auto ds = tar_dataset({50, 50});
+  Loader l(ds, {.seed = 1, .epochs = 2});
+  size_t total = 0;
+  while (true) {
+    auto b = l.next_batch(16);
+    ASSERT_TRUE(b);
+    if (b->empty()) break;
+    total += b->size();
+  }
+  EXPECT_EQ(total, 200u);
+  auto st = l.stats();
+  EXPECT_EQ(st.samples, 200u);
+  EXPECT_GT(st.bytes, 0u);
+  EXPECT_GT(st.requests, 0u);
+  EXPECT_GT(st.first_batch_seconds, 0.0);
+  // The token after the last epoch says so: resuming from it reads nothing.
+  Loader done(ds, {.seed = 1, .epochs = 2, .resume = l.state()});
+  auto r = done.next();
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(*r);
+}
+
+TEST(Loader, BatchCopiesIntoDeviceMemory) {
+  auto ds = tar_dataset({20});
+  Loader l(ds, {.seed = 1});
+  auto batch = l.next_batch(8);
+  ASSERT_TRUE(batch);
+  auto device = mem::make_emulated_device(64 << 20);
+  auto copied = copy_batch(*batch, *device);
+  ASSERT_TRUE(copied) << copied.error().to_string();
+  size_t i = 0;
+  for (const auto& s : *batch)
+    for (const auto& f : s.fields) {
+      std::vector<std::byte> back(f.data.size());
+      auto* src = static_cast<std::byte*>(copied->memory.get()) + copied->offsets[i++];
+      auto t = device->copy_to_host(back.data(), src, back.size());
+      ASSERT_TRUE(t);
+      ASSERT_TRUE(device->wait(*t));
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), f.data.begin()));
+    }
+}
+
+}  // namespace
+}  // namespace sluice::stream

@@ -15,6 +15,7 @@
 #include "bench.h"
 #include "cache_cmd.h"
 #include "ckpt_cmd.h"
+#include "dataset_cmd.h"
 #include "common.h"
 #include "cp.h"
 #include "sizes.h"
@@ -300,6 +301,7 @@ int main(int argc, char** argv) {
   CacheArgs cache_args;
   add_cache_commands(app, cache_args, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
   add_ckpt_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
+  add_dataset_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
   // CLI11 only says "A subcommand is required" for a word it does not know: name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

@@ -1,0 +1,519 @@
+// `sluice dataset`: list and describe datasets, pack a directory into WebDataset shards
+// with their indexes, and read a dataset the way a training job would (docs/dataset.md).
+#include "dataset_cmd.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cache_flags.h"
+#include "common.h"
+#include "location.h"
+#include "sizes.h"
+#include "sluice/cache/tiered_cache.h"
+#include "sluice/core/fd.h"
+#include "sluice/s3/store.h"
+#include "sluice/stream/dataset.h"
+#include "sluice/stream/tar.h"
+
+namespace sluice::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct DatasetArgs {
+  std::string uri;           // the dataset (ls, stat, read) or the destination (pack)
+  std::string src;           // pack: the directory
+  std::string shard_size = "256M";
+  std::string name = "shard";  // pack: shard names
+  std::string format = "auto";
+  AwsFlags aws;
+  CacheFlags cache;
+  bool no_cache = false;
+  stream::LoaderOptions lo;
+  std::string memory = "256M";
+  uint64_t limit = 0;
+  size_t batch = 256;
+  bool keys = false, json = false, no_progress = false, skip_corrupt = false;
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool cancelled(const DatasetArgs& a) { return a.cancel && a.cancel->load(); }
+
+// The store and prefix a dataset URI names: a local directory is a file:// store of its
+// own; a URI's key part is a folder (a '/' is added).
+struct Where {
+  std::string store_uri, prefix;
+};
+Result<Where> where(const std::string& text) {
+  SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(text));
+  if (loc.local) {
+    std::error_code ec;
+    fs::path p = fs::absolute(loc.path, ec);
+    if (ec) return fail_errno(ec.value(), "resolve " + loc.path);
+    return Where{"file://" + p.lexically_normal().string(), ""};
+  }
+  std::string prefix = loc.path;
+  if (!prefix.empty() && !prefix.ends_with('/')) prefix += '/';
+  return Where{loc.store_uri, prefix};
+}
+
+Result<store::StoreOptions> store_options(const DatasetArgs& a) {
+  s3::register_scheme();
+  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
+  store::StoreOptions so;
+  so.backend.set(s3o);
+  return so;
+}
+
+Result<stream::Format> parse_format(const std::string& f) {
+  if (f == "auto") return stream::Format::kAuto;
+  if (f == "tar") return stream::Format::kTar;
+  if (f == "objects") return stream::Format::kObjects;
+  return fail(Code::kInvalidArgument, "--format '" + f + "': auto, tar or objects");
+}
+
+Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, const std::string& home,
+                                                      bool through_cache) {
+  SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
+  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, store_options(a));
+  std::shared_ptr<store::Store> s;
+  if (through_cache) {
+    SLUICE_ASSIGN_OR_RETURN(s, open_through_cache(w.store_uri, std::move(so), a.cache, home));
+  } else {
+    SLUICE_ASSIGN_OR_RETURN(s, store::open_store(w.store_uri, so));
+  }
+  stream::DatasetOptions o;
+  SLUICE_ASSIGN_OR_RETURN(o.format, parse_format(a.format));
+  o.skip_corrupt = a.skip_corrupt;
+  return stream::Dataset::open(std::move(s), w.prefix, o);
+}
+
+const char* format_name(stream::Format f) { return f == stream::Format::kTar ? "tar" : "objects"; }
+
+int run_stat(const DatasetArgs& a, const std::string& home) {
+  auto ds = open_dataset(a, home, false);
+  if (!ds) return report_error(ds.error());
+  const auto& d = **ds;
+  uint64_t indexed = 0;
+  for (const auto& s : d.shards()) indexed += s.indexed;
+  uint64_t units = d.format() == stream::Format::kTar ? d.shards().size() : 0;
+  if (a.json) {
+    char fp[17];
+    std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(d.fingerprint()));
+    std::printf("%s\n", json{{"uri", a.uri},
+                             {"format", format_name(d.format())},
+                             {"shards", units},
+                             {"indexed_shards", indexed},
+                             {"skipped_shards", d.skipped_shards()},
+                             {"objects", d.format() == stream::Format::kObjects ? d.shards().size() : 0},
+                             {"samples", d.samples()},
+                             {"bytes", d.bytes()},
+                             {"fingerprint", fp}}
+                            .dump()
+                            .c_str());
+    return 0;
+  }
+  std::printf("dataset %s\n", printable(a.uri).c_str());
+  if (d.format() == stream::Format::kTar)
+    std::printf("format:  WebDataset tar shards: %lu (%lu with an index, %lu scanned)\n",
+                static_cast<unsigned long>(units), static_cast<unsigned long>(indexed),
+                static_cast<unsigned long>(units - indexed));
+  else
+    std::printf("format:  plain objects: %lu\n", static_cast<unsigned long>(d.shards().size()));
+  std::printf("samples: %lu (mean %s)\n", static_cast<unsigned long>(d.samples()),
+              format_size(static_cast<double>(d.bytes()) / static_cast<double>(d.samples())).c_str());
+  std::printf("bytes:   %s\n", format_size(static_cast<double>(d.bytes())).c_str());
+  if (d.skipped_shards())
+    std::printf("skipped: %lu corrupt shards\n", static_cast<unsigned long>(d.skipped_shards()));
+  return 0;
+}
+
+int run_ls(const DatasetArgs& a, const std::string& home) {
+  auto ds = open_dataset(a, home, false);
+  if (!ds) return report_error(ds.error());
+  const auto& d = **ds;
+  json out = json::array();
+  if (!a.json) std::printf("%12s %10s %-8s %s\n", "BYTES", "SAMPLES", "TABLE", "KEY");
+  for (const auto& s : d.shards()) {
+    const char* table = d.format() == stream::Format::kObjects ? "object"
+                        : s.indexed                            ? "index"
+                                                               : "scanned";
+    if (a.json)
+      out.push_back({{"key", s.key}, {"bytes", s.size}, {"samples", s.samples}, {"table", table}});
+    else
+      std::printf("%12lu %10lu %-8s %s\n", static_cast<unsigned long>(s.size),
+                  static_cast<unsigned long>(s.samples), table, printable(s.key).c_str());
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+// ---- pack ------------------------------------------------------------------------------
+
+struct SourceFile {
+  std::string rel;
+  uint64_t size;
+};
+
+Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return fail_errno(errno, "open " + path);
+  std::vector<std::byte> data(size);
+  size_t got = 0;
+  while (got < size) {
+    ssize_t n = ::pread(fd.get(), data.data() + got, size - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail_errno(errno, "read " + path);
+    if (n == 0) return fail(Code::kConflict, path + " shrank while it was packed");
+    got += static_cast<size_t>(n);
+  }
+  return data;
+}
+
+int run_pack(const DatasetArgs& a, const std::string&) {
+  auto t0 = Clock::now();
+  auto target = parse_size(a.shard_size);
+  if (!target || *target < (4u << 10))
+    return report_error(Error(Code::kInvalidArgument,
+                              "--shard-size '" + a.shard_size + "': at least 4K"));
+  if (a.name.empty() || a.name.find('/') != std::string::npos)
+    return report_error(Error(Code::kInvalidArgument, "--name must be a plain word"));
+  // Every regular file under SRC, grouped into samples by key, in key order.
+  std::error_code ec;
+  if (!fs::is_directory(a.src, ec))
+    return report_error(Error(Code::kNotFound, "pack: " + a.src + " is not a directory"));
+  std::map<std::string, std::vector<SourceFile>> samples;
+  uint64_t skipped = 0, total_bytes = 0, files = 0;
+  for (auto it = fs::recursive_directory_iterator(a.src, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    std::string rel = fs::relative(it->path(), a.src, ec).generic_string();
+    std::string key, field;
+    if (!stream::split_sample_name(rel, key, field)) {
+      ++skipped;
+      continue;
+    }
+    uint64_t size = it->file_size(ec);
+    if (ec) break;
+    samples[key].push_back({rel, size});
+    total_bytes += size;
+    ++files;
+  }
+  if (ec) return report_error(error_from_errno(ec.value(), "walk " + a.src));
+  if (samples.empty())
+    return report_error(Error(Code::kNotFound, "pack: no sample files under " + a.src +
+                                                   " (a sample file is NAME.EXT)"));
+  for (auto& [key, fields] : samples)
+    std::sort(fields.begin(), fields.end(),
+              [](const SourceFile& x, const SourceFile& y) { return x.rel < y.rel; });
+
+  auto w = where(a.uri);
+  if (!w) return report_error(w.error());
+  auto so = store_options(a);
+  if (!so) return report_error(so.error());
+  auto st = store::open_store(w->store_uri, *so);
+  if (!st) return report_error(st.error());
+  store::Store& dst = **st;
+  // A dataset is everything under its prefix: packing into a used one would mix datasets.
+  store::ListOptions lo{.prefix = w->prefix, .max_keys = 1};
+  auto existing = dst.list(lo);
+  if (!existing) return report_error(existing.error());
+  if (!existing->objects.empty())
+    return report_error(Error(Code::kAlreadyExists,
+                              "pack: " + a.uri + " already holds objects (" +
+                                  existing->objects.front().key +
+                                  "); pack into an empty prefix"));
+
+  const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  uint64_t shard_no = 0, packed = 0, packed_bytes = 0, shard_bytes_total = 0;
+  std::unique_ptr<store::Writer> writer;
+  std::optional<stream::TarWriter> tar;
+  stream::ShardIndex index;
+  std::string shard_key;
+  auto open_shard = [&]() -> Status {
+    char name[64];
+    std::snprintf(name, sizeof name, "%s-%06lu.tar", a.name.c_str(),
+                  static_cast<unsigned long>(shard_no++));
+    shard_key = w->prefix + name;
+    SLUICE_ASSIGN_OR_RETURN(writer, dst.create(shard_key, {.overwrite = false}));
+    tar.emplace([&](std::span<const std::byte> b) { return writer->append(b); });
+    index = {};
+    return ok();
+  };
+  auto close_shard = [&]() -> Status {
+    SLUICE_RETURN_IF_ERROR(tar->finish());
+    index.shard_size = tar->bytes();
+    if (auto c = writer->commit(); !c) return std::unexpected(c.error().with_context("commit " + shard_key));
+    shard_bytes_total += tar->bytes();
+    writer.reset();
+    tar.reset();
+    return dst.put(shard_key + std::string(stream::kIndexSuffix), stream::encode_index(index),
+                   {.overwrite = false});
+  };
+  auto pack_all = [&]() -> Status {
+    for (const auto& [key, fields] : samples) {
+      if (cancelled(a)) return fail(Code::kCancelled, "pack interrupted");
+      uint64_t need = 0;
+      for (const auto& f : fields) need += stream::tar_file_bytes(f.rel, f.size);
+      if (tar && !index.samples.empty() && tar->bytes() + need + 1024 > *target)
+        SLUICE_RETURN_IF_ERROR(close_shard());
+      if (!tar) SLUICE_RETURN_IF_ERROR(open_shard());
+      uint64_t start = tar->bytes();
+      for (const auto& f : fields) {
+        std::string path = a.src + "/" + f.rel;
+        SLUICE_ASSIGN_OR_RETURN(auto data, read_file(path, f.size));
+        if (auto added = tar->add(f.rel, data); !added)
+          return std::unexpected(added.error().with_context("write " + shard_key));
+        packed_bytes += f.size;
+      }
+      index.samples.push_back({key, start, tar->bytes() - start});
+      ++packed;
+      if (progress && packed % 1000 == 0)
+        std::fprintf(stderr, "\rpacked %lu of %lu samples (%s) into %lu shards",
+                     static_cast<unsigned long>(packed), static_cast<unsigned long>(samples.size()),
+                     format_size(static_cast<double>(packed_bytes)).c_str(),
+                     static_cast<unsigned long>(shard_no));
+    }
+    if (tar) SLUICE_RETURN_IF_ERROR(close_shard());
+    return ok();
+  };
+  auto done = pack_all();
+  if (progress) std::fprintf(stderr, "\r%-90s\r", "");
+  if (!done) {
+    if (writer) writer->abort();
+    return report_error(done.error());
+  }
+  double secs = seconds_since(t0);
+  if (a.json) {
+    std::printf("%s\n", json{{"uri", a.uri},
+                             {"shards", shard_no},
+                             {"samples", packed},
+                             {"files", files},
+                             {"file_bytes", total_bytes},
+                             {"shard_bytes", shard_bytes_total},
+                             {"skipped_files", skipped},
+                             {"seconds", secs}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("packed %lu samples (%lu files, %s) into %lu shards with indexes at %s in %.1f s\n",
+                static_cast<unsigned long>(packed), static_cast<unsigned long>(files),
+                format_size(static_cast<double>(total_bytes)).c_str(),
+                static_cast<unsigned long>(shard_no), printable(a.uri).c_str(), secs);
+    if (skipped)
+      std::printf("skipped %lu files that are not sample files (NAME.EXT, not __*)\n",
+                  static_cast<unsigned long>(skipped));
+  }
+  return 0;
+}
+
+// ---- read ------------------------------------------------------------------------------
+
+int run_read(DatasetArgs& a, const std::string& home) {
+  auto memory = parse_size(a.memory);
+  if (!memory)
+    return report_error(Error(Code::kInvalidArgument, "--memory '" + a.memory + "': " +
+                                                          memory.error().message()));
+  a.lo.memory_bytes = *memory;
+  a.lo.skip_corrupt = a.skip_corrupt;
+  if (a.batch == 0) a.batch = 1;
+  auto ds = open_dataset(a, home, !a.no_cache);
+  if (!ds) return report_error(ds.error());
+  auto* cache = dynamic_cast<cache::TieredCache*>(&(*ds)->store());
+  cache::CacheStats before;
+  if (cache) before = cache->stats();
+  stream::Loader loader(*ds, a.lo);
+  const bool progress = !a.keys && !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  auto last_progress = Clock::now();
+  uint64_t n = 0;
+  std::string out;
+  Status status = ok();
+  while (!a.limit || n < a.limit) {
+    if (cancelled(a)) break;
+    size_t want = a.limit ? std::min<uint64_t>(a.batch, a.limit - n) : a.batch;
+    auto batch = loader.next_batch(want);
+    if (!batch) {
+      status = std::unexpected(batch.error());
+      break;
+    }
+    if (batch->empty()) break;
+    n += batch->size();
+    if (a.keys) {
+      for (const auto& s : *batch) {
+        out.append(s.key);
+        out.push_back('\n');
+      }
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      out.clear();
+    }
+    if (progress && seconds_since(last_progress) > 1) {
+      auto s = loader.stats();
+      std::fprintf(stderr, "\r%lu samples, %s, %.0f samples/s", static_cast<unsigned long>(n),
+                   format_size(static_cast<double>(s.bytes)).c_str(),
+                   static_cast<double>(s.samples) / s.elapsed_seconds);
+      last_progress = Clock::now();
+    }
+  }
+  if (progress) std::fprintf(stderr, "\r%-70s\r", "");
+  if (!status) return report_error(status.error());
+  auto s = loader.stats();
+  const bool stopped = cancelled(a) || (a.limit && n >= a.limit);
+  if (!a.keys) {
+    double rate = s.elapsed_seconds > 0 ? static_cast<double>(s.samples) / s.elapsed_seconds : 0;
+    double bps = s.elapsed_seconds > 0 ? static_cast<double>(s.bytes) / s.elapsed_seconds : 0;
+    json j{{"samples", s.samples},
+           {"bytes", s.bytes},
+           {"seconds", s.elapsed_seconds},
+           {"samples_per_s", rate},
+           {"bytes_per_s", bps},
+           {"first_batch_s", s.first_batch_seconds},
+           {"stall_s", s.stall_seconds},
+           {"requests", s.requests},
+           {"read_bytes", s.read_bytes},
+           {"throttled", s.throttled},
+           {"skipped_samples", s.skipped_samples}};
+    if (cache) {
+      auto after = cache->stats();
+      j["cache"] = {{"ram_hit_bytes", after.ram.hit_bytes - before.ram.hit_bytes},
+                    {"nvme_hit_bytes", after.disk.hit_bytes - before.disk.hit_bytes},
+                    {"miss_bytes", after.miss_bytes - before.miss_bytes}};
+    }
+    if (a.json) {
+      if (stopped) j["resume"] = loader.state();
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("read %lu samples (%s) in %.2f s: %.0f samples/s, %s/s\n",
+                  static_cast<unsigned long>(s.samples),
+                  format_size(static_cast<double>(s.bytes)).c_str(), s.elapsed_seconds, rate,
+                  format_size(bps).c_str());
+      std::printf("first sample after %.1f ms; waited on data %.1f%% of the time\n",
+                  s.first_batch_seconds * 1e3,
+                  s.elapsed_seconds > 0 ? 100 * s.stall_seconds / s.elapsed_seconds : 0.0);
+      std::printf("%lu requests (%s read)%s\n", static_cast<unsigned long>(s.requests),
+                  format_size(static_cast<double>(s.read_bytes)).c_str(),
+                  s.throttled ? (", " + std::to_string(s.throttled) + " throttled").c_str() : "");
+      if (cache) {
+        auto after = cache->stats();
+        std::printf("cache: RAM %s, NVMe %s, source %s\n",
+                    format_size(static_cast<double>(after.ram.hit_bytes - before.ram.hit_bytes)).c_str(),
+                    format_size(static_cast<double>(after.disk.hit_bytes - before.disk.hit_bytes)).c_str(),
+                    format_size(static_cast<double>(after.miss_bytes - before.miss_bytes)).c_str());
+      }
+      if (s.skipped_samples)
+        std::printf("skipped %lu corrupt samples\n", static_cast<unsigned long>(s.skipped_samples));
+    }
+  }
+  // The resume token is the last line whenever the read stopped before the end.
+  if (stopped && !a.json) std::printf("%s\n", loader.state().c_str());
+  std::fflush(stdout);
+  return cancelled(a) ? 130 : 0;
+}
+
+}  // namespace
+
+void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
+  static DatasetArgs a;  // CLI11 binds to it; one command runs per process
+  auto* ds = app.add_subcommand(
+      "dataset", "Datasets: list, describe, pack a directory into WebDataset shards, read");
+  ds->require_subcommand(1);
+  auto common = [&](CLI::App* c) {
+    c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// datasets");
+    c->add_option("--profile", a.aws.profile, "AWS profile for s3:// datasets");
+    c->add_option("--region", a.aws.region, "Region for s3:// datasets");
+    c->add_flag("--json", a.json, "Print the result as JSON");
+  };
+  auto uri_help = "The dataset: a directory, file:///dir, s3://bucket/prefix (a folder)";
+  auto formats = [&](CLI::App* c) {
+    c->add_option("--format", a.format,
+                  "tar (WebDataset shards), objects (one sample per object), or auto (tar when "
+                  "the folder holds only .tar shards and their .idx indexes)")
+        ->default_str("auto");
+    c->add_flag("--skip-corrupt", a.skip_corrupt,
+                "Skip (and count) shards and samples that are not valid tar, instead of failing");
+  };
+
+  auto* ls = ds->add_subcommand("ls", "List a dataset's shards (or objects) and sample counts");
+  ls->add_option("URI", a.uri, uri_help)->required();
+  common(ls);
+  formats(ls);
+  ls->callback([&rc, home] { rc = run_ls(a, home); });
+
+  auto* st = ds->add_subcommand("stat", "Describe a dataset: format, shards, samples, bytes");
+  st->add_option("URI", a.uri, uri_help)->required();
+  common(st);
+  formats(st);
+  st->callback([&rc, home] { rc = run_stat(a, home); });
+
+  auto* pack = ds->add_subcommand(
+      "pack",
+      "Pack a directory of files into WebDataset tar shards of a target size, each with its "
+      "index, under an empty destination folder");
+  pack->add_option("SRC_DIR", a.src, "The directory (files NAME.EXT; one sample per NAME)")
+      ->required();
+  pack->add_option("DST_URI", a.uri, "Where the shards go: a directory, s3://bucket/prefix")
+      ->required();
+  pack->add_option("--shard-size", a.shard_size, "Target shard size (a larger sample gets its own)")
+      ->default_str("256M");
+  pack->add_option("--name", a.name, "Shard names: NAME-000000.tar")->default_str("shard");
+  pack->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
+  common(pack);
+  pack->callback([&rc, home, cancel] {
+    a.cancel = cancel.flag;
+    if (cancel.install) cancel.install();
+    rc = run_pack(a, home);
+    if (cancelled(a)) rc = 130;
+  });
+
+  auto* rd = ds->add_subcommand(
+      "read",
+      "Read a dataset as one rank of a training job: keys in order (--keys) or a throughput "
+      "summary; with --limit, the resume token is the last line");
+  rd->add_option("URI", a.uri, uri_help)->required();
+  rd->add_option("--seed", a.lo.seed, "Shuffle seed")->default_val(0);
+  rd->add_option("--epoch", a.lo.epoch, "First epoch")->default_val(0);
+  rd->add_option("--epochs", a.lo.epochs, "Epochs to read (0: without end)")->default_val(1);
+  rd->add_option("--rank", a.lo.rank, "This rank")->default_val(0);
+  rd->add_option("--world", a.lo.world, "Ranks in the job")->default_val(1)->check(CLI::PositiveNumber);
+  rd->add_option("--worker", a.lo.worker, "This loader worker of the rank")->default_val(0);
+  rd->add_option("--workers", a.lo.workers, "Loader workers per rank")
+      ->default_val(1)
+      ->check(CLI::PositiveNumber);
+  rd->add_option("--resume", a.lo.resume, "Continue from a resume token");
+  rd->add_option("--shuffle-window", a.lo.shuffle_window,
+                 "Samples mixed at once (whole shards at least)")
+      ->default_val(8192)
+      ->check(CLI::PositiveNumber);
+  rd->add_flag("!--no-shuffle", a.lo.shuffle, "Read in stored order");
+  rd->add_option("--limit", a.limit, "Stop after N samples and print the resume token");
+  rd->add_option("--batch", a.batch, "Samples per batch")->default_val(256);
+  rd->add_option("--memory", a.memory, "Read-ahead memory at most")->default_str("256M");
+  rd->add_option("--inflight", a.lo.inflight, "Requests in flight at most")
+      ->default_val(32)
+      ->check(CLI::Range(1u, 1024u));
+  rd->add_flag("--keys", a.keys, "Print each sample's key, in order");
+  rd->add_flag("--no-cache", a.no_cache, "Read the store directly, not through the cache");
+  rd->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
+  common(rd);
+  formats(rd);
+  add_cache_flags(rd, a.cache);
+  rd->callback([&rc, home, cancel] {
+    a.cancel = cancel.flag;
+    if (cancel.install) cancel.install();
+    rc = run_read(a, home);
+  });
+}
+
+}  // namespace sluice::cli

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "sluice/stream/tar.h"
+#include "stream/backoff.h"
 
 namespace sluice::stream {
 namespace {
@@ -22,7 +23,9 @@ Result<std::vector<TarSample>> scan_shard(store::Store& store, const store::Obje
   ByteSource source = [&](uint64_t off, size_t n) -> Result<std::span<const std::byte>> {
     if (off < buf_off || off + n > buf_off + buf.size()) {
       buf.resize(std::min<uint64_t>(std::max(n, kWindow), info.size - std::min(off, info.size)));
-      SLUICE_ASSIGN_OR_RETURN(size_t got, store.read_full(info.key, off, buf, ro));
+      SLUICE_ASSIGN_OR_RETURN(
+          size_t got,
+          retry_unavailable([&] { return store.read_full(info.key, off, buf, ro); }, [] {}));
       buf.resize(got);
       buf_off = off;
     }
@@ -64,7 +67,8 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> store,
                                                std::string prefix, DatasetOptions options) {
   if (!store) return fail(Code::kInvalidArgument, "dataset: no store");
-  SLUICE_ASSIGN_OR_RETURN(auto listing, store->list_all(prefix));
+  SLUICE_ASSIGN_OR_RETURN(auto listing,
+                          retry_unavailable([&] { return store->list_all(prefix); }, [] {}));
   auto ds = std::shared_ptr<Dataset>(new Dataset());
   ds->store_ = std::move(store);
   ds->prefix_ = prefix;
@@ -100,7 +104,8 @@ Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> sto
       if (idx != by_key.end()) {
         if (idx->second->size > kMaxIndexBytes)
           return fail(Code::kCorruption, "shard index " + idx->first + " is too large");
-        SLUICE_ASSIGN_OR_RETURN(auto bytes, ds->store_->get(idx->first));
+        SLUICE_ASSIGN_OR_RETURN(
+            auto bytes, retry_unavailable([&] { return ds->store_->get(idx->first); }, [] {}));
         SLUICE_ASSIGN_OR_RETURN(auto index, decode_index(bytes, idx->first));
         if (index.shard_size != info.size)
           return fail(Code::kCorruption, "shard index " + idx->first + " was written for " +

@@ -13,6 +13,7 @@
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/tar.h"
 #include "sluice/telemetry/registry.h"
+#include "stream/backoff.h"
 
 namespace sluice::stream {
 namespace {
@@ -264,30 +265,27 @@ struct Loader::Impl {
 
   Status read_range(const std::string& key, uint64_t offset, std::span<std::byte> dst,
                     const store::ReadOptions& ro) {
-    for (int attempt = 0;; ++attempt) {
-      gate.acquire();
-      auto got = ds->store().read_full(key, offset, dst, ro);
-      bool throttled = !got && got.error().code() == Code::kUnavailable && attempt < 8;
-      gate.release(throttled);
-      counts.requests.fetch_add(1, std::memory_order_relaxed);
-      if (m_requests) m_requests->add();
-      if (got) {
-        counts.read_bytes.fetch_add(*got, std::memory_order_relaxed);
-        if (*got != dst.size())
-          return fail(Code::kCorruption, "dataset object " + key + ": " +
-                                             std::to_string(dst.size()) + " bytes at offset " +
-                                             std::to_string(offset) + " expected, " +
-                                             std::to_string(*got) + " read (it shrank)");
-        return ok();
-      }
-      if (!throttled) return std::unexpected(got.error().with_context("dataset object " + key));
-      counts.throttled.fetch_add(1, std::memory_order_relaxed);
-      if (m_throttled) m_throttled->add();
-      // Exponential backoff with full jitter: 10 ms, 20 ms, ... up to 2.5 s.
-      uint64_t cap_us = std::min<uint64_t>(10'000ull << attempt, 2'500'000);
-      Rng rng(offset, attempt, reinterpret_cast<uintptr_t>(dst.data()), 3);
-      std::this_thread::sleep_for(std::chrono::microseconds(cap_us / 2 + rng.below(cap_us / 2)));
-    }
+    auto got = retry_unavailable(
+        [&] {
+          gate.acquire();
+          auto r = ds->store().read_full(key, offset, dst, ro);
+          gate.release(!r && r.error().code() == Code::kUnavailable);
+          counts.requests.fetch_add(1, std::memory_order_relaxed);
+          if (m_requests) m_requests->add();
+          return r;
+        },
+        [&] {
+          counts.throttled.fetch_add(1, std::memory_order_relaxed);
+          if (m_throttled) m_throttled->add();
+        });
+    if (!got) return std::unexpected(got.error().with_context("dataset object " + key));
+    counts.read_bytes.fetch_add(*got, std::memory_order_relaxed);
+    if (*got != dst.size())
+      return fail(Code::kCorruption, "dataset object " + key + ": " + std::to_string(dst.size()) +
+                                         " bytes at offset " + std::to_string(offset) +
+                                         " expected, " + std::to_string(*got) +
+                                         " read (it shrank)");
+    return ok();
   }
 
   // Runs the reads of `ranges` on the I/O threads and waits for all of them.

@@ -30,8 +30,8 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct DatasetArgs {
-  std::string uri;           // the dataset (ls, stat, read) or the destination (pack)
-  std::string src;           // pack: the directory
+  std::string uri;  // the dataset (ls, stat, read) or the destination (pack)
+  std::string src;  // pack: the directory
   std::string shard_size = "256M";
   std::string name = "shard";  // pack: shard names
   std::string format = "auto";
@@ -50,7 +50,9 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-bool cancelled(const DatasetArgs& a) { return a.cancel && a.cancel->load(); }
+bool cancelled(const DatasetArgs& a) {
+  return a.cancel && a.cancel->load();
+}
 
 // The store and prefix a dataset URI names: a local directory is a file:// store of its
 // own; a URI's key part is a folder (a '/' is added).
@@ -101,7 +103,9 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
   return stream::Dataset::open(std::move(s), w.prefix, o);
 }
 
-const char* format_name(stream::Format f) { return f == stream::Format::kTar ? "tar" : "objects"; }
+const char* format_name(stream::Format f) {
+  return f == stream::Format::kTar ? "tar" : "objects";
+}
 
 int run_stat(const DatasetArgs& a, const std::string& home) {
   auto ds = open_dataset(a, home, false);
@@ -113,17 +117,18 @@ int run_stat(const DatasetArgs& a, const std::string& home) {
   if (a.json) {
     char fp[17];
     std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(d.fingerprint()));
-    std::printf("%s\n", json{{"uri", a.uri},
-                             {"format", format_name(d.format())},
-                             {"shards", units},
-                             {"indexed_shards", indexed},
-                             {"skipped_shards", d.skipped_shards()},
-                             {"objects", d.format() == stream::Format::kObjects ? d.shards().size() : 0},
-                             {"samples", d.samples()},
-                             {"bytes", d.bytes()},
-                             {"fingerprint", fp}}
-                            .dump()
-                            .c_str());
+    std::printf("%s\n",
+                json{{"uri", a.uri},
+                     {"format", format_name(d.format())},
+                     {"shards", units},
+                     {"indexed_shards", indexed},
+                     {"skipped_shards", d.skipped_shards()},
+                     {"objects", d.format() == stream::Format::kObjects ? d.shards().size() : 0},
+                     {"samples", d.samples()},
+                     {"bytes", d.bytes()},
+                     {"fingerprint", fp}}
+                    .dump()
+                    .c_str());
     return 0;
   }
   std::printf("dataset %s\n", printable(a.uri).c_str());
@@ -133,8 +138,9 @@ int run_stat(const DatasetArgs& a, const std::string& home) {
                 static_cast<unsigned long>(units - indexed));
   else
     std::printf("format:  plain objects: %lu\n", static_cast<unsigned long>(d.shards().size()));
-  std::printf("samples: %lu (mean %s)\n", static_cast<unsigned long>(d.samples()),
-              format_size(static_cast<double>(d.bytes()) / static_cast<double>(d.samples())).c_str());
+  std::printf(
+      "samples: %lu (mean %s)\n", static_cast<unsigned long>(d.samples()),
+      format_size(static_cast<double>(d.bytes()) / static_cast<double>(d.samples())).c_str());
   std::printf("bytes:   %s\n", format_size(static_cast<double>(d.bytes())).c_str());
   if (d.skipped_shards())
     std::printf("skipped: %lu corrupt shards\n", static_cast<unsigned long>(d.skipped_shards()));
@@ -187,8 +193,8 @@ int run_pack(const DatasetArgs& a, const std::string&) {
   auto t0 = Clock::now();
   auto target = parse_size(a.shard_size);
   if (!target || *target < (4u << 10))
-    return report_error(Error(Code::kInvalidArgument,
-                              "--shard-size '" + a.shard_size + "': at least 4K"));
+    return report_error(
+        Error(Code::kInvalidArgument, "--shard-size '" + a.shard_size + "': at least 4K"));
   if (a.name.empty() || a.name.find('/') != std::string::npos)
     return report_error(Error(Code::kInvalidArgument, "--name must be a plain word"));
   // Every regular file under SRC, grouped into samples by key, in key order.
@@ -214,8 +220,8 @@ int run_pack(const DatasetArgs& a, const std::string&) {
   }
   if (ec) return report_error(error_from_errno(ec.value(), "walk " + a.src));
   if (samples.empty())
-    return report_error(Error(Code::kNotFound, "pack: no sample files under " + a.src +
-                                                   " (a sample file is NAME.EXT)"));
+    return report_error(Error(
+        Code::kNotFound, "pack: no sample files under " + a.src + " (a sample file is NAME.EXT)"));
   for (auto& [key, fields] : samples)
     std::sort(fields.begin(), fields.end(),
               [](const SourceFile& x, const SourceFile& y) { return x.rel < y.rel; });
@@ -232,10 +238,9 @@ int run_pack(const DatasetArgs& a, const std::string&) {
   auto existing = dst.list(lo);
   if (!existing) return report_error(existing.error());
   if (!existing->objects.empty())
-    return report_error(Error(Code::kAlreadyExists,
-                              "pack: " + a.uri + " already holds objects (" +
-                                  existing->objects.front().key +
-                                  "); pack into an empty prefix"));
+    return report_error(Error(Code::kAlreadyExists, "pack: " + a.uri + " already holds objects (" +
+                                                        existing->objects.front().key +
+                                                        "); pack into an empty prefix"));
 
   const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
   uint64_t shard_no = 0, packed = 0, packed_bytes = 0, shard_bytes_total = 0;
@@ -256,7 +261,8 @@ int run_pack(const DatasetArgs& a, const std::string&) {
   auto close_shard = [&]() -> Status {
     SLUICE_RETURN_IF_ERROR(tar->finish());
     index.shard_size = tar->bytes();
-    if (auto c = writer->commit(); !c) return std::unexpected(c.error().with_context("commit " + shard_key));
+    if (auto c = writer->commit(); !c)
+      return std::unexpected(c.error().with_context("commit " + shard_key));
     shard_bytes_total += tar->bytes();
     writer.reset();
     tar.reset();
@@ -325,8 +331,8 @@ int run_pack(const DatasetArgs& a, const std::string&) {
 int run_read(DatasetArgs& a, const std::string& home) {
   auto memory = parse_size(a.memory);
   if (!memory)
-    return report_error(Error(Code::kInvalidArgument, "--memory '" + a.memory + "': " +
-                                                          memory.error().message()));
+    return report_error(
+        Error(Code::kInvalidArgument, "--memory '" + a.memory + "': " + memory.error().message()));
   a.lo.memory_bytes = *memory;
   a.lo.skip_corrupt = a.skip_corrupt;
   if (a.batch == 0) a.batch = 1;
@@ -407,10 +413,11 @@ int run_read(DatasetArgs& a, const std::string& home) {
                   s.throttled ? (", " + std::to_string(s.throttled) + " throttled").c_str() : "");
       if (cache) {
         auto after = cache->stats();
-        std::printf("cache: RAM %s, NVMe %s, source %s\n",
-                    format_size(static_cast<double>(after.ram.hit_bytes - before.ram.hit_bytes)).c_str(),
-                    format_size(static_cast<double>(after.disk.hit_bytes - before.disk.hit_bytes)).c_str(),
-                    format_size(static_cast<double>(after.miss_bytes - before.miss_bytes)).c_str());
+        std::printf(
+            "cache: RAM %s, NVMe %s, source %s\n",
+            format_size(static_cast<double>(after.ram.hit_bytes - before.ram.hit_bytes)).c_str(),
+            format_size(static_cast<double>(after.disk.hit_bytes - before.disk.hit_bytes)).c_str(),
+            format_size(static_cast<double>(after.miss_bytes - before.miss_bytes)).c_str());
       }
       if (s.skipped_samples)
         std::printf("skipped %lu corrupt samples\n", static_cast<unsigned long>(s.skipped_samples));
@@ -486,7 +493,9 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
   rd->add_option("--epoch", a.lo.epoch, "First epoch")->default_val(0);
   rd->add_option("--epochs", a.lo.epochs, "Epochs to read (0: without end)")->default_val(1);
   rd->add_option("--rank", a.lo.rank, "This rank")->default_val(0);
-  rd->add_option("--world", a.lo.world, "Ranks in the job")->default_val(1)->check(CLI::PositiveNumber);
+  rd->add_option("--world", a.lo.world, "Ranks in the job")
+      ->default_val(1)
+      ->check(CLI::PositiveNumber);
   rd->add_option("--worker", a.lo.worker, "This loader worker of the rank")->default_val(0);
   rd->add_option("--workers", a.lo.workers, "Loader workers per rank")
       ->default_val(1)

@@ -15,9 +15,9 @@
 #include "bench.h"
 #include "cache_cmd.h"
 #include "ckpt_cmd.h"
-#include "dataset_cmd.h"
 #include "common.h"
 #include "cp.h"
+#include "dataset_cmd.h"
 #include "sizes.h"
 #include "sluice/io/engine.h"
 

@@ -20,6 +20,7 @@
 #include "sluice/core/fd.h"
 #include "sluice/s3/store.h"
 #include "sluice/stream/dataset.h"
+#include "sluice/stream/pack.h"
 #include "sluice/stream/tar.h"
 
 namespace sluice::cli {
@@ -243,65 +244,35 @@ int run_pack(const DatasetArgs& a, const std::string&) {
                                                         "); pack into an empty prefix"));
 
   const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
-  uint64_t shard_no = 0, packed = 0, packed_bytes = 0, shard_bytes_total = 0;
-  std::unique_ptr<store::Writer> writer;
-  std::optional<stream::TarWriter> tar;
-  stream::ShardIndex index;
-  std::string shard_key;
-  auto open_shard = [&]() -> Status {
-    char name[64];
-    std::snprintf(name, sizeof name, "%s-%06lu.tar", a.name.c_str(),
-                  static_cast<unsigned long>(shard_no++));
-    shard_key = w->prefix + name;
-    SLUICE_ASSIGN_OR_RETURN(writer, dst.create(shard_key, {.overwrite = false}));
-    tar.emplace([&](std::span<const std::byte> b) { return writer->append(b); });
-    index = {};
-    return ok();
-  };
-  auto close_shard = [&]() -> Status {
-    SLUICE_RETURN_IF_ERROR(tar->finish());
-    index.shard_size = tar->bytes();
-    if (auto c = writer->commit(); !c)
-      return std::unexpected(c.error().with_context("commit " + shard_key));
-    shard_bytes_total += tar->bytes();
-    writer.reset();
-    tar.reset();
-    return dst.put(shard_key + std::string(stream::kIndexSuffix), stream::encode_index(index),
-                   {.overwrite = false});
-  };
+  stream::ShardPacker packer(dst, w->prefix, {.shard_bytes = *target, .name = a.name});
+  uint64_t packed_bytes = 0;
   auto pack_all = [&]() -> Status {
+    std::vector<std::vector<std::byte>> data;
+    std::vector<stream::PackFile> parts;
     for (const auto& [key, fields] : samples) {
       if (cancelled(a)) return fail(Code::kCancelled, "pack interrupted");
-      uint64_t need = 0;
-      for (const auto& f : fields) need += stream::tar_file_bytes(f.rel, f.size);
-      if (tar && !index.samples.empty() && tar->bytes() + need + 1024 > *target)
-        SLUICE_RETURN_IF_ERROR(close_shard());
-      if (!tar) SLUICE_RETURN_IF_ERROR(open_shard());
-      uint64_t start = tar->bytes();
+      data.clear();
+      parts.clear();
       for (const auto& f : fields) {
-        std::string path = a.src + "/" + f.rel;
-        SLUICE_ASSIGN_OR_RETURN(auto data, read_file(path, f.size));
-        if (auto added = tar->add(f.rel, data); !added)
-          return std::unexpected(added.error().with_context("write " + shard_key));
+        SLUICE_ASSIGN_OR_RETURN(auto bytes, read_file(a.src + "/" + f.rel, f.size));
+        data.push_back(std::move(bytes));
         packed_bytes += f.size;
       }
-      index.samples.push_back({key, start, tar->bytes() - start});
-      ++packed;
-      if (progress && packed % 1000 == 0)
-        std::fprintf(stderr, "\rpacked %lu of %lu samples (%s) into %lu shards",
-                     static_cast<unsigned long>(packed), static_cast<unsigned long>(samples.size()),
-                     format_size(static_cast<double>(packed_bytes)).c_str(),
-                     static_cast<unsigned long>(shard_no));
+      for (size_t i = 0; i < fields.size(); ++i) parts.push_back({fields[i].rel, data[i]});
+      SLUICE_RETURN_IF_ERROR(packer.add(key, parts));
+      if (progress && packer.samples() % 1000 == 0)
+        std::fprintf(stderr, "\rpacked %lu of %lu samples (%s)",
+                     static_cast<unsigned long>(packer.samples()),
+                     static_cast<unsigned long>(samples.size()),
+                     format_size(static_cast<double>(packed_bytes)).c_str());
     }
-    if (tar) SLUICE_RETURN_IF_ERROR(close_shard());
-    return ok();
+    return packer.finish();
   };
   auto done = pack_all();
   if (progress) std::fprintf(stderr, "\r%-90s\r", "");
-  if (!done) {
-    if (writer) writer->abort();
-    return report_error(done.error());
-  }
+  if (!done) return report_error(done.error());
+  const uint64_t shard_no = packer.shards(), packed = packer.samples(),
+                 shard_bytes_total = packer.bytes();
   double secs = seconds_since(t0);
   if (a.json) {
     std::printf("%s\n", json{{"uri", a.uri},

@@ -10,6 +10,7 @@
 #include "sluice/mem/target.h"
 #include "sluice/store/store.h"
 #include "sluice/stream/dataset.h"
+#include "sluice/stream/pack.h"
 #include "sluice/stream/tar.h"
 #include "sluice/testing/fault_store.h"
 #include "test_util.h"
@@ -412,6 +413,62 @@ TEST(Loader, BatchCopiesIntoDeviceMemory) {
       ASSERT_TRUE(device->wait(*t));
       EXPECT_TRUE(std::equal(back.begin(), back.end(), f.data.begin()));
     }
+}
+
+}  // namespace
+}  // namespace sluice::stream
+
+namespace sluice::stream {
+namespace {
+
+TEST(ShardPacker, ShardsStayWithinTargetAndEveryOneIsIndexed) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  ShardPacker packer(*s, "p/", {.shard_bytes = 16 << 10, .name = "part"});
+  for (int i = 0; i < 100; ++i) {
+    std::string key = "k" + std::to_string(1000 + i);
+    auto data = testing::random_bytes(i == 50 ? 40000 : 700, i);  // one sample over the target
+    std::string bin = key + ".bin", txt = key + ".txt";
+    PackFile files[] = {{bin, data}, {txt, as_bytes(key)}};
+    ASSERT_TRUE(packer.add(key, files));
+  }
+  ASSERT_TRUE(packer.finish());
+  auto ds = open_ds(s, "p/");
+  ASSERT_TRUE(ds);
+  EXPECT_EQ(ds->samples(), 100u);
+  EXPECT_EQ(ds->shards().size(), packer.shards());
+  for (const auto& sh : ds->shards()) {
+    EXPECT_TRUE(sh.indexed) << sh.key;
+    EXPECT_TRUE(sh.size <= (16u << 10) || sh.samples == 1) << sh.key << " " << sh.size;
+  }
+  EXPECT_EQ(ds->shards().front().key, "p/part-000000.tar");
+  // A name that is not a field of the key is refused.
+  ShardPacker bad(*s, "q/");
+  PackFile wrong[] = {{"other.bin", as_bytes(std::string("x"))}};
+  EXPECT_FALSE(bad.add("key", wrong));
+}
+
+TEST(ShardPacker, FailedWriteLeavesOnlyWholeIndexedShards) {
+  auto faults = std::make_shared<store::FaultInjectionStore>(store::make_memory_store());
+  {
+    ShardPacker packer(*faults, "p/", {.shard_bytes = 8 << 10});
+    faults->set_space_limit(30 << 10);
+    Status st = ok();
+    for (int i = 0; i < 100 && st; ++i) {
+      std::string key = "k" + std::to_string(i), name = key + ".bin";
+      auto data = testing::random_bytes(1000, i);
+      PackFile files[] = {{name, data}};
+      st = packer.add(key, files);
+    }
+    ASSERT_FALSE(st);
+    EXPECT_EQ(st.error().code(), Code::kNoSpace);
+  }
+  faults->clear();
+  auto keys = faults->list_all("p/").value();
+  ASSERT_FALSE(keys.empty());
+  EXPECT_EQ(keys.size() % 2, 0u);  // every shard with its index
+  auto ds = open_ds(faults, "p/");
+  ASSERT_TRUE(ds);
+  for (const auto& sh : ds->shards()) EXPECT_TRUE(sh.indexed);
 }
 
 }  // namespace

@@ -183,6 +183,7 @@ struct Loader::Impl {
   LoaderOptions o;
   uint64_t consumer = 0, consumers = 1;
   uint64_t first_epoch = 0, end_epoch = UINT64_MAX, start = 0;  // start: of first_epoch
+  uint64_t window = 0;  // the shuffle window in effect; 0: no shuffle
   std::optional<Error> bad_options;
   Clock::time_point created = Clock::now();
   cache::TieredCache* cache = nullptr;
@@ -231,9 +232,14 @@ struct Loader::Impl {
     if (o.workers == 0 || o.worker >= o.workers)
       return fail(Code::kInvalidArgument, "loader: worker " + std::to_string(o.worker) +
                                               " is not below workers " + std::to_string(o.workers));
-    if (o.shuffle_window == 0) return fail(Code::kInvalidArgument, "loader: shuffle window is 0");
     if (o.memory_bytes < (uint64_t{1} << 20))
       return fail(Code::kInvalidArgument, "loader: memory budget below 1 MiB");
+    // The automatic window holds what half the memory budget does at the mean sample size,
+    // so a window's samples are read once (see run_fetcher).
+    uint64_t mean = std::max<uint64_t>(1, ds->bytes() / ds->samples());
+    window = !o.shuffle         ? 0
+             : o.shuffle_window ? o.shuffle_window
+                                : std::max<uint64_t>(1, o.memory_bytes / 2 / mean);
     consumer = uint64_t{o.rank} * o.workers + o.worker;
     consumers = uint64_t{o.world} * o.workers;
     first_epoch = o.epoch;
@@ -253,6 +259,13 @@ struct Loader::Impl {
         return fail(Code::kInvalidArgument, "loader: the resume token's epoch " +
                                                 std::to_string(p.epoch) +
                                                 " is outside the epochs asked for");
+      if ((p.window == 0) != (window == 0) || (o.shuffle_window && p.window != window))
+        return fail(Code::kInvalidArgument,
+                    "loader: the resume token was made with " +
+                        (p.window ? "shuffle window " + std::to_string(p.window) : "no shuffle") +
+                        ", not " +
+                        (window ? "shuffle window " + std::to_string(window) : "no shuffle"));
+      window = p.window;  // an automatic window follows the token's
       first_epoch = p.epoch;
       start = p.position;
     }
@@ -331,6 +344,9 @@ struct Loader::Impl {
       }
       return ranges;
     }
+    // Through a cache, a read of part of a chunk costs the whole chunk: merge what lies
+    // within a chunk of each other.
+    const uint64_t gap = std::max(o.coalesce_gap, cache ? cache->options().chunk_size : 0);
     std::vector<size_t> by_place(samples.size());
     for (size_t i = 0; i < by_place.size(); ++i) by_place[i] = i;
     std::sort(by_place.begin(), by_place.end(), [&](size_t a, size_t b) {
@@ -341,7 +357,7 @@ struct Loader::Impl {
       const auto& ref = ds->sample(samples[i]);
       Range* last = ranges.empty() ? nullptr : &ranges.back();
       if (last && last->shard == ref.shard && ref.offset >= last->offset + last->length &&
-          ref.offset - (last->offset + last->length) <= o.coalesce_gap &&
+          ref.offset - (last->offset + last->length) <= gap &&
           ref.offset + ref.length - last->offset <= kMaxRequest) {
         uint64_t grow = ref.offset + ref.length - (last->offset + last->length);
         where[i] = last->buffer_offset + (ref.offset - last->offset);
@@ -439,8 +455,12 @@ struct Loader::Impl {
 
   void run_fetcher() {
     uint64_t epoch = first_epoch, from = start, k = 0;
+    // Slices take half the budget, so one is read while the caller consumes the other:
+    // the larger a slice, the fewer times a chunk of a window is read (a slice reads the
+    // ranges of its own samples, and the samples of a window are spread over all its shards).
+    // The first slice is small, for a quick first batch; the rest are as large as allowed.
     uint64_t slice_samples = 16;
-    const uint64_t slice_bytes = std::max<uint64_t>(o.memory_bytes / 4, 1);
+    const uint64_t slice_bytes = std::max<uint64_t>(o.memory_bytes / 2, 1);
     std::unique_ptr<EpochPlan> plan;
     size_t declared = SIZE_MAX;
     while (true) {
@@ -459,7 +479,8 @@ struct Loader::Impl {
         continue;
       }
       if (!plan) {
-        plan = std::make_unique<EpochPlan>(*ds, o.seed, epoch, o.shuffle, o.shuffle_window);
+        plan = std::make_unique<EpochPlan>(*ds, o.seed, epoch, window != 0,
+                                           std::max<uint64_t>(window, 1));
         declared = SIZE_MAX;
       }
       // The next slice: positions from + consumer + j * consumers, within the byte budget.
@@ -473,7 +494,7 @@ struct Loader::Impl {
         bytes += len;
       }
       // Grow slices geometrically: the first is small, for a quick first batch.
-      slice_samples = std::min<uint64_t>(slice_samples * 2, 16384);
+      slice_samples = UINT64_MAX;
       size_t w = plan->window_of(positions.front());
       if (w != declared) {
         declare_window(*plan, w + 1, from);
@@ -482,7 +503,7 @@ struct Loader::Impl {
       {
         std::unique_lock lock(mu);
         cv.wait(lock, [&] {
-          return stopping || ready.empty() || queued_bytes + bytes <= o.memory_bytes;
+          return stopping || ready.empty() || queued_bytes + bytes <= o.memory_bytes / 2;
         });
         if (stopping) return;
       }
@@ -603,7 +624,8 @@ std::string Loader::state() const {
   const Impl& m = *impl_;
   ResumePoint p{.samples = m.ds ? m.ds->samples() : 0,
                 .fingerprint = m.ds ? m.ds->fingerprint() : 0,
-                .seed = m.o.seed};
+                .seed = m.o.seed,
+                .window = m.window};
   std::lock_guard lock(m.state_mu);
   p.epoch = m.token_epoch;
   p.position = m.token_position;
@@ -644,33 +666,34 @@ uint64_t Sample::bytes() const {
 }
 
 // ---- tokens --------------------------------------------------------------------------------
-// "v1.EPOCH.POSITION.SAMPLES.FINGERPRINT(16 hex).SEED"
+// "v1.EPOCH.POSITION.SAMPLES.FINGERPRINT(16 hex).SEED.WINDOW"
 
 std::string make_token(const ResumePoint& p) {
   char fp[17];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(p.fingerprint));
   return "v1." + std::to_string(p.epoch) + "." + std::to_string(p.position) + "." +
-         std::to_string(p.samples) + "." + fp + "." + std::to_string(p.seed);
+         std::to_string(p.samples) + "." + fp + "." + std::to_string(p.seed) + "." +
+         std::to_string(p.window);
 }
 
 Result<ResumePoint> parse_token(std::string_view token) {
   auto bad = [&] {
     return fail(Code::kInvalidArgument,
                 "resume token '" + std::string(token.substr(0, 100)) +
-                    "' is malformed (expected v1.EPOCH.POSITION.SAMPLES.FINGERPRINT.SEED)");
+                    "' is malformed (expected v1.EPOCH.POSITION.SAMPLES.FINGERPRINT.SEED.WINDOW)");
   };
   if (!token.starts_with("v1.")) return bad();
   std::string_view rest = token.substr(3);
-  uint64_t v[5];
-  for (int i = 0; i < 5; ++i) {
+  uint64_t v[6];
+  for (int i = 0; i < 6; ++i) {
     size_t dot = rest.find('.');
     std::string_view part = rest.substr(0, dot);
-    if (part.empty() || (dot == std::string_view::npos) != (i == 4)) return bad();
+    if (part.empty() || (dot == std::string_view::npos) != (i == 5)) return bad();
     auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v[i], i == 3 ? 16 : 10);
     if (ec != std::errc{} || p != part.data() + part.size()) return bad();
     rest = dot == std::string_view::npos ? std::string_view{} : rest.substr(dot + 1);
   }
-  ResumePoint r{v[0], v[1], v[2], v[3], v[4]};
+  ResumePoint r{v[0], v[1], v[2], v[3], v[4], v[5]};
   if (r.position > r.samples) return bad();
   return r;
 }

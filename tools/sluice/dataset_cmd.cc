@@ -473,9 +473,9 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
       ->check(CLI::PositiveNumber);
   rd->add_option("--resume", a.lo.resume, "Continue from a resume token");
   rd->add_option("--shuffle-window", a.lo.shuffle_window,
-                 "Samples mixed at once (whole shards at least)")
-      ->default_val(8192)
-      ->check(CLI::PositiveNumber);
+                 "Samples mixed at once (whole shards at least); 0: what half of --memory "
+                 "holds, so each window is read once")
+      ->default_val(0);
   rd->add_flag("!--no-shuffle", a.lo.shuffle, "Read in stored order");
   rd->add_option("--limit", a.limit, "Stop after N samples and print the resume token");
   rd->add_option("--batch", a.batch, "Samples per batch")->default_val(256);

@@ -18,6 +18,7 @@
 #include "common.h"
 #include "cp.h"
 #include "dataset_cmd.h"
+#include "demo.h"
 #include "sizes.h"
 #include "sluice/io/engine.h"
 
@@ -204,20 +205,61 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   });
 }
 
-// The embedded default's main job for now: every data path on one file, side by side.
+// `sluice demo --bench`: every data path on one file, side by side.
+int run_bench_demo(uint64_t demo_size);
+
+// The embedded default's main job (demo.h), or with --bench the data-path comparison.
 void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
+  static DemoOptions o;
+  static bool bench = false, child = false, resume = false;
+  static uint64_t crash_at = 0;
+  static std::string events;
   auto* cmd = app.add_subcommand(
-      "demo", "Run sluice bench across every mode on a file in $SLUICE_HOME and compare");
-  cmd->add_option("--size", demo_size, "Size of the demo file")
+      "demo",
+      "Run a synthetic training job on the embedded default: stream a generated dataset "
+      "through the cache for 2 epochs with asynchronous checkpoints, kill it mid-run, resume "
+      "it exactly, and report (--bench: compare every data path instead)");
+  cmd->add_flag("--bench", bench, "Run sluice bench across every mode on a file and compare");
+  cmd->add_option("--size", demo_size, "With --bench: size of the demo file")
       ->transform(size_validator())
       ->default_str("256M");
+  cmd->add_option("--samples", o.samples, "Samples in the generated dataset")
+      ->default_val(12000)
+      ->check(CLI::Range(uint64_t{1000}, uint64_t{10'000'000}));
+  // The training run the demo starts twice; not for people.
+  cmd->add_flag("--child", child)->group("");
+  cmd->add_flag("--resume", resume)->group("");
+  cmd->add_option("--crash-at-step", crash_at)->group("");
+  cmd->add_option("--events", events)->group("");
   cmd->callback([&] {
+    o.dir = sluice_home() + "/demo";
+    if (bench) {
+      rc = run_bench_demo(demo_size);
+      return;
+    }
+    if (child) {
+      rc = run_training_child(o, crash_at, resume, events);
+      return;
+    }
+    std::error_code ec;
+    auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) {
+      rc = report_error(error_from_errno(ec.value(), "find this program (/proc/self/exe)"));
+      return;
+    }
+    rc = run_training_demo(o, exe.string());
+  });
+}
+
+int run_bench_demo(uint64_t demo_size) {
+  int rc = 0;
+  {
     std::string dir = sluice_home() + "/demo";
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) {
       rc = report_error(error_from_errno(ec.value(), "create " + dir));
-      return;
+      return rc;
     }
     // The demo owns these files: start from a fresh layout every run, so a file left by an
     // older run (or changed by hand) never fails the verification.
@@ -280,7 +322,8 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
         "\nOne run each on a shared machine: compare modes side by side, not with "
         "yesterday's numbers.\nbench/fio_compare.py measures against fio properly.\n");
     rc = failures ? 1 : 0;
-  });
+  }
+  return rc;
 }
 
 }  // namespace

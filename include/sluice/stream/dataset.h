@@ -150,10 +150,15 @@ struct LoaderOptions {
   unsigned worker = 0, workers = 1;
   std::string resume;  // a token from state(); empty: start at the epoch's beginning
   bool shuffle = true;
-  uint64_t shuffle_window = 8192;               // samples mixed at once (whole shards, at least)
+  // Samples mixed at once (whole shards, at least). 0: as many as half of memory_bytes
+  // holds at the dataset's mean sample size, so each window is read once. A resume token
+  // carries the window; a loader resumed with 0 takes the token's.
+  uint64_t shuffle_window = 0;
   uint64_t memory_bytes = uint64_t{256} << 20;  // read ahead, at most
   unsigned inflight = 32;                       // requests in flight, at most
-  uint64_t coalesce_gap = uint64_t{64} << 10;   // ranges closer than this: one request
+  // Ranges of one shard closer than this are read with one request (through a cache, at
+  // least its chunk size).
+  uint64_t coalesce_gap = uint64_t{1} << 20;
   bool skip_corrupt = false;
   telemetry::Registry* registry = nullptr;  // where sluice_stream_* metrics go; may be null
 };
@@ -210,6 +215,7 @@ Result<TargetBatch> copy_batch(std::span<const Sample> batch, mem::Target& targe
 // A resume token's parts, for tools (`sluice dataset read --resume`).
 struct ResumePoint {
   uint64_t epoch = 0, position = 0, samples = 0, fingerprint = 0, seed = 0;
+  uint64_t window = 0;  // the shuffle window; 0: not shuffled
 };
 Result<ResumePoint> parse_token(std::string_view token);
 std::string make_token(const ResumePoint& point);

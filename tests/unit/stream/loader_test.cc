@@ -291,6 +291,8 @@ TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
   for (auto [opts, why] : std::vector<std::pair<LoaderOptions, std::string>>{
            {{.resume = "garbage"}, "malformed"},
            {{.seed = 2, .resume = token}, "seed"},
+           {{.seed = 1, .resume = token, .shuffle = false}, "no shuffle"},
+           {{.seed = 1, .resume = token, .shuffle_window = 3}, "shuffle window"},
            {{.rank = 2, .world = 2}, "rank"},
            {{.worker = 1, .workers = 1}, "worker"}}) {
     Loader l(ds, opts);
@@ -304,8 +306,10 @@ TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message().find("another dataset"), std::string::npos);
   EXPECT_TRUE(parse_token(token));
-  EXPECT_FALSE(parse_token("v1.1.2.3.zz.4"));
-  EXPECT_FALSE(parse_token("v1.1.9.3.00.4"));  // position past the samples
+  EXPECT_FALSE(parse_token("v1.1.2.3.zz.4.5"));
+  EXPECT_FALSE(parse_token("v1.1.2.3.00.4"));    // no window
+  EXPECT_FALSE(parse_token("v1.1.9.3.00.4.5"));  // position past the samples
+  EXPECT_TRUE(parse_token("v1.1.2.3.00.4.5"));
 }
 
 TEST(Loader, CorruptShardNamesShardAndOffsetOrIsSkipped) {

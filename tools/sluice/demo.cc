@@ -1,0 +1,523 @@
+// `sluice demo`: a synthetic training job on the embedded default; see demo.h.
+#include "demo.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include <xxhash.h>
+
+#include "common.h"
+#include "sizes.h"
+#include "sluice/cache/tiered_cache.h"
+#include "sluice/ckpt/checkpointer.h"
+#include "sluice/mem/target.h"
+#include "sluice/stream/dataset.h"
+#include "sluice/stream/pack.h"
+
+extern char** environ;
+
+namespace sluice::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string objects_dir(const DemoOptions& o) {
+  return o.dir + "/objects";
+}
+std::string cache_dir(const DemoOptions& o) {
+  return o.dir + "/cache";
+}
+std::string tier_dir(const DemoOptions& o, const char* name) {
+  return o.dir + "/ckpt-" + name;
+}
+constexpr const char* kPrefix = "train/";
+constexpr uint64_t kRamBytes = 64 << 20, kDiskBytes = uint64_t{2} << 30;
+constexpr size_t kTokenBytes = 256;
+
+uint64_t splitmix(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::string sample_name(uint64_t i) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%06llu", static_cast<unsigned long long>(i));
+  return b;
+}
+
+// The dataset: samples of an "input" field (random bytes, mean sample_bytes) and a "label".
+Result<double> generate(const DemoOptions& o) {
+  auto t0 = Clock::now();
+  auto store = store::make_posix_store(objects_dir(o));
+  stream::ShardPacker packer(*store, kPrefix, {.shard_bytes = 8 << 20});
+  std::vector<std::byte> input;
+  uint64_t seed = 42;
+  for (uint64_t i = 0; i < o.samples; ++i) {
+    std::string key = sample_name(i);
+    input.resize(o.sample_bytes / 2 + splitmix(seed) % o.sample_bytes);
+    for (size_t j = 0; j + 8 <= input.size(); j += 8) {
+      uint64_t v = splitmix(seed);
+      std::memcpy(input.data() + j, &v, 8);
+    }
+    uint32_t label = static_cast<uint32_t>(i % 1000);
+    std::string in_name = key + ".input", label_name = key + ".label";
+    stream::PackFile files[] = {{in_name, input},
+                                {label_name, std::as_bytes(std::span(&label, 1))}};
+    SLUICE_RETURN_IF_ERROR(packer.add(key, files));
+  }
+  SLUICE_RETURN_IF_ERROR(packer.finish());
+  return since(t0);
+}
+
+// ---- the child: one run of the job ------------------------------------------------------
+
+class EventLog {
+ public:
+  explicit EventLog(const std::string& path)
+      : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {}
+  ~EventLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // One line per event, one write each: a SIGKILL loses nothing already logged.
+  void write(const json& j) {
+    std::string line = j.dump() + "\n";
+    if (fd_ >= 0 && ::write(fd_, line.data(), line.size()) < 0) {
+      // The report misses the event; the run itself is unaffected.
+    }
+  }
+
+ private:
+  int fd_;
+};
+
+struct EpochMeter {
+  uint64_t epoch = 0, samples = 0, bytes = 0, first_step = 0;
+  Clock::time_point start = Clock::now();
+  double stall0 = 0;
+  cache::CacheStats cache0;
+};
+
+json epoch_event(const EpochMeter& m, const stream::LoaderStats& ls, const cache::CacheStats& cs,
+                 bool complete, uint64_t last_step) {
+  return json{{"event", "epoch"},
+              {"epoch", m.epoch},
+              {"samples", m.samples},
+              {"bytes", m.bytes},
+              {"seconds", since(m.start)},
+              {"stall_s", ls.stall_seconds - m.stall0},
+              {"ram_hit_bytes", cs.ram.hit_bytes - m.cache0.ram.hit_bytes},
+              {"nvme_hit_bytes", cs.disk.hit_bytes - m.cache0.disk.hit_bytes},
+              {"miss_bytes", cs.miss_bytes - m.cache0.miss_bytes},
+              {"first_step", m.first_step},
+              {"last_step", last_step},
+              {"complete", complete}};
+}
+
+Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const DemoOptions& o) {
+  ckpt::CheckpointerOptions co;
+  co.series = "demo";
+  for (const char* name : {"nvme", "durable"}) {
+    SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t, ckpt::open_tier(tier_dir(o, name)));
+    t.name = name;
+    t.retention = {.keep_last = 2};
+    co.tiers.push_back(std::move(t));
+  }
+  co.staging_bytes = o.model_bytes + (16 << 20);
+  return ckpt::Checkpointer::open(std::move(co));
+}
+
+Status train(const DemoOptions& o, uint64_t crash_at_step, bool resume, EventLog& log, FILE* keys) {
+  cache::CacheOptions cop;
+  cop.directory = cache_dir(o);
+  cop.ram_bytes = kRamBytes;
+  cop.disk_bytes = kDiskBytes;
+  SLUICE_ASSIGN_OR_RETURN(auto cache_store,
+                          cache::TieredCache::open(store::make_posix_store(objects_dir(o)), cop));
+  cache::TieredCache* cache = cache_store.get();
+  SLUICE_ASSIGN_OR_RETURN(auto ds, stream::Dataset::open(std::move(cache_store), kPrefix, {}));
+  SLUICE_ASSIGN_OR_RETURN(auto cp, open_checkpointer(o));
+
+  // The model: its bytes change every step, so a checkpoint is of real, changing state.
+  std::vector<uint64_t> model(o.model_bytes / 8, 0x5eed);
+  char token[kTokenBytes] = {};
+  uint64_t step = 0;
+  if (resume) {
+    SLUICE_ASSIGN_OR_RETURN(uint64_t latest, cp->latest());
+    ckpt::TensorDest dests[] = {{.name = "model", .data = model.data(), .bytes = o.model_bytes},
+                                {.name = "loader", .data = token, .bytes = kTokenBytes},
+                                {.name = "step", .data = &step, .bytes = sizeof step}};
+    SLUICE_ASSIGN_OR_RETURN(auto report, cp->restore(latest, dests));
+    json from = json::object();
+    for (size_t i = 0; i < report.bytes_by_tier.size(); ++i)
+      if (report.bytes_by_tier[i]) from[cp->options().tiers[i].name] = report.bytes_by_tier[i];
+    token[kTokenBytes - 1] = '\0';
+    log.write({{"event", "restore"},
+               {"step", step},
+               {"seconds", report.seconds},
+               {"bytes", report.bytes},
+               {"from", from},
+               {"token", std::string(token)}});
+  }
+  const cache::CacheStats before_loader = cache->stats();
+  stream::Loader loader(ds, {.seed = 42,
+                             .epochs = 2,
+                             .resume = std::string(token),
+                             .memory_bytes = 256 << 20,
+                             .inflight = 8});
+  auto device = mem::make_emulated_device(64 << 20);
+
+  std::shared_ptr<ckpt::SaveHandle> pending;
+  uint64_t pending_step = 0;
+  Clock::time_point pending_start;
+  double pending_stall = 0, pending_waited = 0;
+  auto check_pending = [&](bool wait) -> Status {
+    if (!pending) return ok();
+    if (!wait && !pending->progress().finished) return ok();
+    auto st = pending->wait();
+    json tiers = json::array();
+    for (const auto& t : pending->progress().tiers)
+      tiers.push_back({{"tier", t.tier}, {"state", ckpt::to_string(t.state)}});
+    log.write({{"event", "ckpt"},
+               {"step", pending_step},
+               {"stall_s", pending_stall},
+               {"waited_s", pending_waited},
+               {"persist_s", since(pending_start)},
+               {"tiers", tiers},
+               {"ok", bool(st)}});
+    pending.reset();
+    return st;
+  };
+
+  // Saves the model, the loader's token and the step; returns once they are staged.
+  auto save_now = [&](double waited) -> Status {
+    auto t0 = Clock::now();
+    std::string tok = loader.state();
+    std::memset(token, 0, sizeof token);
+    std::memcpy(token, tok.data(), std::min(tok.size(), kTokenBytes - 1));
+    ckpt::TensorView views[] = {
+        {.name = "model",
+         .dtype = "uint64",
+         .shape = {static_cast<int64_t>(model.size())},
+         .data = model.data(),
+         .bytes = o.model_bytes},
+        {.name = "loader", .data = token, .bytes = kTokenBytes},
+        {.name = "step", .dtype = "uint64", .data = &step, .bytes = sizeof step}};
+    SLUICE_ASSIGN_OR_RETURN(pending, cp->save(step, views));
+    pending_step = step;
+    pending_start = t0;
+    pending_stall = since(t0);
+    pending_waited = waited;
+    return ok();
+  };
+
+  EpochMeter meter;  // started with the loader
+  bool have_epoch = false;
+  meter.cache0 = before_loader;
+  auto t_step = std::chrono::duration<double, std::milli>(o.compute_ms);
+  uint64_t step_count = 0;
+  while (true) {
+    SLUICE_ASSIGN_OR_RETURN(auto batch, loader.next_batch(o.batch));
+    if (batch.empty()) break;
+    if (step_count++ == 0)
+      log.write({{"event", "first_batch"}, {"seconds", loader.stats().first_batch_seconds}});
+    ++step;
+    auto compute_start = Clock::now();
+    // The step: samples to the device (the emulated GPU), a pass over their bytes, and
+    // an update of the model.
+    SLUICE_ASSIGN_OR_RETURN(auto on_device, stream::copy_batch(batch, *device));
+    uint64_t h = 0;
+    for (const auto& s : batch) {
+      if (!have_epoch) {
+        // The first epoch of a run counts from the loader's start: its first reads too.
+        meter.epoch = s.epoch;
+        meter.first_step = step;
+        have_epoch = true;
+      } else if (s.epoch != meter.epoch) {
+        log.write(epoch_event(meter, loader.stats(), cache->stats(), true, step - 1));
+        meter = EpochMeter{.epoch = s.epoch, .first_step = step};
+        meter.stall0 = loader.stats().stall_seconds;
+        meter.cache0 = cache->stats();
+      }
+      ++meter.samples;
+      meter.bytes += s.bytes();
+      for (const auto& f : s.fields) h ^= XXH3_64bits(f.data.data(), f.data.size());
+      std::fprintf(keys, "%llu %llu %.*s\n", static_cast<unsigned long long>(step),
+                   static_cast<unsigned long long>(s.epoch), static_cast<int>(s.key.size()),
+                   s.key.data());
+    }
+    std::fflush(keys);
+    model[step % model.size()] ^= h;
+    for (size_t i = step % 4096; i < model.size(); i += 4096) model[i] += step;
+    std::this_thread::sleep_until(compute_start + t_step);
+
+    if (step % o.ckpt_every == 0) {
+      auto t_wait = Clock::now();
+      SLUICE_RETURN_IF_ERROR(check_pending(true));  // one save in flight at a time
+      double waited = since(t_wait);
+      SLUICE_RETURN_IF_ERROR(save_now(waited));
+    } else {
+      SLUICE_RETURN_IF_ERROR(check_pending(false));
+    }
+    if (crash_at_step && step == crash_at_step) {
+      log.write(epoch_event(meter, loader.stats(), cache->stats(), false, step));
+      log.write({{"event", "kill"}, {"step", step}});
+      ::raise(SIGKILL);  // abrupt: no destructor runs, a save may be half-written
+    }
+  }
+  if (have_epoch) log.write(epoch_event(meter, loader.stats(), cache->stats(), true, step));
+  SLUICE_RETURN_IF_ERROR(check_pending(true));
+  // The final state is checkpointed too, as a job does when it ends.
+  if (step % o.ckpt_every != 0) {
+    SLUICE_RETURN_IF_ERROR(save_now(0));
+    SLUICE_RETURN_IF_ERROR(check_pending(true));
+  }
+  auto ls = loader.stats();
+  log.write({{"event", "end"}, {"steps", step}, {"first_batch_s", ls.first_batch_seconds}});
+  return ok();
+}
+
+// ---- the parent: the report ---------------------------------------------------------------
+
+std::vector<json> read_events(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// Runs this binary as `sluice demo --child ...`; returns the wait status.
+Result<int> spawn_child(const std::string& exe, std::vector<std::string> args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(exe.c_str()));
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (int e = ::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ); e != 0)
+    return fail_errno(e, "start " + exe);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return fail_errno(errno, "wait for the demo's training run");
+  return status;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void print_epoch(const json& e, bool cold) {
+  double secs = e.value("seconds", 0.0), samples = e.value("samples", 0.0);
+  double ram = e.value("ram_hit_bytes", 0.0), nvme = e.value("nvme_hit_bytes", 0.0),
+         miss = e.value("miss_bytes", 0.0), all = std::max(ram + nvme + miss, 1.0);
+  std::printf(
+      "  epoch %llu %-6s %6.0f samples %6.2f s %8.0f samples/s %10s/s  stall %4.1f%%  "
+      "cache RAM %3.0f%% NVMe %3.0f%% source %3.0f%%%s\n",
+      static_cast<unsigned long long>(e.value("epoch", 0)), cold ? "(cold)" : "(warm)", samples,
+      secs, secs > 0 ? samples / secs : 0,
+      format_size(secs > 0 ? e.value("bytes", 0.0) / secs : 0).c_str(),
+      secs > 0 ? 100 * e.value("stall_s", 0.0) / secs : 0, 100 * ram / all, 100 * nvme / all,
+      100 * miss / all, e.value("complete", true) ? "" : "  (until the kill)");
+}
+
+void print_first_batch(const std::vector<json>& events) {
+  for (const auto& e : events)
+    if (e.value("event", "") == "first_batch")
+      std::printf("  first batch   %.1f ms after the loader was opened\n",
+                  1e3 * e.value("seconds", 0.0));
+}
+
+void print_ckpts(const std::vector<json>& events) {
+  std::vector<double> stall, persist, waited;
+  std::vector<uint64_t> steps;
+  bool all_ok = true;
+  for (const auto& e : events)
+    if (e.value("event", "") == "ckpt") {
+      stall.push_back(e.value("stall_s", 0.0));
+      persist.push_back(e.value("persist_s", 0.0));
+      waited.push_back(e.value("waited_s", 0.0));
+      steps.push_back(e.value("step", uint64_t{0}));
+      all_ok = all_ok && e.value("ok", false);
+    }
+  if (steps.empty()) {
+    std::printf("  checkpoints: none completed\n");
+    return;
+  }
+  std::string list;
+  for (uint64_t s : steps) list += (list.empty() ? "" : " ") + std::to_string(s);
+  std::printf(
+      "  checkpoints   steps %s: save() stalled training %.1f ms (median, max %.1f ms); "
+      "committed on both tiers %.2f s after (median)%s\n",
+      list.c_str(), 1e3 * median(stall), 1e3 * *std::max_element(stall.begin(), stall.end()),
+      median(persist), all_ok ? "" : "; SOME FAILED");
+  double max_wait = *std::max_element(waited.begin(), waited.end());
+  if (max_wait > 0.001)
+    std::printf("                waiting for the previous save to commit first: %.1f ms at most\n",
+                1e3 * max_wait);
+}
+
+}  // namespace
+
+int run_training_child(const DemoOptions& o, uint64_t crash_at_step, bool resume,
+                       const std::string& events_file) {
+  EventLog log(events_file);
+  log.write({{"event", "start"}, {"resume", resume}});
+  FILE* keys = std::fopen((events_file + ".keys").c_str(), "w");
+  if (!keys) return report_error(error_from_errno(errno, "open " + events_file + ".keys"));
+  auto st = train(o, crash_at_step, resume, log, keys);
+  std::fclose(keys);
+  if (!st) {
+    log.write({{"event", "error"}, {"message", st.error().to_string()}});
+    return report_error(st.error());
+  }
+  return 0;
+}
+
+int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
+  auto t0 = Clock::now();
+  std::error_code ec;
+  // The demo owns these: every run starts from nothing, so it shows a cold first epoch.
+  for (const char* d : {"objects", "cache", "ckpt-nvme", "ckpt-durable", "runs"})
+    fs::remove_all(o.dir + "/" + d, ec);
+  for (const char* d : {"runs", "objects"}) {
+    fs::create_directories(o.dir + "/" + d, ec);
+    if (ec) return report_error(error_from_errno(ec.value(), "create " + o.dir + "/" + d));
+  }
+
+  std::printf(
+      "sluice demo: a training job on the embedded default (local directories, no daemon)\n");
+  auto gen = generate(o);
+  if (!gen) return report_error(gen.error());
+  auto ds = stream::Dataset::open(store::make_posix_store(objects_dir(o)), kPrefix, {});
+  if (!ds) return report_error(ds.error());
+  std::printf(
+      "  dataset      %s/%s: %llu samples in %zu WebDataset shards with indexes (%s), "
+      "made in %.1f s\n",
+      objects_dir(o).c_str(), kPrefix, static_cast<unsigned long long>((*ds)->samples()),
+      (*ds)->shards().size(), format_size(static_cast<double>((*ds)->bytes())).c_str(), *gen);
+  std::printf("  cache        %s (RAM tier %s, NVMe tier %s)\n", cache_dir(o).c_str(),
+              format_size(kRamBytes).c_str(), format_size(static_cast<double>(kDiskBytes)).c_str());
+  std::printf("  checkpoints  nvme: %s, durable: %s (a directory standing in for object storage)\n",
+              tier_dir(o, "nvme").c_str(), tier_dir(o, "durable").c_str());
+  uint64_t steps_per_epoch = (o.samples + o.batch - 1) / o.batch;
+  uint64_t crash_at = steps_per_epoch + steps_per_epoch / 2 + o.ckpt_every / 3;
+  std::printf(
+      "  job          2 epochs, batch %u, %.0f ms of compute a step, a %s model, a "
+      "checkpoint every %u steps\n\n",
+      o.batch, o.compute_ms, format_size(static_cast<double>(o.model_bytes)).c_str(), o.ckpt_every);
+
+  auto child = [&](const char* name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"demo",      "--child",
+                                     "--events",  o.dir + "/runs/" + name,
+                                     "--samples", std::to_string(o.samples)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return spawn_child(self_exe, args);
+  };
+  std::fflush(stdout);
+  auto st1 = child("run1", {"--crash-at-step", std::to_string(crash_at)});
+  if (!st1) return report_error(st1.error());
+  auto ev1 = read_events(o.dir + "/runs/run1");
+  std::printf("run 1: from scratch; killed with SIGKILL at step %llu, mid-way through epoch 1\n",
+              static_cast<unsigned long long>(crash_at));
+  if (!WIFSIGNALED(*st1) || WTERMSIG(*st1) != SIGKILL) {
+    std::printf("  the run did not die as planned (status %d)\n", *st1);
+    return 1;
+  }
+  print_first_batch(ev1);
+  for (const auto& e : ev1)
+    if (e.value("event", "") == "epoch") print_epoch(e, e.value("epoch", 0) == 0);
+  print_ckpts(ev1);
+
+  auto st2 = child("run2", {"--resume"});
+  if (!st2) return report_error(st2.error());
+  auto ev2 = read_events(o.dir + "/runs/run2");
+  uint64_t restored = 0;
+  std::printf("run 2: restarted from the latest checkpoint and the loader's resume token\n");
+  for (const auto& e : ev2) {
+    std::string kind = e.value("event", "");
+    if (kind == "restore") {
+      restored = e.value("step", uint64_t{0});
+      std::string from;
+      for (const auto& [tier, bytes] : e["from"].items())
+        from += (from.empty() ? "" : ", ") + tier + " " + format_size(bytes.get<double>());
+      std::printf(
+          "  restored step %llu in %.3f s, read from %s (checksums verified); "
+          "loader token %s\n",
+          static_cast<unsigned long long>(restored), e.value("seconds", 0.0), from.c_str(),
+          e.value("token", "").c_str());
+    } else if (kind == "first_batch") {
+      print_first_batch({e});
+    } else if (kind == "epoch") {
+      print_epoch(e, false);
+    } else if (kind == "error") {
+      std::printf("  FAILED: %s\n", e.value("message", "").c_str());
+    }
+  }
+  print_ckpts(ev2);
+  if (!WIFEXITED(*st2) || WEXITSTATUS(*st2) != 0) {
+    std::printf("run 2 failed (status %d)\n", *st2);
+    return 1;
+  }
+
+  // Exactly once: the steps the final model trained on are run 1's up to the restored step
+  // and run 2's after it. Each epoch must hold every sample once.
+  std::map<uint64_t, std::map<std::string, int>> seen;
+  uint64_t redone = 0;
+  for (auto [name, keep_after] : {std::pair{"run1", false}, std::pair{"run2", true}}) {
+    std::ifstream in(o.dir + "/runs/" + name + ".keys");
+    unsigned long long step = 0, epoch = 0;
+    std::string line;
+    while (std::getline(in, line)) {
+      char key[64];
+      if (std::sscanf(line.c_str(), "%llu %llu %63s", &step, &epoch, key) != 3) continue;
+      if (!keep_after && step > restored) {
+        ++redone;
+        continue;
+      }
+      ++seen[epoch][key];
+    }
+  }
+  bool once = seen.size() == 2;
+  std::string verdict;
+  for (const auto& [epoch, keys] : seen) {
+    uint64_t single = 0;
+    for (const auto& [k, n] : keys) single += n == 1;
+    once = once && keys.size() == o.samples && single == o.samples;
+    verdict += (verdict.empty() ? "" : "; ") + std::string("epoch ") + std::to_string(epoch) +
+               ": " + std::to_string(single) + " of " + std::to_string(o.samples) + " samples once";
+  }
+  std::printf(
+      "\nexactly once across the kill: %s (%llu samples after step %llu were trained "
+      "again, as the model had lost them) %s\n",
+      verdict.c_str(), static_cast<unsigned long long>(redone),
+      static_cast<unsigned long long>(restored), once ? "OK" : "FAILED");
+  std::printf("sluice demo: %s in %.1f s (the data-path comparison is `sluice demo --bench`)\n",
+              once ? "done" : "FAILED", since(t0));
+  return once ? 0 : 1;
+}
+
+}  // namespace sluice::cli

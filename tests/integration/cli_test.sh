@@ -106,13 +106,22 @@ else
   echo "SKIP - permission check: needs root and setpriv to run as another user"
 fi
 
-# The demo runs twice in a row (it owns its files and starts fresh each time).
+# The bench demo runs twice in a row (it owns its files and starts fresh each time).
 for run in 1 2; do
-  if SLUICE_HOME="$work/home" "$SLUICE" demo --size 8M >"$work/demo.out" 2>&1 && grep -q "uring     read" "$work/demo.out"; then
-    ok "demo run $run"
-  else bad "demo run $run: $(tail -5 "$work/demo.out")"; fi
+  if SLUICE_HOME="$work/home" "$SLUICE" demo --bench --size 8M >"$work/demo.out" 2>&1 && grep -q "uring     read" "$work/demo.out"; then
+    ok "demo --bench run $run"
+  else bad "demo --bench run $run: $(tail -5 "$work/demo.out")"; fi
 done
-[[ -z "$(ls -A "$work/home/demo")" ]] && ok "demo leaves no files" || bad "demo left $(ls "$work/home/demo")"
+[[ -z "$(ls -A "$work/home/demo")" ]] && ok "demo --bench leaves no files" || bad "demo --bench left $(ls "$work/home/demo")"
+
+# The training demo: killed and resumed, every sample once per epoch; twice in a row.
+for run in 1 2; do
+  if SLUICE_HOME="$work/home" "$SLUICE" demo --samples 2000 >"$work/demo.out" 2>&1 &&
+     grep -q "killed with SIGKILL" "$work/demo.out" && grep -q "restored step" "$work/demo.out" &&
+     grep -q "samples once (.*) OK" "$work/demo.out"; then
+    ok "demo run $run"
+  else bad "demo run $run: $(tail -8 "$work/demo.out")"; fi
+done
 
 # A corrupted file is caught by --verify, naming the offset.
 printf 'XXXX' | dd of="$work/f.dat" bs=1 seek=70000 conv=notrunc status=none

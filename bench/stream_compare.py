@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""The streaming loader against plain tools on the same data, on s3rver on loopback,
+interleaved, several rounds; prints medians and the median of the per-round ratios.
+
+    bench/stream_compare.py                  # 5 rounds
+    bench/stream_compare.py --rounds 3 --markdown
+
+Datasets (made once, on s3rver):
+  d100k   100 KiB samples in 16 MiB WebDataset shards with indexes (sluice dataset pack)
+  d1k     1 KiB samples in tar shards with indexes
+  o1k     1 KiB plain objects, one sample per object
+
+What is compared, each round:
+  epoch 1 (cold)  `sluice dataset read` of d100k through a fresh cache  vs  `sluice cp -r` of
+                  the same shards to a local directory (bytes of the shards / seconds)
+  epoch 2 (warm)  the same read again (the cache's NVMe tier)           vs  fio reading the cache
+                  directory's chunk files (O_DIRECT, io_uring, 1M x 16)
+  1 KiB warm      d1k read from a warm cache: samples/s, time to the first sample
+  1 KiB objects   `sluice dataset read --no-cache` of o1k: objects/s    vs  curl with 16 parallel
+                  connections GETting the same objects (the server's ceiling)
+Needs s3rver (make test-tools), fio and curl. Run with /usr/bin/python3.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+from benchlib import SLUICE_DEFAULT, print_table  # noqa: E402
+from s3_harness import S3rver, find_s3rver  # noqa: E402
+
+ENV = dict(os.environ, AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER")
+
+
+def run(cmd, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, **kw)
+    if p.returncode != 0:
+        sys.exit(f"stream_compare: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def timed(cmd):
+    t0 = time.monotonic()
+    run(cmd)
+    return time.monotonic() - t0
+
+
+def make_dir(d, n, size, fields=1):
+    os.makedirs(d, exist_ok=True)
+    block = os.urandom(size)
+    for i in range(n):
+        for f in range(fields):
+            with open(os.path.join(d, f"{i:07d}.f{f}"), "wb") as out:
+                out.write(block[i % 97:] + block[:i % 97])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sluice", default=SLUICE_DEFAULT)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--big-samples", type=int, default=2000, help="100 KiB samples in d100k")
+    ap.add_argument("--small-samples", type=int, default=100000, help="1 KiB samples in d1k")
+    ap.add_argument("--objects", type=int, default=2000, help="1 KiB objects in o1k")
+    ap.add_argument("--markdown", action="store_true")
+    a = ap.parse_args()
+    for tool in ("fio", "curl"):
+        if not shutil.which(tool):
+            sys.exit(f"stream_compare: {tool} not found (scripts/install-deps.sh --bench)")
+    if not find_s3rver():
+        sys.exit("stream_compare: s3rver not found (make test-tools)")
+    sluice = os.path.abspath(a.sluice)
+    work = tempfile.mkdtemp(prefix="sluice-stream-bench-")
+    s3 = S3rver(buckets=("bench",))
+    ep = s3.endpoint
+    try:
+        print("preparing datasets on s3rver ...", file=sys.stderr)
+        src = os.path.join(work, "src")
+        make_dir(src + "100k", a.big_samples, 100 << 10)
+        run([sluice, "dataset", "pack", src + "100k", "s3://bench/d100k", "--shard-size", "16M",
+             "--endpoint-url", ep])
+        make_dir(src + "1k", a.small_samples, 1 << 10)
+        run([sluice, "dataset", "pack", src + "1k", "s3://bench/d1k", "--shard-size", "16M",
+             "--endpoint-url", ep])
+        make_dir(src + "obj", a.objects, 1 << 10)
+        run([sluice, "cp", "-r", src + "obj", "s3://bench/o1k", "--endpoint-url", ep])
+        shards = json.loads(run([sluice, "dataset", "stat", "s3://bench/d100k", "--json",
+                                 "--endpoint-url", ep]).stdout)
+        shard_bytes = shards["bytes"]
+        objects = sorted(os.listdir(src + "obj"))
+        curl_cfg = os.path.join(work, "curl.cfg")
+        with open(curl_cfg, "w") as f:
+            for k in objects:
+                f.write(f'url = "{ep}/bench/o1k/{k}"\noutput = "{work}/curl-out/{k}"\n')
+
+        def read(uri, *extra):
+            r = run([sluice, "dataset", "read", uri, "--json", "--daemon", "none", "--no-progress",
+                     "--endpoint-url", ep, *extra])
+            return json.loads(r.stdout)
+
+        rows = {k: [] for k in ("cold", "cp", "warm", "fio", "small_rate", "small_ttfb",
+                                "objs", "curl")}
+        for rnd in range(a.rounds):
+            cache = os.path.join(work, f"cache-{rnd}")
+            first = rnd % 2 == 0
+            # epoch 1 (cold) against cp -r of the same shards
+            def cold():
+                j = read("s3://bench/d100k", "--cache-dir", cache, "--seed", str(rnd))
+                rows["cold"].append(shard_bytes / j["seconds"] / (1 << 20))
+
+            def cp():
+                out = os.path.join(work, "cp-out")
+                shutil.rmtree(out, ignore_errors=True)
+                s = timed([sluice, "cp", "-r", "s3://bench/d100k/", out, "--endpoint-url", ep, "--no-progress"])
+                rows["cp"].append(shard_bytes / s / (1 << 20))
+            for fn in ((cold, cp) if first else (cp, cold)):
+                fn()
+
+            # epoch 2 (warm) against fio over the cache's chunk files
+            def warm():
+                j = read("s3://bench/d100k", "--cache-dir", cache, "--seed", str(rnd), "--epoch", "1")
+                rows["warm"].append(shard_bytes / j["seconds"] / (1 << 20))
+
+            def fio():
+                r = run(["fio", "--name=warm", f"--opendir={cache}/chunks", "--rw=read", "--bs=1M",
+                         "--direct=1", "--ioengine=io_uring", "--iodepth=16", "--readonly",
+                         "--output-format=json"])
+                job = json.loads(r.stdout)["jobs"][0]["read"]
+                rows["fio"].append(job["io_bytes"] / (job["runtime"] / 1000) / (1 << 20))
+            for fn in ((warm, fio) if first else (fio, warm)):
+                fn()
+
+            # 1 KiB samples, warm
+            small_cache = os.path.join(work, f"small-cache-{rnd}")
+            read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd))
+            j = read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd), "--epoch", "1")
+            rows["small_rate"].append(j["samples_per_s"])
+            rows["small_ttfb"].append(j["first_batch_s"] * 1e3)
+            shutil.rmtree(small_cache, ignore_errors=True)
+
+            # 1 KiB objects, cold, against curl with 16 connections
+            def objs():
+                j = read("s3://bench/o1k", "--no-cache", "--seed", str(rnd))
+                rows["objs"].append(j["samples"] / j["seconds"])
+
+            def curl():
+                shutil.rmtree(os.path.join(work, "curl-out"), ignore_errors=True)
+                os.makedirs(os.path.join(work, "curl-out"))
+                s = timed(["curl", "-sf", "--parallel", "--parallel-max", "16", "-K", curl_cfg])
+                rows["curl"].append(len(objects) / s)
+            for fn in ((objs, curl) if first else (curl, objs)):
+                fn()
+            shutil.rmtree(cache, ignore_errors=True)
+            print(f"  round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rows.items()),
+                  file=sys.stderr)
+
+        def med(k):
+            return statistics.median(rows[k])
+
+        def ratio(x, y):
+            rs = [p / q for p, q in zip(rows[x], rows[y])]
+            return f"{statistics.median(rs):.2f}", f"{min(rs):.2f}-{max(rs):.2f}"
+        table = [
+            ["epoch 1 (cold), 100 KiB samples", "MiB/s", f"{med('cold'):.0f}", "sluice cp -r",
+             f"{med('cp'):.0f}", *ratio("cold", "cp"), "0.9"],
+            ["epoch 2 (warm), 100 KiB samples", "MiB/s", f"{med('warm'):.0f}", "fio on the cache",
+             f"{med('fio'):.0f}", *ratio("warm", "fio"), "0.8"],
+            ["1 KiB samples, warm", "samples/s", f"{med('small_rate'):.0f}", "-", "-", "-", "-",
+             "200000"],
+            ["1 KiB samples, warm: first sample", "ms", f"{med('small_ttfb'):.1f}", "-", "-", "-", "-",
+             "-"],
+            ["1 KiB objects, cold", "objects/s", f"{med('objs'):.0f}", "curl, 16 connections",
+             f"{med('curl'):.0f}", *ratio("objs", "curl"), "0.9"],
+        ]
+        print(f"s3rver on loopback, {a.rounds} rounds, medians; ratio = sluice / anchor per round")
+        print_table(["case", "unit", "sluice", "anchor", "anchor value", "ratio", "range", "target"],
+                    table, a.markdown)
+    finally:
+        s3.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -130,7 +130,7 @@ def main():
                 r = run(["fio", "--name=warm", f"--opendir={cache}/chunks", "--rw=read", "--bs=1M",
                          "--direct=1", "--ioengine=io_uring", "--iodepth=16", "--readonly",
                          "--output-format=json"])
-                job = json.loads(r.stdout)["jobs"][0]["read"]
+                job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]["read"]
                 rows["fio"].append(job["io_bytes"] / (job["runtime"] / 1000) / (1 << 20))
             for fn in ((warm, fio) if first else (fio, warm)):
                 fn()

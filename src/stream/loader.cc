@@ -236,10 +236,13 @@ struct Loader::Impl {
       return fail(Code::kInvalidArgument, "loader: memory budget below 1 MiB");
     // The automatic window holds what half the memory budget does at the mean sample size,
     // so a window's samples are read once (see run_fetcher).
+    // Windows are whole shards: leave room for the last one.
     uint64_t mean = std::max<uint64_t>(1, ds->bytes() / ds->samples());
+    uint64_t per_shard = ds->format() == Format::kTar ? ds->samples() / ds->shards().size() : 1;
+    uint64_t fits = o.memory_bytes / 2 / mean;
     window = !o.shuffle         ? 0
              : o.shuffle_window ? o.shuffle_window
-                                : std::max<uint64_t>(1, o.memory_bytes / 2 / mean);
+                                : std::max<uint64_t>(1, fits > per_shard ? fits - per_shard : 1);
     consumer = uint64_t{o.rank} * o.workers + o.worker;
     consumers = uint64_t{o.world} * o.workers;
     first_epoch = o.epoch;
@@ -455,11 +458,7 @@ struct Loader::Impl {
 
   void run_fetcher() {
     uint64_t epoch = first_epoch, from = start, k = 0;
-    // Slices take half the budget, so one is read while the caller consumes the other:
-    // the larger a slice, the fewer times a chunk of a window is read (a slice reads the
-    // ranges of its own samples, and the samples of a window are spread over all its shards).
-    // The first slice is small, for a quick first batch; the rest are as large as allowed.
-    uint64_t slice_samples = 16;
+    // Slices take half the budget, so one is read while the caller consumes the other.
     const uint64_t slice_bytes = std::max<uint64_t>(o.memory_bytes / 2, 1);
     std::unique_ptr<EpochPlan> plan;
     size_t declared = SIZE_MAX;
@@ -483,18 +482,31 @@ struct Loader::Impl {
                                            std::max<uint64_t>(window, 1));
         declared = SIZE_MAX;
       }
-      // The next slice: positions from + consumer + j * consumers, within the byte budget.
+      // The next slice: whole windows (this consumer's positions in them, from + consumer +
+      // j * consumers) while they fit in slice_bytes, so each chunk of a window is read
+      // once; a window larger than that is cut into about equal parts, each read on its own.
       std::vector<uint64_t> positions;
       uint64_t bytes = 0;
-      for (uint64_t j = k; j < count && positions.size() < slice_samples; ++j) {
-        uint64_t p = from + consumer + j * consumers;
-        uint64_t len = ds->sample(plan->sample_at(p)).length;
-        if (!positions.empty() && bytes + len > slice_bytes) break;
-        positions.push_back(p);
-        bytes += len;
+      for (uint64_t j = k; j < count;) {
+        uint64_t p0 = from + consumer + j * consumers;
+        uint64_t end = plan->window_start(plan->window_of(p0) + 1);
+        uint64_t n = std::min((end - p0 + consumers - 1) / consumers, count - j);
+        uint64_t window_bytes = 0;
+        for (uint64_t i = 0; i < n; ++i)
+          window_bytes += ds->sample(plan->sample_at(p0 + i * consumers)).length;
+        if (!positions.empty() && bytes + window_bytes > slice_bytes) break;
+        if (window_bytes > slice_bytes) {
+          uint64_t parts = (window_bytes + slice_bytes - 1) / slice_bytes;
+          n = std::max<uint64_t>(1, n / parts);
+          window_bytes = 0;
+          for (uint64_t i = 0; i < n; ++i)
+            window_bytes += ds->sample(plan->sample_at(p0 + i * consumers)).length;
+        }
+        for (uint64_t i = 0; i < n; ++i) positions.push_back(p0 + i * consumers);
+        bytes += window_bytes;
+        j += n;
+        if (window_bytes > slice_bytes / 2) break;  // a part of a large window: alone
       }
-      // Grow slices geometrically: the first is small, for a quick first batch.
-      slice_samples = UINT64_MAX;
       size_t w = plan->window_of(positions.front());
       if (w != declared) {
         declare_window(*plan, w + 1, from);

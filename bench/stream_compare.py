@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--small-samples", type=int, default=100000, help="1 KiB samples in d1k")
     ap.add_argument("--objects", type=int, default=2000, help="1 KiB objects in o1k")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--cases", default="cold,warm,small,objects",
+                    help="which cases to run (comma-separated: cold, warm, small, objects)")
     a = ap.parse_args()
     for tool in ("fio", "curl"):
         if not shutil.which(tool):
@@ -84,11 +86,13 @@ def main():
         make_dir(src + "100k", a.big_samples, 100 << 10)
         run([sluice, "dataset", "pack", src + "100k", "s3://bench/d100k", "--shard-size", "16M",
              "--endpoint-url", ep])
-        make_dir(src + "1k", a.small_samples, 1 << 10)
-        run([sluice, "dataset", "pack", src + "1k", "s3://bench/d1k", "--shard-size", "16M",
-             "--endpoint-url", ep])
+        if "small" in a.cases:
+            make_dir(src + "1k", a.small_samples, 1 << 10)
+            run([sluice, "dataset", "pack", src + "1k", "s3://bench/d1k", "--shard-size", "16M",
+                 "--endpoint-url", ep])
         make_dir(src + "obj", a.objects, 1 << 10)
-        run([sluice, "cp", "-r", src + "obj", "s3://bench/o1k", "--endpoint-url", ep])
+        if "objects" in a.cases:
+            run([sluice, "cp", "-r", src + "obj", "s3://bench/o1k", "--endpoint-url", ep])
         shards = json.loads(run([sluice, "dataset", "stat", "s3://bench/d100k", "--json",
                                  "--endpoint-url", ep]).stdout)
         shard_bytes = shards["bytes"]
@@ -118,8 +122,10 @@ def main():
                 shutil.rmtree(out, ignore_errors=True)
                 s = timed([sluice, "cp", "-r", "s3://bench/d100k/", out, "--endpoint-url", ep, "--no-progress"])
                 rows["cp"].append(shard_bytes / s / (1 << 20))
-            for fn in ((cold, cp) if first else (cp, cold)):
-                fn()
+            cases = a.cases.split(",")
+            if "cold" in cases or "warm" in cases:
+                for fn in ((cold, cp) if first else (cp, cold)):
+                    fn()
 
             # epoch 2 (warm) against fio over the cache's chunk files
             def warm():
@@ -132,16 +138,18 @@ def main():
                          "--output-format=json"])
                 job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]["read"]
                 rows["fio"].append(job["io_bytes"] / (job["runtime"] / 1000) / (1 << 20))
-            for fn in ((warm, fio) if first else (fio, warm)):
-                fn()
+            if "warm" in cases:
+                for fn in ((warm, fio) if first else (fio, warm)):
+                    fn()
 
             # 1 KiB samples, warm
-            small_cache = os.path.join(work, f"small-cache-{rnd}")
-            read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd))
-            j = read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd), "--epoch", "1")
-            rows["small_rate"].append(j["samples_per_s"])
-            rows["small_ttfb"].append(j["first_batch_s"] * 1e3)
-            shutil.rmtree(small_cache, ignore_errors=True)
+            if "small" in cases:
+                small_cache = os.path.join(work, f"small-cache-{rnd}")
+                read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd))
+                j = read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd), "--epoch", "1")
+                rows["small_rate"].append(j["samples_per_s"])
+                rows["small_ttfb"].append(j["first_batch_s"] * 1e3)
+                shutil.rmtree(small_cache, ignore_errors=True)
 
             # 1 KiB objects, cold, against curl with 16 connections
             def objs():
@@ -153,17 +161,20 @@ def main():
                 os.makedirs(os.path.join(work, "curl-out"))
                 s = timed(["curl", "-sf", "--parallel", "--parallel-max", "16", "-K", curl_cfg])
                 rows["curl"].append(len(objects) / s)
-            for fn in ((objs, curl) if first else (curl, objs)):
-                fn()
+            if "objects" in cases:
+                for fn in ((objs, curl) if first else (curl, objs)):
+                    fn()
             shutil.rmtree(cache, ignore_errors=True)
-            print(f"  round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rows.items()),
+            print(f"  round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rows.items() if v),
                   file=sys.stderr)
 
         def med(k):
-            return statistics.median(rows[k])
+            return statistics.median(rows[k]) if rows[k] else float("nan")
 
         def ratio(x, y):
             rs = [p / q for p, q in zip(rows[x], rows[y])]
+            if not rs:
+                return "-", "-"
             return f"{statistics.median(rs):.2f}", f"{min(rs):.2f}-{max(rs):.2f}"
         table = [
             ["epoch 1 (cold), 100 KiB samples", "MiB/s", f"{med('cold'):.0f}", "sluice cp -r",

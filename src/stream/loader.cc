@@ -327,11 +327,11 @@ struct Loader::Impl {
   }
 
   // The requests that read `samples` (dataset-wide numbers): for tar, ranges of one shard
-  // closer than coalesce_gap merge (up to 16 MiB a request); each sample's place in the
-  // buffer goes to `where`.
+  // closer than coalesce_gap merge (up to 4 MiB a request, so a slice reads in parallel); each
+  // sample's place in the buffer goes to `where`.
   std::vector<Range> plan_reads(const std::vector<uint64_t>& samples, std::vector<uint64_t>& where,
                                 uint64_t& total) const {
-    constexpr uint64_t kMaxRequest = uint64_t{16} << 20;
+    constexpr uint64_t kMaxRequest = uint64_t{4} << 20;
     std::vector<Range> ranges;
     where.assign(samples.size(), 0);
     total = 0;

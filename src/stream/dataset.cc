@@ -3,13 +3,22 @@
 
 #include <xxhash.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
+#include "sluice/core/fd.h"
 #include "sluice/stream/tar.h"
 #include "stream/backoff.h"
+#include "stream/catalog.h"
 
 namespace sluice::stream {
 namespace {
@@ -58,8 +67,124 @@ Status parallel_for(size_t n, unsigned threads, const std::function<Status(size_
   return ok();
 }
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.ends_with(suffix);
+// Lists the prefix and learns each shard's samples (from its index, or by scanning it).
+Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
+                              const DatasetOptions& options) {
+  SLUICE_ASSIGN_OR_RETURN(auto listing,
+                          retry_unavailable([&] { return store.list_all(prefix); }, [] {}));
+  if (listing.empty())
+    return fail(Code::kNotFound, "dataset " + store.uri() + " prefix '" + prefix + "': no objects");
+  std::vector<const store::ObjectInfo*> tars;
+  std::unordered_map<std::string, const store::ObjectInfo*> by_key;
+  bool other = false;
+  for (const auto& o : listing) by_key[o.key] = &o;
+  for (const auto& o : listing) {
+    if (o.key.ends_with(".tar"))
+      tars.push_back(&o);
+    else if (!(o.key.ends_with(kIndexSuffix) &&
+               by_key.contains(o.key.substr(0, o.key.size() - kIndexSuffix.size()))))
+      other = true;
+  }
+  Format format = options.format;
+  if (format == Format::kAuto) format = !tars.empty() && !other ? Format::kTar : Format::kObjects;
+  Catalog c;
+  c.tar = format == Format::kTar;
+  if (!c.tar) {
+    c.objects = std::move(listing);
+    return c;
+  }
+  if (tars.empty())
+    return fail(Code::kNotFound,
+                "dataset " + store.uri() + " prefix '" + prefix + "': no .tar shards");
+  c.tables.resize(tars.size());
+  auto load = [&](size_t i) -> Status {
+    const auto& info = *tars[i];
+    auto& table = c.tables[i];
+    auto idx = by_key.find(info.key + std::string(kIndexSuffix));
+    if (idx != by_key.end()) {
+      if (idx->second->size > kMaxIndexBytes)
+        return fail(Code::kCorruption, "shard index " + idx->first + " is too large");
+      SLUICE_ASSIGN_OR_RETURN(auto bytes,
+                              retry_unavailable([&] { return store.get(idx->first); }, [] {}));
+      SLUICE_ASSIGN_OR_RETURN(auto index, decode_index(bytes, idx->first));
+      if (index.shard_size != info.size)
+        return fail(Code::kCorruption, "shard index " + idx->first + " was written for " +
+                                           std::to_string(index.shard_size) +
+                                           " bytes; the shard has " + std::to_string(info.size) +
+                                           " (repack it, or delete the index)");
+      table.samples = std::move(index.samples);
+      table.indexed = true;
+      return ok();
+    }
+    auto samples = scan_shard(store, info);
+    if (!samples) {
+      if (options.skip_corrupt && samples.error().code() == Code::kCorruption) {
+        table.skipped = true;
+        return ok();
+      }
+      return std::unexpected(samples.error());
+    }
+    for (auto& s : *samples) table.samples.push_back({std::move(s.key), s.offset, s.length});
+    return ok();
+  };
+  SLUICE_RETURN_IF_ERROR(parallel_for(tars.size(), std::max(1u, options.inflight), load));
+  for (const auto* t : tars) c.objects.push_back(*t);
+  return c;
+}
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// The catalog from the node's catalog directory when a fresh one is there, else built and
+// written there. Workers of a node opening the same dataset at once take turns on a lock:
+// one builds, the others then read what it wrote.
+Result<Catalog> node_catalog(store::Store& store, const std::string& prefix,
+                             const DatasetOptions& options, bool& reused) {
+  reused = false;
+  std::string identity = store.uri() + "\n" + prefix + "\n" +
+                         std::to_string(static_cast<int>(options.format)) +
+                         (options.skip_corrupt ? "\nskip" : "");
+  std::string base =
+      options.catalog_dir + "/" + hex64(XXH3_64bits(identity.data(), identity.size()));
+  std::error_code ec;
+  std::filesystem::create_directories(options.catalog_dir, ec);
+  if (ec)
+    return fail_errno(ec.value(), "create the dataset catalog directory " + options.catalog_dir);
+  UniqueFd lock(::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock.valid()) return fail_errno(errno, "open " + base + ".lock");
+  while (::flock(lock.get(), LOCK_EX) != 0)
+    if (errno != EINTR) return fail_errno(errno, "lock " + base + ".lock");
+  const std::string path = base + ".catalog";
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      st.st_size < static_cast<off_t>(kMaxIndexBytes) &&
+      std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) <
+          options.catalog_ttl) {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<std::byte> bytes(static_cast<size_t>(st.st_size));
+    if (in.read(reinterpret_cast<char*>(bytes.data()), st.st_size)) {
+      auto c = decode_catalog(bytes, identity, path);
+      if (c) {
+        reused = true;
+        return c;
+      }  // a damaged or foreign catalog is rebuilt below
+    }
+  }
+  SLUICE_ASSIGN_OR_RETURN(Catalog c, build_catalog(store, prefix, options));
+  // Best effort: a catalog that cannot be written only costs the next open a listing.
+  auto bytes = encode_catalog(c, identity);
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+  }
+  return c;
 }
 
 }  // namespace
@@ -67,77 +192,30 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> store,
                                                std::string prefix, DatasetOptions options) {
   if (!store) return fail(Code::kInvalidArgument, "dataset: no store");
-  SLUICE_ASSIGN_OR_RETURN(auto listing,
-                          retry_unavailable([&] { return store->list_all(prefix); }, [] {}));
   auto ds = std::shared_ptr<Dataset>(new Dataset());
+  Catalog cat;
+  if (options.catalog_dir.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(cat, build_catalog(*store, prefix, options));
+  } else {
+    SLUICE_ASSIGN_OR_RETURN(cat, node_catalog(*store, prefix, options, ds->from_catalog_));
+  }
   ds->store_ = std::move(store);
   ds->prefix_ = prefix;
   ds->options_ = options;
-
-  std::vector<const store::ObjectInfo*> tars;
-  std::unordered_map<std::string, const store::ObjectInfo*> by_key;
-  bool other = false;
-  for (const auto& o : listing) by_key[o.key] = &o;
-  for (const auto& o : listing) {
-    if (ends_with(o.key, ".tar"))
-      tars.push_back(&o);
-    else if (!(ends_with(o.key, kIndexSuffix) &&
-               by_key.contains(o.key.substr(0, o.key.size() - kIndexSuffix.size()))))
-      other = true;
-  }
-  Format format = options.format;
-  if (format == Format::kAuto) format = !tars.empty() && !other ? Format::kTar : Format::kObjects;
+  const Format format = cat.tar ? Format::kTar : Format::kObjects;
   ds->format_ = format;
-  if (listing.empty())
-    return fail(Code::kNotFound,
-                "dataset " + ds->store_->uri() + " prefix '" + prefix + "': no objects");
-
-  if (format == Format::kTar) {
-    if (tars.empty())
-      return fail(Code::kNotFound,
-                  "dataset " + ds->store_->uri() + " prefix '" + prefix + "': no .tar shards");
-    std::vector<std::vector<ShardIndex::Entry>> tables(tars.size());
-    std::vector<bool> indexed(tars.size()), skipped(tars.size());
-    auto load = [&](size_t i) -> Status {
-      const auto& info = *tars[i];
-      auto idx = by_key.find(info.key + std::string(kIndexSuffix));
-      if (idx != by_key.end()) {
-        if (idx->second->size > kMaxIndexBytes)
-          return fail(Code::kCorruption, "shard index " + idx->first + " is too large");
-        SLUICE_ASSIGN_OR_RETURN(
-            auto bytes, retry_unavailable([&] { return ds->store_->get(idx->first); }, [] {}));
-        SLUICE_ASSIGN_OR_RETURN(auto index, decode_index(bytes, idx->first));
-        if (index.shard_size != info.size)
-          return fail(Code::kCorruption, "shard index " + idx->first + " was written for " +
-                                             std::to_string(index.shard_size) +
-                                             " bytes; the shard has " + std::to_string(info.size) +
-                                             " (repack it, or delete the index)");
-        tables[i] = std::move(index.samples);
-        indexed[i] = true;
-        return ok();
-      }
-      auto samples = scan_shard(*ds->store_, info);
-      if (!samples) {
-        if (options.skip_corrupt && samples.error().code() == Code::kCorruption) {
-          skipped[i] = true;
-          return ok();
-        }
-        return std::unexpected(samples.error());
-      }
-      for (auto& s : *samples) tables[i].push_back({std::move(s.key), s.offset, s.length});
-      return ok();
-    };
-    SLUICE_RETURN_IF_ERROR(parallel_for(tars.size(), std::max(1u, options.inflight), load));
-    for (size_t i = 0; i < tars.size(); ++i) {
-      const auto& info = *tars[i];
-      if (skipped[i]) {
+  if (cat.tar) {
+    for (size_t i = 0; i < cat.objects.size(); ++i) {
+      const auto& info = cat.objects[i];
+      auto& table = cat.tables[i];
+      if (table.skipped) {
         ++ds->skipped_shards_;
         continue;
       }
-      ShardInfo si{info.key,         info.size, info.etag, ds->samples_.size(),
-                   tables[i].size(), indexed[i]};
+      ShardInfo si{info.key,     info.size, info.etag, ds->samples_.size(), table.samples.size(),
+                   table.indexed};
       uint32_t shard = static_cast<uint32_t>(ds->shards_.size());
-      for (auto& e : tables[i]) {
+      for (auto& e : table.samples) {
         ds->samples_.push_back(SampleRef{shard, 1, e.offset, e.length});
         ds->keys_.push_back(std::move(e.key));
       }
@@ -147,7 +225,7 @@ Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> sto
   } else {
     // One sample per basename: consecutive objects with the same key are its fields.
     std::string key, field;
-    for (const auto& o : listing) {
+    for (const auto& o : cat.objects) {
       std::string_view rel = std::string_view(o.key).substr(prefix.size());
       if (!split_sample_name(rel, key, field)) key.assign(rel);
       uint32_t shard = static_cast<uint32_t>(ds->shards_.size());

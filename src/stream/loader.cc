@@ -294,7 +294,14 @@ struct Loader::Impl {
           counts.throttled.fetch_add(1, std::memory_order_relaxed);
           if (m_throttled) m_throttled->add();
         });
-    if (!got) return std::unexpected(got.error().with_context("dataset object " + key));
+    if (!got) {
+      std::string context = "dataset object " + key;
+      if (got.error().code() == Code::kConflict)
+        context +=
+            " (it changed since the dataset was opened: open it again; sluice dataset "
+            "read --refresh)";
+      return std::unexpected(got.error().with_context(context));
+    }
     counts.read_bytes.fetch_add(*got, std::memory_order_relaxed);
     if (*got != dst.size())
       return fail(Code::kCorruption, "dataset object " + key + ": " + std::to_string(dst.size()) +

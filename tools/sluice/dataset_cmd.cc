@@ -44,6 +44,8 @@ struct DatasetArgs {
   uint64_t limit = 0;
   size_t batch = 256;
   bool keys = false, json = false, no_progress = false, skip_corrupt = false;
+  std::string catalog_dir;  // read: default $SLUICE_HOME/datasets
+  bool refresh = false;
   const std::atomic<bool>* cancel = nullptr;
 };
 
@@ -89,7 +91,7 @@ Result<stream::Format> parse_format(const std::string& f) {
 }
 
 Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, const std::string& home,
-                                                      bool through_cache) {
+                                                      bool through_cache, bool catalog = false) {
   SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
   SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, store_options(a));
   std::shared_ptr<store::Store> s;
@@ -101,6 +103,10 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
   stream::DatasetOptions o;
   SLUICE_ASSIGN_OR_RETURN(o.format, parse_format(a.format));
   o.skip_corrupt = a.skip_corrupt;
+  if (catalog) {  // a reader: one listing per node, through the catalog
+    o.catalog_dir = a.catalog_dir.empty() ? home + "/datasets" : a.catalog_dir;
+    if (a.refresh) o.catalog_ttl = std::chrono::seconds(0);
+  }
   return stream::Dataset::open(std::move(s), w.prefix, o);
 }
 
@@ -307,7 +313,7 @@ int run_read(DatasetArgs& a, const std::string& home) {
   a.lo.memory_bytes = *memory;
   a.lo.skip_corrupt = a.skip_corrupt;
   if (a.batch == 0) a.batch = 1;
-  auto ds = open_dataset(a, home, !a.no_cache);
+  auto ds = open_dataset(a, home, !a.no_cache, true);
   if (!ds) return report_error(ds.error());
   auto* cache = dynamic_cast<cache::TieredCache*>(&(*ds)->store());
   cache::CacheStats before;
@@ -485,6 +491,9 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
       ->check(CLI::Range(1u, 1024u));
   rd->add_flag("--keys", a.keys, "Print each sample's key, in order");
   rd->add_flag("--no-cache", a.no_cache, "Read the store directly, not through the cache");
+  rd->add_option("--catalog-dir", a.catalog_dir,
+                 "Where the node keeps dataset catalogs (default $SLUICE_HOME/datasets)");
+  rd->add_flag("--refresh", a.refresh, "List the dataset again instead of using the catalog");
   rd->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   common(rd);
   formats(rd);

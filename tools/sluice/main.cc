@@ -233,10 +233,10 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
   cmd->add_option("--events", events)->group("");
   cmd->callback([&] {
     o.dir = sluice_home() + "/demo";
-    // About three checkpoints an epoch, at most one per 100 steps (the parent and the
+    // About two checkpoints an epoch, at most one per 100 steps (the parent and the
     // child compute the same from --samples).
     uint64_t steps_per_epoch = (o.samples + o.batch - 1) / o.batch;
-    o.ckpt_every = static_cast<unsigned>(std::clamp<uint64_t>(steps_per_epoch / 3, 5, 100));
+    o.ckpt_every = static_cast<unsigned>(std::clamp<uint64_t>(steps_per_epoch / 2, 5, 100));
     if (bench) {
       rc = run_bench_demo(demo_size);
       return;

@@ -76,6 +76,13 @@ struct DatasetOptions {
   bool skip_corrupt = false;
   // Requests in flight while reading indexes and scanning shards.
   unsigned inflight = 16;
+  // A node-local directory for dataset catalogs (docs/formats/dataset-catalog.md): the
+  // listing and every shard's sample table, written by the first open and read by the
+  // next ones within catalog_ttl, so the workers and ranks of a node list the dataset
+  // once. Opens of one dataset wait for each other on a lock while one builds it.
+  // Empty: list and read the indexes on every open.
+  std::string catalog_dir;
+  std::chrono::seconds catalog_ttl{600};
 };
 
 struct ShardInfo {
@@ -98,6 +105,8 @@ class Dataset {
   uint64_t samples() const { return samples_.size(); }
   uint64_t bytes() const { return bytes_; }  // of the shards (or objects)
   uint64_t skipped_shards() const { return skipped_shards_; }
+  // true when open read the node's catalog instead of listing the store.
+  bool from_catalog() const { return from_catalog_; }
   // A fingerprint of the dataset's layout (shards, sizes, sample counts): a resume token
   // carries it so it is never applied to a different dataset.
   uint64_t fingerprint() const { return fingerprint_; }
@@ -123,6 +132,7 @@ class Dataset {
   std::vector<SampleRef> samples_;
   std::vector<std::string> keys_;
   uint64_t bytes_ = 0, skipped_shards_ = 0, fingerprint_ = 0;
+  bool from_catalog_ = false;
 };
 
 // One field of a sample: its name ("jpg") and bytes (valid while the Sample lives).

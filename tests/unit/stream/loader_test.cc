@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -473,6 +475,58 @@ TEST(ShardPacker, FailedWriteLeavesOnlyWholeIndexedShards) {
   auto ds = open_ds(faults, "p/");
   ASSERT_TRUE(ds);
   for (const auto& sh : ds->shards()) EXPECT_TRUE(sh.indexed);
+}
+
+}  // namespace
+}  // namespace sluice::stream
+
+namespace sluice::stream {
+namespace {
+
+TEST(Catalog, SecondOpenReadsTheNodeCatalogNotTheStore) {
+  testing::TempDir dir;
+  auto faults = std::make_shared<store::FaultInjectionStore>(store::make_memory_store());
+  write_tar_dataset(*faults, {5, 7, 3});
+  DatasetOptions o{.catalog_dir = dir.file("catalogs")};
+  auto first = open_ds(faults, "ds/", o);
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(first->from_catalog());
+  uint64_t lists = faults->calls(store::FaultOp::kList),
+           reads = faults->calls(store::FaultOp::kRead);
+  auto second = open_ds(faults, "ds/", o);
+  ASSERT_TRUE(second);
+  EXPECT_TRUE(second->from_catalog());
+  EXPECT_EQ(faults->calls(store::FaultOp::kList), lists);
+  EXPECT_EQ(faults->calls(store::FaultOp::kRead), reads);
+  EXPECT_EQ(second->fingerprint(), first->fingerprint());
+  EXPECT_EQ(second->samples(), first->samples());
+  for (uint64_t i = 0; i < first->samples(); ++i) {
+    EXPECT_EQ(second->sample_key(i), first->sample_key(i));
+    EXPECT_EQ(second->sample(i).offset, first->sample(i).offset);
+  }
+  EXPECT_EQ(second->shards()[1].indexed, first->shards()[1].indexed);
+  // Another prefix or option is another catalog.
+  auto skip = open_ds(faults, "ds/", {.skip_corrupt = true, .catalog_dir = o.catalog_dir});
+  ASSERT_TRUE(skip);
+  EXPECT_FALSE(skip->from_catalog());
+  // A damaged catalog is rebuilt; so is a stale one.
+  for (const auto& e : std::filesystem::directory_iterator(o.catalog_dir)) {
+    if (e.path().extension() != ".catalog") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x7f');
+  }
+  auto rebuilt = open_ds(faults, "ds/", o);
+  ASSERT_TRUE(rebuilt);
+  EXPECT_FALSE(rebuilt->from_catalog());
+  EXPECT_EQ(rebuilt->fingerprint(), first->fingerprint());
+  o.catalog_ttl = std::chrono::seconds(0);
+  auto stale = open_ds(faults, "ds/", o);
+  ASSERT_TRUE(stale);
+  EXPECT_FALSE(stale->from_catalog());
+  // Loaders over a catalog-opened dataset read the same order.
+  Loader a(first, {.seed = 4}), b(second, {.seed = 4});
+  EXPECT_EQ(drain(a, *first), drain(b, *second));
 }
 
 }  // namespace

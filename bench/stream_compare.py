@@ -78,6 +78,7 @@ def main():
         sys.exit("stream_compare: s3rver not found (make test-tools)")
     sluice = os.path.abspath(a.sluice)
     work = tempfile.mkdtemp(prefix="sluice-stream-bench-")
+    ENV["SLUICE_HOME"] = os.path.join(work, "home")  # its own catalogs and caches
     s3 = S3rver(buckets=("bench",))
     ep = s3.endpoint
     try:

@@ -144,8 +144,8 @@ std::string hex64(uint64_t v) {
 Result<Catalog> node_catalog(store::Store& store, const std::string& prefix,
                              const DatasetOptions& options, bool& reused) {
   reused = false;
-  std::string identity = store.uri() + "\n" + prefix + "\n" +
-                         std::to_string(static_cast<int>(options.format)) +
+  std::string identity = (options.store_id.empty() ? store.uri() : options.store_id) + "\n" +
+                         prefix + "\n" + std::to_string(static_cast<int>(options.format)) +
                          (options.skip_corrupt ? "\nskip" : "");
   std::string base =
       options.catalog_dir + "/" + hex64(XXH3_64bits(identity.data(), identity.size()));

@@ -338,7 +338,6 @@ struct Loader::Impl {
   // sample's place in the buffer goes to `where`.
   std::vector<Range> plan_reads(const std::vector<uint64_t>& samples, std::vector<uint64_t>& where,
                                 uint64_t& total) const {
-    constexpr uint64_t kMaxRequest = uint64_t{4} << 20;
     std::vector<Range> ranges;
     where.assign(samples.size(), 0);
     total = 0;
@@ -354,30 +353,51 @@ struct Loader::Impl {
       }
       return ranges;
     }
-    // Through a cache, a read of part of a chunk costs the whole chunk: merge what lies
-    // within a chunk of each other.
-    const uint64_t gap = std::max(o.coalesce_gap, cache ? cache->options().chunk_size : 0);
+    // Runs: samples of one shard that lie closer than the gap, read into one contiguous
+    // piece of the buffer. Through a cache a read of part of a chunk costs the whole chunk,
+    // so there runs merge within a chunk of each other and are widened to whole chunks:
+    // no chunk is then read by two requests.
+    const uint64_t chunk = cache ? cache->options().chunk_size : 0;
+    const uint64_t gap = std::max(o.coalesce_gap, chunk);
     std::vector<size_t> by_place(samples.size());
     for (size_t i = 0; i < by_place.size(); ++i) by_place[i] = i;
     std::sort(by_place.begin(), by_place.end(), [&](size_t a, size_t b) {
       const auto &x = ds->sample(samples[a]), &y = ds->sample(samples[b]);
       return std::tie(x.shard, x.offset) < std::tie(y.shard, y.offset);
     });
-    for (size_t i : by_place) {
-      const auto& ref = ds->sample(samples[i]);
-      Range* last = ranges.empty() ? nullptr : &ranges.back();
-      if (last && last->shard == ref.shard && ref.offset >= last->offset + last->length &&
-          ref.offset - (last->offset + last->length) <= gap &&
-          ref.offset + ref.length - last->offset <= kMaxRequest) {
-        uint64_t grow = ref.offset + ref.length - (last->offset + last->length);
-        where[i] = last->buffer_offset + (ref.offset - last->offset);
-        last->length += grow;
-        total += grow;
+    struct Run {
+      uint32_t shard;
+      uint64_t begin, end;
+      size_t first, last;  // in by_place
+    };
+    std::vector<Run> runs;
+    for (size_t n = 0; n < by_place.size(); ++n) {
+      const auto& ref = ds->sample(samples[by_place[n]]);
+      Run* r = runs.empty() ? nullptr : &runs.back();
+      if (r && r->shard == ref.shard && ref.offset >= r->end && ref.offset - r->end <= gap) {
+        r->end = ref.offset + ref.length;
+        r->last = n;
       } else {
-        ranges.push_back(Range{ref.shard, ref.offset, ref.length, total});
-        where[i] = total;
-        total += ref.length;
+        runs.push_back(Run{ref.shard, ref.offset, ref.offset + ref.length, n, n});
       }
+    }
+    // Requests: pieces of a run, whole chunks through a cache, at most 4 MiB elsewhere (a
+    // slice reads faster with more requests in flight).
+    const uint64_t max_request =
+        chunk ? std::max<uint64_t>(chunk, uint64_t{4} << 20) / chunk * chunk : uint64_t{4} << 20;
+    for (auto& r : runs) {
+      if (chunk) {
+        uint64_t size = ds->shards()[r.shard].size;
+        r.begin = r.begin / chunk * chunk;
+        r.end = std::min(size, (r.end + chunk - 1) / chunk * chunk);
+      }
+      for (size_t n = r.first; n <= r.last; ++n)
+        where[by_place[n]] = total + (ds->sample(samples[by_place[n]]).offset - r.begin);
+      for (uint64_t off = r.begin; off < r.end; off += max_request) {
+        uint64_t len = std::min(max_request, r.end - off);
+        ranges.push_back(Range{r.shard, off, len, total + (off - r.begin)});
+      }
+      total += r.end - r.begin;
     }
     return ranges;
   }

@@ -94,6 +94,12 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
                                                       bool through_cache, bool catalog = false) {
   SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
   SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, store_options(a));
+  const auto* s3o = so.backend.get<s3::S3Options>();
+  // s3://bucket names a bucket on some server: the catalog must know which.
+  std::string store_id =
+      w.store_uri + (w.store_uri.starts_with("s3://") && s3o
+                         ? " at " + (s3o->endpoint.empty() ? s3o->region : s3o->endpoint)
+                         : "");
   std::shared_ptr<store::Store> s;
   if (through_cache) {
     SLUICE_ASSIGN_OR_RETURN(s, open_through_cache(w.store_uri, std::move(so), a.cache, home));
@@ -104,6 +110,7 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
   SLUICE_ASSIGN_OR_RETURN(o.format, parse_format(a.format));
   o.skip_corrupt = a.skip_corrupt;
   if (catalog) {  // a reader: one listing per node, through the catalog
+    o.store_id = store_id;
     o.catalog_dir = a.catalog_dir.empty() ? home + "/datasets" : a.catalog_dir;
     if (a.refresh) o.catalog_ttl = std::chrono::seconds(0);
   }

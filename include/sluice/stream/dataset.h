@@ -83,6 +83,9 @@ struct DatasetOptions {
   // Empty: list and read the indexes on every open.
   std::string catalog_dir;
   std::chrono::seconds catalog_ttl{600};
+  // Names the store in the catalog's identity; empty: its URI. Give the endpoint too where
+  // the URI does not say it (s3://bucket on two servers), or the catalogs would mix.
+  std::string store_id;
 };
 
 struct ShardInfo {

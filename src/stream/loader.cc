@@ -239,7 +239,7 @@ struct Loader::Impl {
     // Windows are whole shards: leave room for the last one.
     uint64_t mean = std::max<uint64_t>(1, ds->bytes() / ds->samples());
     uint64_t per_shard = ds->format() == Format::kTar ? ds->samples() / ds->shards().size() : 1;
-    uint64_t fits = o.memory_bytes / 2 / mean;
+    uint64_t fits = o.memory_bytes / 4 / mean;  // a slice (see run_fetcher)
     window = !o.shuffle         ? 0
              : o.shuffle_window ? o.shuffle_window
                                 : std::max<uint64_t>(1, fits > per_shard ? fits - per_shard : 1);
@@ -403,11 +403,11 @@ struct Loader::Impl {
   }
 
   // Reads and parses the samples at `positions` of `plan`'s epoch.
-  std::shared_ptr<Slice> fetch(EpochPlan& plan, const std::vector<uint64_t>& positions) {
+  std::shared_ptr<Slice> fetch(uint64_t epoch, const std::vector<uint64_t>& positions,
+                               const std::vector<uint64_t>& samples) {
     auto slice = std::make_shared<Slice>();
-    slice->epoch = plan.epoch();
-    std::vector<uint64_t> samples(positions.size()), where;
-    for (size_t i = 0; i < positions.size(); ++i) samples[i] = plan.sample_at(positions[i]);
+    slice->epoch = epoch;
+    std::vector<uint64_t> where;
     uint64_t total = 0;
     auto ranges = plan_reads(samples, where, total);
     auto buffer = std::shared_ptr<std::byte[]>(new std::byte[std::max<uint64_t>(total, 1)]);
@@ -420,7 +420,7 @@ struct Loader::Impl {
     slice->samples.reserve(samples.size());
     for (size_t i = 0; i < samples.size(); ++i) {
       const auto& ref = ds->sample(samples[i]);
-      Sample s{ds->sample_key(samples[i]), plan.epoch(), positions[i], samples[i], {}, hold};
+      Sample s{ds->sample_key(samples[i]), epoch, positions[i], samples[i], {}, hold};
       std::byte* base = buffer.get() + where[i];
       if (ds->format() == Format::kObjects) {
         uint64_t off = 0;
@@ -483,74 +483,154 @@ struct Loader::Impl {
     cv.notify_all();
   }
 
-  void run_fetcher() {
-    uint64_t epoch = first_epoch, from = start, k = 0;
-    // Slices take half the budget, so one is read while the caller consumes the other.
-    const uint64_t slice_bytes = std::max<uint64_t>(o.memory_bytes / 2, 1);
+  // A slice planned and not yet read: its positions and their samples.
+  struct Planned {
+    uint64_t epoch = 0, bytes = 0;
+    std::vector<uint64_t> positions, samples;
+  };
+
+  // A slice being read on a thread of its own, so the next one's reads overlap the tail
+  // of this one's.
+  struct Flight {
+    std::thread thread;
+    uint64_t bytes = 0;
+    std::shared_ptr<Slice> result;  // guarded by mu
+    bool done = false;              // guarded by mu
+  };
+
+  // The fetcher's plan: where the next slice starts.
+  struct Cursor {
+    uint64_t epoch = 0, from = 0, k = 0;
     std::unique_ptr<EpochPlan> plan;
     size_t declared = SIZE_MAX;
+  };
+
+  // The next slice: whole windows (this consumer's positions in them, from + consumer +
+  // j * consumers) while they fit in slice_bytes, so each chunk of a window is read once;
+  // a window larger than that is cut into about equal parts, each read on its own.
+  // nullopt once the last epoch is planned.
+  std::optional<Planned> plan_slice(Cursor& c, uint64_t slice_bytes) {
     while (true) {
-      if (epoch >= end_epoch) {
+      if (c.epoch >= end_epoch) return std::nullopt;
+      uint64_t count = share(c.from);
+      if (c.k < count) break;
+      ++c.epoch;
+      c.from = 0;
+      c.k = 0;
+      c.plan.reset();
+    }
+    if (!c.plan) {
+      c.plan = std::make_unique<EpochPlan>(*ds, o.seed, c.epoch, window != 0,
+                                           std::max<uint64_t>(window, 1));
+      c.declared = SIZE_MAX;
+    }
+    EpochPlan& plan = *c.plan;
+    const uint64_t count = share(c.from);
+    Planned next{.epoch = c.epoch};
+    for (uint64_t j = c.k; j < count;) {
+      uint64_t p0 = c.from + consumer + j * consumers;
+      uint64_t end = plan.window_start(plan.window_of(p0) + 1);
+      uint64_t n = std::min((end - p0 + consumers - 1) / consumers, count - j);
+      uint64_t window_bytes = 0;
+      for (uint64_t i = 0; i < n; ++i)
+        window_bytes += ds->sample(plan.sample_at(p0 + i * consumers)).length;
+      if (!next.positions.empty() && next.bytes + window_bytes > slice_bytes) break;
+      if (window_bytes > slice_bytes) {
+        uint64_t parts = (window_bytes + slice_bytes - 1) / slice_bytes;
+        n = std::max<uint64_t>(1, n / parts);
+        window_bytes = 0;
+        for (uint64_t i = 0; i < n; ++i)
+          window_bytes += ds->sample(plan.sample_at(p0 + i * consumers)).length;
+      }
+      for (uint64_t i = 0; i < n; ++i) {
+        next.positions.push_back(p0 + i * consumers);
+        next.samples.push_back(plan.sample_at(p0 + i * consumers));
+      }
+      next.bytes += window_bytes;
+      j += n;
+      if (window_bytes > slice_bytes / 2) break;  // a part of a large window: alone
+    }
+    c.k += next.positions.size();
+    size_t w = plan.window_of(next.positions.front());
+    if (w != c.declared) {
+      declare_window(plan, w + 1, c.from);
+      c.declared = w;
+    }
+    return next;
+  }
+
+  // Up to two slices are read at once, each at most a quarter of the budget; with the one
+  // the caller holds, at most three quarters of it are taken.
+  static constexpr size_t kFlights = 2;
+
+  void run_fetcher() {
+    const uint64_t slice_bytes = std::max<uint64_t>(o.memory_bytes / 4, 1);
+    Cursor cursor{.epoch = first_epoch, .from = start};
+    std::deque<std::unique_ptr<Flight>> flights;
+    uint64_t flight_bytes = 0;  // guarded by mu
+    std::optional<Planned> next;
+    bool planned_all = false, failed = false;
+    auto join_all = [&] {
+      for (auto& f : flights) f->thread.join();
+      flights.clear();
+    };
+    while (true) {
+      // Finished slices go to the caller in order; after a failed one, nothing more.
+      {
+        std::unique_lock lock(mu);
+        while (!flights.empty() && flights.front()->done && !failed) {
+          std::unique_ptr<Flight> f = std::move(flights.front());
+          flights.pop_front();
+          lock.unlock();
+          f->thread.join();
+          lock.lock();
+          flight_bytes -= f->bytes;
+          failed = f->result->error.has_value();
+          queued_bytes += f->result->bytes;
+          ready.push_back(std::move(f->result));
+          cv.notify_all();
+        }
+      }
+      if (failed) return join_all();
+      if (!next && !planned_all) {
+        next = plan_slice(cursor, slice_bytes);
+        planned_all = !next;
+      }
+      if (planned_all && flights.empty()) {
         auto end = std::make_shared<Slice>();
         end->end = true;
         push(std::move(end));
         return;
       }
-      uint64_t count = share(from);
-      if (k >= count) {
-        ++epoch;
-        from = 0;
-        k = 0;
-        plan.reset();
+      std::unique_lock lock(mu);
+      auto can_launch = [&] {
+        return next && flights.size() < kFlights &&
+               (queued_bytes + flight_bytes + next->bytes <= o.memory_bytes / 2 ||
+                (flights.empty() && ready.empty()));
+      };
+      if (stopping) {
+        lock.unlock();
+        return join_all();
+      }
+      if (can_launch()) {
+        auto f = std::make_unique<Flight>();
+        f->bytes = next->bytes;
+        flight_bytes += f->bytes;
+        Flight* raw = f.get();
+        f->thread = std::thread([this, raw, p = std::move(*next)] {
+          auto slice = fetch(p.epoch, p.positions, p.samples);
+          std::lock_guard done_lock(mu);
+          raw->result = std::move(slice);
+          raw->done = true;
+          cv.notify_all();
+        });
+        next.reset();
+        flights.push_back(std::move(f));
         continue;
       }
-      if (!plan) {
-        plan = std::make_unique<EpochPlan>(*ds, o.seed, epoch, window != 0,
-                                           std::max<uint64_t>(window, 1));
-        declared = SIZE_MAX;
-      }
-      // The next slice: whole windows (this consumer's positions in them, from + consumer +
-      // j * consumers) while they fit in slice_bytes, so each chunk of a window is read
-      // once; a window larger than that is cut into about equal parts, each read on its own.
-      std::vector<uint64_t> positions;
-      uint64_t bytes = 0;
-      for (uint64_t j = k; j < count;) {
-        uint64_t p0 = from + consumer + j * consumers;
-        uint64_t end = plan->window_start(plan->window_of(p0) + 1);
-        uint64_t n = std::min((end - p0 + consumers - 1) / consumers, count - j);
-        uint64_t window_bytes = 0;
-        for (uint64_t i = 0; i < n; ++i)
-          window_bytes += ds->sample(plan->sample_at(p0 + i * consumers)).length;
-        if (!positions.empty() && bytes + window_bytes > slice_bytes) break;
-        if (window_bytes > slice_bytes) {
-          uint64_t parts = (window_bytes + slice_bytes - 1) / slice_bytes;
-          n = std::max<uint64_t>(1, n / parts);
-          window_bytes = 0;
-          for (uint64_t i = 0; i < n; ++i)
-            window_bytes += ds->sample(plan->sample_at(p0 + i * consumers)).length;
-        }
-        for (uint64_t i = 0; i < n; ++i) positions.push_back(p0 + i * consumers);
-        bytes += window_bytes;
-        j += n;
-        if (window_bytes > slice_bytes / 2) break;  // a part of a large window: alone
-      }
-      size_t w = plan->window_of(positions.front());
-      if (w != declared) {
-        declare_window(*plan, w + 1, from);
-        declared = w;
-      }
-      {
-        std::unique_lock lock(mu);
-        cv.wait(lock, [&] {
-          return stopping || ready.empty() || queued_bytes + bytes <= o.memory_bytes / 2;
-        });
-        if (stopping) return;
-      }
-      auto slice = fetch(*plan, positions);
-      bool failed = slice->error.has_value();
-      k += positions.size();
-      push(std::move(slice));
-      if (failed) return;
+      cv.wait(lock, [&] {
+        return stopping || (!flights.empty() && flights.front()->done) || can_launch();
+      });
     }
   }
 

@@ -486,7 +486,7 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
       ->check(CLI::PositiveNumber);
   rd->add_option("--resume", a.lo.resume, "Continue from a resume token");
   rd->add_option("--shuffle-window", a.lo.shuffle_window,
-                 "Samples mixed at once (whole shards at least); 0: what half of --memory "
+                 "Samples mixed at once (whole shards at least); 0: what a quarter of --memory "
                  "holds, so each window is read once")
       ->default_val(0);
   rd->add_flag("!--no-shuffle", a.lo.shuffle, "Read in stored order");

@@ -33,13 +33,13 @@
 // consumers each one reads exactly what the uninterrupted run would have read.
 //
 // Reads: a background thread reads ahead, within `memory_bytes`, the samples this consumer
-// will take next, in slices (the first small, for a quick first batch), with up to
-// `inflight` requests in flight; ranges of one shard that lie close together are read with
-// one request. Where the store is a cache::TieredCache, the loader declares each coming
-// window's ranges to it (the cache fetches ahead and evicts by the declared order); at the
-// end of an epoch the next epoch's first window is read ahead like any other, so there is
-// no dip at the epoch boundary. A store answering Unavailable (S3 SlowDown, 503) is backed
-// off exponentially with jitter and the window in flight is halved, then grows back.
+// will take next, in slices of whole windows (two slices read at once, each at most a
+// quarter of the budget), with up to `inflight` requests in flight; ranges of one shard
+// that lie close together are read with one request. Where the store is a cache::TieredCache, the
+// loader declares each coming window's ranges to it (the cache fetches ahead and evicts by the
+// declared order); at the end of an epoch the next epoch's first window is read ahead like any
+// other, so there is no dip at the epoch boundary. A store answering Unavailable (S3 SlowDown, 503)
+// is backed off exponentially with jitter and the window in flight is halved, then grows back.
 //
 // Errors: a shard whose bytes are not a valid tar (or do not match its index) is Corruption
 // naming the shard and offset; with `skip_corrupt` its samples are skipped and counted
@@ -163,8 +163,9 @@ struct LoaderOptions {
   unsigned worker = 0, workers = 1;
   std::string resume;  // a token from state(); empty: start at the epoch's beginning
   bool shuffle = true;
-  // Samples mixed at once (whole shards, at least). 0: as many as half of memory_bytes
-  // holds at the dataset's mean sample size, so each window is read once. A resume token
+  // Samples mixed at once (whole shards, at least). 0: as many as a quarter of
+  // memory_bytes (one slice) holds at the dataset's mean sample size, so each window is
+  // read once. A resume token
   // carries the window; a loader resumed with 0 takes the token's.
   uint64_t shuffle_window = 0;
   uint64_t memory_bytes = uint64_t{256} << 20;  // read ahead, at most

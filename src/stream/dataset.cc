@@ -12,6 +12,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -78,11 +79,12 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
   std::unordered_map<std::string, const store::ObjectInfo*> by_key;
   bool other = false;
   for (const auto& o : listing) by_key[o.key] = &o;
+  // An index decides nothing about the format, not even one whose shard is gone: a stray
+  // ".tar.idx" must not turn a tar dataset into plain objects.
   for (const auto& o : listing) {
     if (o.key.ends_with(".tar"))
       tars.push_back(&o);
-    else if (!(o.key.ends_with(kIndexSuffix) &&
-               by_key.contains(o.key.substr(0, o.key.size() - kIndexSuffix.size()))))
+    else if (!o.key.ends_with(".tar" + std::string(kIndexSuffix)))
       other = true;
   }
   Format format = options.format;
@@ -102,19 +104,27 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
     auto& table = c.tables[i];
     auto idx = by_key.find(info.key + std::string(kIndexSuffix));
     if (idx != by_key.end()) {
-      if (idx->second->size > kMaxIndexBytes)
-        return fail(Code::kCorruption, "shard index " + idx->first + " is too large");
-      SLUICE_ASSIGN_OR_RETURN(auto bytes,
-                              retry_unavailable([&] { return store.get(idx->first); }, [] {}));
-      SLUICE_ASSIGN_OR_RETURN(auto index, decode_index(bytes, idx->first));
-      if (index.shard_size != info.size)
-        return fail(Code::kCorruption, "shard index " + idx->first + " was written for " +
-                                           std::to_string(index.shard_size) +
-                                           " bytes; the shard has " + std::to_string(info.size) +
-                                           " (repack it, or delete the index)");
-      table.samples = std::move(index.samples);
-      table.indexed = true;
-      return ok();
+      auto index = [&]() -> Result<ShardIndex> {
+        if (idx->second->size > kMaxIndexBytes)
+          return fail(Code::kCorruption, "shard index " + idx->first + " is too large");
+        SLUICE_ASSIGN_OR_RETURN(auto bytes,
+                                retry_unavailable([&] { return store.get(idx->first); }, [] {}));
+        SLUICE_ASSIGN_OR_RETURN(auto decoded, decode_index(bytes, idx->first));
+        if (decoded.shard_size != info.size)
+          return fail(Code::kCorruption, "shard index " + idx->first + " was written for " +
+                                             std::to_string(decoded.shard_size) +
+                                             " bytes; the shard has " + std::to_string(info.size) +
+                                             " (repack it, or delete the index)");
+        return decoded;
+      }();
+      if (index) {
+        table.samples = std::move(index->samples);
+        table.indexed = true;
+        return ok();
+      }
+      // With skip_corrupt a bad index is only advice lost: the shard is scanned instead.
+      if (!options.skip_corrupt || index.error().code() != Code::kCorruption)
+        return std::unexpected(index.error());
     }
     auto samples = scan_shard(store, info);
     if (!samples) {
@@ -223,24 +233,30 @@ Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> sto
       ds->shards_.push_back(std::move(si));
     }
   } else {
-    // One sample per basename: consecutive objects with the same key are its fields.
+    // One sample per key: every object of a basename is a field of it (wherever the
+    // listing put it), in key order; "__" basenames are metadata, as in shards.
+    std::map<std::string, std::vector<const store::ObjectInfo*>> by_sample;
     std::string key, field;
     for (const auto& o : cat.objects) {
       std::string_view rel = std::string_view(o.key).substr(prefix.size());
+      size_t slash = rel.rfind('/');
+      if (rel.substr(slash == std::string_view::npos ? 0 : slash + 1).starts_with("__")) continue;
       if (!split_sample_name(rel, key, field)) key.assign(rel);
+      by_sample[key].push_back(&o);
+    }
+    for (auto& [sample_key, objects] : by_sample) {
       uint32_t shard = static_cast<uint32_t>(ds->shards_.size());
-      ds->shards_.push_back(ShardInfo{o.key, o.size, o.etag, ds->samples_.size(), 1, false});
-      if (!ds->keys_.empty() && ds->keys_.back() == key) {
-        auto& s = ds->samples_.back();
-        ++s.objects;
-        s.length += o.size;
-        ds->shards_.back().first = ds->samples_.size() - 1;
-        ds->shards_.back().samples = 0;  // a further field of the sample before
-      } else {
-        ds->samples_.push_back(SampleRef{shard, 1, 0, o.size});
-        ds->keys_.push_back(key);
+      SampleRef ref{shard, static_cast<uint32_t>(objects.size()), 0, 0};
+      for (size_t i = 0; i < objects.size(); ++i) {
+        const auto* o = objects[i];
+        // The sample's first object carries it (samples = 1); its other fields none.
+        ds->shards_.push_back(
+            ShardInfo{o->key, o->size, o->etag, ds->samples_.size(), i == 0 ? 1u : 0u, false});
+        ref.length += o->size;
+        ds->bytes_ += o->size;
       }
-      ds->bytes_ += o.size;
+      ds->samples_.push_back(ref);
+      ds->keys_.push_back(sample_key);
     }
   }
   // The fingerprint covers what the order depends on: the format, and each shard's key,

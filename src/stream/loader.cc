@@ -246,7 +246,10 @@ struct Loader::Impl {
     consumer = uint64_t{o.rank} * o.workers + o.worker;
     consumers = uint64_t{o.world} * o.workers;
     first_epoch = o.epoch;
-    if (o.epochs) end_epoch = o.epochs > UINT64_MAX - o.epoch ? UINT64_MAX : o.epoch + o.epochs;
+    if (o.epochs && o.epochs > UINT64_MAX - o.epoch)
+      return fail(Code::kInvalidArgument, "loader: epochs " + std::to_string(o.epoch) + " + " +
+                                              std::to_string(o.epochs) + " overflow");
+    if (o.epochs) end_epoch = o.epoch + o.epochs;
     if (!o.resume.empty()) {
       SLUICE_ASSIGN_OR_RETURN(auto p, parse_token(o.resume));
       if (p.fingerprint != ds->fingerprint() || p.samples != ds->samples())
@@ -643,13 +646,16 @@ struct Loader::Impl {
     // The token after this sample: the job-wide count consumed, in lockstep.
     uint64_t from = s.epoch == first_epoch ? start : 0;
     uint64_t k = (s.position - from - consumer) / consumers + 1;
+    // A consumer whose share is one short of the others' says the same as they do at the
+    // same step: the positions the others still read stay in the token.
+    uint64_t position = from + k * consumers;
     std::lock_guard lock(state_mu);
-    if (k >= share(from)) {
+    if (position >= ds->samples()) {
       token_epoch = s.epoch + 1;
       token_position = 0;
     } else {
       token_epoch = s.epoch;
-      token_position = from + k * consumers;
+      token_position = position;
     }
   }
 

@@ -186,7 +186,13 @@ def test_bad_input(ctx):
             (("read", os.path.join(ctx.scratch, "nothing-here")), 1, "no objects"),
             (("pack", src, dst), 1, "already holds objects"),
             (("pack", os.path.join(ctx.scratch, "missing"), ctx.dir("x")), 1, "not a directory"),
-            (("pack", src, ctx.dir("y"), "--shard-size", "1"), 2, "shard-size")):
+            (("pack", src, ctx.dir("y"), "--shard-size", "1"), 2, "shard-size"),
+            (("pack", src, ctx.dir("y"), "--shard-size", "16E"), 2, "unit"),
+            (("read", dst, "--epochs", "-1"), 2, "whole number"),
+            (("read", dst, "--seed", "99999999999999999999"), 2, "whole number"),
+            (("read", dst, "--limit", "-1"), 2, "whole number"),
+            (("read", dst, "--world", "0"), 2, "from 1 to"),
+            (("read", dst, "--epoch", "18446744073709551615", "--epochs", "2"), 2, "overflow")):
         r = run(*args, "--daemon", "none") if args[0] == "read" else run(*args)
         assert r.returncode == code and words in r.stderr, (args, r.returncode, r.stderr)
         assert "Traceback" not in r.stderr and "terminate" not in r.stderr

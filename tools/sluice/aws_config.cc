@@ -91,4 +91,12 @@ Result<s3::S3Options> load_s3_options(const AwsFlags& flags) {
   return o;
 }
 
+Result<store::StoreOptions> s3_store_options(const AwsFlags& flags) {
+  s3::register_scheme();
+  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(flags));
+  store::StoreOptions so;
+  so.backend.set(s3o);
+  return so;
+}
+
 }  // namespace sluice::cli

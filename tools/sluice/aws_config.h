@@ -22,5 +22,8 @@ struct AwsFlags {
 // A custom endpoint selects path-style addressing. A named profile that exists in
 // neither file is an error; no credentials at all means unsigned (anonymous) requests.
 Result<s3::S3Options> load_s3_options(const AwsFlags& flags);
+// StoreOptions carrying those S3 settings, with the s3:// scheme registered: what a
+// command passes to open_store for a URI that may be s3://.
+Result<store::StoreOptions> s3_store_options(const AwsFlags& flags);
 
 }  // namespace sluice::cli

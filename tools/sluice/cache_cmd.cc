@@ -75,18 +75,10 @@ Result<Named> name_in_store(const std::string& text) {
   return n;
 }
 
-Result<store::StoreOptions> s3_store_options(const CacheArgs& a) {
-  s3::register_scheme();
-  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
-  store::StoreOptions so;
-  so.backend.set(s3o);
-  return so;
-}
-
 Result<Target> open_target(const std::string& text, const CacheArgs& a, const std::string& home) {
   SLUICE_ASSIGN_OR_RETURN(Named n, name_in_store(text));
   std::string key = n.key;
-  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a));
+  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
   SLUICE_ASSIGN_OR_RETURN(auto backing, store::open_store(n.store_uri, so));
   SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(a.cache, home));
   SLUICE_ASSIGN_OR_RETURN(auto c, cache::TieredCache::open(std::move(backing), co));
@@ -572,7 +564,7 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
   std::unique_ptr<store::Store> plain;
   store::Store* src = nullptr;
   std::string key;
-  auto so = s3_store_options(a);
+  auto so = s3_store_options(a.aws);
   if (!so) return report_error(so.error());
   if (loc->cached || a.use_cache) {
     auto n = name_in_store(a.target);

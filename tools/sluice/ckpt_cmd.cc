@@ -68,10 +68,7 @@ Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
 Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
                                                               const std::string& home,
                                                               uint64_t staging, bool writes) {
-  s3::register_scheme();
-  store::StoreOptions so;
-  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
-  so.backend.set(s3o);
+  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
   if (std::any_of(a.tiers.begin(), a.tiers.end(),
                   [](const std::string& t) { return t.starts_with("sluiced://"); })) {
     // A peer daemon's object space: this node signs as a member of the job.

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -57,6 +59,45 @@ bool cancelled(const DatasetArgs& a) {
   return a.cancel && a.cancel->load();
 }
 
+// A whole number that fits 64 bits: CLI11 would wrap "-1" and saturate 2^64 into one.
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc{} || p != text.data() + text.size())
+          return "'" + text + "' is not a whole number from 0 to 18446744073709551615";
+        return {};
+      },
+      "UINT");
+}
+
+CLI::Validator at_least_one(unsigned max) {
+  return CLI::Validator(
+      [max](std::string& text) -> std::string {
+        unsigned v = 0;
+        auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc{} || p != text.data() + text.size() || v < 1 || v > max)
+          return "must be a whole number from 1 to " + std::to_string(max) + ", not '" + text + "'";
+        return {};
+      },
+      "1.." + std::to_string(max));
+}
+
+// A key as a line of output: control bytes and invalid UTF-8 escaped (as ls does), so a
+// key holding a newline stays one line.
+void append_key_line(std::string& out, std::string_view key) {
+  bool plain = std::all_of(key.begin(), key.end(), [](char c) {
+    auto u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u < 0x7f;
+  });
+  if (plain)
+    out.append(key);
+  else
+    out.append(printable(std::string(key)));
+  out.push_back('\n');
+}
+
 // The store and prefix a dataset URI names: a local directory is a file:// store of its
 // own; a URI's key part is a folder (a '/' is added).
 struct Where {
@@ -75,14 +116,6 @@ Result<Where> where(const std::string& text) {
   return Where{loc.store_uri, prefix};
 }
 
-Result<store::StoreOptions> store_options(const DatasetArgs& a) {
-  s3::register_scheme();
-  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(a.aws));
-  store::StoreOptions so;
-  so.backend.set(s3o);
-  return so;
-}
-
 Result<stream::Format> parse_format(const std::string& f) {
   if (f == "auto") return stream::Format::kAuto;
   if (f == "tar") return stream::Format::kTar;
@@ -93,7 +126,7 @@ Result<stream::Format> parse_format(const std::string& f) {
 Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, const std::string& home,
                                                       bool through_cache, bool catalog = false) {
   SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
-  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, store_options(a));
+  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
   const auto* s3o = so.backend.get<s3::S3Options>();
   // s3://bucket names a bucket on some server: the catalog must know which.
   std::string store_id =
@@ -200,6 +233,12 @@ Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size)
     if (n == 0) return fail(Code::kConflict, path + " shrank while it was packed");
     got += static_cast<size_t>(n);
   }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
+  if (static_cast<uint64_t>(st.st_size) != size)
+    return fail(Code::kConflict, path + " changed size while it was packed (" +
+                                     std::to_string(size) + " bytes when listed, " +
+                                     std::to_string(st.st_size) + " now)");
   return data;
 }
 
@@ -207,8 +246,9 @@ int run_pack(const DatasetArgs& a, const std::string&) {
   auto t0 = Clock::now();
   auto target = parse_size(a.shard_size);
   if (!target || *target < (4u << 10))
-    return report_error(
-        Error(Code::kInvalidArgument, "--shard-size '" + a.shard_size + "': at least 4K"));
+    return report_error(Error(Code::kInvalidArgument,
+                              "--shard-size '" + a.shard_size +
+                                  "': " + (target ? "at least 4K" : target.error().message())));
   if (a.name.empty() || a.name.find('/') != std::string::npos)
     return report_error(Error(Code::kInvalidArgument, "--name must be a plain word"));
   // Every regular file under SRC, grouped into samples by key, in key order.
@@ -242,7 +282,7 @@ int run_pack(const DatasetArgs& a, const std::string&) {
 
   auto w = where(a.uri);
   if (!w) return report_error(w.error());
-  auto so = store_options(a);
+  auto so = s3_store_options(a.aws);
   if (!so) return report_error(so.error());
   auto st = store::open_store(w->store_uri, *so);
   if (!st) return report_error(st.error());
@@ -283,7 +323,14 @@ int run_pack(const DatasetArgs& a, const std::string&) {
   };
   auto done = pack_all();
   if (progress) std::fprintf(stderr, "\r%-90s\r", "");
-  if (!done) return report_error(done.error());
+  if (!done) {
+    if (packer.shards())
+      return report_error(done.error().with_context(
+          "pack published " + std::to_string(packer.shards()) + " whole shards (" +
+          std::to_string(packer.samples()) + " samples) under " + a.uri +
+          " before it failed: that dataset is incomplete; remove it and pack again"));
+    return report_error(done.error());
+  }
   const uint64_t shard_no = packer.shards(), packed = packer.samples(),
                  shard_bytes_total = packer.bytes();
   double secs = seconds_since(t0);
@@ -322,6 +369,19 @@ int run_read(DatasetArgs& a, const std::string& home) {
   if (a.batch == 0) a.batch = 1;
   auto ds = open_dataset(a, home, !a.no_cache, true);
   if (!ds) return report_error(ds.error());
+  // A dataset replaced in place (packed again) within the catalog's lifetime: two stats
+  // catch it before any read fails on it, and the dataset is listed again.
+  if ((*ds)->from_catalog()) {
+    for (const auto* sh : {&(*ds)->shards().front(), &(*ds)->shards().back()}) {
+      auto info = (*ds)->store().stat(sh->key);
+      if (!info || info->etag != sh->etag || info->size != sh->size) {
+        a.refresh = true;
+        ds = open_dataset(a, home, !a.no_cache, true);
+        if (!ds) return report_error(ds.error());
+        break;
+      }
+    }
+  }
   auto* cache = dynamic_cast<cache::TieredCache*>(&(*ds)->store());
   cache::CacheStats before;
   if (cache) before = cache->stats();
@@ -342,10 +402,7 @@ int run_read(DatasetArgs& a, const std::string& home) {
     if (batch->empty()) break;
     n += batch->size();
     if (a.keys) {
-      for (const auto& s : *batch) {
-        out.append(s.key);
-        out.push_back('\n');
-      }
+      for (const auto& s : *batch) append_key_line(out, s.key);
       std::fwrite(out.data(), 1, out.size(), stdout);
       out.clear();
     }
@@ -473,25 +530,32 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
       "Read a dataset as one rank of a training job: keys in order (--keys) or a throughput "
       "summary; with --limit, the resume token is the last line");
   rd->add_option("URI", a.uri, uri_help)->required();
-  rd->add_option("--seed", a.lo.seed, "Shuffle seed")->default_val(0);
-  rd->add_option("--epoch", a.lo.epoch, "First epoch")->default_val(0);
-  rd->add_option("--epochs", a.lo.epochs, "Epochs to read (0: without end)")->default_val(1);
-  rd->add_option("--rank", a.lo.rank, "This rank")->default_val(0);
+  rd->add_option("--seed", a.lo.seed, "Shuffle seed")->default_val(0)->check(whole_number());
+  rd->add_option("--epoch", a.lo.epoch, "First epoch")->default_val(0)->check(whole_number());
+  rd->add_option("--epochs", a.lo.epochs, "Epochs to read (0: without end)")
+      ->default_val(1)
+      ->check(whole_number());
+  rd->add_option("--rank", a.lo.rank, "This rank")->default_val(0)->check(whole_number());
   rd->add_option("--world", a.lo.world, "Ranks in the job")
       ->default_val(1)
-      ->check(CLI::PositiveNumber);
-  rd->add_option("--worker", a.lo.worker, "This loader worker of the rank")->default_val(0);
+      ->check(at_least_one(1u << 20));
+  rd->add_option("--worker", a.lo.worker, "This loader worker of the rank")
+      ->default_val(0)
+      ->check(whole_number());
   rd->add_option("--workers", a.lo.workers, "Loader workers per rank")
       ->default_val(1)
-      ->check(CLI::PositiveNumber);
+      ->check(at_least_one(1u << 16));
   rd->add_option("--resume", a.lo.resume, "Continue from a resume token");
   rd->add_option("--shuffle-window", a.lo.shuffle_window,
                  "Samples mixed at once (whole shards at least); 0: what a quarter of --memory "
                  "holds, so each window is read once")
       ->default_val(0);
   rd->add_flag("!--no-shuffle", a.lo.shuffle, "Read in stored order");
-  rd->add_option("--limit", a.limit, "Stop after N samples and print the resume token");
-  rd->add_option("--batch", a.batch, "Samples per batch")->default_val(256);
+  rd->add_option("--limit", a.limit, "Stop after N samples and print the resume token")
+      ->check(whole_number());
+  rd->add_option("--batch", a.batch, "Samples per batch")
+      ->default_val(256)
+      ->check(at_least_one(1u << 24));
   rd->add_option("--memory", a.memory, "Read-ahead memory at most")->default_str("256M");
   rd->add_option("--inflight", a.lo.inflight, "Requests in flight at most")
       ->default_val(32)

@@ -226,9 +226,13 @@ TEST(Loader, ResumeEqualsUninterruptedRun) {
     }
   std::mt19937 rng(42);
   for (int trial = 0; trial < 20; ++trial) {
-    uint64_t e1 = rng() % epochs, j1 = rng() % min_share;
-    uint64_t e2 = e1 + rng() % (epochs - e1),
-             j2 = e2 == e1 ? j1 + rng() % (min_share - j1) : rng() % min_share;
+    // A point is (epoch, j samples into it by every consumer), j from 1 up to the
+    // smallest share (0 only at the very start: "all of the epoch before" is not a point
+    // where every consumer has read as many samples).
+    uint64_t e1 = rng() % epochs;
+    uint64_t j1 = e1 == 0 ? rng() % (min_share + 1) : 1 + rng() % min_share;
+    uint64_t e2 = e1 + rng() % (epochs - e1);
+    uint64_t j2 = e2 == e1 ? j1 + rng() % (min_share - j1 + 1) : 1 + rng() % min_share;
     auto k1 = [&](unsigned r) { return before[r][e1] + j1; };
     auto k2 = [&](unsigned r) { return before[r][e2] + j2 - k1(r); };
     std::vector<std::vector<Read>> got(world);
@@ -527,6 +531,76 @@ TEST(Catalog, SecondOpenReadsTheNodeCatalogNotTheStore) {
   // Loaders over a catalog-opened dataset read the same order.
   Loader a(first, {.seed = 4}), b(second, {.seed = 4});
   EXPECT_EQ(drain(a, *first), drain(b, *second));
+}
+
+}  // namespace
+}  // namespace sluice::stream
+
+namespace sluice::stream {
+namespace {
+
+// Consumers in lockstep share one token even when the epoch does not divide evenly and
+// the smaller shares are used up; resuming from it reads the rest once.
+TEST(Loader, UnevenSharesStillGiveOneToken) {
+  auto ds = tar_dataset({10, 10, 10, 10, 10});  // 50 samples, 3 consumers: 17, 17, 16
+  std::multiset<uint64_t> seen;
+  std::set<std::string> tokens;
+  for (unsigned r = 0; r < 3; ++r) {
+    Loader l(ds, {.seed = 4, .rank = r, .world = 3, .shuffle_window = 10});
+    for (auto& x : drain(l, *ds, 16)) seen.insert(x.index);
+    tokens.insert(l.state());
+  }
+  ASSERT_EQ(tokens.size(), 1u) << *tokens.begin();
+  for (unsigned r = 0; r < 3; ++r) {
+    Loader l(ds,
+             {.seed = 4, .rank = r, .world = 3, .resume = *tokens.begin(), .shuffle_window = 10});
+    for (auto& x : drain(l, *ds)) seen.insert(x.index);
+  }
+  EXPECT_EQ(seen.size(), 50u);
+  EXPECT_EQ(std::set<uint64_t>(seen.begin(), seen.end()).size(), 50u);
+  // An epoch range that overflows is refused.
+  Loader bad(ds, {.epoch = UINT64_MAX, .epochs = 2});
+  EXPECT_FALSE(bad.next());
+}
+
+TEST(Dataset, StrayIndexAndBadIndexes) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  write_tar_dataset(*s, {4, 4, 4});
+  // An index whose shard is gone does not make the dataset "plain objects".
+  auto idx = s->get("ds/shard-0000.tar.idx").value();
+  ASSERT_TRUE(s->put("ds/shard-0099.tar.idx", idx));
+  auto ds = open_ds(s, "ds/");
+  ASSERT_TRUE(ds);
+  EXPECT_EQ(ds->format(), Format::kTar);
+  EXPECT_EQ(ds->samples(), 12u);
+  // A damaged index fails open; with skip_corrupt the shard is scanned instead.
+  ASSERT_TRUE(s->put("ds/shard-0000.tar.idx", as_bytes(std::string("garbage"))));
+  auto bad = Dataset::open(s, "ds/");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("shard-0000.tar.idx"), std::string::npos);
+  auto scanned = open_ds(s, "ds/", {.skip_corrupt = true});
+  ASSERT_TRUE(scanned);
+  EXPECT_EQ(scanned->samples(), 12u);
+  EXPECT_FALSE(scanned->shards()[0].indexed);
+}
+
+TEST(Dataset, ObjectsOfOneKeyAreOneSampleWhereverTheyList) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  // "o/a-b.txt" sorts between "o/a" and "o/a.bin"; "__meta.json" is metadata.
+  for (const char* k : {"o/a", "o/a.bin", "o/a.json", "o/a-b.txt", "o/__meta.json"})
+    ASSERT_TRUE(s->put(k, as_bytes(std::string(k))));
+  auto ds = open_ds(s, "o/");
+  ASSERT_TRUE(ds);
+  ASSERT_EQ(ds->samples(), 2u);
+  EXPECT_EQ(ds->sample_key(0), "a");
+  EXPECT_EQ(ds->sample(0).objects, 3u);
+  EXPECT_EQ(ds->sample_key(1), "a-b");
+  Loader l(ds, {.shuffle = false});
+  auto first = l.next();
+  ASSERT_TRUE(first && *first);
+  ASSERT_EQ((*first)->fields.size(), 3u);
+  EXPECT_EQ((*first)->fields[0].name, "data");
+  EXPECT_EQ((*first)->fields[1].name, "bin");
 }
 
 }  // namespace

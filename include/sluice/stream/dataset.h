@@ -11,7 +11,8 @@
 // ".tar" object; see tar.h) or plain objects (one sample per key, the files of one basename
 // grouping into fields, as in a shard). Dataset::open lists the prefix once and reads each
 // shard's index ("<shard>.idx", written by `sluice dataset pack`), scanning a shard's tar
-// headers where it has none.
+// headers where it has none; with DatasetOptions::catalog_dir the node's other opens read
+// what the first learned instead.
 //
 // The order of an epoch is a function of (seed, epoch, sample position) only:
 //   1. the shards are shuffled by (seed, epoch);
@@ -30,7 +31,8 @@
 // samples consumed in the epoch, assuming every consumer has consumed as many samples as
 // this one (synchronous training steps). A loader opened with that token, for any number of
 // consumers, continues with exactly the positions not consumed yet; with the same number of
-// consumers each one reads exactly what the uninterrupted run would have read.
+// consumers each one reads exactly what the uninterrupted run would have read. (At the end
+// of an uneven epoch, take the token at a step all ranks share: see docs/dataset.md.)
 //
 // Reads: a background thread reads ahead, within `memory_bytes`, the samples this consumer
 // will take next, in slices of whole windows (two slices read at once, each at most a

@@ -384,10 +384,11 @@ struct Loader::Impl {
         runs.push_back(Run{ref.shard, ref.offset, ref.offset + ref.length, n, n});
       }
     }
-    // Requests: pieces of a run, whole chunks through a cache, at most 4 MiB elsewhere (a
-    // slice reads faster with more requests in flight).
+    // Requests: pieces of a run; through a cache, whole chunks up to 16 MiB (a cold miss
+    // is then one large backing read: 0.95x and 0.89x sluice cp in two 5-round runs, against
+    // 0.76x twice with single-chunk requests); elsewhere at most 4 MiB.
     const uint64_t max_request =
-        chunk ? std::max<uint64_t>(chunk, uint64_t{4} << 20) / chunk * chunk : uint64_t{4} << 20;
+        chunk ? std::max<uint64_t>(chunk, uint64_t{16} << 20) / chunk * chunk : uint64_t{4} << 20;
     for (auto& r : runs) {
       if (chunk) {
         uint64_t size = ds->shards()[r.shard].size;

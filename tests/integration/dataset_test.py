@@ -123,6 +123,20 @@ def gnu_tar(folder, out, fmt, names):
     subprocess.run(["tar", f"--format={fmt}", "-cf", out, "-C", folder, *names], check=True)
 
 
+def test_repacked_dataset_is_listed_again(ctx):
+    """A dataset packed again in place, within the catalog's lifetime, is read anew."""
+    a, b, dst = ctx.dir("a"), ctx.dir("b"), ctx.dir("ds")
+    keys_a = make_source(a, 30, seed=11)
+    ok(run("pack", a, dst))
+    assert sorted(read_keys(dst)) == keys_a
+    shutil.rmtree(dst)
+    keys_b = [k.replace("extra", "other").replace("train", "more") for k in make_source(b, 40, seed=12)]
+    for d in ("extra", "train"):
+        os.rename(os.path.join(b, d), os.path.join(b, d.replace("extra", "other").replace("train", "more")))
+    ok(run("pack", b, dst))
+    assert sorted(read_keys(dst)) == sorted(keys_b)
+
+
 def test_system_tar_formats(ctx):
     d = ctx.dir("tars")
     src = os.path.join(d, "src")
@@ -268,7 +282,8 @@ def main():
         if have_s3:
             s3 = S3rver()
         ctx = Ctx(scratch, s3)
-        tests = [test_pack_read_exactly_once, test_resume_exact_and_elastic, test_system_tar_formats,
+        tests = [test_pack_read_exactly_once, test_resume_exact_and_elastic,
+                 test_repacked_dataset_is_listed_again, test_system_tar_formats,
                  test_corrupt_and_truncated_shards, test_bad_input, test_interrupt_prints_token]
         if have_s3:
             tests.append(test_s3_pack_read_slowdown)

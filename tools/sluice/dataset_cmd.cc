@@ -372,14 +372,16 @@ int run_read(DatasetArgs& a, const std::string& home) {
   // A dataset replaced in place (packed again) within the catalog's lifetime: two stats
   // catch it before any read fails on it, and the dataset is listed again.
   if ((*ds)->from_catalog()) {
+    bool stale = false;
     for (const auto* sh : {&(*ds)->shards().front(), &(*ds)->shards().back()}) {
       auto info = (*ds)->store().stat(sh->key);
-      if (!info || info->etag != sh->etag || info->size != sh->size) {
-        a.refresh = true;
-        ds = open_dataset(a, home, !a.no_cache, true);
-        if (!ds) return report_error(ds.error());
-        break;
-      }
+      stale = stale || !info || info->etag != sh->etag || info->size != sh->size;
+    }
+    if (stale) {
+      ds->reset();  // first: its store holds the cache directory's lock
+      a.refresh = true;
+      ds = open_dataset(a, home, !a.no_cache, true);
+      if (!ds) return report_error(ds.error());
     }
   }
   auto* cache = dynamic_cast<cache::TieredCache*>(&(*ds)->store());

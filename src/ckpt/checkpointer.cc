@@ -26,6 +26,7 @@
 #include <thread>
 #include <tuple>
 
+#include "core/parallel.h"
 #include "sluice/xfer/copy.h"
 
 namespace sluice::ckpt {
@@ -970,28 +971,6 @@ Result<uint64_t> CheckpointerImpl::latest() {
     if (manifest(it->step)) return it->step;
   return fail(Code::kNotFound, "series " + o_.series + " has no committed checkpoint on " +
                                    std::to_string(o_.tiers.size()) + " tier(s)");
-}
-
-// Runs fn(0..n-1) on up to `parallel` threads; the first error wins.
-Status parallel_for(size_t n, unsigned parallel, const std::function<Status(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::optional<Error> first;
-  auto work = [&] {
-    for (size_t k; (k = next.fetch_add(1)) < n;) {
-      if (auto st = fn(k); !st) {
-        std::lock_guard lk(mu);
-        if (!first) first = st.error();
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  unsigned t = std::min<size_t>(std::max(1u, parallel), n);
-  for (unsigned i = 1; i < t; ++i) threads.emplace_back(work);
-  work();
-  for (auto& th : threads) th.join();
-  if (first) return std::unexpected(*first);
-  return ok();
 }
 
 // One chunk of one tensor to read and check.

@@ -11,12 +11,14 @@
 namespace sluice::store {
 namespace {
 
-Result<std::unique_ptr<Store>> open_file(std::string_view uri, const StoreOptions&) {
+Result<std::unique_ptr<Store>> open_file(std::string_view uri, const StoreOptions& options) {
   std::string path(uri.starts_with("file://") ? uri.substr(7) : uri);
   if (path.empty())
     return fail(Code::kInvalidArgument, "store URI '" + std::string(uri) + "' has no path");
   std::error_code ec;
-  std::filesystem::create_directories(path, ec);
+  if (!options.create && !std::filesystem::exists(path, ec))
+    return fail(Code::kNotFound, "store directory '" + path + "' does not exist");
+  if (options.create) std::filesystem::create_directories(path, ec);
   if (ec) return fail_errno(ec.value(), "create store directory '" + path + "'");
   if (!std::filesystem::is_directory(path, ec))
     return fail(Code::kInvalidArgument, "store path '" + path + "' is not a directory");

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/parallel.h"
 #include "sluice/core/fd.h"
 #include "sluice/stream/tar.h"
 #include "stream/backoff.h"
@@ -45,29 +46,6 @@ Result<std::vector<TarSample>> scan_shard(store::Store& store, const store::Obje
   return parse_tar(source, 0, info.size, info.key);
 }
 
-// Runs fn(i) for i in [0, n) on up to `threads` threads; the first error wins.
-Status parallel_for(size_t n, unsigned threads, const std::function<Status(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::optional<Error> first;
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      auto st = fn(i);
-      if (!st) {
-        std::lock_guard lock(mu);
-        if (!first) first = st.error();
-        next.store(n);
-      }
-    }
-  };
-  std::vector<std::jthread> pool;
-  for (unsigned t = 1; t < std::min<size_t>(threads, n); ++t) pool.emplace_back(work);
-  work();
-  pool.clear();
-  if (first) return std::unexpected(*first);
-  return ok();
-}
-
 // Lists the prefix and learns each shard's samples (from its index, or by scanning it).
 Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
                               const DatasetOptions& options) {
@@ -75,6 +53,11 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
                           retry_unavailable([&] { return store.list_all(prefix); }, [] {}));
   if (listing.empty())
     return fail(Code::kNotFound, "dataset " + store.uri() + " prefix '" + prefix + "': no objects");
+  // The listing is untrusted: a key outside the prefix asked for is a broken store.
+  for (const auto& o : listing)
+    if (!o.key.starts_with(prefix) || o.key.size() == prefix.size())
+      return fail(Code::kCorruption, "dataset " + store.uri() + ": the listing of '" + prefix +
+                                         "' holds '" + o.key + "', which is outside it");
   std::vector<const store::ObjectInfo*> tars;
   std::unordered_map<std::string, const store::ObjectInfo*> by_key;
   bool other = false;

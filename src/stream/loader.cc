@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "core/executor.h"
@@ -414,7 +415,18 @@ struct Loader::Impl {
     std::vector<uint64_t> where;
     uint64_t total = 0;
     auto ranges = plan_reads(samples, where, total);
-    auto buffer = std::shared_ptr<std::byte[]>(new std::byte[std::max<uint64_t>(total, 1)]);
+    // Sizes come from the listing and the indexes, which may lie: an allocation that cannot
+    // be made is an error naming the sizes, not an abort.
+    std::byte* raw = total > (uint64_t{1} << 48) ? nullptr
+                                                 : new (std::nothrow)
+                                                       std::byte[std::max<uint64_t>(total, 1)];
+    if (!raw) {
+      slice->error = Error(Code::kNoSpace, "loader: cannot allocate " + std::to_string(total) +
+                                               " bytes for " + std::to_string(samples.size()) +
+                                               " samples (sizes from the listing or an index)");
+      return slice;
+    }
+    auto buffer = std::shared_ptr<std::byte[]>(raw);
     slice->bytes = total;
     if (auto st = read_all(ranges, buffer.get()); !st) {
       slice->error = st.error();

@@ -197,7 +197,8 @@ def test_bad_input(ctx):
             (("read", dst, "--rank", "2", "--world", "2"), 2, "rank 2"),
             (("read", dst, "--seed", "1", "--resume", "v1.0.5.10.0000000000000000.1.0"), 2,
              "another dataset"),
-            (("read", os.path.join(ctx.scratch, "nothing-here")), 1, "no objects"),
+            (("read", os.path.join(ctx.scratch, "nothing-here")), 1, "does not exist"),
+            (("stat", os.path.join(ctx.scratch, "nothing-here")), 1, "does not exist"),
             (("pack", src, dst), 1, "already holds objects"),
             (("pack", os.path.join(ctx.scratch, "missing"), ctx.dir("x")), 1, "not a directory"),
             (("pack", src, ctx.dir("y"), "--shard-size", "1"), 2, "shard-size"),
@@ -210,6 +211,11 @@ def test_bad_input(ctx):
         r = run(*args, "--daemon", "none") if args[0] == "read" else run(*args)
         assert r.returncode == code and words in r.stderr, (args, r.returncode, r.stderr)
         assert "Traceback" not in r.stderr and "terminate" not in r.stderr
+    assert not os.path.exists(os.path.join(ctx.scratch, "nothing-here")), "a reader created the path"
+    empty = ctx.dir("empty")
+    os.makedirs(empty)
+    r = run("stat", empty)
+    assert r.returncode == 1 and "no objects" in r.stderr, r.stderr
 
 
 def test_interrupt_prints_token(ctx):

@@ -127,6 +127,7 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
                                                       bool through_cache, bool catalog = false) {
   SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
   SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
+  so.create = false;  // ls, stat and read only read: a mistyped path is not a new directory
   const auto* s3o = so.backend.get<s3::S3Options>();
   // s3://bucket names a bucket on some server: the catalog must know which.
   std::string store_id =

@@ -173,6 +173,9 @@ class BackendOptions {
 // What open_store hands to a backend.
 struct StoreOptions {
   telemetry::Registry* registry = nullptr;  // where the store records metrics; may be null
+  // file://: create the directory when it is missing. false, for commands that only read:
+  // a missing directory is NotFound, so a mistyped path is an error, not a new directory.
+  bool create = true;
   BackendOptions backend;
 };
 

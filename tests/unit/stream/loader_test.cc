@@ -11,6 +11,7 @@
 
 #include "sluice/mem/target.h"
 #include "sluice/store/store.h"
+#include "sluice/store/wrapper.h"
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/pack.h"
 #include "sluice/stream/tar.h"
@@ -601,6 +602,49 @@ TEST(Dataset, ObjectsOfOneKeyAreOneSampleWhereverTheyList) {
   ASSERT_EQ((*first)->fields.size(), 3u);
   EXPECT_EQ((*first)->fields[0].name, "data");
   EXPECT_EQ((*first)->fields[1].name, "bin");
+}
+
+}  // namespace
+}  // namespace sluice::stream
+
+namespace sluice::stream {
+namespace {
+
+// A store whose listings lie: sizes multiplied, or a key outside the prefix added.
+class LyingListing : public store::StoreWrapper {
+ public:
+  LyingListing(std::unique_ptr<store::Store> target, bool huge, bool outside)
+      : StoreWrapper(std::move(target)), huge_(huge), outside_(outside) {}
+  Result<store::ListPage> list(const store::ListOptions& o) override {
+    SLUICE_ASSIGN_OR_RETURN(auto page, StoreWrapper::list(o));
+    for (auto& obj : page.objects)
+      if (huge_) obj.size = uint64_t{1} << 50;
+    if (outside_) page.objects.push_back({"elsewhere/x.bin", 1, 0, "e"});
+    return page;
+  }
+
+ private:
+  bool huge_, outside_;
+};
+
+TEST(Dataset, ListingsThatLieAreErrorsNotAborts) {
+  auto make = [](bool huge, bool outside) {
+    auto mem = store::make_memory_store();
+    for (int i = 0; i < 5; ++i)
+      EXPECT_TRUE(mem->put("o/" + std::to_string(i) + ".bin", testing::random_bytes(100, i)));
+    return std::make_shared<LyingListing>(std::move(mem), huge, outside);
+  };
+  auto outside = Dataset::open(make(false, true), "o/");
+  ASSERT_FALSE(outside);
+  EXPECT_EQ(outside.error().code(), Code::kCorruption);
+  EXPECT_NE(outside.error().message().find("elsewhere/x.bin"), std::string::npos);
+  // Objects listed at 1 PiB each: the loader fails cleanly instead of aborting.
+  auto ds = open_ds(make(true, false), "o/");
+  ASSERT_TRUE(ds);
+  Loader l(ds, {.memory_bytes = 4 << 20});
+  auto r = l.next();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kNoSpace) << r.error().to_string();
 }
 
 }  // namespace

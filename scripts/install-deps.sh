@@ -19,6 +19,8 @@ packages=(
   libxxhash-dev                                  # XXH3 checksums of cache chunks
   libmicrohttpd-dev                              # sluiced peer and /metrics HTTP server
   libinih-dev                                    # ~/.aws/credentials and ~/.aws/config
+  libsqlite3-dev                                 # the embedded ledger (quotas, usage)
+  libpq-dev                                      # the PostgreSQL ledger of a fleet
   clang-format                                   # formatting check
 )
 if [[ "${1:-}" == "--bench" ]]; then

@@ -1,7 +1,9 @@
 // Helpers shared by the tests: temporary directories, random bytes, scratch mounts.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -76,6 +78,61 @@ inline std::vector<std::byte> random_bytes(size_t n, uint64_t seed = 1) {
 inline std::span<const std::byte> as_bytes(const std::string& s) {
   return std::as_bytes(std::span(s.data(), s.size()));
 }
+
+// A server started through one of the Python harnesses' `serve` mode
+// (tests/integration/rgw_harness.py, pg_harness.py): the harness prints one JSON line
+// describing the server (or {"skip": reason}) and stops it when its stdin closes, so the
+// server never outlives the test, even a killed one.
+class ServedHarness {
+ public:
+  ServedHarness() = default;
+  ServedHarness(const ServedHarness&) = delete;
+  ServedHarness& operator=(const ServedHarness&) = delete;
+  ~ServedHarness() { stop(); }
+
+  // Starts `/usr/bin/python3 script serve args...`; returns the line it printed (empty
+  // if it printed none).
+  std::string start(const std::string& script, const std::vector<std::string>& args) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0) return {};
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+      ::close(in[0]);
+      ::close(in[1]);
+      return {};
+    }
+    std::vector<std::string> argv_s{"python3", script, "serve"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      ::execv("/usr/bin/python3", argv.data());
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    stdin_ = in[1];
+    std::string line;
+    char c;
+    while (::read(out[0], &c, 1) == 1 && c != '\n') line += c;
+    ::close(out[0]);
+    return line;
+  }
+
+  void stop() {
+    if (stdin_ >= 0) ::close(stdin_);  // EOF: the harness stops its server
+    stdin_ = -1;
+    if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_ = -1;
+};
 
 // RUN_ALL_TESTS, but returns 77 (ctest's SKIP_RETURN_CODE) when tests were skipped and
 // none passed, so a binary that could test nothing here says SKIP rather than pass.

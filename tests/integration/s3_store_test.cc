@@ -25,6 +25,7 @@ namespace {
 
 using sluice::testing::as_bytes;
 using sluice::testing::random_bytes;
+using sluice::testing::ServedHarness;
 using sluice::testing::TempDir;
 
 std::string find_s3rver() {
@@ -117,26 +118,8 @@ class S3rverServer : public ::testing::Environment {
 class RgwServer : public ::testing::Environment {
  public:
   void SetUp() override {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) {
-      g_rgw.skip_reason = "pipe failed";
-      return;
-    }
-    std::string harness = std::string(SLUICE_SOURCE_DIR) + "/tests/integration/rgw_harness.py";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      ::execl("/usr/bin/python3", "python3", harness.c_str(), "serve", "--bucket", "unit", nullptr);
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    stdin_ = in[1];
-    std::string line;
-    char c;
-    while (::read(out[0], &c, 1) == 1 && c != '\n') line += c;
-    ::close(out[0]);
+    std::string line = harness_.start(
+        std::string(SLUICE_SOURCE_DIR) + "/tests/integration/rgw_harness.py", {"--bucket", "unit"});
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       g_rgw.skip_reason = "rgw_harness.py serve printed no JSON: '" + line + "'";
@@ -149,14 +132,10 @@ class RgwServer : public ::testing::Environment {
       g_rgw.skip_reason.clear();
     }
   }
-  void TearDown() override {
-    if (stdin_ >= 0) ::close(stdin_);  // EOF: the harness stops RGW, the OSD and the mon
-    if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
-  }
+  void TearDown() override { harness_.stop(); }
 
  private:
-  pid_t pid_ = -1;
-  int stdin_ = -1;
+  ServedHarness harness_;
 };
 
 S3Options options_for(const Server& s) {

@@ -1,0 +1,45 @@
+// sluice/ledger/charging_store.h: the store decorator that charges every write to a team.
+//
+// Wrapped around any store, it finds the project that owns each key (the longest project
+// location that the store's URI plus the key lies under) and:
+// - on create, reserves the object (and its size, when WriteOptions::size_hint gives it)
+//   against the project team's quota on the tier, so a write that would pass a limit fails
+//   with QuotaExceeded before a byte is written;
+// - while bytes arrive, grows the reservation ahead of them (by at least `min_growth`, and
+//   doubling), so the reservation always covers what was written;
+// - on commit, charges what was really written (for an overwrite, the difference from the
+//   old object) and ends the reservation; on abort, or a writer dropped without commit,
+//   releases it;
+// - on remove, uncharges the object.
+// Keys outside every project pass through uncharged, unless `require_project` is set.
+//
+// Once the wrapped store has published an object, its commit succeeds even if the ledger
+// then cannot be reached: the object is there, and refusing would lie. The reservation then
+// expires on its own and the usage is short until `sluice usage reconcile` recounts it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "sluice/ledger/ledger.h"
+#include "sluice/store/store.h"
+
+namespace sluice::ledger {
+
+struct ChargingOptions {
+  std::optional<Tier> tier;  // charge this tier instead of the project's own
+  std::optional<Kind> kind;  // charge as this kind instead of the project's default
+  // Refuse (PermissionDenied) writes to keys no project owns.
+  bool require_project = false;
+  // The smallest step a reservation grows by when a writer passes what it reserved.
+  uint64_t min_growth = 64ull << 20;
+};
+
+// Loads the projects from the ledger now (and again, at most every few seconds, when a
+// key has no owner), so a ledger that cannot be reached fails here.
+Result<std::unique_ptr<store::Store>> with_charging(std::unique_ptr<store::Store> store,
+                                                    std::shared_ptr<Ledger> ledger,
+                                                    const ChargingOptions& options = {});
+
+}  // namespace sluice::ledger

@@ -1,0 +1,198 @@
+// sluice/ledger/ledger.h: what sluice stores, charged to teams; quotas enforced before a
+// write starts.
+//
+// The ledger is a small catalog in SQLite (the embedded default, `$SLUICE_HOME/ledger.db`)
+// or PostgreSQL (a fleet: `postgresql://...`, shared by every node). It knows:
+// - teams, and projects: a project is a location prefix ("s3://bucket/vision/",
+//   "file:///scratch/nlp") with an ID, an owning team, the tier its bytes rest on and the
+//   kind of data it holds by default; everything written under it is charged to it;
+// - usage: bytes and objects by project, tier and kind (and so by team), each with the time
+//   it was last changed;
+// - accounts: per team and tier, the usage, the bytes and objects reserved by writers in
+//   flight, and the quota (soft and hard limits on bytes and on objects, a grace period);
+// - history: samples of every account over time, for forecasts.
+//
+// A writer reserves what it will write before it writes (`reserve`), grows the reservation
+// if it writes more (`grow`), and then either `commit`s (the usage changes by what it
+// really wrote and the reservation goes) or `release`s. A reservation is refused with
+// QuotaExceeded when used + reserved + asked would pass the hard limit, or the soft limit
+// once its grace period is over; the check and the reservation are one atomic step, so
+// concurrent writers can never pass a hard limit together. A reservation not committed or
+// released within its time to live (a crashed writer) expires and stops counting.
+//
+// Thread-safe; one Ledger per process is enough. docs/ledger.md says more; the schema is
+// docs/formats/ledger-schema.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/core/status.h"
+
+namespace sluice::ledger {
+
+class Db;
+
+enum class Tier { kRam, kNvme, kPeer, kObject };
+enum class Kind { kDataset, kCheckpoint, kScratch, kCache };
+inline constexpr Tier kAllTiers[] = {Tier::kRam, Tier::kNvme, Tier::kPeer, Tier::kObject};
+inline constexpr Kind kAllKinds[] = {Kind::kDataset, Kind::kCheckpoint, Kind::kScratch,
+                                     Kind::kCache};
+
+std::string_view tier_name(Tier tier);  // "ram", "nvme", "peer", "object"
+std::string_view kind_name(Kind kind);  // "dataset", "checkpoint", "scratch", "cache"
+Result<Tier> parse_tier(std::string_view name);
+Result<Kind> parse_kind(std::string_view name);
+// The tier a location's scheme rests on: s3:// object, mem:// ram, peer:// and node+ peer,
+// file:// and plain paths nvme.
+Tier tier_of_location(std::string_view location);
+
+// Team and project names: 1-64 bytes of [A-Za-z0-9._-], not starting with '.' or '-'.
+Status validate_name(std::string_view what, std::string_view name);
+
+struct Project {
+  std::string id;
+  std::string team;
+  std::string location;  // normalised: no trailing '/', file:// for plain paths
+  Tier tier = Tier::kNvme;
+  Kind kind = Kind::kScratch;
+  int64_t created_ns = 0;
+};
+
+// Limits of one team on one tier. Unset means unlimited. Past the soft limit writes still
+// succeed for `grace`; after that the soft limit refuses like the hard one, until usage
+// drops below it again.
+struct Limits {
+  std::optional<int64_t> soft_bytes, hard_bytes;
+  std::optional<int64_t> soft_objects, hard_objects;
+  std::chrono::seconds grace{7 * 24 * 3600};
+};
+
+struct Account {
+  std::string team;
+  Tier tier = Tier::kNvme;
+  int64_t used_bytes = 0, used_objects = 0;
+  int64_t reserved_bytes = 0, reserved_objects = 0;
+  Limits limits;
+  std::optional<int64_t> over_soft_since_ns;  // when usage first went past a soft limit
+  int64_t updated_ns = 0;
+};
+
+struct Usage {
+  std::string team, project;
+  Tier tier = Tier::kNvme;
+  Kind kind = Kind::kScratch;
+  int64_t bytes = 0, objects = 0;
+  int64_t updated_ns = 0;  // when this figure was last true (last change or recount)
+};
+
+struct HistoryPoint {
+  int64_t t_ns = 0;
+  int64_t bytes = 0, objects = 0;
+};
+
+// What a charge is against: a project's usage on one tier, of one kind.
+struct ChargeTarget {
+  std::string project;
+  std::string team;  // the project's team
+  Tier tier = Tier::kNvme;
+  Kind kind = Kind::kScratch;
+};
+
+struct LedgerOptions {
+  // How long a reservation lives unless committed, released or grown (which renews it).
+  std::chrono::seconds reservation_ttl{15 * 60};
+  // An account's usage is sampled into the history at most this often (on commits).
+  std::chrono::seconds history_interval{3600};
+  // PostgreSQL: connections kept open for this process's concurrent callers.
+  size_t max_connections = 16;
+  // Test hook: the clock (nanoseconds since the Unix epoch); null means the real one.
+  int64_t (*clock)() = nullptr;
+};
+
+class Ledger {
+ public:
+  // Opens (and creates, the first time) a ledger:
+  //   sqlite:///abs/path/ledger.db, or a plain path ending in .db   SQLite file
+  //   postgresql://user[:password]@host[:port]/db[?...]             PostgreSQL (also postgres://)
+  // An unreachable server is Unavailable, naming it (without the password).
+  static Result<std::unique_ptr<Ledger>> open(std::string_view uri,
+                                              const LedgerOptions& options = {});
+  ~Ledger();
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+
+  // Where the ledger is, without a password.
+  std::string describe() const;
+
+  // --- teams and projects --------------------------------------------------------------
+  Status add_team(std::string_view team);  // AlreadyExists if it is there
+  Result<std::vector<std::string>> teams();
+  // The team must exist (NotFound otherwise); the ID and the location must be new. A
+  // location inside or around another project's is refused (InvalidArgument): every byte
+  // belongs to one project.
+  Status add_project(Project project);
+  // Only a project with no usage left (FailedPrecondition as InvalidArgument otherwise).
+  Status remove_project(std::string_view id);
+  Result<std::vector<Project>> projects();
+  // The project owning `location` (the longest project location it lies under), or null.
+  static const Project* owner_of(const std::vector<Project>& projects, std::string_view location);
+
+  // --- quotas --------------------------------------------------------------------------
+  // Replaces the team's limits on a tier. NotFound for an unknown team.
+  Status set_limits(std::string_view team, Tier tier, const Limits& limits);
+  // Every account, or one team's (NotFound for an unknown team).
+  Result<std::vector<Account>> accounts(std::string_view team = {});
+
+  // --- reservations ----------------------------------------------------------------------
+  // Reserves bytes and objects against the target's team and tier. QuotaExceeded names the
+  // team, tier, limit, usage and what was asked. Returns the reservation's ID.
+  Result<std::string> reserve(const ChargeTarget& target, int64_t bytes, int64_t objects);
+  // Adds to a reservation (a writer that writes more than it first said), checked like
+  // reserve; renews its time to live. NotFound when it expired.
+  Status grow(std::string_view reservation, const ChargeTarget& target, int64_t bytes,
+              int64_t objects);
+  // Ends a reservation and changes the target's usage by (bytes, objects), which may be
+  // negative (an overwrite with a smaller object) and need not equal what was reserved.
+  // A reservation that already expired still charges the usage.
+  Status commit(std::string_view reservation, const ChargeTarget& target, int64_t bytes,
+                int64_t objects);
+  // Ends a reservation without charging anything.
+  Status release(std::string_view reservation);
+  // Changes usage with no reservation (a removal: negative figures).
+  Status charge(const ChargeTarget& target, int64_t bytes, int64_t objects);
+  // Drops every reservation past its time to live; returns how many.
+  Result<int64_t> expire_reservations();
+
+  // --- usage, reconciliation and history -------------------------------------------------
+  Result<std::vector<Usage>> usage();
+  // Sets one usage figure to what a recount found (reconcile), keeping the account in step.
+  Status set_usage(const ChargeTarget& target, int64_t bytes, int64_t objects);
+  // Recomputes every account's used and reserved figures from the usage rows and the live
+  // reservations; returns the accounts whose figures changed.
+  Result<int64_t> recount_accounts();
+  // Appends a sample of every account (or records one given point, for imports and tests).
+  Status record_history();
+  Status add_history(std::string_view team, Tier tier, const HistoryPoint& point);
+  Result<std::vector<HistoryPoint>> history(std::string_view team, Tier tier, int64_t since_ns = 0);
+
+  int64_t now_ns() const;
+
+ private:
+  Ledger(std::unique_ptr<Db> db, LedgerOptions options);
+  Status ensure_account(const std::string& team, Tier tier);
+  Error quota_error(const ChargeTarget& target, int64_t bytes, int64_t objects);
+  void maybe_sample(const std::string& team, Tier tier);
+
+  std::unique_ptr<Db> db_;
+  LedgerOptions options_;
+  struct Sampling;
+  std::unique_ptr<Sampling> sampling_;
+};
+
+}  // namespace sluice::ledger

@@ -1,0 +1,232 @@
+// The charging decorator: reservations around every Writer, uncharges on remove.
+#include "sluice/ledger/charging_store.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "sluice/store/wrapper.h"
+
+namespace sluice::ledger {
+namespace {
+
+constexpr auto kProjectRefresh = std::chrono::seconds(5);
+
+class ChargingWriter final : public store::Writer {
+ public:
+  ChargingWriter(std::unique_ptr<store::Writer> inner, std::shared_ptr<Ledger> ledger,
+                 ChargeTarget target, std::string reservation, int64_t reserved,
+                 std::optional<int64_t> old_size, uint64_t min_growth)
+      : inner_(std::move(inner)),
+        ledger_(std::move(ledger)),
+        target_(std::move(target)),
+        reservation_(std::move(reservation)),
+        reserved_(reserved),
+        old_size_(old_size),
+        min_growth_(static_cast<int64_t>(min_growth)) {}
+
+  ~ChargingWriter() override { abort(); }
+
+  Status append(std::span<const std::byte> data) override {
+    SLUICE_RETURN_IF_ERROR(cover(inner_->size() + data.size()));
+    return inner_->append(data);
+  }
+
+  bool positional() const override { return inner_->positional(); }
+
+  Status write_at(uint64_t offset, std::span<const std::byte> data) override {
+    SLUICE_RETURN_IF_ERROR(cover(offset + data.size()));
+    return inner_->write_at(offset, data);
+  }
+
+  std::string local_path() const override { return inner_->local_path(); }
+
+  Status extend_to(uint64_t size) override {
+    SLUICE_RETURN_IF_ERROR(cover(size));
+    return inner_->extend_to(size);
+  }
+
+  uint64_t size() const override { return inner_->size(); }
+
+  Status commit() override {
+    {
+      std::lock_guard lock(mu_);
+      if (done_) return fail(Code::kInvalidArgument, "commit of a finished writer");
+      done_ = true;
+    }
+    // Some writers forget their size once committed.
+    int64_t bytes = static_cast<int64_t>(inner_->size());
+    Status s = inner_->commit();
+    if (!s) {
+      (void)ledger_->release(reservation_);  // expires on its own if this fails too
+      return s;
+    }
+    int64_t objects = 1;
+    if (old_size_) {  // replaced an object that was charged already
+      bytes -= *old_size_;
+      objects = 0;
+    }
+    // The object is published: a ledger that fails now leaves the usage short (reconcile
+    // recounts it) rather than reporting a write that happened as failed.
+    (void)ledger_->commit(reservation_, target_, bytes, objects);
+    return {};
+  }
+
+  void abort() override {
+    {
+      std::lock_guard lock(mu_);
+      if (done_) return;
+      done_ = true;
+    }
+    inner_->abort();
+    (void)ledger_->release(reservation_);
+  }
+
+ private:
+  // Grows the reservation so it covers `end` bytes; a refusal aborts the write.
+  Status cover(uint64_t end) {
+    std::lock_guard lock(mu_);
+    if (done_) return fail(Code::kInvalidArgument, "write to a finished writer");
+    int64_t need = static_cast<int64_t>(end);
+    if (need <= reserved_) return {};
+    int64_t step = std::max({need - reserved_, min_growth_, reserved_});
+    Status s = ledger_->grow(reservation_, target_, step, 0);
+    if (!s) {
+      done_ = true;
+      inner_->abort();
+      (void)ledger_->release(reservation_);
+      return std::unexpected(
+          s.error().with_context("writing into project '" + target_.project + "'"));
+    }
+    reserved_ += step;
+    return {};
+  }
+
+  std::unique_ptr<store::Writer> inner_;
+  std::shared_ptr<Ledger> ledger_;
+  ChargeTarget target_;
+  std::string reservation_;
+  std::mutex mu_;
+  int64_t reserved_;
+  std::optional<int64_t> old_size_;
+  int64_t min_growth_;
+  bool done_ = false;
+};
+
+class ChargingStore final : public store::StoreWrapper {
+ public:
+  ChargingStore(std::unique_ptr<store::Store> target, std::shared_ptr<Ledger> ledger,
+                ChargingOptions options)
+      : StoreWrapper(std::move(target)), ledger_(std::move(ledger)), options_(options) {
+    root_ = StoreWrapper::uri();
+    while (!root_.empty() && root_.back() == '/' && !root_.ends_with("://")) root_.pop_back();
+  }
+
+  Status load_projects() {
+    SLUICE_ASSIGN_OR_RETURN(auto projects, ledger_->projects());
+    std::lock_guard lock(mu_);
+    projects_ = std::move(projects);
+    loaded_ = std::chrono::steady_clock::now();
+    return {};
+  }
+
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions& options) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_ASSIGN_OR_RETURN(auto target, target_of(key));
+    if (!target) return StoreWrapper::create(key, options);
+    std::optional<int64_t> old_size;
+    if (options.overwrite) {
+      auto old = StoreWrapper::stat(key);
+      if (old)
+        old_size = static_cast<int64_t>(old->size);
+      else if (old.error().code() != Code::kNotFound)
+        return std::unexpected(old.error());
+    }
+    int64_t bytes = options.size_hint ? static_cast<int64_t>(*options.size_hint) : 0;
+    // An overwrite adds no object; its bytes are reserved in full (the old ones are freed
+    // only once the new object is published).
+    auto reservation = ledger_->reserve(*target, bytes, old_size ? 0 : 1);
+    if (!reservation)
+      return std::unexpected(reservation.error().with_context("cannot write " + root_ + "/" +
+                                                              std::string(key) + " (project '" +
+                                                              target->project + "')"));
+    auto inner = StoreWrapper::create(key, options);
+    if (!inner) {
+      (void)ledger_->release(*reservation);
+      return std::unexpected(inner.error());
+    }
+    return std::make_unique<ChargingWriter>(std::move(*inner), ledger_, std::move(*target),
+                                            std::move(*reservation), bytes, old_size,
+                                            options_.min_growth);
+  }
+
+  Status remove(std::string_view key) override {
+    SLUICE_ASSIGN_OR_RETURN(auto target, target_of(key));
+    if (!target) return StoreWrapper::remove(key);
+    auto info = StoreWrapper::stat(key);
+    SLUICE_RETURN_IF_ERROR(StoreWrapper::remove(key));
+    if (info) (void)ledger_->charge(*target, -static_cast<int64_t>(info->size), -1);
+    return {};
+  }
+
+  Status remove_many(std::span<const std::string> keys) override {
+    std::map<std::string, std::pair<ChargeTarget, std::pair<int64_t, int64_t>>> freed;
+    for (const auto& key : keys) {
+      SLUICE_ASSIGN_OR_RETURN(auto target, target_of(key));
+      if (!target) continue;
+      auto info = StoreWrapper::stat(key);
+      if (!info) continue;
+      std::string id = target->project + "\n" + std::string(tier_name(target->tier)) + "\n" +
+                       std::string(kind_name(target->kind));
+      auto& f =
+          freed.try_emplace(id, std::move(*target), std::pair<int64_t, int64_t>{}).first->second;
+      f.second.first += static_cast<int64_t>(info->size);
+      f.second.second += 1;
+    }
+    SLUICE_RETURN_IF_ERROR(StoreWrapper::remove_many(keys));
+    for (auto& [id, f] : freed) (void)ledger_->charge(f.first, -f.second.first, -f.second.second);
+    return {};
+  }
+
+ private:
+  // The charge target of a key, or nullopt when no project owns it (and that is allowed).
+  Result<std::optional<ChargeTarget>> target_of(std::string_view key) {
+    std::string location = root_ + "/" + std::string(key);
+    for (int pass = 0; pass < 2; ++pass) {
+      {
+        std::lock_guard lock(mu_);
+        if (const Project* p = Ledger::owner_of(projects_, location)) {
+          return ChargeTarget{p->id, p->team, options_.tier.value_or(p->tier),
+                              options_.kind.value_or(p->kind)};
+        }
+        if (pass == 1 || std::chrono::steady_clock::now() - loaded_ < kProjectRefresh) break;
+      }
+      SLUICE_RETURN_IF_ERROR(load_projects());  // a project added since
+    }
+    if (options_.require_project)
+      return fail(Code::kPermissionDenied, "no project owns " + location +
+                                               ": writes here must be charged to a team "
+                                               "(add one with sluice project add)");
+    return std::optional<ChargeTarget>{};
+  }
+
+  std::shared_ptr<Ledger> ledger_;
+  ChargingOptions options_;
+  std::string root_;
+  std::mutex mu_;
+  std::vector<Project> projects_;
+  std::chrono::steady_clock::time_point loaded_{};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<store::Store>> with_charging(std::unique_ptr<store::Store> store,
+                                                    std::shared_ptr<Ledger> ledger,
+                                                    const ChargingOptions& options) {
+  auto charging = std::make_unique<ChargingStore>(std::move(store), std::move(ledger), options);
+  SLUICE_RETURN_IF_ERROR(charging->load_projects());
+  return charging;
+}
+
+}  // namespace sluice::ledger

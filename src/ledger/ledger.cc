@@ -1,0 +1,942 @@
+// The ledger: schema, projects, accounts, reservations and history over ledger/db.h.
+// docs/formats/ledger-schema.md documents the tables; docs/ledger.md the behaviour.
+#include "sluice/ledger/ledger.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "ledger/db.h"
+
+namespace sluice::ledger {
+
+int64_t Row::i64(size_t i) const {
+  const Value& v = cols.at(i);
+  if (const auto* n = std::get_if<int64_t>(&v)) return *n;
+  if (const auto* s = std::get_if<std::string>(&v)) {
+    // PostgreSQL sends SUM(bigint) as numeric text; both send integers we wrote ourselves.
+    int64_t n = 0;
+    auto [p, ec] = std::from_chars(s->data(), s->data() + s->size(), n);
+    if (ec == std::errc() && p == s->data() + s->size()) return n;
+  }
+  return 0;
+}
+
+std::optional<int64_t> Row::opt_i64(size_t i) const {
+  if (is_null(i)) return std::nullopt;
+  return i64(i);
+}
+
+std::string Row::text(size_t i) const {
+  const Value& v = cols.at(i);
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* n = std::get_if<int64_t>(&v)) return std::to_string(*n);
+  return {};
+}
+
+namespace {
+
+constexpr int64_t kSchemaVersion = 1;
+
+// Portable DDL: the same text runs on SQLite and PostgreSQL.
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS sluice_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS teams (name TEXT PRIMARY KEY, created_ns BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS projects (
+  id TEXT PRIMARY KEY,
+  team TEXT NOT NULL REFERENCES teams(name),
+  location TEXT NOT NULL UNIQUE,
+  tier TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  created_ns BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS accounts (
+  team TEXT NOT NULL REFERENCES teams(name),
+  tier TEXT NOT NULL,
+  used_bytes BIGINT NOT NULL DEFAULT 0,
+  used_objects BIGINT NOT NULL DEFAULT 0,
+  reserved_bytes BIGINT NOT NULL DEFAULT 0,
+  reserved_objects BIGINT NOT NULL DEFAULT 0,
+  soft_bytes BIGINT, hard_bytes BIGINT, soft_objects BIGINT, hard_objects BIGINT,
+  grace_ns BIGINT NOT NULL,
+  over_soft_since_ns BIGINT,
+  updated_ns BIGINT NOT NULL,
+  PRIMARY KEY (team, tier));
+CREATE TABLE IF NOT EXISTS usage (
+  project TEXT NOT NULL REFERENCES projects(id),
+  tier TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  team TEXT NOT NULL,
+  bytes BIGINT NOT NULL,
+  objects BIGINT NOT NULL,
+  updated_ns BIGINT NOT NULL,
+  PRIMARY KEY (project, tier, kind));
+CREATE TABLE IF NOT EXISTS reservations (
+  id TEXT PRIMARY KEY,
+  team TEXT NOT NULL,
+  tier TEXT NOT NULL,
+  bytes BIGINT NOT NULL,
+  objects BIGINT NOT NULL,
+  expires_ns BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS reservations_by_expiry ON reservations (expires_ns);
+CREATE TABLE IF NOT EXISTS history (
+  team TEXT NOT NULL,
+  tier TEXT NOT NULL,
+  t_ns BIGINT NOT NULL,
+  bytes BIGINT NOT NULL,
+  objects BIGINT NOT NULL,
+  PRIMARY KEY (team, tier, t_ns));
+)sql";
+
+// Whether adding ($3 bytes, $4 objects) at time $5 keeps the account within its quota:
+// never past a hard limit; past a soft limit only while its grace period runs.
+#define SLUICE_QUOTA_OK                                                                 \
+  "(hard_bytes IS NULL OR used_bytes + reserved_bytes + $3 <= hard_bytes)"              \
+  " AND (hard_objects IS NULL OR used_objects + reserved_objects + $4 <= hard_objects)" \
+  " AND (over_soft_since_ns IS NULL OR $5 - over_soft_since_ns < grace_ns"              \
+  " OR ((soft_bytes IS NULL OR used_bytes + reserved_bytes + $3 <= soft_bytes)"         \
+  " AND (soft_objects IS NULL OR used_objects + reserved_objects + $4 <= soft_objects)))"
+
+#define SLUICE_RESERVE_SET                                     \
+  "UPDATE accounts SET reserved_bytes = reserved_bytes + $3,"  \
+  " reserved_objects = reserved_objects + $4, updated_ns = $5" \
+  " WHERE team = $1 AND tier = $2 AND " SLUICE_QUOTA_OK
+
+// PostgreSQL: the check, the reservation and its row in one statement (one round trip).
+constexpr const char* kReservePg =
+    "WITH a AS (" SLUICE_RESERVE_SET
+    " RETURNING team) INSERT INTO reservations (id, team, tier, bytes, objects, expires_ns)"
+    " SELECT CAST($6 AS TEXT), a.team, CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($4 AS BIGINT),"
+    " CAST($7 AS BIGINT) FROM a";
+constexpr const char* kReserveSqlite = SLUICE_RESERVE_SET;
+constexpr const char* kInsertReservation =
+    "INSERT INTO reservations (id, team, tier, bytes, objects, expires_ns)"
+    " VALUES ($1, $2, $3, $4, $5, $6)";
+
+// Usage moves by ($6 bytes, $7 objects): the account's used figures (never below zero)
+// and whether it is past a soft limit, then the usage row.
+#define SLUICE_ACCOUNT_CHARGE                                                                 \
+  "used_bytes = CASE WHEN used_bytes + $6 < 0 THEN 0 ELSE used_bytes + $6 END,"               \
+  " used_objects = CASE WHEN used_objects + $7 < 0 THEN 0 ELSE used_objects + $7 END,"        \
+  " over_soft_since_ns = CASE WHEN (soft_bytes IS NOT NULL AND used_bytes + $6 > soft_bytes)" \
+  " OR (soft_objects IS NOT NULL AND used_objects + $7 > soft_objects)"                       \
+  " THEN COALESCE(over_soft_since_ns, $8) ELSE NULL END, updated_ns = $8"
+#define SLUICE_USAGE_UPSERT                                                         \
+  "INSERT INTO usage (project, tier, kind, team, bytes, objects, updated_ns)"       \
+  " VALUES ($4, $2, $5, $1, CASE WHEN $6 < 0 THEN 0 ELSE $6 END,"                   \
+  " CASE WHEN $7 < 0 THEN 0 ELSE $7 END, $8)"                                       \
+  " ON CONFLICT (project, tier, kind) DO UPDATE SET"                                \
+  " bytes = CASE WHEN usage.bytes + $6 < 0 THEN 0 ELSE usage.bytes + $6 END,"       \
+  " objects = CASE WHEN usage.objects + $7 < 0 THEN 0 ELSE usage.objects + $7 END," \
+  " updated_ns = $8"
+
+// $1 team, $2 tier, $3 reservation, $4 project, $5 kind, $6 bytes, $7 objects, $8 now.
+constexpr const char* kCommitPg =
+    "WITH r AS (DELETE FROM reservations WHERE id = $3 RETURNING bytes, objects),"
+    " a AS (UPDATE accounts SET"
+    " reserved_bytes = reserved_bytes - COALESCE((SELECT SUM(bytes) FROM r), 0),"
+    " reserved_objects = reserved_objects - COALESCE((SELECT SUM(objects) FROM r), "
+    "0), " SLUICE_ACCOUNT_CHARGE " WHERE team = $1 AND tier = $2 RETURNING 1) " SLUICE_USAGE_UPSERT;
+constexpr const char* kChargePg = "WITH a AS (UPDATE accounts SET " SLUICE_ACCOUNT_CHARGE
+                                  " WHERE team = $1 AND tier = $2 AND CAST($3 AS TEXT) IS NOT NULL "
+                                  "RETURNING 1) " SLUICE_USAGE_UPSERT;
+constexpr const char* kChargeAccountSqlite =
+    "UPDATE accounts SET " SLUICE_ACCOUNT_CHARGE
+    " WHERE team = $1 AND tier = $2 AND CAST($3 AS TEXT) IS NOT NULL"
+    " AND CAST($4 AS TEXT) IS NOT NULL AND CAST($5 AS TEXT) IS NOT NULL";
+constexpr const char* kUsageUpsertSqlite = SLUICE_USAGE_UPSERT;
+
+int64_t real_clock() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string human(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while ((v >= 1024 || v <= -1024) && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%" PRId64 " B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string quote(std::string_view s) {
+  return "'" + std::string(s) + "'";
+}
+
+std::string normalise_location(std::string_view location) {
+  std::string l(location);
+  if (l.find("://") == std::string::npos) l = "file://" + l;
+  while (l.size() > 1 && l.back() == '/' && !l.ends_with("://")) l.pop_back();
+  return l;
+}
+
+// A fresh, unguessable-enough reservation ID: 64 random bits per process and a counter.
+std::string new_reservation_id() {
+  static const uint64_t process = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }();
+  static std::atomic<uint64_t> counter{0};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64 "-%" PRIu64, process, counter.fetch_add(1) + 1);
+  return buf;
+}
+
+Account account_from_row(const Row& r) {
+  // team, tier, used_bytes, used_objects, reserved_bytes, reserved_objects, soft_bytes,
+  // hard_bytes, soft_objects, hard_objects, grace_ns, over_soft_since_ns, updated_ns
+  Account a;
+  a.team = r.text(0);
+  a.tier = parse_tier(r.text(1)).value_or(Tier::kNvme);
+  a.used_bytes = r.i64(2);
+  a.used_objects = r.i64(3);
+  a.reserved_bytes = r.i64(4);
+  a.reserved_objects = r.i64(5);
+  a.limits.soft_bytes = r.opt_i64(6);
+  a.limits.hard_bytes = r.opt_i64(7);
+  a.limits.soft_objects = r.opt_i64(8);
+  a.limits.hard_objects = r.opt_i64(9);
+  a.limits.grace = std::chrono::seconds(r.i64(10) / 1'000'000'000);
+  a.over_soft_since_ns = r.opt_i64(11);
+  a.updated_ns = r.i64(12);
+  return a;
+}
+
+constexpr const char* kAccountColumns =
+    "team, tier, used_bytes, used_objects, reserved_bytes, reserved_objects, soft_bytes,"
+    " hard_bytes, soft_objects, hard_objects, grace_ns, over_soft_since_ns, updated_ns";
+
+Value opt_value(const std::optional<int64_t>& v) {
+  return v ? Value(*v) : Value(std::monostate{});
+}
+
+}  // namespace
+
+std::string_view tier_name(Tier tier) {
+  switch (tier) {
+    case Tier::kRam:
+      return "ram";
+    case Tier::kNvme:
+      return "nvme";
+    case Tier::kPeer:
+      return "peer";
+    case Tier::kObject:
+      return "object";
+  }
+  return "?";
+}
+
+std::string_view kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kDataset:
+      return "dataset";
+    case Kind::kCheckpoint:
+      return "checkpoint";
+    case Kind::kScratch:
+      return "scratch";
+    case Kind::kCache:
+      return "cache";
+  }
+  return "?";
+}
+
+Result<Tier> parse_tier(std::string_view name) {
+  for (Tier t : kAllTiers)
+    if (tier_name(t) == name) return t;
+  return fail(Code::kInvalidArgument,
+              "unknown tier " + quote(name) + ": expected ram, nvme, peer or object");
+}
+
+Result<Kind> parse_kind(std::string_view name) {
+  for (Kind k : kAllKinds)
+    if (kind_name(k) == name) return k;
+  return fail(Code::kInvalidArgument,
+              "unknown kind " + quote(name) + ": expected dataset, checkpoint, scratch or cache");
+}
+
+Tier tier_of_location(std::string_view location) {
+  if (location.starts_with("s3://")) return Tier::kObject;
+  if (location.starts_with("mem://")) return Tier::kRam;
+  if (location.starts_with("peer://") || location.starts_with("node+")) return Tier::kPeer;
+  return Tier::kNvme;
+}
+
+Status validate_name(std::string_view what, std::string_view name) {
+  bool ok = !name.empty() && name.size() <= 64 && name[0] != '.' && name[0] != '-';
+  for (char c : name) {
+    bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                   c == '.' || c == '_' || c == '-';
+    ok = ok && allowed;
+  }
+  if (ok) return {};
+  return fail(Code::kInvalidArgument,
+              "invalid " + std::string(what) + " name " + quote(name) +
+                  ": use 1-64 letters, digits, '.', '_' or '-', not starting with '.' or '-'");
+}
+
+struct Ledger::Sampling {
+  std::mutex mu;
+  std::map<std::pair<std::string, Tier>, int64_t> last_ns;
+};
+
+Ledger::Ledger(std::unique_ptr<Db> db, LedgerOptions options)
+    : db_(std::move(db)), options_(options), sampling_(std::make_unique<Sampling>()) {}
+
+Ledger::~Ledger() = default;
+
+int64_t Ledger::now_ns() const {
+  return options_.clock ? options_.clock() : real_clock();
+}
+
+std::string Ledger::describe() const {
+  return db_->describe();
+}
+
+Result<std::unique_ptr<Ledger>> Ledger::open(std::string_view uri, const LedgerOptions& options) {
+  std::unique_ptr<Db> db;
+  std::string u(uri);
+  if (u.starts_with("postgresql://") || u.starts_with("postgres://")) {
+    // A server that does not answer is an error within seconds, not a hang.
+    if (u.find("connect_timeout") == std::string::npos)
+      u += (u.find('?') == std::string::npos ? "?" : "&") + std::string("connect_timeout=10");
+    SLUICE_ASSIGN_OR_RETURN(db, open_postgres(u, options.max_connections));
+  } else if (u.starts_with("sqlite://")) {
+    std::string path = u.substr(9);
+    if (path.empty() || path[0] != '/')
+      return fail(Code::kInvalidArgument,
+                  "ledger URI " + quote(uri) + ": expected sqlite:///absolute/path.db");
+    SLUICE_ASSIGN_OR_RETURN(db, open_sqlite(path));
+  } else if (u.find("://") == std::string::npos && !u.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(db, open_sqlite(u));
+  } else {
+    return fail(Code::kInvalidArgument,
+                "unsupported ledger URI " + quote(uri) +
+                    ": expected sqlite:///path.db, a path, or postgresql://user@host:port/db");
+  }
+  Dialect dialect = db->dialect();
+  Status s = db->transaction([&](Conn& c) -> Status {
+    // Several processes may create the schema at once; on PostgreSQL they take turns.
+    if (dialect == Dialect::kPostgres)
+      SLUICE_RETURN_IF_ERROR(c.query("SELECT pg_advisory_xact_lock(7359112021)"));
+    SLUICE_RETURN_IF_ERROR(c.script(kSchema));
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO sluice_meta (name, value) VALUES ('schema_version', $1)"
+                " ON CONFLICT (name) DO NOTHING",
+                std::vector<Value>{std::to_string(kSchemaVersion)}));
+    SLUICE_ASSIGN_OR_RETURN(auto rows,
+                            c.query("SELECT value FROM sluice_meta WHERE name = 'schema_version'"));
+    std::string v = rows.empty() ? "" : rows[0].text(0);
+    if (v != std::to_string(kSchemaVersion))
+      return fail(Code::kUnsupported, "ledger schema version " + quote(v) +
+                                          ": this sluice knows version " +
+                                          std::to_string(kSchemaVersion));
+    return {};
+  });
+  if (!s) return std::unexpected(s.error().with_context("ledger " + db->describe()));
+  return std::unique_ptr<Ledger>(new Ledger(std::move(db), options));
+}
+
+// --- teams and projects ------------------------------------------------------------------
+
+Status Ledger::add_team(std::string_view team) {
+  SLUICE_RETURN_IF_ERROR(validate_name("team", team));
+  Status s = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(c.query("INSERT INTO teams (name, created_ns) VALUES ($1, $2)",
+                                   std::vector<Value>{std::string(team), now_ns()}));
+    return {};
+  });
+  if (!s && s.error().code() == Code::kAlreadyExists)
+    return fail(Code::kAlreadyExists, "team " + quote(team) + " already exists");
+  return s;
+}
+
+Result<std::vector<std::string>> Ledger::teams() {
+  std::vector<std::string> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT name FROM teams ORDER BY name"));
+    for (auto& r : rows) out.push_back(r.text(0));
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+namespace {
+Status require_team(Conn& c, std::string_view team) {
+  SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT 1 FROM teams WHERE name = $1",
+                                             std::vector<Value>{std::string(team)}));
+  if (rows.empty())
+    return fail(Code::kNotFound, "unknown team " + quote(team) + " (add it with: sluice team add " +
+                                     std::string(team) + ")");
+  return {};
+}
+
+bool under(std::string_view location, std::string_view root) {
+  return location == root || (location.starts_with(root) && location.size() > root.size() &&
+                              location[root.size()] == '/');
+}
+}  // namespace
+
+Status Ledger::add_project(Project p) {
+  SLUICE_RETURN_IF_ERROR(validate_name("project", p.id));
+  p.location = normalise_location(p.location);
+  if (p.location.ends_with("://") || p.location == "file://")
+    return fail(Code::kInvalidArgument, "project " + quote(p.id) + ": location " +
+                                            quote(p.location) + " names no bucket or directory");
+  if (p.location.starts_with("file://") && p.location.substr(7).front() != '/')
+    return fail(Code::kInvalidArgument,
+                "project " + quote(p.id) + ": location " + quote(p.location) + " is not absolute");
+  p.created_ns = now_ns();
+  return db_->transaction([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_team(c, p.team));
+    SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT id, location FROM projects"));
+    for (auto& r : rows) {
+      std::string id = r.text(0), loc = r.text(1);
+      if (id == p.id)
+        return fail(Code::kAlreadyExists, "project " + quote(p.id) + " already exists");
+      if (under(p.location, loc) || under(loc, p.location))
+        return fail(Code::kInvalidArgument, "project " + quote(p.id) + " at " + quote(p.location) +
+                                                " overlaps project " + quote(id) + " at " +
+                                                quote(loc) + ": every byte belongs to one project");
+    }
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO projects (id, team, location, tier, kind, created_ns)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
+                std::vector<Value>{p.id, p.team, p.location, std::string(tier_name(p.tier)),
+                                   std::string(kind_name(p.kind)), p.created_ns}));
+    return {};
+  });
+}
+
+Status Ledger::remove_project(std::string_view id) {
+  return db_->transaction([&](Conn& c) -> Status {
+    std::vector<Value> args{std::string(id)};
+    SLUICE_ASSIGN_OR_RETURN(auto found, c.query("SELECT 1 FROM projects WHERE id = $1", args));
+    if (found.empty()) return fail(Code::kNotFound, "unknown project " + quote(id));
+    SLUICE_ASSIGN_OR_RETURN(auto rows,
+                            c.query("SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(objects), 0) "
+                                    "FROM usage WHERE project = $1",
+                                    args));
+    int64_t bytes = rows.empty() ? 0 : rows[0].i64(0), objects = rows.empty() ? 0 : rows[0].i64(1);
+    if (bytes != 0 || objects != 0)
+      return fail(Code::kInvalidArgument,
+                  "project " + quote(id) + " still has " + human(bytes) + " in " +
+                      std::to_string(objects) +
+                      " objects charged to it: delete its data (or recount with sluice usage "
+                      "reconcile) first");
+    SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM usage WHERE project = $1", args));
+    SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM projects WHERE id = $1", args));
+    return {};
+  });
+}
+
+Result<std::vector<Project>> Ledger::projects() {
+  std::vector<Project> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows,
+        c.query("SELECT id, team, location, tier, kind, created_ns FROM projects ORDER BY id"));
+    for (auto& r : rows) {
+      Project p;
+      p.id = r.text(0);
+      p.team = r.text(1);
+      p.location = r.text(2);
+      p.tier = parse_tier(r.text(3)).value_or(Tier::kNvme);
+      p.kind = parse_kind(r.text(4)).value_or(Kind::kScratch);
+      p.created_ns = r.i64(5);
+      out.push_back(std::move(p));
+    }
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+const Project* Ledger::owner_of(const std::vector<Project>& projects, std::string_view location) {
+  std::string loc = normalise_location(location);
+  const Project* best = nullptr;
+  for (const auto& p : projects)
+    if (under(loc, p.location) && (!best || p.location.size() > best->location.size())) best = &p;
+  return best;
+}
+
+// --- quotas ----------------------------------------------------------------------------
+
+Status Ledger::ensure_account(const std::string& team, Tier tier) {
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO accounts (team, tier, grace_ns, updated_ns) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (team, tier) DO NOTHING",
+                std::vector<Value>{team, std::string(tier_name(tier)),
+                                   int64_t{7} * 24 * 3600 * 1'000'000'000, now_ns()}));
+    return {};
+  });
+}
+
+Status Ledger::set_limits(std::string_view team, Tier tier, const Limits& limits) {
+  auto check = [&](const char* what, const std::optional<int64_t>& v) -> Status {
+    if (v && *v < 0)
+      return fail(Code::kInvalidArgument, std::string("quota for team ") + quote(team) + ": " +
+                                              what + " limit " + std::to_string(*v) +
+                                              " is negative");
+    return {};
+  };
+  SLUICE_RETURN_IF_ERROR(check("soft bytes", limits.soft_bytes));
+  SLUICE_RETURN_IF_ERROR(check("hard bytes", limits.hard_bytes));
+  SLUICE_RETURN_IF_ERROR(check("soft objects", limits.soft_objects));
+  SLUICE_RETURN_IF_ERROR(check("hard objects", limits.hard_objects));
+  if (limits.grace.count() < 0 || limits.grace.count() > int64_t{100} * 365 * 24 * 3600)
+    return fail(Code::kInvalidArgument, "quota for team " + quote(team) + ": grace period " +
+                                            std::to_string(limits.grace.count()) +
+                                            " s is out of range (0 to 100 years)");
+  auto soft_over_hard = [](const std::optional<int64_t>& s, const std::optional<int64_t>& h) {
+    return s && h && *s > *h;
+  };
+  if (soft_over_hard(limits.soft_bytes, limits.hard_bytes) ||
+      soft_over_hard(limits.soft_objects, limits.hard_objects))
+    return fail(Code::kInvalidArgument,
+                "quota for team " + quote(team) + ": a soft limit above its hard limit");
+  std::string t(team);
+  return db_->transaction([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_team(c, team));
+    int64_t now = now_ns();
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO accounts (team, tier, grace_ns, updated_ns) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (team, tier) DO NOTHING",
+                std::vector<Value>{t, std::string(tier_name(tier)),
+                                   limits.grace.count() * 1'000'000'000, now}));
+    // Whether the account is past a soft limit now is recomputed under the new limits.
+    SLUICE_RETURN_IF_ERROR(c.query(
+        "UPDATE accounts SET soft_bytes = $3, hard_bytes = $4, soft_objects = $5,"
+        " hard_objects = $6, grace_ns = $7, updated_ns = $8,"
+        " over_soft_since_ns = CASE WHEN (CAST($3 AS BIGINT) IS NOT NULL AND used_bytes > $3)"
+        " OR (CAST($5 AS BIGINT) IS NOT NULL AND used_objects > $5)"
+        " THEN COALESCE(over_soft_since_ns, $8) ELSE NULL END"
+        " WHERE team = $1 AND tier = $2",
+        std::vector<Value>{t, std::string(tier_name(tier)), opt_value(limits.soft_bytes),
+                           opt_value(limits.hard_bytes), opt_value(limits.soft_objects),
+                           opt_value(limits.hard_objects), limits.grace.count() * 1'000'000'000,
+                           now}));
+    return {};
+  });
+}
+
+Result<std::vector<Account>> Ledger::accounts(std::string_view team) {
+  std::vector<Account> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    std::string sql = std::string("SELECT ") + kAccountColumns + " FROM accounts";
+    std::vector<Value> args;
+    if (!team.empty()) {
+      SLUICE_RETURN_IF_ERROR(require_team(c, team));
+      sql += " WHERE team = $1";
+      args.emplace_back(std::string(team));
+    }
+    sql += " ORDER BY team, tier";
+    SLUICE_ASSIGN_OR_RETURN(auto rows, c.query(sql, args));
+    for (auto& r : rows) out.push_back(account_from_row(r));
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+Error Ledger::quota_error(const ChargeTarget& t, int64_t bytes, int64_t objects) {
+  auto accounts_or = accounts(t.team);
+  std::string where = "team " + quote(t.team) + " on tier " + std::string(tier_name(t.tier));
+  if (!accounts_or)
+    return Error(Code::kQuotaExceeded,
+                 "quota exceeded for " + where + " (" + accounts_or.error().message() + ")");
+  for (const Account& a : *accounts_or) {
+    if (a.tier != t.tier) continue;
+    const Limits& l = a.limits;
+    int64_t nb = a.used_bytes + a.reserved_bytes + bytes;
+    int64_t no = a.used_objects + a.reserved_objects + objects;
+    bool grace_over =
+        a.over_soft_since_ns && now_ns() - *a.over_soft_since_ns >= l.grace.count() * 1'000'000'000;
+    std::string usage_text = "; used " + human(a.used_bytes) + " in " +
+                             std::to_string(a.used_objects) + " objects, reserved " +
+                             human(a.reserved_bytes) + " in " + std::to_string(a.reserved_objects) +
+                             ", asked " + human(bytes) + " in " + std::to_string(objects);
+    std::string limit;
+    if (l.hard_bytes && nb > *l.hard_bytes)
+      limit = "hard limit " + human(*l.hard_bytes);
+    else if (l.hard_objects && no > *l.hard_objects)
+      limit = "hard limit " + std::to_string(*l.hard_objects) + " objects";
+    else if (grace_over && l.soft_bytes && nb > *l.soft_bytes)
+      limit = "soft limit " + human(*l.soft_bytes) + " (grace period over)";
+    else if (grace_over && l.soft_objects && no > *l.soft_objects)
+      limit = "soft limit " + std::to_string(*l.soft_objects) + " objects (grace period over)";
+    else
+      limit = "limit (usage changed meanwhile)";
+    return Error(Code::kQuotaExceeded, "quota exceeded for " + where + ": " + limit + usage_text);
+  }
+  return Error(Code::kQuotaExceeded, "quota exceeded for " + where);
+}
+
+// --- reservations ----------------------------------------------------------------------
+
+Result<std::string> Ledger::reserve(const ChargeTarget& t, int64_t bytes, int64_t objects) {
+  if (bytes < 0 || objects < 0)
+    return fail(Code::kInvalidArgument, "reserve: negative bytes or objects");
+  std::string id = new_reservation_id();
+  std::string tier(tier_name(t.tier));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    int64_t now = now_ns();
+    int64_t expires = now + options_.reservation_ttl.count() * 1'000'000'000;
+    bool reserved = false;
+    Status s;
+    if (db_->dialect() == Dialect::kPostgres) {
+      s = db_->with_conn([&](Conn& c) -> Status {
+        SLUICE_RETURN_IF_ERROR(c.query(
+            kReservePg, std::vector<Value>{t.team, tier, bytes, objects, now, id, expires}));
+        reserved = c.changes() == 1;
+        return {};
+      });
+    } else {
+      s = db_->transaction([&](Conn& c) -> Status {
+        SLUICE_RETURN_IF_ERROR(
+            c.query(kReserveSqlite, std::vector<Value>{t.team, tier, bytes, objects, now}));
+        if (c.changes() != 1) return {};
+        SLUICE_RETURN_IF_ERROR(c.query(
+            kInsertReservation, std::vector<Value>{id, t.team, tier, bytes, objects, expires}));
+        reserved = true;
+        return {};
+      });
+    }
+    if (!s) {
+      if (s.error().code() == Code::kConflict) continue;  // a deadlock, lost; try again
+      return std::unexpected(s.error());
+    }
+    if (reserved) return id;
+    // Refused, or the account is not there yet: create it, and let expired reservations
+    // (crashed writers) go before refusing.
+    if (attempt == 0) {
+      SLUICE_RETURN_IF_ERROR(ensure_account(t.team, t.tier));
+    } else if (attempt == 1) {
+      SLUICE_ASSIGN_OR_RETURN(int64_t expired, expire_reservations());
+      if (expired == 0) {
+        // Nothing to free: the refusal stands, unless the account was just created.
+        SLUICE_ASSIGN_OR_RETURN(auto accs, accounts(t.team));
+        bool exists = std::any_of(accs.begin(), accs.end(),
+                                  [&](const Account& a) { return a.tier == t.tier; });
+        if (exists) break;
+      }
+    }
+  }
+  return std::unexpected(quota_error(t, bytes, objects));
+}
+
+Status Ledger::grow(std::string_view reservation, const ChargeTarget& t, int64_t bytes,
+                    int64_t objects) {
+  if (bytes < 0 || objects < 0)
+    return fail(Code::kInvalidArgument, "grow: negative bytes or objects");
+  bool refused = false;
+  Status s = db_->transaction([&](Conn& c) -> Status {
+    int64_t now = now_ns();
+    int64_t expires = now + options_.reservation_ttl.count() * 1'000'000'000;
+    SLUICE_RETURN_IF_ERROR(c.query(
+        "UPDATE reservations SET bytes = bytes + $2, objects = objects + $3, expires_ns = $4"
+        " WHERE id = $1 AND expires_ns >= $5",
+        std::vector<Value>{std::string(reservation), bytes, objects, expires, now}));
+    if (c.changes() != 1)
+      return fail(Code::kNotFound,
+                  "reservation " + quote(reservation) + " is gone (it expired after " +
+                      std::to_string(options_.reservation_ttl.count()) + " s without a renewal)");
+    SLUICE_RETURN_IF_ERROR(
+        c.query(kReserveSqlite,
+                std::vector<Value>{t.team, std::string(tier_name(t.tier)), bytes, objects, now}));
+    if (c.changes() != 1) {
+      refused = true;
+      return fail(Code::kQuotaExceeded, "refused");  // rolls the renewal back
+    }
+    return {};
+  });
+  if (!s && refused) return std::unexpected(quota_error(t, bytes, objects));
+  return s;
+}
+
+Status Ledger::commit(std::string_view reservation, const ChargeTarget& t, int64_t bytes,
+                      int64_t objects) {
+  std::vector<Value> args{t.team,
+                          std::string(tier_name(t.tier)),
+                          std::string(reservation),
+                          t.project,
+                          std::string(kind_name(t.kind)),
+                          bytes,
+                          objects,
+                          now_ns()};
+  Status s;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (db_->dialect() == Dialect::kPostgres) {
+      s = db_->with_conn([&](Conn& c) -> Status {
+        SLUICE_RETURN_IF_ERROR(c.query(kCommitPg, args));
+        return {};
+      });
+    } else {
+      s = db_->transaction([&](Conn& c) -> Status {
+        SLUICE_ASSIGN_OR_RETURN(
+            auto r, c.query("DELETE FROM reservations WHERE id = $1 RETURNING bytes, objects",
+                            std::vector<Value>{std::string(reservation)}));
+        int64_t rb = 0, ro = 0;
+        for (auto& row : r) {
+          rb += row.i64(0);
+          ro += row.i64(1);
+        }
+        SLUICE_RETURN_IF_ERROR(
+            c.query("UPDATE accounts SET reserved_bytes = reserved_bytes - $3,"
+                    " reserved_objects = reserved_objects - $4 WHERE team = $1 AND tier = $2",
+                    std::vector<Value>{t.team, std::string(tier_name(t.tier)), rb, ro}));
+        SLUICE_RETURN_IF_ERROR(c.query(kChargeAccountSqlite, args));
+        SLUICE_RETURN_IF_ERROR(c.query(kUsageUpsertSqlite, args));
+        return {};
+      });
+    }
+    if (s || s.error().code() != Code::kConflict) break;
+  }
+  if (s) maybe_sample(t.team, t.tier);
+  return s;
+}
+
+Status Ledger::release(std::string_view reservation) {
+  return db_->transaction([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(
+        auto r,
+        c.query("DELETE FROM reservations WHERE id = $1 RETURNING team, tier, bytes, objects",
+                std::vector<Value>{std::string(reservation)}));
+    for (auto& row : r)
+      SLUICE_RETURN_IF_ERROR(
+          c.query("UPDATE accounts SET reserved_bytes = reserved_bytes - $3,"
+                  " reserved_objects = reserved_objects - $4 WHERE team = $1 AND tier = $2",
+                  std::vector<Value>{row.text(0), row.text(1), row.i64(2), row.i64(3)}));
+    return {};
+  });
+}
+
+Status Ledger::charge(const ChargeTarget& t, int64_t bytes, int64_t objects) {
+  SLUICE_RETURN_IF_ERROR(ensure_account(t.team, t.tier));
+  std::vector<Value> args{t.team,
+                          std::string(tier_name(t.tier)),
+                          std::string("-"),
+                          t.project,
+                          std::string(kind_name(t.kind)),
+                          bytes,
+                          objects,
+                          now_ns()};
+  Status s;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (db_->dialect() == Dialect::kPostgres) {
+      s = db_->with_conn([&](Conn& c) -> Status {
+        SLUICE_RETURN_IF_ERROR(c.query(kChargePg, args));
+        return {};
+      });
+    } else {
+      s = db_->transaction([&](Conn& c) -> Status {
+        SLUICE_RETURN_IF_ERROR(c.query(kChargeAccountSqlite, args));
+        SLUICE_RETURN_IF_ERROR(c.query(kUsageUpsertSqlite, args));
+        return {};
+      });
+    }
+    if (s || s.error().code() != Code::kConflict) break;
+  }
+  if (s) maybe_sample(t.team, t.tier);
+  return s;
+}
+
+Result<int64_t> Ledger::expire_reservations() {
+  int64_t count = 0;
+  Status outer = db_->transaction([&](Conn& c) -> Status {
+    count = 0;
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows,
+        c.query(
+            "DELETE FROM reservations WHERE expires_ns < $1 RETURNING team, tier, bytes, objects",
+            std::vector<Value>{now_ns()}));
+    std::map<std::pair<std::string, std::string>, std::pair<int64_t, int64_t>> sums;
+    for (auto& r : rows) {
+      auto& s = sums[{r.text(0), r.text(1)}];
+      s.first += r.i64(2);
+      s.second += r.i64(3);
+      ++count;
+    }
+    for (auto& [key, s] : sums)
+      SLUICE_RETURN_IF_ERROR(
+          c.query("UPDATE accounts SET reserved_bytes = reserved_bytes - $3,"
+                  " reserved_objects = reserved_objects - $4 WHERE team = $1 AND tier = $2",
+                  std::vector<Value>{key.first, key.second, s.first, s.second}));
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return count;
+}
+
+// --- usage, reconciliation, history ------------------------------------------------------
+
+Result<std::vector<Usage>> Ledger::usage() {
+  std::vector<Usage> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows, c.query("SELECT team, project, tier, kind, bytes, objects, updated_ns FROM usage"
+                           " ORDER BY team, project, tier, kind"));
+    for (auto& r : rows) {
+      Usage u;
+      u.team = r.text(0);
+      u.project = r.text(1);
+      u.tier = parse_tier(r.text(2)).value_or(Tier::kNvme);
+      u.kind = parse_kind(r.text(3)).value_or(Kind::kScratch);
+      u.bytes = r.i64(4);
+      u.objects = r.i64(5);
+      u.updated_ns = r.i64(6);
+      out.push_back(std::move(u));
+    }
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+Status Ledger::set_usage(const ChargeTarget& t, int64_t bytes, int64_t objects) {
+  if (bytes < 0 || objects < 0) return fail(Code::kInvalidArgument, "set_usage: negative figures");
+  SLUICE_RETURN_IF_ERROR(ensure_account(t.team, t.tier));
+  std::string tier(tier_name(t.tier)), kind(kind_name(t.kind));
+  return db_->transaction([&](Conn& c) -> Status {
+    int64_t now = now_ns();
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows, c.query("SELECT bytes, objects FROM usage WHERE project = $1 AND tier = $2"
+                           " AND kind = $3",
+                           std::vector<Value>{t.project, tier, kind}));
+    int64_t old_b = rows.empty() ? 0 : rows[0].i64(0), old_o = rows.empty() ? 0 : rows[0].i64(1);
+    SLUICE_RETURN_IF_ERROR(c.query(
+        "INSERT INTO usage (project, tier, kind, team, bytes, objects, updated_ns)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (project, tier, kind) DO UPDATE SET"
+        " bytes = $5, objects = $6, updated_ns = $7",
+        std::vector<Value>{t.project, tier, kind, t.team, bytes, objects, now}));
+    SLUICE_RETURN_IF_ERROR(c.query(
+        kChargeAccountSqlite, std::vector<Value>{t.team, tier, std::string("-"), t.project, kind,
+                                                 bytes - old_b, objects - old_o, now}));
+    return {};
+  });
+}
+
+Result<int64_t> Ledger::recount_accounts() {
+  int64_t changed = 0;
+  Status outer = db_->transaction([&](Conn& c) -> Status {
+    changed = 0;
+    using Key = std::pair<std::string, std::string>;
+    std::map<Key, std::array<int64_t, 4>> truth;  // used bytes, objects; reserved bytes, objects
+    SLUICE_ASSIGN_OR_RETURN(
+        auto used,
+        c.query("SELECT team, tier, SUM(bytes), SUM(objects) FROM usage GROUP BY team, tier"));
+    for (auto& r : used) {
+      auto& v = truth[{r.text(0), r.text(1)}];
+      v[0] = r.i64(2);
+      v[1] = r.i64(3);
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto held,
+                            c.query("SELECT team, tier, SUM(bytes), SUM(objects) FROM reservations"
+                                    " GROUP BY team, tier"));
+    for (auto& r : held) {
+      auto& v = truth[{r.text(0), r.text(1)}];
+      v[2] = r.i64(2);
+      v[3] = r.i64(3);
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto accs,
+                            c.query(std::string("SELECT ") + kAccountColumns + " FROM accounts"));
+    int64_t now = now_ns();
+    for (auto& r : accs) {
+      Account a = account_from_row(r);
+      auto it = truth.find({a.team, std::string(tier_name(a.tier))});
+      std::array<int64_t, 4> v = it == truth.end() ? std::array<int64_t, 4>{} : it->second;
+      if (v[0] == a.used_bytes && v[1] == a.used_objects && v[2] == a.reserved_bytes &&
+          v[3] == a.reserved_objects)
+        continue;
+      ++changed;
+      SLUICE_RETURN_IF_ERROR(c.query(
+          "UPDATE accounts SET used_bytes = $3, used_objects = $4, reserved_bytes = $5,"
+          " reserved_objects = $6, updated_ns = $7,"
+          " over_soft_since_ns = CASE WHEN (soft_bytes IS NOT NULL AND $3 > soft_bytes)"
+          " OR (soft_objects IS NOT NULL AND $4 > soft_objects)"
+          " THEN COALESCE(over_soft_since_ns, $7) ELSE NULL END"
+          " WHERE team = $1 AND tier = $2",
+          std::vector<Value>{a.team, std::string(tier_name(a.tier)), v[0], v[1], v[2], v[3], now}));
+    }
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return changed;
+}
+
+Status Ledger::record_history() {
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO history (team, tier, t_ns, bytes, objects)"
+                " SELECT team, tier, CAST($1 AS BIGINT), used_bytes, used_objects FROM accounts"
+                " WHERE true ON CONFLICT (team, tier, t_ns) DO NOTHING",
+                std::vector<Value>{now_ns()}));
+    return {};
+  });
+}
+
+void Ledger::maybe_sample(const std::string& team, Tier tier) {
+  int64_t now = now_ns();
+  {
+    std::lock_guard lock(sampling_->mu);
+    int64_t& last = sampling_->last_ns[{team, tier}];
+    if (last != 0 && now - last < options_.history_interval.count() * 1'000'000'000) return;
+    last = now;
+  }
+  // A missed sample only thins the history; it never fails the write that caused it.
+  (void)db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO history (team, tier, t_ns, bytes, objects)"
+                " SELECT team, tier, CAST($3 AS BIGINT), used_bytes, used_objects FROM accounts"
+                " WHERE team = $1 AND tier = $2 ON CONFLICT (team, tier, t_ns) DO NOTHING",
+                std::vector<Value>{team, std::string(tier_name(tier)), now}));
+    return {};
+  });
+}
+
+Status Ledger::add_history(std::string_view team, Tier tier, const HistoryPoint& p) {
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_team(c, team));
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO history (team, tier, t_ns, bytes, objects) VALUES ($1, $2, $3, $4, $5)"
+                " ON CONFLICT (team, tier, t_ns) DO UPDATE SET bytes = $4, objects = $5",
+                std::vector<Value>{std::string(team), std::string(tier_name(tier)), p.t_ns, p.bytes,
+                                   p.objects}));
+    return {};
+  });
+}
+
+Result<std::vector<HistoryPoint>> Ledger::history(std::string_view team, Tier tier,
+                                                  int64_t since_ns) {
+  std::vector<HistoryPoint> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_team(c, team));
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows,
+        c.query("SELECT t_ns, bytes, objects FROM history WHERE team = $1 AND tier = $2"
+                " AND t_ns >= $3 ORDER BY t_ns",
+                std::vector<Value>{std::string(team), std::string(tier_name(tier)), since_ns}));
+    for (auto& r : rows) out.push_back({r.i64(0), r.i64(1), r.i64(2)});
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+}  // namespace sluice::ledger

@@ -1,0 +1,499 @@
+// The ledger on both backends: SQLite (a temporary file) and a real PostgreSQL server that
+// the suite starts itself (tests/integration/pg_harness.py; SKIP with the reason where it
+// cannot run). Every test runs on both, each on a fresh database.
+#include <libpq-fe.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "sluice/ledger/charging_store.h"
+#include "sluice/ledger/ledger.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace sluice;
+using namespace sluice::ledger;
+using sluice::testing::ServedHarness;
+using sluice::testing::TempDir;
+
+constexpr int64_t kSecond = 1'000'000'000;
+
+std::atomic<int64_t> g_now{1'700'000'000 * kSecond};
+int64_t fake_clock() {
+  return g_now.load();
+}
+
+struct Pg {
+  std::string uri;  // the server's maintenance database
+  std::string skip_reason = "not started";
+} g_pg;
+
+class PgServer : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    std::string line =
+        harness_.start(std::string(SLUICE_SOURCE_DIR) + "/tests/integration/pg_harness.py", {});
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      g_pg.skip_reason = "pg_harness.py serve printed no JSON: '" + line + "'";
+    } else if (j.contains("skip")) {
+      g_pg.skip_reason = "PostgreSQL unavailable: " + j["skip"].get<std::string>();
+    } else {
+      g_pg.uri = j["uri"].get<std::string>();
+      g_pg.skip_reason.clear();
+    }
+  }
+  void TearDown() override { harness_.stop(); }
+
+ private:
+  ServedHarness harness_;
+};
+
+// A fresh database on the test server; returns its URI.
+std::string fresh_pg_database() {
+  static std::atomic<int> n{0};
+  std::string name = "ledger_" + std::to_string(::getpid()) + "_" + std::to_string(++n);
+  PGconn* c = PQconnectdb(g_pg.uri.c_str());
+  EXPECT_EQ(PQstatus(c), CONNECTION_OK) << PQerrorMessage(c);
+  PGresult* r = PQexec(c, ("CREATE DATABASE " + name).c_str());
+  EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(c);
+  PQclear(r);
+  PQfinish(c);
+  return g_pg.uri.substr(0, g_pg.uri.rfind('/') + 1) + name;
+}
+
+class LedgerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    g_now = 1'700'000'000 * kSecond;
+    if (GetParam() == "postgresql") {
+      if (!g_pg.skip_reason.empty()) SKIP_BECAUSE(g_pg.skip_reason);
+      uri_ = fresh_pg_database();
+    } else {
+      uri_ = dir_.path() + "/ledger.db";
+    }
+    options_.clock = fake_clock;
+    options_.reservation_ttl = std::chrono::seconds(60);
+    ledger_ = open();
+  }
+
+  std::shared_ptr<Ledger> open() {
+    auto l = Ledger::open(uri_, options_);
+    EXPECT_TRUE(l) << l.error().to_string();
+    return l ? std::shared_ptr<Ledger>(std::move(*l)) : nullptr;
+  }
+
+  // A team with one project on the object tier.
+  ChargeTarget team_with_project(const std::string& team, const std::string& location) {
+    EXPECT_TRUE(ledger_->add_team(team));
+    Project p{.id = team + "-p",
+              .team = team,
+              .location = location,
+              .tier = Tier::kObject,
+              .kind = Kind::kCheckpoint};
+    auto s = ledger_->add_project(p);
+    EXPECT_TRUE(s) << s.error().to_string();
+    return ChargeTarget{p.id, team, Tier::kObject, Kind::kCheckpoint};
+  }
+
+  Account account(const std::string& team, Tier tier) {
+    auto accs = ledger_->accounts(team);
+    EXPECT_TRUE(accs);
+    for (auto& a : *accs)
+      if (a.tier == tier) return a;
+    ADD_FAILURE() << "no account " << team << "/" << tier_name(tier);
+    return {};
+  }
+
+  TempDir dir_;
+  std::string uri_;
+  LedgerOptions options_;
+  std::shared_ptr<Ledger> ledger_;
+};
+
+TEST_P(LedgerTest, TeamsAndProjects) {
+  ASSERT_TRUE(ledger_->add_team("vision"));
+  auto dup = ledger_->add_team("vision");
+  ASSERT_FALSE(dup);
+  EXPECT_EQ(dup.error().code(), Code::kAlreadyExists);
+  EXPECT_EQ(ledger_->add_team("bad name").error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->add_team("").error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->add_team("-x").error().code(), Code::kInvalidArgument);
+
+  Project p{.id = "ckpts", .team = "nobody", .location = "s3://bucket/vision/"};
+  auto unknown = ledger_->add_project(p);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().code(), Code::kNotFound);
+  EXPECT_NE(unknown.error().message().find("unknown team 'nobody'"), std::string::npos);
+
+  p.team = "vision";
+  ASSERT_TRUE(ledger_->add_project(p));
+  EXPECT_EQ(ledger_->add_project(p).error().code(), Code::kAlreadyExists);
+  // Inside or around another project: refused, every byte has one owner.
+  Project inner{.id = "inner", .team = "vision", .location = "s3://bucket/vision/sub"};
+  EXPECT_EQ(ledger_->add_project(inner).error().code(), Code::kInvalidArgument);
+  Project outer{.id = "outer", .team = "vision", .location = "s3://bucket"};
+  EXPECT_EQ(ledger_->add_project(outer).error().code(), Code::kInvalidArgument);
+  // A sibling whose name extends the other's is not inside it.
+  Project sibling{.id = "sibling", .team = "vision", .location = "s3://bucket/vision2"};
+  ASSERT_TRUE(ledger_->add_project(sibling));
+  Project relative{.id = "rel", .team = "vision", .location = "relative/dir"};
+  EXPECT_EQ(ledger_->add_project(relative).error().code(), Code::kInvalidArgument);
+
+  auto projects = ledger_->projects();
+  ASSERT_TRUE(projects);
+  ASSERT_EQ(projects->size(), 2u);
+  EXPECT_EQ((*projects)[0].location, "s3://bucket/vision");  // normalised
+  const Project* owner = Ledger::owner_of(*projects, "s3://bucket/vision/a/b");
+  ASSERT_NE(owner, nullptr);
+  EXPECT_EQ(owner->id, "ckpts");
+  EXPECT_EQ(Ledger::owner_of(*projects, "s3://bucket/vision2/x")->id, "sibling");
+  EXPECT_EQ(Ledger::owner_of(*projects, "s3://bucket/visionary/x"), nullptr);
+
+  ASSERT_TRUE(ledger_->remove_project("sibling"));
+  EXPECT_EQ(ledger_->remove_project("sibling").error().code(), Code::kNotFound);
+}
+
+TEST_P(LedgerTest, ReserveCommitAndRelease) {
+  ChargeTarget t = team_with_project("nlp", "s3://b/nlp");
+  auto r = ledger_->reserve(t, 1000, 1);
+  ASSERT_TRUE(r) << r.error().to_string();
+  Account a = account("nlp", Tier::kObject);
+  EXPECT_EQ(a.reserved_bytes, 1000);
+  EXPECT_EQ(a.reserved_objects, 1);
+  ASSERT_TRUE(ledger_->commit(*r, t, 800, 1));
+  a = account("nlp", Tier::kObject);
+  EXPECT_EQ(a.reserved_bytes, 0);
+  EXPECT_EQ(a.reserved_objects, 0);
+  EXPECT_EQ(a.used_bytes, 800);
+  EXPECT_EQ(a.used_objects, 1);
+  auto usage = ledger_->usage();
+  ASSERT_TRUE(usage);
+  ASSERT_EQ(usage->size(), 1u);
+  EXPECT_EQ((*usage)[0].project, "nlp-p");
+  EXPECT_EQ((*usage)[0].kind, Kind::kCheckpoint);
+  EXPECT_EQ((*usage)[0].bytes, 800);
+  EXPECT_EQ((*usage)[0].updated_ns, g_now.load());
+
+  auto r2 = ledger_->reserve(t, 500, 1);
+  ASSERT_TRUE(r2);
+  ASSERT_TRUE(ledger_->release(*r2));
+  ASSERT_TRUE(ledger_->release(*r2));  // twice is harmless
+  a = account("nlp", Tier::kObject);
+  EXPECT_EQ(a.reserved_bytes, 0);
+  EXPECT_EQ(a.used_bytes, 800);
+
+  // A removal: usage never goes below zero.
+  ASSERT_TRUE(ledger_->charge(t, -10'000, -5));
+  a = account("nlp", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 0);
+  EXPECT_EQ(a.used_objects, 0);
+  EXPECT_EQ(ledger_->reserve(t, -1, 0).error().code(), Code::kInvalidArgument);
+}
+
+TEST_P(LedgerTest, HardLimitsRefuseWithAClearError) {
+  ChargeTarget t = team_with_project("vision", "s3://b/vision");
+  ASSERT_TRUE(
+      ledger_->set_limits("vision", Tier::kObject, Limits{.hard_bytes = 1000, .hard_objects = 3}));
+  auto r1 = ledger_->reserve(t, 600, 1);
+  ASSERT_TRUE(r1);
+  auto r2 = ledger_->reserve(t, 500, 1);
+  ASSERT_FALSE(r2);
+  EXPECT_EQ(r2.error().code(), Code::kQuotaExceeded);
+  const std::string& m = r2.error().message();
+  EXPECT_NE(m.find("team 'vision'"), std::string::npos) << m;
+  EXPECT_NE(m.find("tier object"), std::string::npos) << m;
+  EXPECT_NE(m.find("hard limit 1000 B"), std::string::npos) << m;
+  EXPECT_NE(m.find("reserved 600 B"), std::string::npos) << m;
+  ASSERT_TRUE(ledger_->commit(*r1, t, 600, 1));
+  // Exactly at the limit is allowed.
+  auto r3 = ledger_->reserve(t, 400, 1);
+  ASSERT_TRUE(r3);
+  ASSERT_TRUE(ledger_->commit(*r3, t, 400, 1));
+  auto r4 = ledger_->reserve(t, 1, 1);
+  ASSERT_FALSE(r4);                        // bytes are full
+  auto empty = ledger_->reserve(t, 0, 1);  // an empty object still fits
+  ASSERT_TRUE(empty);
+  ASSERT_TRUE(ledger_->release(*empty));
+  // Objects count on their own.
+  ASSERT_TRUE(ledger_->set_limits("vision", Tier::kObject, Limits{.hard_objects = 3}));
+  auto r5 = ledger_->reserve(t, 0, 1);
+  ASSERT_TRUE(r5);
+  ASSERT_TRUE(ledger_->commit(*r5, t, 0, 1));
+  auto r6 = ledger_->reserve(t, 0, 1);
+  ASSERT_FALSE(r6);
+  EXPECT_NE(r6.error().message().find("hard limit 3 objects"), std::string::npos)
+      << r6.error().message();
+
+  // Bad limits and unknown teams.
+  EXPECT_EQ(ledger_->set_limits("vision", Tier::kObject, Limits{.hard_bytes = -1}).error().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->set_limits("vision", Tier::kObject, Limits{.soft_bytes = 10, .hard_bytes = 5})
+                .error()
+                .code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->set_limits("ghost", Tier::kObject, Limits{}).error().code(), Code::kNotFound);
+  EXPECT_EQ(ledger_->accounts("ghost").error().code(), Code::kNotFound);
+}
+
+TEST_P(LedgerTest, SoftLimitHoldsAfterTheGracePeriod) {
+  ChargeTarget t = team_with_project("rl", "file:///scratch/rl");
+  ASSERT_TRUE(ledger_->set_limits("rl", Tier::kObject,
+                                  Limits{.soft_bytes = 100, .grace = std::chrono::seconds(10)}));
+  auto r = ledger_->reserve(t, 150, 1);  // past soft: allowed, the grace period starts
+  ASSERT_TRUE(r);
+  ASSERT_TRUE(ledger_->commit(*r, t, 150, 1));
+  Account a = account("rl", Tier::kObject);
+  ASSERT_TRUE(a.over_soft_since_ns);
+  EXPECT_EQ(*a.over_soft_since_ns, g_now.load());
+  g_now += 5 * kSecond;
+  auto within = ledger_->reserve(t, 10, 1);
+  ASSERT_TRUE(within);
+  ASSERT_TRUE(ledger_->release(*within));
+  g_now += 6 * kSecond;
+  auto after = ledger_->reserve(t, 10, 1);
+  ASSERT_FALSE(after);
+  EXPECT_NE(after.error().message().find("grace period over"), std::string::npos)
+      << after.error().message();
+  // Below the soft limit again: writes resume, and the clock resets.
+  ASSERT_TRUE(ledger_->charge(t, -100, 0));
+  EXPECT_FALSE(account("rl", Tier::kObject).over_soft_since_ns);
+  auto again = ledger_->reserve(t, 10, 1);
+  EXPECT_TRUE(again);
+}
+
+// 16 writers, each with its own ledger connection, race to fill a hard limit: together
+// they never pass it, and they fill it exactly.
+TEST_P(LedgerTest, SixteenRacingWritersNeverPassAHardLimit) {
+  ChargeTarget t = team_with_project("race", "s3://b/race");
+  constexpr int64_t kObjects = 200, kSize = 1000;
+  ASSERT_TRUE(
+      ledger_->set_limits("race", Tier::kObject,
+                          Limits{.hard_bytes = kObjects * kSize, .hard_objects = kObjects + 50}));
+  std::atomic<int64_t> committed{0}, refused{0}, errors{0};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 16; ++w) {
+    writers.emplace_back([&] {
+      auto mine = Ledger::open(uri_, options_);
+      if (!mine) {
+        ++errors;
+        return;
+      }
+      for (;;) {
+        auto r = (*mine)->reserve(t, kSize, 1);
+        if (!r) {
+          if (r.error().code() == Code::kQuotaExceeded)
+            ++refused;
+          else
+            ++errors;
+          return;
+        }
+        if (!(*mine)->commit(*r, t, kSize, 1)) {
+          ++errors;
+          return;
+        }
+        ++committed;
+      }
+    });
+  }
+  for (auto& th : writers) th.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(refused.load(), 16);
+  EXPECT_EQ(committed.load(), kObjects);
+  Account a = account("race", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, kObjects * kSize);
+  EXPECT_EQ(a.used_objects, kObjects);
+  EXPECT_EQ(a.reserved_bytes, 0);
+}
+
+TEST_P(LedgerTest, ReservationsOfACrashedWriterExpire) {
+  ChargeTarget t = team_with_project("crash", "s3://b/crash");
+  ASSERT_TRUE(ledger_->set_limits("crash", Tier::kObject, Limits{.hard_bytes = 1000}));
+  // A writer in another process reserves 900 bytes and is killed before it commits.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto mine = Ledger::open(uri_, options_);
+    bool ok = mine && (*mine)->reserve(t, 900, 1).has_value();
+    char c = ok ? 'y' : 'n';
+    (void)!::write(ready[1], &c, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_EQ(c, 'y');
+  EXPECT_EQ(account("crash", Tier::kObject).reserved_bytes, 900);
+  // Until its time to live runs out the reservation holds...
+  auto early = ledger_->reserve(t, 200, 1);
+  ASSERT_FALSE(early);
+  EXPECT_EQ(early.error().code(), Code::kQuotaExceeded);
+  // ...then it goes, and the next writer gets the room.
+  g_now += 61 * kSecond;
+  auto late = ledger_->reserve(t, 200, 1);
+  ASSERT_TRUE(late) << late.error().to_string();
+  EXPECT_EQ(account("crash", Tier::kObject).reserved_bytes, 200);
+  // A sweep drops what expired; a commit after its reservation was swept still charges
+  // what was written.
+  g_now += 61 * kSecond;
+  auto swept = ledger_->expire_reservations();
+  ASSERT_TRUE(swept);
+  EXPECT_EQ(*swept, 1);
+  EXPECT_EQ(account("crash", Tier::kObject).reserved_bytes, 0);
+  ASSERT_TRUE(ledger_->commit(*late, t, 200, 1));
+  Account a = account("crash", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 200);
+  EXPECT_EQ(a.reserved_bytes, 0);
+  // Growing a reservation renews it; growing past the limit is refused.
+  auto r = ledger_->reserve(t, 100, 1);
+  ASSERT_TRUE(r);
+  ASSERT_TRUE(ledger_->grow(*r, t, 600, 0));
+  EXPECT_EQ(ledger_->grow(*r, t, 500, 0).error().code(), Code::kQuotaExceeded);
+  EXPECT_EQ(account("crash", Tier::kObject).reserved_bytes, 700);
+  g_now += 61 * kSecond;
+  auto expired = ledger_->grow(*r, t, 1, 0);
+  ASSERT_FALSE(expired);
+  EXPECT_EQ(expired.error().code(), Code::kNotFound);
+}
+
+TEST_P(LedgerTest, RecountRepairsDrift) {
+  ChargeTarget t = team_with_project("drift", "s3://b/drift");
+  ASSERT_TRUE(ledger_->charge(t, 5000, 5));
+  ASSERT_TRUE(ledger_->set_usage(t, 3000, 3));  // what a listing found
+  Account a = account("drift", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 3000);
+  EXPECT_EQ(a.used_objects, 3);
+  auto changed = ledger_->recount_accounts();
+  ASSERT_TRUE(changed);
+  EXPECT_EQ(*changed, 0);  // already consistent
+  auto r = ledger_->reserve(t, 10, 1);
+  ASSERT_TRUE(r);
+  changed = ledger_->recount_accounts();
+  ASSERT_TRUE(changed);
+  EXPECT_EQ(*changed, 0);  // the live reservation counts
+}
+
+TEST_P(LedgerTest, HistorySamplesAccounts) {
+  ChargeTarget t = team_with_project("hist", "s3://b/hist");
+  ASSERT_TRUE(ledger_->charge(t, 100, 1));  // the first change samples
+  g_now += 10 * kSecond;
+  ASSERT_TRUE(ledger_->charge(t, 100, 1));  // within the interval: no sample
+  ASSERT_TRUE(ledger_->record_history());
+  ASSERT_TRUE(ledger_->add_history("hist", Tier::kObject, HistoryPoint{5, 1, 1}));
+  auto h = ledger_->history("hist", Tier::kObject);
+  ASSERT_TRUE(h);
+  ASSERT_EQ(h->size(), 3u);
+  EXPECT_EQ((*h)[0].t_ns, 5);
+  EXPECT_EQ((*h)[1].bytes, 100);
+  EXPECT_EQ((*h)[2].bytes, 200);
+  EXPECT_EQ(ledger_->history("ghost", Tier::kObject).error().code(), Code::kNotFound);
+}
+
+TEST_P(LedgerTest, ChargingStoreChargesEveryWrite) {
+  static std::atomic<int> n{0};
+  std::string name = "charging-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
+  ChargeTarget t = team_with_project("data", "mem://" + name + "/team");
+  ASSERT_TRUE(ledger_->set_limits("data", Tier::kObject, Limits{.hard_bytes = 10'000}));
+  auto s = with_charging(store::open_named_memory_store(name), ledger_,
+                         ChargingOptions{.min_growth = 1000});
+  ASSERT_TRUE(s) << s.error().to_string();
+  store::Store& st = **s;
+  std::vector<std::byte> k3(3000, std::byte{1});
+  ASSERT_TRUE(st.put("team/a", k3));
+  ASSERT_TRUE(st.put("outside/x", k3));  // no project owns it: not charged
+  Account a = account("data", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 3000);
+  EXPECT_EQ(a.used_objects, 1);
+  EXPECT_EQ(a.reserved_bytes, 0);
+  // An overwrite charges the difference.
+  ASSERT_TRUE(st.put("team/a", std::span(k3).first(1000)));
+  a = account("data", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 1000);
+  EXPECT_EQ(a.used_objects, 1);
+  // Known size over the limit: refused at create, before a byte is written.
+  auto big = st.create("team/big", store::WriteOptions{.size_hint = 20'000});
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().code(), Code::kQuotaExceeded);
+  EXPECT_NE(big.error().message().find("team/big"), std::string::npos) << big.error().message();
+  // Unknown size: refused when the bytes pass the limit; nothing is published.
+  auto w = st.create("team/stream", {});
+  ASSERT_TRUE(w);
+  std::vector<std::byte> chunk(4000, std::byte{2});
+  ASSERT_TRUE((*w)->append(chunk));
+  ASSERT_TRUE((*w)->append(chunk));
+  auto third = (*w)->append(chunk);
+  ASSERT_FALSE(third);
+  EXPECT_EQ(third.error().code(), Code::kQuotaExceeded);
+  EXPECT_FALSE((*w)->commit());
+  w->reset();
+  EXPECT_EQ(st.stat("team/stream").error().code(), Code::kNotFound);
+  a = account("data", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 1000);
+  EXPECT_EQ(a.reserved_bytes, 0);
+  EXPECT_EQ(a.reserved_objects, 0);
+  // A writer dropped without commit releases its reservation.
+  {
+    auto dropped = st.create("team/dropped", store::WriteOptions{.size_hint = 500});
+    ASSERT_TRUE(dropped);
+    EXPECT_EQ(account("data", Tier::kObject).reserved_bytes, 500);
+  }
+  EXPECT_EQ(account("data", Tier::kObject).reserved_bytes, 0);
+  // Removal uncharges.
+  ASSERT_TRUE(st.remove("team/a"));
+  a = account("data", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 0);
+  EXPECT_EQ(a.used_objects, 0);
+  ASSERT_TRUE(st.put("team/b", k3));
+  ASSERT_TRUE(st.put("team/c", k3));
+  std::vector<std::string> keys{"team/b", "team/c", "team/missing"};
+  ASSERT_TRUE(st.remove_many(keys));
+  EXPECT_EQ(account("data", Tier::kObject).used_objects, 0);
+
+  // require_project: a key no project owns is refused.
+  auto strict = with_charging(store::open_named_memory_store(name), ledger_,
+                              ChargingOptions{.require_project = true});
+  ASSERT_TRUE(strict);
+  auto refused = (*strict)->put("outside/y", k3);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), Code::kPermissionDenied);
+}
+
+TEST(LedgerOpen, BadUrisAndUnreachableServers) {
+  EXPECT_EQ(Ledger::open("mysql://x").error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Ledger::open("sqlite://relative.db").error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Ledger::open("/nonexistent-dir/x/ledger.db").error().code(), Code::kIoError);
+  // Nothing listens on port 1.
+  auto r = Ledger::open("postgresql://sluice:secret@127.0.0.1:1/db");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kUnavailable);
+  EXPECT_NE(r.error().message().find("127.0.0.1:1"), std::string::npos) << r.error().message();
+  EXPECT_EQ(r.error().message().find("secret"), std::string::npos) << r.error().message();
+  // A file that is not a database.
+  TempDir dir;
+  std::string junk = dir.path() + "/junk.db";
+  FILE* f = std::fopen(junk.c_str(), "w");
+  std::fputs("this is not a SQLite database, not even close, it is just text....", f);
+  std::fclose(f);
+  auto j = Ledger::open(junk);
+  ASSERT_FALSE(j);
+  EXPECT_EQ(j.error().code(), Code::kCorruption) << j.error().to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, LedgerTest, ::testing::Values("sqlite", "postgresql"),
+                         [](const auto& p) { return p.param; });
+
+const auto* g_env = ::testing::AddGlobalTestEnvironment(new PgServer);
+
+}  // namespace

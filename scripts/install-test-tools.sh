@@ -2,10 +2,13 @@
 # Installs the test-only tools:
 #   s3rver 3.7.1   a real S3 server the integration tests start on loopback (npm registry,
 #                  into .cache/npm)
+#   PostgreSQL 15  a real PostgreSQL server for the ledger tests (Debian package
+#                  postgresql; tests/integration/pg_harness.py runs a private one)
 #   Ceph 16 RGW    a real S3 server that checks SigV4 signatures and conditional requests
 #                  (Debian packages radosgw ceph-mon ceph-osd ceph-common, about 45 packages
 #                  and 15-30 s; tests/integration/rgw_harness.py runs it)
-# Idempotent. Without npm the S3 tests report SKIP; without the Ceph packages (not root, no
+# Idempotent. Without npm the S3 tests report SKIP; without PostgreSQL the ledger's
+# PostgreSQL tests report SKIP; without the Ceph packages (not root, no
 # password-less sudo, apt failed, or SLUICE_SKIP_CEPH=1) the RGW tests report SKIP. The Ceph
 # part never fails this script.
 set -euo pipefail
@@ -80,5 +83,37 @@ install_ceph() {
   return 0
 }
 
+# True when pg_harness.py finds a server to run: /usr/lib/postgresql/<version>/bin/initdb.
+have_postgres() {
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
+install_postgres() {
+  local skip="the ledger's PostgreSQL tests will SKIP"
+  have_postgres && return 0
+  if ! command -v apt-get >/dev/null; then
+    echo "sluice: no apt-get to install PostgreSQL; $skip" >&2
+    return 0
+  fi
+  local as=()
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+      as=(sudo -n)
+    else
+      echo "sluice: not root and no password-less sudo: cannot install PostgreSQL; $skip" >&2
+      return 0
+    fi
+  fi
+  echo "sluice: installing PostgreSQL (Debian: postgresql) for the ledger tests" >&2
+  local apt=("${as[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Use-Pty=0)
+  if ! "${apt[@]}" install --no-install-recommends postgresql >/dev/null 2>&1; then
+    "${apt[@]}" update >/dev/null 2>&1 || true
+    "${apt[@]}" install --no-install-recommends postgresql >/dev/null 2>&1 ||
+      echo "sluice: apt-get could not install PostgreSQL; $skip" >&2
+  fi
+  return 0
+}
+
 install_s3rver
+install_postgres || true
 install_ceph || true

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ledger_cmd.h"
 #include "location.h"
 #include "sizes.h"
 #include "sluice/node/client.h"
@@ -196,7 +197,9 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   SLUICE_ASSIGN_OR_RETURN(auto src_store,
                           cached ? open_through_cache(src.store_uri, so, o.cache_flags, o.home)
                                  : store::open_store(src.store_uri, so));
-  SLUICE_ASSIGN_OR_RETURN(auto dst_store, store::open_store(dst.store_uri, so));
+  SLUICE_ASSIGN_OR_RETURN(auto plain_dst, store::open_store(dst.store_uri, so));
+  // Charged to the project that owns the destination, when the ledger has projects.
+  SLUICE_ASSIGN_OR_RETURN(auto dst_store, charged(std::move(plain_dst), o.home));
 
   xfer::CopyPlan plan;
   if (o.recursive) {

@@ -1,0 +1,42 @@
+// sluice/ledger/reconcile.h: recount what the ledger says against the real stores.
+//
+// Usage drifts in every system that counts it: a writer killed after it published but
+// before it was charged, a delete done behind sluice's back, a ledger that was down. For
+// every project, reconcile lists the project's location, sums the bytes and objects it
+// finds, and sets the project's usage on its own tier to that (the difference goes to the
+// project's default kind; other kinds keep their figures unless the listing shows less
+// than they add up to). It also drops expired reservations and recounts every account.
+// A location that cannot be listed (a missing directory, an unmounted file system, a
+// server error) is reported and left alone: absence is never taken as "empty".
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sluice/ledger/ledger.h"
+#include "sluice/store/store.h"
+
+namespace sluice::ledger {
+
+struct ReconcileEntry {
+  std::string project, team, location;
+  Tier tier = Tier::kNvme;
+  int64_t ledger_bytes = 0, ledger_objects = 0;  // before
+  int64_t found_bytes = 0, found_objects = 0;    // what the listing found
+  bool changed = false;
+  std::optional<Error> error;  // the location could not be listed; nothing changed
+};
+
+struct ReconcileReport {
+  std::vector<ReconcileEntry> projects;
+  int64_t expired_reservations = 0;
+  int64_t accounts_recounted = 0;
+};
+
+// `store_options` opens each location (credentials and endpoint for s3://). With
+// `dry_run`, reports what it would change and changes nothing.
+Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,
+                                  bool dry_run = false);
+
+}  // namespace sluice::ledger

@@ -1,0 +1,81 @@
+// Reconciliation: list every project's location and set its usage to what is there.
+#include "sluice/ledger/reconcile.h"
+
+#include <map>
+
+namespace sluice::ledger {
+
+namespace {
+
+// Lists a location; a file:// directory must exist (NotFound otherwise).
+Result<std::pair<int64_t, int64_t>> count(const std::string& location,
+                                          const store::StoreOptions& options) {
+  store::StoreOptions o;
+  o.registry = options.registry;
+  o.backend = options.backend;
+  o.create = false;
+  SLUICE_ASSIGN_OR_RETURN(auto st, store::open_store(location, o));
+  int64_t bytes = 0, objects = 0;
+  store::ListOptions lo;
+  lo.max_keys = 1000;
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(auto page, st->list(lo));
+    for (const auto& obj : page.objects) {
+      bytes += static_cast<int64_t>(obj.size);
+      ++objects;
+    }
+    if (page.next_token.empty()) break;
+    lo.continuation = page.next_token;
+  }
+  return std::pair{bytes, objects};
+}
+
+}  // namespace
+
+Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,
+                                  bool dry_run) {
+  ReconcileReport report;
+  SLUICE_ASSIGN_OR_RETURN(auto projects, ledger.projects());
+  SLUICE_ASSIGN_OR_RETURN(auto usage, ledger.usage());
+  for (const Project& p : projects) {
+    ReconcileEntry e{.project = p.id, .team = p.team, .location = p.location, .tier = p.tier};
+    std::map<Kind, std::pair<int64_t, int64_t>> by_kind;  // this project, its own tier
+    for (const Usage& u : usage) {
+      if (u.project != p.id || u.tier != p.tier) continue;
+      by_kind[u.kind] = {u.bytes, u.objects};
+      e.ledger_bytes += u.bytes;
+      e.ledger_objects += u.objects;
+    }
+    auto found = count(p.location, store_options);
+    if (!found) {
+      e.error = found.error();
+      report.projects.push_back(std::move(e));
+      continue;
+    }
+    e.found_bytes = found->first;
+    e.found_objects = found->second;
+    e.changed = e.found_bytes != e.ledger_bytes || e.found_objects != e.ledger_objects;
+    if (e.changed && !dry_run) {
+      // Other kinds keep their figures while the listing covers them; the rest is the
+      // default kind's. When it does not, they are cut down in turn.
+      int64_t rest_b = e.found_bytes, rest_o = e.found_objects;
+      for (auto& [kind, v] : by_kind) {
+        if (kind == p.kind) continue;
+        int64_t b = std::min(v.first, rest_b), o = std::min(v.second, rest_o);
+        rest_b -= b;
+        rest_o -= o;
+        if (b != v.first || o != v.second)
+          SLUICE_RETURN_IF_ERROR(ledger.set_usage({p.id, p.team, p.tier, kind}, b, o));
+      }
+      SLUICE_RETURN_IF_ERROR(ledger.set_usage({p.id, p.team, p.tier, p.kind}, rest_b, rest_o));
+    }
+    report.projects.push_back(std::move(e));
+  }
+  if (!dry_run) {
+    SLUICE_ASSIGN_OR_RETURN(report.expired_reservations, ledger.expire_reservations());
+    SLUICE_ASSIGN_OR_RETURN(report.accounts_recounted, ledger.recount_accounts());
+  }
+  return report;
+}
+
+}  // namespace sluice::ledger

@@ -1,0 +1,207 @@
+#!/usr/bin/python3
+"""`sluice team|project|quota|usage` and quota enforcement on `sluice cp`, end to end, on
+the embedded SQLite ledger and on a real PostgreSQL server (tests/integration/pg_harness.py).
+
+Usage: ledger_test.py PATH/TO/sluice. The PostgreSQL half reports SKIP (with the reason)
+when no server can run here; the SQLite half always runs.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pg_harness import Postgres, PostgresUnavailable  # noqa: E402
+from s3_harness import Runner  # noqa: E402
+
+BIN = None
+MiB = 1 << 20
+
+
+class Env:
+    """A fresh SLUICE_HOME and a ledger (a SQLite path or a PostgreSQL database)."""
+
+    def __init__(self, ledger_uri):
+        self.dir = tempfile.mkdtemp(prefix="sluice-ledger-")
+        self.home = os.path.join(self.dir, "home")
+        self.ledger = ledger_uri or os.path.join(self.home, "ledger.db")
+
+    def run(self, *args, check=True, timeout=120):
+        env = dict(os.environ, SLUICE_HOME=self.home, SLUICE_LEDGER=self.ledger)
+        r = subprocess.run([BIN, *args], capture_output=True, text=True, env=env, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"sluice {' '.join(args)} exited {r.returncode}: {r.stderr}")
+        return r
+
+    def path(self, *p):
+        return os.path.join(self.dir, *p)
+
+    def file(self, name, size):
+        p = self.path("src", name)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(os.urandom(size))
+        return p
+
+    def account(self, team, tier):
+        accs = json.loads(self.run("quota", "show", team, "--json").stdout)
+        return next(a for a in accs if a["tier"] == tier)
+
+    def close(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def expect_fail(r, code_name, *words):
+    assert r.returncode != 0, f"expected a failure, got 0: {r.stdout}"
+    assert "Traceback" not in r.stderr and "terminate called" not in r.stderr, r.stderr
+    assert code_name in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, f"{w!r} not in: {r.stderr}"
+
+
+def t_bad_input(env):
+    env.run("team", "add", "vision")
+    expect_fail(env.run("team", "add", "vision", check=False), "already_exists", "'vision'")
+    expect_fail(env.run("team", "add", "../etc", check=False), "invalid_argument", "team name")
+    expect_fail(env.run("project", "add", "p", "--team", "ghost", "--location", env.path("d"), check=False),
+                "not_found", "unknown team 'ghost'")
+    for flags, word in ((["--hard-bytes", "-5"], "--hard-bytes"), (["--hard-bytes", "12Q"], "--hard-bytes"),
+                        (["--hard-objects", "1.5"], "--hard-objects"), (["--grace", "soon"], "--grace"),
+                        (["--soft-bytes", "20M", "--hard-bytes", "10M"], "soft limit above")):
+        r = env.run("quota", "set", "vision", "--tier", "nvme", *flags, check=False)
+        expect_fail(r, "invalid_argument", word)
+    expect_fail(env.run("quota", "set", "vision", "--tier", "tape", check=False), "invalid_argument", "tier 'tape'")
+    expect_fail(env.run("quota", "set", "ghost", "--tier", "nvme", "--hard-bytes", "1G", check=False),
+                "not_found", "ghost")
+    expect_fail(env.run("quota", "show", "ghost", check=False), "not_found", "ghost")
+    expect_fail(env.run("usage", "--by", "colour", check=False), "invalid_argument", "--by")
+    # A ledger that cannot be reached: a clear error, and a write refused rather than uncounted.
+    bad = dict(os.environ, SLUICE_HOME=env.home, SLUICE_LEDGER="postgresql://u:pw@127.0.0.1:1/none")
+    r = subprocess.run([BIN, "usage"], capture_output=True, text=True, env=bad, timeout=60)
+    expect_fail(r, "unavailable", "127.0.0.1:1")
+    assert "pw" not in r.stderr.replace("pwd", ""), r.stderr
+    src = env.file("x", 1000)
+    os.makedirs(env.path("anywhere"), exist_ok=True)
+    r = subprocess.run([BIN, "cp", src, env.path("anywhere", "x")], capture_output=True, text=True, env=bad,
+                       timeout=60)
+    expect_fail(r, "unavailable", "ledger")
+    assert not os.path.exists(env.path("anywhere", "x"))
+
+
+def t_cp_is_charged_and_refused_at_the_limit(env):
+    env.run("team", "add", "nlp")
+    data = env.path("data")
+    os.makedirs(data)
+    env.run("project", "add", "nlp-ckpt", "--team", "nlp", "--location", data, "--kind", "checkpoint")
+    env.run("quota", "set", "nlp", "--tier", "nvme", "--hard-bytes", "10M", "--hard-objects", "100")
+    env.run("cp", env.file("a", 3 * MiB), os.path.join(data, "a"))
+    env.run("cp", env.file("b", 4 * MiB), os.path.join(data, "b"))
+    a = env.account("nlp", "nvme")
+    assert (a["used_bytes"], a["used_objects"], a["reserved_bytes"]) == (7 * MiB, 2, 0), a
+    # Over the limit: refused before writing, with the team, tier, limit and usage named;
+    # nothing left at the destination.
+    r = env.run("cp", env.file("c", 6 * MiB), os.path.join(data, "c"), check=False)
+    expect_fail(r, "quota_exceeded", "team 'nlp'", "tier nvme", "hard limit 10.0 MiB", "used 7.0 MiB")
+    assert sorted(os.listdir(data)) == ["a", "b"], os.listdir(data)
+    # An overwrite charges the difference; outside every project nothing is charged.
+    env.run("cp", env.file("a2", 1 * MiB), os.path.join(data, "a"))
+    os.makedirs(env.path("elsewhere"))
+    env.run("cp", env.file("big", 20 * MiB), env.path("elsewhere", "big"))
+    a = env.account("nlp", "nvme")
+    assert (a["used_bytes"], a["used_objects"]) == (5 * MiB, 2), a
+    by_kind = json.loads(env.run("usage", "--by", "kind", "--json").stdout)
+    assert by_kind == [{"kind": "checkpoint", "bytes": 5 * MiB, "objects": 2,
+                        "updated_ns": by_kind[0]["updated_ns"]}], by_kind
+    out = env.run("quota", "show").stdout
+    assert "nlp" in out and "ok" in out, out
+
+
+def t_sixteen_processes_race_at_a_hard_limit(env):
+    """16 `sluice cp` processes at once, each 1 MiB, against a 10 MiB hard limit: exactly
+    ten succeed and usage never passes the limit."""
+    env.run("team", "add", "race")
+    data = env.path("race")
+    os.makedirs(data)
+    env.run("project", "add", "race-p", "--team", "race", "--location", data)
+    env.run("quota", "set", "race", "--tier", "nvme", "--hard-bytes", "10M")
+    srcs = [env.file(f"r{i}", MiB) for i in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: env.run("cp", srcs[i], os.path.join(data, f"r{i}"), check=False),
+                                range(16)))
+    ok = [r for r in results if r.returncode == 0]
+    refused = [r for r in results if r.returncode != 0]
+    for r in refused:
+        assert "quota_exceeded" in r.stderr, r.stderr
+    assert len(ok) == 10, [r.stderr for r in refused]
+    assert len(os.listdir(data)) == 10, os.listdir(data)
+    a = env.account("race", "nvme")
+    assert (a["used_bytes"], a["used_objects"], a["reserved_bytes"]) == (10 * MiB, 10, 0), a
+
+
+def t_reconcile_repairs_drift(env):
+    env.run("team", "add", "drift")
+    data = env.path("drift")
+    os.makedirs(data)
+    env.run("project", "add", "drift-p", "--team", "drift", "--location", data)
+    env.run("cp", env.file("a", 2 * MiB), os.path.join(data, "a"))
+    env.run("cp", env.file("b", 1 * MiB), os.path.join(data, "b"))
+    # Behind sluice's back: one deleted, one written by another tool.
+    os.remove(os.path.join(data, "a"))
+    with open(os.path.join(data, "c"), "wb") as f:
+        f.write(b"x" * 5000)
+    plan = json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)
+    entry = plan["projects"][0]
+    assert entry["changed"] and entry["found_bytes"] == MiB + 5000 and entry["found_objects"] == 2, entry
+    assert env.account("drift", "nvme")["used_bytes"] == 3 * MiB  # a dry run changes nothing
+    out = env.run("usage", "reconcile").stdout
+    assert "fixed" in out, out
+    a = env.account("drift", "nvme")
+    assert (a["used_bytes"], a["used_objects"]) == (MiB + 5000, 2), a
+    assert "ok" in env.run("usage", "reconcile").stdout
+    # A location that cannot be listed is reported and left as it was, never taken as empty.
+    shutil.rmtree(data)
+    r = env.run("usage", "reconcile", check=False)
+    assert r.returncode == 1 and "not recounted" in r.stdout and "left as they were" in r.stderr, (r.stdout, r.stderr)
+    assert env.account("drift", "nvme")["used_bytes"] == MiB + 5000
+    # A project can go only once nothing is charged to it.
+    expect_fail(env.run("project", "rm", "drift-p", check=False), "invalid_argument", "still has")
+
+
+def main():
+    global BIN
+    BIN = os.path.abspath(sys.argv[1])
+    runner = Runner()
+    tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit,
+             t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift)
+    for t in tests:
+        env = Env(None)
+        try:
+            runner.run(f"sqlite: {t.__name__}", t, env)
+        finally:
+            env.close()
+    try:
+        pg = Postgres()
+    except PostgresUnavailable as e:
+        print(f"SKIP - postgresql: {e.reason}", flush=True)
+        runner.finish()
+        return
+    try:
+        for i, t in enumerate(tests):
+            db = f"cli_{i}"
+            subprocess.run(["psql", pg.uri, "-qc", f"CREATE DATABASE {db}"], check=True,
+                           capture_output=True)
+            env = Env(pg.uri.rsplit("/", 1)[0] + "/" + db)
+            try:
+                runner.run(f"postgresql: {t.__name__}", t, env)
+            finally:
+                env.close()
+    finally:
+        pg.close()
+    runner.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,505 @@
+// `sluice team`, `sluice project`, `sluice quota`, `sluice usage`: who owns what, the
+// limits, and what is used, from the ledger (SQLite by default, PostgreSQL for a fleet).
+#include "ledger_cmd.h"
+
+#include <sys/stat.h>
+
+#include <charconv>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "aws_config.h"
+#include "common.h"
+#include "sizes.h"
+#include "sluice/ledger/charging_store.h"
+#include "sluice/ledger/reconcile.h"
+
+namespace sluice::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace sluice::ledger;
+
+struct LedgerArgs {
+  std::string uri;  // --ledger
+  std::string name, team, location, tier, kind;
+  std::string soft_bytes, hard_bytes, soft_objects, hard_objects, grace;
+  std::string by = "team";
+  AwsFlags aws;
+  bool json = false, dry_run = false;
+};
+
+std::string when(int64_t ns) {
+  if (ns <= 0) return "-";
+  time_t t = static_cast<time_t>(ns / 1'000'000'000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%SZ", &tm);
+  return buf;
+}
+
+Result<std::unique_ptr<Ledger>> open_ledger(const LedgerArgs& a, const std::string& home) {
+  std::string uri = a.uri.empty() ? default_ledger_uri(home) : a.uri;
+  if (uri.find("://") == std::string::npos) {
+    // The embedded default lives in $SLUICE_HOME, made on first use.
+    std::error_code ec;
+    fs::create_directories(fs::path(uri).parent_path(), ec);
+  }
+  auto l = Ledger::open(uri);
+  if (!l) return std::unexpected(l.error().with_context("cannot open the ledger"));
+  return l;
+}
+
+// "none" clears a limit; a size ("10T", "500G") or a count otherwise.
+Result<std::optional<int64_t>> limit_flag(const std::string& flag, const std::string& text,
+                                          bool is_size, std::optional<int64_t> current) {
+  if (text.empty()) return current;
+  if (text == "none") return std::optional<int64_t>{};
+  if (is_size) {
+    auto v = parse_size(text);
+    if (!v || *v > static_cast<uint64_t>(INT64_MAX))
+      return fail(Code::kInvalidArgument,
+                  flag + " '" + text + "': expected a size (500G, 10T) or none" +
+                      (v ? std::string(": too large") : ": " + v.error().message()));
+    return std::optional<int64_t>(static_cast<int64_t>(*v));
+  }
+  int64_t n = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || p != text.data() + text.size() || n < 0)
+    return fail(Code::kInvalidArgument,
+                flag + " '" + text + "': expected a whole number of objects or none");
+  return std::optional<int64_t>(n);
+}
+
+// "7d", "12h", "30m", "90s" or plain seconds.
+Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text) {
+  int64_t n = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  std::string_view unit(p, text.data() + text.size() - p);
+  int64_t mult = unit.empty() || unit == "s" ? 1
+                 : unit == "m"               ? 60
+                 : unit == "h"               ? 3600
+                 : unit == "d"               ? 86400
+                 : unit == "w"               ? 604800
+                                             : 0;
+  if (ec != std::errc() || n < 0 || mult == 0 || n > INT64_MAX / 1'000'000'000 / mult)
+    return fail(Code::kInvalidArgument,
+                flag + " '" + text + "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
+  return std::chrono::seconds(n * mult);
+}
+
+std::string limit_text(const std::optional<int64_t>& v, bool is_size) {
+  if (!v) return "-";
+  return is_size ? format_size(static_cast<double>(*v)) : std::to_string(*v);
+}
+
+std::string account_state(const Account& a, int64_t now) {
+  const Limits& l = a.limits;
+  if ((l.hard_bytes && a.used_bytes >= *l.hard_bytes) ||
+      (l.hard_objects && a.used_objects >= *l.hard_objects))
+    return "at hard limit";
+  if (a.over_soft_since_ns) {
+    int64_t ends = *a.over_soft_since_ns + l.grace.count() * 1'000'000'000;
+    return now >= ends ? "over soft, grace over" : "over soft, grace until " + when(ends);
+  }
+  return "ok";
+}
+
+json account_json(const Account& a, int64_t now) {
+  auto opt = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
+  return json{{"team", a.team},
+              {"tier", tier_name(a.tier)},
+              {"used_bytes", a.used_bytes},
+              {"used_objects", a.used_objects},
+              {"reserved_bytes", a.reserved_bytes},
+              {"reserved_objects", a.reserved_objects},
+              {"soft_bytes", opt(a.limits.soft_bytes)},
+              {"hard_bytes", opt(a.limits.hard_bytes)},
+              {"soft_objects", opt(a.limits.soft_objects)},
+              {"hard_objects", opt(a.limits.hard_objects)},
+              {"grace_s", a.limits.grace.count()},
+              {"over_soft_since_ns", opt(a.over_soft_since_ns)},
+              {"state", account_state(a, now)},
+              {"updated_ns", a.updated_ns}};
+}
+
+int run_team_add(const LedgerArgs& a, const std::string& home) {
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  if (auto s = (*l)->add_team(a.name); !s) return report_error(s.error());
+  std::printf("team %s added\n", a.name.c_str());
+  return 0;
+}
+
+int run_team_ls(const LedgerArgs& a, const std::string& home) {
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto teams = (*l)->teams();
+  if (!teams) return report_error(teams.error());
+  if (a.json) {
+    std::printf("%s\n", json(*teams).dump().c_str());
+  } else {
+    for (auto& t : *teams) std::printf("%s\n", t.c_str());
+  }
+  return 0;
+}
+
+int run_project_add(const LedgerArgs& a, const std::string& home) {
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  Project p;
+  p.id = a.name;
+  p.team = a.team;
+  p.location = a.location;
+  if (p.location.find("://") == std::string::npos) {
+    std::error_code ec;
+    fs::path abs = fs::absolute(p.location, ec);
+    if (!ec) p.location = abs.lexically_normal().string();
+  }
+  p.tier = tier_of_location(p.location);
+  if (!a.tier.empty()) {
+    auto t = parse_tier(a.tier);
+    if (!t) return report_error(t.error());
+    p.tier = *t;
+  }
+  if (!a.kind.empty()) {
+    auto k = parse_kind(a.kind);
+    if (!k) return report_error(k.error());
+    p.kind = *k;
+  }
+  if (auto s = (*l)->add_project(p); !s) return report_error(s.error());
+  std::printf("project %s added: %s, team %s, tier %s, kind %s\n", p.id.c_str(), p.location.c_str(),
+              p.team.c_str(), std::string(tier_name(p.tier)).c_str(),
+              std::string(kind_name(p.kind)).c_str());
+  return 0;
+}
+
+int run_project_ls(const LedgerArgs& a, const std::string& home) {
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto ps = (*l)->projects();
+  if (!ps) return report_error(ps.error());
+  if (a.json) {
+    json out = json::array();
+    for (auto& p : *ps)
+      out.push_back({{"id", p.id},
+                     {"team", p.team},
+                     {"location", p.location},
+                     {"tier", tier_name(p.tier)},
+                     {"kind", kind_name(p.kind)},
+                     {"created_ns", p.created_ns}});
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("%-20s %-16s %-7s %-11s %s\n", "PROJECT", "TEAM", "TIER", "KIND", "LOCATION");
+  for (auto& p : *ps)
+    std::printf("%-20s %-16s %-7s %-11s %s\n", p.id.c_str(), p.team.c_str(),
+                std::string(tier_name(p.tier)).c_str(), std::string(kind_name(p.kind)).c_str(),
+                p.location.c_str());
+  return 0;
+}
+
+int run_project_rm(const LedgerArgs& a, const std::string& home) {
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  if (auto s = (*l)->remove_project(a.name); !s) return report_error(s.error());
+  std::printf("project %s removed (its data was not touched)\n", a.name.c_str());
+  return 0;
+}
+
+int run_quota_set(const LedgerArgs& a, const std::string& home) {
+  auto tier = parse_tier(a.tier);
+  if (!tier) return report_error(tier.error());
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  // Flags not given keep their current value.
+  auto accs = (*l)->accounts(a.team);
+  if (!accs) return report_error(accs.error());
+  Limits cur;
+  for (auto& acc : *accs)
+    if (acc.tier == *tier) cur = acc.limits;
+  Limits next = cur;
+  auto sb = limit_flag("--soft-bytes", a.soft_bytes, true, cur.soft_bytes);
+  auto hb = limit_flag("--hard-bytes", a.hard_bytes, true, cur.hard_bytes);
+  auto so = limit_flag("--soft-objects", a.soft_objects, false, cur.soft_objects);
+  auto ho = limit_flag("--hard-objects", a.hard_objects, false, cur.hard_objects);
+  for (auto* r : {&sb, &hb, &so, &ho})
+    if (!*r) return report_error(r->error());
+  next.soft_bytes = *sb;
+  next.hard_bytes = *hb;
+  next.soft_objects = *so;
+  next.hard_objects = *ho;
+  if (!a.grace.empty()) {
+    auto g = duration_flag("--grace", a.grace);
+    if (!g) return report_error(g.error());
+    next.grace = *g;
+  }
+  if (auto s = (*l)->set_limits(a.team, *tier, next); !s) return report_error(s.error());
+  std::printf(
+      "quota of team %s on %s: bytes soft %s hard %s, objects soft %s hard %s, grace %llds\n",
+      a.team.c_str(), std::string(tier_name(*tier)).c_str(),
+      limit_text(next.soft_bytes, true).c_str(), limit_text(next.hard_bytes, true).c_str(),
+      limit_text(next.soft_objects, false).c_str(), limit_text(next.hard_objects, false).c_str(),
+      static_cast<long long>(next.grace.count()));
+  return 0;
+}
+
+int run_quota_show(const LedgerArgs& a, const std::string& home) {
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto accs = (*l)->accounts(a.team);
+  if (!accs) return report_error(accs.error());
+  int64_t now = (*l)->now_ns();
+  if (a.json) {
+    json out = json::array();
+    for (auto& acc : *accs) out.push_back(account_json(acc, now));
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("%-16s %-7s %11s %9s %11s %11s %11s %9s %9s  %s\n", "TEAM", "TIER", "USED", "OBJECTS",
+              "RESERVED", "SOFT", "HARD", "SOFT-OBJ", "HARD-OBJ", "STATE");
+  for (auto& acc : *accs)
+    std::printf("%-16s %-7s %11s %9lld %11s %11s %11s %9s %9s  %s\n", acc.team.c_str(),
+                std::string(tier_name(acc.tier)).c_str(),
+                format_size(static_cast<double>(acc.used_bytes)).c_str(),
+                static_cast<long long>(acc.used_objects),
+                format_size(static_cast<double>(acc.reserved_bytes)).c_str(),
+                limit_text(acc.limits.soft_bytes, true).c_str(),
+                limit_text(acc.limits.hard_bytes, true).c_str(),
+                limit_text(acc.limits.soft_objects, false).c_str(),
+                limit_text(acc.limits.hard_objects, false).c_str(),
+                account_state(acc, now).c_str());
+  return 0;
+}
+
+int run_usage(const LedgerArgs& a, const std::string& home) {
+  if (a.by != "team" && a.by != "project" && a.by != "tier" && a.by != "kind")
+    return report_error(
+        Error(Code::kInvalidArgument, "--by '" + a.by + "': expected team, project, tier or kind"));
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto rows = (*l)->usage();
+  if (!rows) return report_error(rows.error());
+  struct Sum {
+    int64_t bytes = 0, objects = 0, updated_ns = 0;
+  };
+  std::map<std::string, Sum> sums;
+  for (const Usage& u : *rows) {
+    std::string key = a.by == "team"      ? u.team
+                      : a.by == "project" ? u.project
+                      : a.by == "tier"    ? std::string(tier_name(u.tier))
+                                          : std::string(kind_name(u.kind));
+    Sum& s = sums[key];
+    s.bytes += u.bytes;
+    s.objects += u.objects;
+    s.updated_ns = std::max(s.updated_ns, u.updated_ns);
+  }
+  if (a.json) {
+    json out = json::array();
+    for (auto& [k, s] : sums)
+      out.push_back(
+          {{a.by, k}, {"bytes", s.bytes}, {"objects", s.objects}, {"updated_ns", s.updated_ns}});
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::string head = a.by;
+  for (auto& c : head) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  std::printf("%-24s %12s %10s  %s\n", head.c_str(), "BYTES", "OBJECTS", "AS OF");
+  for (auto& [k, s] : sums)
+    std::printf("%-24s %12s %10lld  %s\n", k.c_str(),
+                format_size(static_cast<double>(s.bytes)).c_str(),
+                static_cast<long long>(s.objects), when(s.updated_ns).c_str());
+  if (sums.empty()) std::printf("(nothing charged yet: add a project with sluice project add)\n");
+  return 0;
+}
+
+int run_reconcile(const LedgerArgs& a, const std::string& home) {
+  auto so = s3_store_options(a.aws);
+  if (!so) return report_error(so.error());
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto rep = reconcile(**l, *so, a.dry_run);
+  if (!rep) return report_error(rep.error());
+  int failed = 0;
+  json out = json::array();
+  for (auto& e : rep->projects) {
+    if (e.error) ++failed;
+    if (a.json) {
+      out.push_back({{"project", e.project},
+                     {"team", e.team},
+                     {"location", e.location},
+                     {"tier", tier_name(e.tier)},
+                     {"ledger_bytes", e.ledger_bytes},
+                     {"ledger_objects", e.ledger_objects},
+                     {"found_bytes", e.found_bytes},
+                     {"found_objects", e.found_objects},
+                     {"changed", e.changed},
+                     {"error", e.error ? json(e.error->to_string()) : json(nullptr)}});
+      continue;
+    }
+    if (e.error) {
+      std::printf("%-20s not recounted: %s\n", e.project.c_str(), e.error->to_string().c_str());
+    } else if (!e.changed) {
+      std::printf("%-20s ok: %s in %lld objects\n", e.project.c_str(),
+                  format_size(static_cast<double>(e.found_bytes)).c_str(),
+                  static_cast<long long>(e.found_objects));
+    } else {
+      std::printf("%-20s %s: ledger had %s in %lld objects, found %s in %lld objects\n",
+                  e.project.c_str(), a.dry_run ? "would fix" : "fixed",
+                  format_size(static_cast<double>(e.ledger_bytes)).c_str(),
+                  static_cast<long long>(e.ledger_objects),
+                  format_size(static_cast<double>(e.found_bytes)).c_str(),
+                  static_cast<long long>(e.found_objects));
+    }
+  }
+  if (a.json) {
+    std::printf("%s\n", json{{"projects", out},
+                             {"dry_run", a.dry_run},
+                             {"expired_reservations", rep->expired_reservations},
+                             {"accounts_recounted", rep->accounts_recounted}}
+                            .dump()
+                            .c_str());
+  } else if (!a.dry_run) {
+    std::printf("expired reservations dropped: %lld; accounts recounted: %lld\n",
+                static_cast<long long>(rep->expired_reservations),
+                static_cast<long long>(rep->accounts_recounted));
+  }
+  if (failed) {
+    std::fprintf(stderr,
+                 "sluice: error: %d project(s) could not be listed and were left as they were\n",
+                 failed);
+    return 1;
+  }
+  return 0;
+}
+
+void ledger_flag(CLI::App* cmd, LedgerArgs& a) {
+  cmd->add_option("--ledger", a.uri,
+                  "The ledger: a SQLite file or postgresql://user@host:port/db "
+                  "(default: $SLUICE_LEDGER, else $SLUICE_HOME/ledger.db)");
+}
+
+}  // namespace
+
+std::string default_ledger_uri(const std::string& home) {
+  const char* env = std::getenv("SLUICE_LEDGER");
+  if (env && *env) return env;
+  return home + "/ledger.db";
+}
+
+Result<std::shared_ptr<Ledger>> ledger_for_writes(const std::string& home) {
+  const char* env = std::getenv("SLUICE_LEDGER");
+  std::string uri = default_ledger_uri(home);
+  struct stat st;
+  if (!(env && *env) && ::stat(uri.c_str(), &st) != 0) return std::shared_ptr<Ledger>{};
+  auto l = Ledger::open(uri);
+  if (!l)
+    return std::unexpected(l.error().with_context(
+        "cannot open the ledger to charge this write (unset SLUICE_LEDGER to write uncharged)"));
+  auto projects = (*l)->projects();
+  if (!projects) return std::unexpected(projects.error());
+  if (projects->empty()) return std::shared_ptr<Ledger>{};
+  return std::shared_ptr<Ledger>(std::move(*l));
+}
+
+Result<std::unique_ptr<store::Store>> charged(std::unique_ptr<store::Store> store,
+                                              const std::string& home) {
+  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(home));
+  if (!ledger) return store;
+  return with_charging(std::move(store), std::move(ledger));
+}
+
+void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
+  auto args = std::make_shared<LedgerArgs>();
+  LedgerArgs& a = *args;
+  auto run = [args, home, &rc](int (*fn)(const LedgerArgs&, const std::string&)) {
+    return [args, home, &rc, fn] { rc = fn(*args, home); };
+  };
+
+  auto* team = app.add_subcommand("team", "Teams: who usage is charged to and quotas apply to");
+  team->require_subcommand(1);
+  auto* team_add = team->add_subcommand("add", "Add a team");
+  team_add->add_option("NAME", a.name, "Team name: letters, digits, '.', '_' or '-'")->required();
+  ledger_flag(team_add, a);
+  team_add->callback(run(run_team_add));
+  auto* team_ls = team->add_subcommand("ls", "List the teams");
+  team_ls->add_flag("--json", a.json, "Print JSON");
+  ledger_flag(team_ls, a);
+  team_ls->callback(run(run_team_ls));
+
+  auto* project =
+      app.add_subcommand("project",
+                         "Projects: a location (bucket prefix or directory) owned by a team; every "
+                         "write under it is charged to that team");
+  project->require_subcommand(1);
+  auto* p_add = project->add_subcommand("add", "Add a project");
+  p_add->add_option("ID", a.name, "Project ID")->required();
+  p_add->add_option("--team", a.team, "The owning team (sluice team add first)")->required();
+  p_add
+      ->add_option("--location", a.location,
+                   "Where its data rests: s3://bucket/prefix, a directory, mem://name/...")
+      ->required();
+  p_add->add_option("--tier", a.tier,
+                    "ram, nvme, peer or object (default: from the location: s3:// is object, "
+                    "directories nvme, mem:// ram)");
+  p_add->add_option("--kind", a.kind, "What it holds: dataset, checkpoint, scratch or cache")
+      ->default_str("scratch");
+  ledger_flag(p_add, a);
+  p_add->callback(run(run_project_add));
+  auto* p_ls = project->add_subcommand("ls", "List the projects");
+  p_ls->add_flag("--json", a.json, "Print JSON");
+  ledger_flag(p_ls, a);
+  p_ls->callback(run(run_project_ls));
+  auto* p_rm = project->add_subcommand("rm", "Remove a project with nothing charged to it");
+  p_rm->add_option("ID", a.name, "Project ID")->required();
+  ledger_flag(p_rm, a);
+  p_rm->callback(run(run_project_rm));
+
+  auto* quota = app.add_subcommand("quota", "Quotas per team and tier, on bytes and objects");
+  quota->require_subcommand(1);
+  auto* q_set = quota->add_subcommand(
+      "set", "Set a team's limits on a tier; limits not given keep their value, 'none' clears");
+  q_set->add_option("TEAM", a.team, "Team")->required();
+  q_set->add_option("--tier", a.tier, "ram, nvme, peer or object")->required();
+  q_set->add_option("--soft-bytes", a.soft_bytes,
+                    "Soft limit (500G, 10T, none): passed only for the grace period");
+  q_set->add_option("--hard-bytes", a.hard_bytes, "Hard limit (500G, 10T, none): never passed");
+  q_set->add_option("--soft-objects", a.soft_objects, "Soft limit on objects (or none)");
+  q_set->add_option("--hard-objects", a.hard_objects, "Hard limit on objects (or none)");
+  q_set->add_option("--grace", a.grace, "How long a soft limit may be passed (90s, 12h, 7d)")
+      ->default_str("7d");
+  ledger_flag(q_set, a);
+  q_set->callback(run(run_quota_set));
+  auto* q_show = quota->add_subcommand("show", "Usage, reservations and limits per team and tier");
+  q_show->add_option("TEAM", a.team, "Only this team");
+  q_show->add_flag("--json", a.json, "Print JSON");
+  ledger_flag(q_show, a);
+  q_show->callback(run(run_quota_show));
+
+  auto* usage =
+      app.add_subcommand("usage", "Bytes and objects charged, by team, project, tier or kind");
+  usage->add_option("--by", a.by, "team, project, tier or kind")->default_val("team");
+  usage->add_flag("--json", a.json, "Print JSON");
+  ledger_flag(usage, a);
+  auto* rec = usage->add_subcommand(
+      "reconcile",
+      "List every project's location and repair the ledger to match; reports what changed");
+  rec->add_flag("--dry-run", a.dry_run, "Report what would change; change nothing");
+  rec->add_flag("--json", a.json, "Print JSON");
+  rec->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// projects");
+  rec->add_option("--profile", a.aws.profile, "AWS profile");
+  rec->add_option("--region", a.aws.region, "Region");
+  ledger_flag(rec, a);
+  rec->callback(run(run_reconcile));
+  usage->callback([args, home, &rc, usage] {
+    if (usage->get_subcommands().empty()) rc = run_usage(*args, home);
+  });
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,31 @@
+// `sluice team|project|quota|usage`: the ledger from the command line (docs/ledger.md).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "sluice/ledger/ledger.h"
+#include "sluice/store/store.h"
+
+namespace sluice::cli {
+
+// The ledger's URI: $SLUICE_LEDGER, else $SLUICE_HOME/ledger.db.
+std::string default_ledger_uri(const std::string& home);
+
+// Adds team, project, quota and usage to the app; each sets rc when it runs.
+void add_ledger_commands(CLI::App& app, std::string home, int& rc);
+
+// The ledger every writing command charges through: opened when $SLUICE_LEDGER is set or
+// $SLUICE_HOME/ledger.db exists and it holds at least one project; null otherwise (nothing
+// to charge). An error when it is set but cannot be opened: a write is never let through
+// uncounted because the ledger was unreachable.
+Result<std::shared_ptr<ledger::Ledger>> ledger_for_writes(const std::string& home);
+
+// `store` wrapped so its writes are charged (ledger::with_charging), or returned as it is
+// when there is no ledger to charge.
+Result<std::unique_ptr<store::Store>> charged(std::unique_ptr<store::Store> store,
+                                              const std::string& home);
+
+}  // namespace sluice::cli

@@ -34,6 +34,14 @@ using Rows = std::vector<Row>;
 
 enum class Dialect { kSqlite, kPostgres };
 
+// A statement of a pipeline, and what it returned.
+struct Stmt {
+  std::string_view sql;
+  std::vector<Value> params;
+  Result<Rows> rows = Rows{};
+  int64_t changes = 0;
+};
+
 // One connection's worth of statements, inside or outside a transaction.
 class Conn {
  public:
@@ -45,6 +53,10 @@ class Conn {
   virtual int64_t changes() const = 0;
   // Runs statements separated by ';', without parameters (the schema).
   virtual Status script(std::string_view sql) = 0;
+  // Runs statements in order, each with its result in place. PostgreSQL sends them all
+  // before reading any answer (libpq's pipeline mode: one round trip); others run them one
+  // by one. After a failed statement the rest are not run. Returns the first error.
+  virtual Status pipeline(std::span<Stmt> stmts);
 };
 
 class Db {

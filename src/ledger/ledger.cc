@@ -13,7 +13,9 @@
 #include <random>
 #include <thread>
 
+#include "ledger/batch.h"
 #include "ledger/db.h"
+#include "ledger/sql.h"
 
 namespace sluice::ledger {
 
@@ -27,6 +29,15 @@ int64_t Row::i64(size_t i) const {
     if (ec == std::errc() && p == s->data() + s->size()) return n;
   }
   return 0;
+}
+
+Status Conn::pipeline(std::span<Stmt> stmts) {
+  for (Stmt& s : stmts) {
+    s.rows = query(s.sql, s.params);
+    if (!s.rows) return std::unexpected(s.rows.error());
+    s.changes = changes();
+  }
+  return {};
 }
 
 std::optional<int64_t> Row::opt_i64(size_t i) const {
@@ -93,64 +104,6 @@ CREATE TABLE IF NOT EXISTS history (
   objects BIGINT NOT NULL,
   PRIMARY KEY (team, tier, t_ns));
 )sql";
-
-// Whether adding ($3 bytes, $4 objects) at time $5 keeps the account within its quota:
-// never past a hard limit; past a soft limit only while its grace period runs.
-#define SLUICE_QUOTA_OK                                                                 \
-  "(hard_bytes IS NULL OR used_bytes + reserved_bytes + $3 <= hard_bytes)"              \
-  " AND (hard_objects IS NULL OR used_objects + reserved_objects + $4 <= hard_objects)" \
-  " AND (over_soft_since_ns IS NULL OR $5 - over_soft_since_ns < grace_ns"              \
-  " OR ((soft_bytes IS NULL OR used_bytes + reserved_bytes + $3 <= soft_bytes)"         \
-  " AND (soft_objects IS NULL OR used_objects + reserved_objects + $4 <= soft_objects)))"
-
-#define SLUICE_RESERVE_SET                                     \
-  "UPDATE accounts SET reserved_bytes = reserved_bytes + $3,"  \
-  " reserved_objects = reserved_objects + $4, updated_ns = $5" \
-  " WHERE team = $1 AND tier = $2 AND " SLUICE_QUOTA_OK
-
-// PostgreSQL: the check, the reservation and its row in one statement (one round trip).
-constexpr const char* kReservePg =
-    "WITH a AS (" SLUICE_RESERVE_SET
-    " RETURNING team) INSERT INTO reservations (id, team, tier, bytes, objects, expires_ns)"
-    " SELECT CAST($6 AS TEXT), a.team, CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($4 AS BIGINT),"
-    " CAST($7 AS BIGINT) FROM a";
-constexpr const char* kReserveSqlite = SLUICE_RESERVE_SET;
-constexpr const char* kInsertReservation =
-    "INSERT INTO reservations (id, team, tier, bytes, objects, expires_ns)"
-    " VALUES ($1, $2, $3, $4, $5, $6)";
-
-// Usage moves by ($6 bytes, $7 objects): the account's used figures (never below zero)
-// and whether it is past a soft limit, then the usage row.
-#define SLUICE_ACCOUNT_CHARGE                                                                 \
-  "used_bytes = CASE WHEN used_bytes + $6 < 0 THEN 0 ELSE used_bytes + $6 END,"               \
-  " used_objects = CASE WHEN used_objects + $7 < 0 THEN 0 ELSE used_objects + $7 END,"        \
-  " over_soft_since_ns = CASE WHEN (soft_bytes IS NOT NULL AND used_bytes + $6 > soft_bytes)" \
-  " OR (soft_objects IS NOT NULL AND used_objects + $7 > soft_objects)"                       \
-  " THEN COALESCE(over_soft_since_ns, $8) ELSE NULL END, updated_ns = $8"
-#define SLUICE_USAGE_UPSERT                                                         \
-  "INSERT INTO usage (project, tier, kind, team, bytes, objects, updated_ns)"       \
-  " VALUES ($4, $2, $5, $1, CASE WHEN $6 < 0 THEN 0 ELSE $6 END,"                   \
-  " CASE WHEN $7 < 0 THEN 0 ELSE $7 END, $8)"                                       \
-  " ON CONFLICT (project, tier, kind) DO UPDATE SET"                                \
-  " bytes = CASE WHEN usage.bytes + $6 < 0 THEN 0 ELSE usage.bytes + $6 END,"       \
-  " objects = CASE WHEN usage.objects + $7 < 0 THEN 0 ELSE usage.objects + $7 END," \
-  " updated_ns = $8"
-
-// $1 team, $2 tier, $3 reservation, $4 project, $5 kind, $6 bytes, $7 objects, $8 now.
-constexpr const char* kCommitPg =
-    "WITH r AS (DELETE FROM reservations WHERE id = $3 RETURNING bytes, objects),"
-    " a AS (UPDATE accounts SET"
-    " reserved_bytes = reserved_bytes - COALESCE((SELECT SUM(bytes) FROM r), 0),"
-    " reserved_objects = reserved_objects - COALESCE((SELECT SUM(objects) FROM r), "
-    "0), " SLUICE_ACCOUNT_CHARGE " WHERE team = $1 AND tier = $2 RETURNING 1) " SLUICE_USAGE_UPSERT;
-constexpr const char* kChargePg = "WITH a AS (UPDATE accounts SET " SLUICE_ACCOUNT_CHARGE
-                                  " WHERE team = $1 AND tier = $2 AND CAST($3 AS TEXT) IS NOT NULL "
-                                  "RETURNING 1) " SLUICE_USAGE_UPSERT;
-constexpr const char* kChargeAccountSqlite =
-    "UPDATE accounts SET " SLUICE_ACCOUNT_CHARGE
-    " WHERE team = $1 AND tier = $2 AND CAST($3 AS TEXT) IS NOT NULL"
-    " AND CAST($4 AS TEXT) IS NOT NULL AND CAST($5 AS TEXT) IS NOT NULL";
-constexpr const char* kUsageUpsertSqlite = SLUICE_USAGE_UPSERT;
 
 int64_t real_clock() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -295,7 +248,10 @@ struct Ledger::Sampling {
 };
 
 Ledger::Ledger(std::unique_ptr<Db> db, LedgerOptions options)
-    : db_(std::move(db)), options_(options), sampling_(std::make_unique<Sampling>()) {}
+    : db_(std::move(db)),
+      options_(options),
+      batcher_(std::make_unique<Batcher>(*db_, options.clock, real_clock)),
+      sampling_(std::make_unique<Sampling>()) {}
 
 Ledger::~Ledger() = default;
 
@@ -594,48 +550,23 @@ Result<std::string> Ledger::reserve(const ChargeTarget& t, int64_t bytes, int64_
   if (bytes < 0 || objects < 0)
     return fail(Code::kInvalidArgument, "reserve: negative bytes or objects");
   std::string id = new_reservation_id();
-  std::string tier(tier_name(t.tier));
   for (int attempt = 0; attempt < 3; ++attempt) {
-    int64_t now = now_ns();
-    int64_t expires = now + options_.reservation_ttl.count() * 1'000'000'000;
-    bool reserved = false;
-    Status s;
-    if (db_->dialect() == Dialect::kPostgres) {
-      s = db_->with_conn([&](Conn& c) -> Status {
-        SLUICE_RETURN_IF_ERROR(c.query(
-            kReservePg, std::vector<Value>{t.team, tier, bytes, objects, now, id, expires}));
-        reserved = c.changes() == 1;
-        return {};
-      });
-    } else {
-      s = db_->transaction([&](Conn& c) -> Status {
-        SLUICE_RETURN_IF_ERROR(
-            c.query(kReserveSqlite, std::vector<Value>{t.team, tier, bytes, objects, now}));
-        if (c.changes() != 1) return {};
-        SLUICE_RETURN_IF_ERROR(c.query(
-            kInsertReservation, std::vector<Value>{id, t.team, tier, bytes, objects, expires}));
-        reserved = true;
-        return {};
-      });
-    }
-    if (!s) {
-      if (s.error().code() == Code::kConflict) continue;  // a deadlock, lost; try again
-      return std::unexpected(s.error());
-    }
-    if (reserved) return id;
+    BatchOp op{.type = BatchOp::Type::kReserve,
+               .target = t,
+               .id = id,
+               .bytes = bytes,
+               .objects = objects,
+               .expires_ns = now_ns() + options_.reservation_ttl.count() * 1'000'000'000};
+    batcher_->run(op);
+    if (!op.status) return std::unexpected(op.status.error());
+    if (op.reserved) return id;
     // Refused, or the account is not there yet: create it, and let expired reservations
     // (crashed writers) go before refusing.
     if (attempt == 0) {
       SLUICE_RETURN_IF_ERROR(ensure_account(t.team, t.tier));
     } else if (attempt == 1) {
       SLUICE_ASSIGN_OR_RETURN(int64_t expired, expire_reservations());
-      if (expired == 0) {
-        // Nothing to free: the refusal stands, unless the account was just created.
-        SLUICE_ASSIGN_OR_RETURN(auto accs, accounts(t.team));
-        bool exists = std::any_of(accs.begin(), accs.end(),
-                                  [&](const Account& a) { return a.tier == t.tier; });
-        if (exists) break;
-      }
+      if (expired == 0) break;
     }
   }
   return std::unexpected(quota_error(t, bytes, objects));
@@ -658,7 +589,7 @@ Status Ledger::grow(std::string_view reservation, const ChargeTarget& t, int64_t
                   "reservation " + quote(reservation) + " is gone (it expired after " +
                       std::to_string(options_.reservation_ttl.count()) + " s without a renewal)");
     SLUICE_RETURN_IF_ERROR(
-        c.query(kReserveSqlite,
+        c.query(sql::kReserve,
                 std::vector<Value>{t.team, std::string(tier_name(t.tier)), bytes, objects, now}));
     if (c.changes() != 1) {
       refused = true;
@@ -672,89 +603,30 @@ Status Ledger::grow(std::string_view reservation, const ChargeTarget& t, int64_t
 
 Status Ledger::commit(std::string_view reservation, const ChargeTarget& t, int64_t bytes,
                       int64_t objects) {
-  std::vector<Value> args{t.team,
-                          std::string(tier_name(t.tier)),
-                          std::string(reservation),
-                          t.project,
-                          std::string(kind_name(t.kind)),
-                          bytes,
-                          objects,
-                          now_ns()};
-  Status s;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    if (db_->dialect() == Dialect::kPostgres) {
-      s = db_->with_conn([&](Conn& c) -> Status {
-        SLUICE_RETURN_IF_ERROR(c.query(kCommitPg, args));
-        return {};
-      });
-    } else {
-      s = db_->transaction([&](Conn& c) -> Status {
-        SLUICE_ASSIGN_OR_RETURN(
-            auto r, c.query("DELETE FROM reservations WHERE id = $1 RETURNING bytes, objects",
-                            std::vector<Value>{std::string(reservation)}));
-        int64_t rb = 0, ro = 0;
-        for (auto& row : r) {
-          rb += row.i64(0);
-          ro += row.i64(1);
-        }
-        SLUICE_RETURN_IF_ERROR(
-            c.query("UPDATE accounts SET reserved_bytes = reserved_bytes - $3,"
-                    " reserved_objects = reserved_objects - $4 WHERE team = $1 AND tier = $2",
-                    std::vector<Value>{t.team, std::string(tier_name(t.tier)), rb, ro}));
-        SLUICE_RETURN_IF_ERROR(c.query(kChargeAccountSqlite, args));
-        SLUICE_RETURN_IF_ERROR(c.query(kUsageUpsertSqlite, args));
-        return {};
-      });
-    }
-    if (s || s.error().code() != Code::kConflict) break;
-  }
-  if (s) maybe_sample(t.team, t.tier);
-  return s;
+  BatchOp op{.type = BatchOp::Type::kSettle,
+             .target = t,
+             .id = std::string(reservation),
+             .bytes = bytes,
+             .objects = objects};
+  batcher_->run(op);
+  if (op.status) maybe_sample(t.team, t.tier);
+  return op.status;
 }
 
 Status Ledger::release(std::string_view reservation) {
   return db_->transaction([&](Conn& c) -> Status {
     SLUICE_ASSIGN_OR_RETURN(
-        auto r,
-        c.query("DELETE FROM reservations WHERE id = $1 RETURNING team, tier, bytes, objects",
-                std::vector<Value>{std::string(reservation)}));
+        auto r, c.query(sql::kDeleteReservation, std::vector<Value>{std::string(reservation)}));
     for (auto& row : r)
-      SLUICE_RETURN_IF_ERROR(
-          c.query("UPDATE accounts SET reserved_bytes = reserved_bytes - $3,"
-                  " reserved_objects = reserved_objects - $4 WHERE team = $1 AND tier = $2",
-                  std::vector<Value>{row.text(0), row.text(1), row.i64(2), row.i64(3)}));
+      SLUICE_RETURN_IF_ERROR(c.query(
+          sql::kUnreserve, std::vector<Value>{row.text(0), row.text(1), row.i64(2), row.i64(3)}));
     return {};
   });
 }
 
 Status Ledger::charge(const ChargeTarget& t, int64_t bytes, int64_t objects) {
   SLUICE_RETURN_IF_ERROR(ensure_account(t.team, t.tier));
-  std::vector<Value> args{t.team,
-                          std::string(tier_name(t.tier)),
-                          std::string("-"),
-                          t.project,
-                          std::string(kind_name(t.kind)),
-                          bytes,
-                          objects,
-                          now_ns()};
-  Status s;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    if (db_->dialect() == Dialect::kPostgres) {
-      s = db_->with_conn([&](Conn& c) -> Status {
-        SLUICE_RETURN_IF_ERROR(c.query(kChargePg, args));
-        return {};
-      });
-    } else {
-      s = db_->transaction([&](Conn& c) -> Status {
-        SLUICE_RETURN_IF_ERROR(c.query(kChargeAccountSqlite, args));
-        SLUICE_RETURN_IF_ERROR(c.query(kUsageUpsertSqlite, args));
-        return {};
-      });
-    }
-    if (s || s.error().code() != Code::kConflict) break;
-  }
-  if (s) maybe_sample(t.team, t.tier);
-  return s;
+  return commit("", t, bytes, objects);
 }
 
 Result<int64_t> Ledger::expire_reservations() {
@@ -825,8 +697,8 @@ Status Ledger::set_usage(const ChargeTarget& t, int64_t bytes, int64_t objects) 
         " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (project, tier, kind) DO UPDATE SET"
         " bytes = $5, objects = $6, updated_ns = $7",
         std::vector<Value>{t.project, tier, kind, t.team, bytes, objects, now}));
-    SLUICE_RETURN_IF_ERROR(c.query(
-        kChargeAccountSqlite, std::vector<Value>{t.team, tier, std::string("-"), t.project, kind,
+    SLUICE_RETURN_IF_ERROR(
+        c.query(sql::kSettle, std::vector<Value>{t.team, tier, int64_t{0}, int64_t{0},
                                                  bytes - old_b, objects - old_o, now}));
     return {};
   });

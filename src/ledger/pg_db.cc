@@ -32,6 +32,29 @@ std::string redact(const std::string& uri) {
   return uri.substr(0, colon) + ":***" + uri.substr(at);
 }
 
+// Parameters as libpq wants them: text, NULL as a null pointer.
+struct TextParams {
+  std::vector<std::string> text;
+  std::vector<const char*> values;
+};
+
+TextParams text_params(std::span<const Value> params) {
+  TextParams p;
+  p.text.resize(params.size());
+  p.values.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (const auto* n = std::get_if<int64_t>(&params[i])) {
+      p.text[i] = std::to_string(*n);
+      p.values[i] = p.text[i].c_str();
+    } else if (const auto* s = std::get_if<std::string>(&params[i])) {
+      p.values[i] = s->c_str();
+    } else {
+      p.values[i] = nullptr;
+    }
+  }
+  return p;
+}
+
 class PgConn final : public Conn {
  public:
   explicit PgConn(PGconn* c) : conn_(c) {}
@@ -44,22 +67,57 @@ class PgConn final : public Conn {
   Result<Rows> query(std::string_view sql, std::span<const Value> params) override {
     auto name = prepare(sql);
     if (!name) return std::unexpected(name.error());
-    std::vector<std::string> text(params.size());
-    std::vector<const char*> values(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (const auto* n = std::get_if<int64_t>(&params[i])) {
-        text[i] = std::to_string(*n);
-        values[i] = text[i].c_str();
-      } else if (const auto* s = std::get_if<std::string>(&params[i])) {
-        values[i] = s->c_str();
-      } else {
-        values[i] = nullptr;
+    auto args = text_params(params);
+    PGresult* r = PQexecPrepared(conn_, name->c_str(), static_cast<int>(args.values.size()),
+                                 args.values.data(), nullptr, nullptr, 0);
+    return take(r, sql);
+  }
+
+  Status pipeline(std::span<Stmt> stmts) override {
+    std::vector<std::string> names;
+    for (const Stmt& st : stmts) {
+      SLUICE_ASSIGN_OR_RETURN(auto name, prepare(st.sql));
+      names.push_back(std::move(name));
+    }
+    if (PQenterPipelineMode(conn_) != 1)
+      return fail(Code::kInternal, "ledger (postgresql): cannot enter pipeline mode");
+    Status first;
+    size_t sent = 0;
+    for (Stmt& st : stmts) st.rows = fail(Code::kCancelled, "not run: an earlier statement failed");
+    for (; sent < stmts.size(); ++sent) {
+      auto args = text_params(stmts[sent].params);
+      if (PQsendQueryPrepared(conn_, names[sent].c_str(), static_cast<int>(args.values.size()),
+                              args.values.data(), nullptr, nullptr, 0) != 1) {
+        first = fail(Code::kUnavailable,
+                     std::string("ledger (postgresql): send failed: ") + PQerrorMessage(conn_));
+        break;
       }
     }
-    PGresult* r = PQexecPrepared(conn_, name->c_str(), static_cast<int>(params.size()),
-                                 values.data(), nullptr, nullptr, 0);
-    auto rows = take(r, sql);
-    return rows;
+    if (PQpipelineSync(conn_) != 1 && first)
+      first = fail(Code::kUnavailable,
+                   std::string("ledger (postgresql): sync failed: ") + PQerrorMessage(conn_));
+    // One result (and a null) per statement sent, then the sync point.
+    for (size_t i = 0; i < sent; ++i) {
+      Stmt& st = stmts[i];
+      PGresult* r = PQgetResult(conn_);
+      if (!r) break;
+      st.rows = take(r, st.sql);
+      st.changes = changes_;
+      while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
+      if (!st.rows && first) first = std::unexpected(st.rows.error());
+    }
+    for (;;) {
+      PGresult* r = PQgetResult(conn_);
+      if (!r) {
+        if (broken()) break;
+        continue;  // between a statement's results and the sync point
+      }
+      bool sync = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+      PQclear(r);
+      if (sync || broken()) break;
+    }
+    PQexitPipelineMode(conn_);
+    return first;
   }
 
   Status script(std::string_view sql) override {

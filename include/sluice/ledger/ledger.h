@@ -37,6 +37,7 @@
 namespace sluice::ledger {
 
 class Db;
+class Batcher;
 
 enum class Tier { kRam, kNvme, kPeer, kObject };
 enum class Kind { kDataset, kCheckpoint, kScratch, kCache };
@@ -191,6 +192,7 @@ class Ledger {
 
   std::unique_ptr<Db> db_;
   LedgerOptions options_;
+  std::unique_ptr<Batcher> batcher_;  // group commit of reserve, commit and charge
   struct Sampling;
   std::unique_ptr<Sampling> sampling_;
 };

@@ -1,0 +1,271 @@
+// Group commit for reserve and settle (see batch.h).
+#include "ledger/batch.h"
+
+#include <map>
+#include <tuple>
+
+#include "ledger/sql.h"
+
+namespace sluice::ledger {
+
+namespace {
+
+// A PostgreSQL array literal of text: {"a","b"} with '"' and '\' escaped.
+std::string text_array(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ',';
+    out += '"';
+    for (char c : items[i]) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
+std::string int_array(const std::vector<int64_t>& items) {
+  std::string out = "{";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + std::to_string(items[i]);
+  return out + "}";
+}
+
+using AccountKey = std::pair<std::string, std::string>;              // team, tier
+using UsageKey = std::tuple<std::string, std::string, std::string>;  // project, tier, kind
+
+struct Sums {
+  int64_t released_bytes = 0, released_objects = 0;
+  int64_t bytes = 0, objects = 0;
+};
+
+}  // namespace
+
+void Batcher::run(BatchOp& op) {
+  std::unique_lock lock(mu_);
+  queue_.push_back(&op);
+  cv_.wait(lock, [&] { return op.done || queue_.front() == &op; });
+  if (op.done) return;
+  // The leader: everything queued so far goes in this batch, in order.
+  std::vector<BatchOp*> batch;
+  for (BatchOp* o : queue_) {
+    batch.push_back(o);
+    if (batch.size() == kMaxBatch) break;
+  }
+  lock.unlock();
+  Status s = execute(batch);
+  if (!s && s.error().code() != Code::kUnavailable && batch.size() > 1) {
+    // One bad operation (its project removed meanwhile, say) must not fail the others:
+    // each runs again on its own.
+    for (BatchOp* o : batch) {
+      Status one = execute({o});
+      o->status = one ? o->status : one;
+      if (!one) o->reserved = false;
+    }
+    s = {};
+  }
+  lock.lock();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    BatchOp* o = queue_.front();
+    queue_.pop_front();
+    if (!s) {
+      o->status = s;
+      o->reserved = false;
+    }
+    o->done = true;
+  }
+  cv_.notify_all();  // the finished, and the next leader
+}
+
+Status Batcher::execute(const std::vector<BatchOp*>& batch) {
+  if (db_.dialect() == Dialect::kPostgres) return execute_pg(batch);
+  return db_.transaction([&](Conn& c) -> Status {
+    // A transaction run again after a lost race starts from nothing.
+    for (BatchOp* o : batch) {
+      o->reserved = false;
+      o->status = {};
+    }
+    int64_t now = clock_();
+
+    // Settles first: what they release is room for the reservations after them.
+    std::vector<std::string> ids;
+    std::map<AccountKey, Sums> accounts;  // sorted: rows are locked in one order everywhere
+    std::map<UsageKey, std::pair<std::string, Sums>> usage;
+    for (BatchOp* o : batch) {
+      if (o->type != BatchOp::Type::kSettle) continue;
+      std::string tier(tier_name(o->target.tier));
+      if (!o->id.empty()) ids.push_back(o->id);
+      Sums& a = accounts[{o->target.team, tier}];
+      a.bytes += o->bytes;
+      a.objects += o->objects;
+      auto& u = usage[{o->target.project, tier, std::string(kind_name(o->target.kind))}];
+      u.first = o->target.team;
+      u.second.bytes += o->bytes;
+      u.second.objects += o->objects;
+    }
+    Rows released;
+    for (const auto& id : ids) {
+      SLUICE_ASSIGN_OR_RETURN(auto r, c.query(sql::kDeleteReservation, std::vector<Value>{id}));
+      for (auto& row : r) released.push_back(std::move(row));
+    }
+    for (const Row& r : released) {
+      Sums& a = accounts[{r.text(0), r.text(1)}];
+      a.released_bytes += r.i64(2);
+      a.released_objects += r.i64(3);
+    }
+    for (const auto& [key, s] : accounts)
+      SLUICE_RETURN_IF_ERROR(
+          c.query(sql::kSettle, std::vector<Value>{key.first, key.second, s.released_bytes,
+                                                   s.released_objects, s.bytes, s.objects, now}));
+    for (const auto& [key, u] : usage)
+      SLUICE_RETURN_IF_ERROR(c.query(
+          sql::kUsageAdd, std::vector<Value>{std::get<0>(key), std::get<1>(key), std::get<2>(key),
+                                             u.first, u.second.bytes, u.second.objects, now}));
+
+    // Reservations, one account at a time: all together when they fit, else one by one.
+    std::map<AccountKey, std::vector<BatchOp*>> groups;
+    for (BatchOp* o : batch)
+      if (o->type == BatchOp::Type::kReserve)
+        groups[{o->target.team, std::string(tier_name(o->target.tier))}].push_back(o);
+    std::vector<BatchOp*> granted;
+    for (const auto& [key, ops] : groups) {
+      int64_t bytes = 0, objects = 0;
+      for (BatchOp* o : ops) {
+        bytes += o->bytes;
+        objects += o->objects;
+      }
+      SLUICE_RETURN_IF_ERROR(
+          c.query(sql::kReserve, std::vector<Value>{key.first, key.second, bytes, objects, now}));
+      if (c.changes() == 1) {
+        granted.insert(granted.end(), ops.begin(), ops.end());
+        continue;
+      }
+      if (ops.size() == 1) continue;  // refused
+      for (BatchOp* o : ops) {
+        SLUICE_RETURN_IF_ERROR(c.query(
+            sql::kReserve, std::vector<Value>{key.first, key.second, o->bytes, o->objects, now}));
+        if (c.changes() == 1) granted.push_back(o);
+      }
+    }
+    for (BatchOp* o : granted)
+      SLUICE_RETURN_IF_ERROR(
+          c.query(sql::kInsertReservation,
+                  std::vector<Value>{o->id, o->target.team, std::string(tier_name(o->target.tier)),
+                                     o->bytes, o->objects, o->expires_ns}));
+    for (BatchOp* o : granted) o->reserved = true;
+    return {};
+  });
+}
+
+// PostgreSQL: the whole batch in one pipeline (one round trip): BEGIN, every settle in one
+// statement, every usage row in one, one statement per account for its reservations,
+// COMMIT. Reservations of an account that do not fit together are then tried one by one,
+// each its own transaction, in a second pipeline.
+Status Batcher::execute_pg(const std::vector<BatchOp*>& batch) {
+  return db_.with_conn([&](Conn& c) -> Status {
+    Status last;
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      for (BatchOp* o : batch) {
+        o->reserved = false;
+        o->status = {};
+      }
+      int64_t now = clock_();
+      std::vector<std::string> ids;
+      std::map<AccountKey, Sums> accounts;
+      std::map<UsageKey, std::pair<std::string, Sums>> usage;
+      std::map<AccountKey, std::vector<BatchOp*>> groups;
+      for (BatchOp* o : batch) {
+        std::string tier(tier_name(o->target.tier));
+        if (o->type == BatchOp::Type::kReserve) {
+          groups[{o->target.team, tier}].push_back(o);
+          continue;
+        }
+        if (!o->id.empty()) ids.push_back(o->id);
+        Sums& a = accounts[{o->target.team, tier}];
+        a.bytes += o->bytes;
+        a.objects += o->objects;
+        auto& u = usage[{o->target.project, tier, std::string(kind_name(o->target.kind))}];
+        u.first = o->target.team;
+        u.second.bytes += o->bytes;
+        u.second.objects += o->objects;
+      }
+      std::vector<Stmt> stmts;
+      stmts.push_back({"BEGIN", {}});
+      if (!accounts.empty()) {
+        std::vector<std::string> teams, tiers;
+        std::vector<int64_t> db, dobj;
+        for (const auto& [key, s] : accounts) {
+          teams.push_back(key.first);
+          tiers.push_back(key.second);
+          db.push_back(s.bytes);
+          dobj.push_back(s.objects);
+        }
+        stmts.push_back({sql::kSettleAllPg,
+                         {text_array(ids), text_array(teams), text_array(tiers), int_array(db),
+                          int_array(dobj), now}});
+        std::vector<std::string> up, ut, uk, um;
+        std::vector<int64_t> ub, uo;
+        for (const auto& [key, u] : usage) {
+          up.push_back(std::get<0>(key));
+          ut.push_back(std::get<1>(key));
+          uk.push_back(std::get<2>(key));
+          um.push_back(u.first);
+          ub.push_back(u.second.bytes);
+          uo.push_back(u.second.objects);
+        }
+        stmts.push_back({sql::kUsageAddAllPg,
+                         {text_array(up), text_array(ut), text_array(uk), text_array(um),
+                          int_array(ub), int_array(uo), now}});
+      }
+      auto group_stmt = [&](const AccountKey& key, const std::vector<BatchOp*>& ops) {
+        int64_t bytes = 0, objects = 0;
+        std::vector<std::string> gid;
+        std::vector<int64_t> b, o, e;
+        for (BatchOp* op : ops) {
+          bytes += op->bytes;
+          objects += op->objects;
+          gid.push_back(op->id);
+          b.push_back(op->bytes);
+          o.push_back(op->objects);
+          e.push_back(op->expires_ns);
+        }
+        return Stmt{sql::kReserveGroupPg,
+                    {key.first, key.second, bytes, objects, now, text_array(gid), int_array(b),
+                     int_array(o), int_array(e)}};
+      };
+      size_t first_group = stmts.size();
+      for (const auto& [key, ops] : groups) stmts.push_back(group_stmt(key, ops));
+      stmts.push_back({"COMMIT", {}});
+      Status s = c.pipeline(stmts);
+      if (!s) {
+        (void)c.script("ROLLBACK");  // a no-op (a warning) when COMMIT itself failed
+        last = s;
+        if (s.error().code() == Code::kConflict) continue;  // a deadlock, lost: again
+        return s;
+      }
+      std::vector<Stmt> retries;
+      std::vector<BatchOp*> retried;
+      size_t g = first_group;
+      for (const auto& [key, ops] : groups) {
+        const Stmt& st = stmts[g++];
+        if (st.changes == static_cast<int64_t>(ops.size())) {
+          for (BatchOp* op : ops) op->reserved = true;
+        } else if (ops.size() > 1) {
+          for (BatchOp* op : ops) {
+            retries.push_back(group_stmt(key, {op}));
+            retried.push_back(op);
+          }
+        }
+      }
+      if (!retries.empty()) {
+        // Each statement is its own transaction: a refusal stops nothing after it.
+        SLUICE_RETURN_IF_ERROR(c.pipeline(retries));
+        for (size_t i = 0; i < retries.size(); ++i) retried[i]->reserved = retries[i].changes == 1;
+      }
+      return {};
+    }
+    return last;
+  });
+}
+
+}  // namespace sluice::ledger

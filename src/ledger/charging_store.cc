@@ -115,7 +115,7 @@ class ChargingWriter final : public store::Writer {
 
 class ChargingStore final : public store::StoreWrapper {
  public:
-  ChargingStore(std::unique_ptr<store::Store> target, std::shared_ptr<Ledger> ledger,
+  ChargingStore(std::shared_ptr<store::Store> target, std::shared_ptr<Ledger> ledger,
                 ChargingOptions options)
       : StoreWrapper(std::move(target)), ledger_(std::move(ledger)), options_(options) {
     root_ = StoreWrapper::uri();
@@ -221,7 +221,7 @@ class ChargingStore final : public store::StoreWrapper {
 
 }  // namespace
 
-Result<std::unique_ptr<store::Store>> with_charging(std::unique_ptr<store::Store> store,
+Result<std::unique_ptr<store::Store>> with_charging(std::shared_ptr<store::Store> store,
                                                     std::shared_ptr<Ledger> ledger,
                                                     const ChargingOptions& options) {
   auto charging = std::make_unique<ChargingStore>(std::move(store), std::move(ledger), options);

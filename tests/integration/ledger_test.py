@@ -170,12 +170,57 @@ def t_reconcile_repairs_drift(env):
     expect_fail(env.run("project", "rm", "drift-p", check=False), "invalid_argument", "still has")
 
 
+def t_ckpt_and_dataset_pack_are_charged(env):
+    """Checkpoint saves charge `checkpoint`, gc uncharges what it removes, a save past the
+    limit fails with nothing committed; dataset pack charges `dataset`. The ledger agrees
+    with a recount after each."""
+    env.run("team", "add", "ml")
+    tier = env.path("tier")
+    os.makedirs(tier)
+    env.run("project", "add", "ml-p", "--team", "ml", "--location", tier)
+    state = env.path("state")
+    os.makedirs(state)
+    with open(os.path.join(state, "model.bin"), "wb") as f:
+        f.write(os.urandom(3 * MiB))
+    for step in ("1", "2"):
+        env.run("ckpt", "save", "--series", "s", "--step", step, "--to", tier, state)
+
+    def recount_agrees():
+        plan = json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)
+        assert not plan["projects"][0]["changed"], plan
+
+    by_kind = {r["kind"]: r for r in json.loads(env.run("usage", "--by", "kind", "--json").stdout)}
+    assert by_kind["checkpoint"]["bytes"] > 6 * MiB, by_kind
+    recount_agrees()
+    env.run("ckpt", "gc", "--series", "s", "--keep-last", "1", "--from", tier)
+    by_kind = {r["kind"]: r for r in json.loads(env.run("usage", "--by", "kind", "--json").stdout)}
+    assert 3 * MiB < by_kind["checkpoint"]["bytes"] < 4 * MiB, by_kind
+    recount_agrees()
+    env.run("quota", "set", "ml", "--tier", "nvme", "--hard-bytes", "5M")
+    r = env.run("ckpt", "save", "--series", "s", "--step", "3", "--to", tier, state, check=False)
+    expect_fail(r, "quota_exceeded", "team 'ml'")
+    ls = json.loads(env.run("ckpt", "ls", "--series", "s", "--from", tier, "--json").stdout)
+    assert [c["step"] for c in ls] == [2], ls
+    recount_agrees()
+    env.run("quota", "set", "ml", "--tier", "nvme", "--hard-bytes", "none")
+    imgs = env.path("imgs")
+    os.makedirs(imgs)
+    for i in range(3):
+        with open(os.path.join(imgs, f"{i}.jpg"), "wb") as f:
+            f.write(os.urandom(1000))
+    env.run("dataset", "pack", imgs, os.path.join(tier, "ds"))
+    by_kind = {r["kind"]: r for r in json.loads(env.run("usage", "--by", "kind", "--json").stdout)}
+    assert by_kind["dataset"]["objects"] == 2, by_kind  # one shard and its index
+    recount_agrees()
+
+
 def main():
     global BIN
     BIN = os.path.abspath(sys.argv[1])
     runner = Runner()
     tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit,
-             t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift)
+             t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift,
+             t_ckpt_and_dataset_pack_are_charged)
     for t in tests:
         env = Env(None)
         try:

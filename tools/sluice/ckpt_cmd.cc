@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common.h"
+#include "ledger_cmd.h"
 #include "sizes.h"
 #include "sluice/ckpt/checkpointer.h"
 #include "sluice/core/fd.h"
@@ -67,7 +68,8 @@ Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
 // created; the others refuse it, so a mistyped path is an error, not an empty tier.
 Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
                                                               const std::string& home,
-                                                              uint64_t staging, bool writes) {
+                                                              uint64_t staging, bool writes,
+                                                              bool charge = false) {
   SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
   if (std::any_of(a.tiers.begin(), a.tiers.end(),
                   [](const std::string& t) { return t.starts_with("sluiced://"); })) {
@@ -91,6 +93,10 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
     // The default tier is sluice's own directory: made on first use by any command.
     SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t, ckpt::open_tier(uri, so, writes || a.tiers.empty()));
     t.retention = {a.keep_last, a.keep_every};
+    // Saves are charged to the project owning the tier (and gc uncharges what it removes).
+    if (charge) {
+      SLUICE_ASSIGN_OR_RETURN(t.store, charged(t.store, home, ledger::Kind::kCheckpoint));
+    }
     t.required = a.require == "all" || o.tiers.empty();
     o.tiers.push_back(std::move(t));
   }
@@ -233,7 +239,8 @@ int run_save(const CkptArgs& a, const std::string& home) {
   auto staging = size_flag("--staging", a.staging);
   if (!staging) return report_error(staging.error());
   // No more staging than the files need (a small save does not touch 1 GiB of memory).
-  auto cp = open_checkpointer(a, home, std::min(*staging, total + (uint64_t{32} << 20)), true);
+  auto cp =
+      open_checkpointer(a, home, std::min(*staging, total + (uint64_t{32} << 20)), true, true);
   if (!cp) return report_error(cp.error());
   auto number = parse_step(a.step);
   if (!number) return report_error(number.error());
@@ -537,7 +544,7 @@ int run_restore(const CkptArgs& a, const std::string& home) {
 // gc
 
 int run_gc(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0, false);
+  auto cp = open_checkpointer(a, home, 0, false, true);
   if (!cp) return report_error(cp.error());
   auto r = (*cp)->gc();
   if (!r) return report_error(r.error());
@@ -564,7 +571,7 @@ int run_gc(const CkptArgs& a, const std::string& home) {
 // sync
 
 int run_sync(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0, true);
+  auto cp = open_checkpointer(a, home, 0, true, true);
   if (!cp) return report_error(cp.error());
   std::optional<uint64_t> only;
   if (a.step != "all") {

@@ -16,6 +16,7 @@
 
 #include "cache_flags.h"
 #include "common.h"
+#include "ledger_cmd.h"
 #include "location.h"
 #include "sizes.h"
 #include "sluice/cache/tiered_cache.h"
@@ -243,7 +244,7 @@ Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size)
   return data;
 }
 
-int run_pack(const DatasetArgs& a, const std::string&) {
+int run_pack(const DatasetArgs& a, const std::string& home) {
   auto t0 = Clock::now();
   auto target = parse_size(a.shard_size);
   if (!target || *target < (4u << 10))
@@ -285,7 +286,10 @@ int run_pack(const DatasetArgs& a, const std::string&) {
   if (!w) return report_error(w.error());
   auto so = s3_store_options(a.aws);
   if (!so) return report_error(so.error());
-  auto st = store::open_store(w->store_uri, *so);
+  auto opened = store::open_store(w->store_uri, *so);
+  if (!opened) return report_error(opened.error());
+  // Shards and indexes are charged to the project owning the destination, as datasets.
+  auto st = charged(std::move(*opened), home, ledger::Kind::kDataset);
   if (!st) return report_error(st.error());
   store::Store& dst = **st;
   // A dataset is everything under its prefix: packing into a used one would mix datasets.

@@ -408,11 +408,13 @@ Result<std::shared_ptr<Ledger>> ledger_for_writes(const std::string& home) {
   return std::shared_ptr<Ledger>(std::move(*l));
 }
 
-Result<std::unique_ptr<store::Store>> charged(std::unique_ptr<store::Store> store,
-                                              const std::string& home) {
+Result<std::shared_ptr<store::Store>> charged(std::shared_ptr<store::Store> store,
+                                              const std::string& home, std::optional<Kind> kind) {
   SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(home));
   if (!ledger) return store;
-  return with_charging(std::move(store), std::move(ledger));
+  SLUICE_ASSIGN_OR_RETURN(auto wrapped,
+                          with_charging(std::move(store), std::move(ledger), {.kind = kind}));
+  return std::shared_ptr<store::Store>(std::move(wrapped));
 }
 
 void add_ledger_commands(CLI::App& app, std::string home, int& rc) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -23,9 +24,10 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc);
 // uncounted because the ledger was unreachable.
 Result<std::shared_ptr<ledger::Ledger>> ledger_for_writes(const std::string& home);
 
-// `store` wrapped so its writes are charged (ledger::with_charging), or returned as it is
-// when there is no ledger to charge.
-Result<std::unique_ptr<store::Store>> charged(std::unique_ptr<store::Store> store,
-                                              const std::string& home);
+// `store` wrapped so its writes are charged (ledger::with_charging; as `kind` when given,
+// else each project's default), or returned as it is when there is no ledger to charge.
+Result<std::shared_ptr<store::Store>> charged(std::shared_ptr<store::Store> store,
+                                              const std::string& home,
+                                              std::optional<ledger::Kind> kind = {});
 
 }  // namespace sluice::cli

@@ -38,7 +38,7 @@ struct ChargingOptions {
 
 // Loads the projects from the ledger now (and again, at most every few seconds, when a
 // key has no owner), so a ledger that cannot be reached fails here.
-Result<std::unique_ptr<store::Store>> with_charging(std::unique_ptr<store::Store> store,
+Result<std::unique_ptr<store::Store>> with_charging(std::shared_ptr<store::Store> store,
                                                     std::shared_ptr<Ledger> ledger,
                                                     const ChargingOptions& options = {});
 

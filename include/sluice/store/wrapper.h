@@ -2,7 +2,8 @@
 //
 // A decorator (fault injection, telemetry, quota charging, rate limiting) derives from
 // StoreWrapper and overrides only the calls it changes; every other call goes straight to
-// the wrapped store. The wrapper owns the store it wraps.
+// the wrapped store. The wrapper owns the store it wraps (or shares it, when it is given a
+// shared_ptr: a checkpoint tier's store, say).
 #pragma once
 
 #include <memory>
@@ -13,7 +14,7 @@ namespace sluice::store {
 
 class StoreWrapper : public Store {
  public:
-  explicit StoreWrapper(std::unique_ptr<Store> target) : target_(std::move(target)) {}
+  explicit StoreWrapper(std::shared_ptr<Store> target) : target_(std::move(target)) {}
 
   Result<ObjectInfo> stat(std::string_view key) override { return target_->stat(key); }
   Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
@@ -34,7 +35,7 @@ class StoreWrapper : public Store {
   Store& target() { return *target_; }
 
  private:
-  std::unique_ptr<Store> target_;
+  std::shared_ptr<Store> target_;
 };
 
 // A decorator that records requests, bytes, errors and latency per operation into a

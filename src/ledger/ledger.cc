@@ -56,6 +56,13 @@ namespace {
 
 constexpr int64_t kSchemaVersion = 1;
 
+// A tier's total over every team, sampled into the history under the team name "*" (which
+// no team can have): $1 now.
+constexpr const char* kSampleTiers =
+    "INSERT INTO history (team, tier, t_ns, bytes, objects)"
+    " SELECT '*', tier, CAST($1 AS BIGINT), SUM(used_bytes), SUM(used_objects) FROM accounts"
+    " WHERE true GROUP BY tier ON CONFLICT (team, tier, t_ns) DO NOTHING";
+
 // Portable DDL: the same text runs on SQLite and PostgreSQL.
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS sluice_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -96,6 +103,11 @@ CREATE TABLE IF NOT EXISTS reservations (
   objects BIGINT NOT NULL,
   expires_ns BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS reservations_by_expiry ON reservations (expires_ns);
+CREATE TABLE IF NOT EXISTS capacities (
+  tier TEXT PRIMARY KEY,
+  bytes BIGINT,
+  objects BIGINT,
+  updated_ns BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS history (
   team TEXT NOT NULL,
   tier TEXT NOT NULL,
@@ -754,11 +766,13 @@ Result<int64_t> Ledger::recount_accounts() {
 
 Status Ledger::record_history() {
   return db_->with_conn([&](Conn& c) -> Status {
+    std::vector<Value> now{now_ns()};
     SLUICE_RETURN_IF_ERROR(
         c.query("INSERT INTO history (team, tier, t_ns, bytes, objects)"
                 " SELECT team, tier, CAST($1 AS BIGINT), used_bytes, used_objects FROM accounts"
                 " WHERE true ON CONFLICT (team, tier, t_ns) DO NOTHING",
-                std::vector<Value>{now_ns()}));
+                now));
+    SLUICE_RETURN_IF_ERROR(c.query(kSampleTiers, now));
     return {};
   });
 }
@@ -778,13 +792,14 @@ void Ledger::maybe_sample(const std::string& team, Tier tier) {
                 " SELECT team, tier, CAST($3 AS BIGINT), used_bytes, used_objects FROM accounts"
                 " WHERE team = $1 AND tier = $2 ON CONFLICT (team, tier, t_ns) DO NOTHING",
                 std::vector<Value>{team, std::string(tier_name(tier)), now}));
+    SLUICE_RETURN_IF_ERROR(c.query(kSampleTiers, std::vector<Value>{now}));
     return {};
   });
 }
 
 Status Ledger::add_history(std::string_view team, Tier tier, const HistoryPoint& p) {
   return db_->with_conn([&](Conn& c) -> Status {
-    SLUICE_RETURN_IF_ERROR(require_team(c, team));
+    if (team != kAllTeams) SLUICE_RETURN_IF_ERROR(require_team(c, team));
     SLUICE_RETURN_IF_ERROR(
         c.query("INSERT INTO history (team, tier, t_ns, bytes, objects) VALUES ($1, $2, $3, $4, $5)"
                 " ON CONFLICT (team, tier, t_ns) DO UPDATE SET bytes = $4, objects = $5",
@@ -794,11 +809,39 @@ Status Ledger::add_history(std::string_view team, Tier tier, const HistoryPoint&
   });
 }
 
+Status Ledger::set_capacity(Tier tier, std::optional<int64_t> bytes,
+                            std::optional<int64_t> objects) {
+  if ((bytes && *bytes < 0) || (objects && *objects < 0))
+    return fail(Code::kInvalidArgument,
+                "capacity of tier " + std::string(tier_name(tier)) + " is negative");
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO capacities (tier, bytes, objects, updated_ns) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (tier) DO UPDATE SET bytes = $2, objects = $3, updated_ns = $4",
+                std::vector<Value>{std::string(tier_name(tier)), opt_value(bytes),
+                                   opt_value(objects), now_ns()}));
+    return {};
+  });
+}
+
+Result<std::vector<Capacity>> Ledger::capacities() {
+  std::vector<Capacity> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT tier, bytes, objects FROM capacities"
+                                               " ORDER BY tier"));
+    for (auto& r : rows)
+      out.push_back({parse_tier(r.text(0)).value_or(Tier::kNvme), r.opt_i64(1), r.opt_i64(2)});
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
 Result<std::vector<HistoryPoint>> Ledger::history(std::string_view team, Tier tier,
                                                   int64_t since_ns) {
   std::vector<HistoryPoint> out;
   Status outer = db_->with_conn([&](Conn& c) -> Status {
-    SLUICE_RETURN_IF_ERROR(require_team(c, team));
+    if (team != kAllTeams) SLUICE_RETURN_IF_ERROR(require_team(c, team));
     SLUICE_ASSIGN_OR_RETURN(
         auto rows,
         c.query("SELECT t_ns, bytes, objects FROM history WHERE team = $1 AND tier = $2"

@@ -214,13 +214,60 @@ def t_ckpt_and_dataset_pack_are_charged(env):
     recount_agrees()
 
 
+def sql(env, statement):
+    """Runs SQL on the test's ledger directly (to lay down a synthetic history)."""
+    if env.ledger.startswith("postgresql://"):
+        subprocess.run(["psql", env.ledger, "-qc", statement], check=True, capture_output=True)
+    else:
+        import sqlite3
+        db = sqlite3.connect(env.ledger)
+        db.execute(statement)
+        db.commit()
+        db.close()
+
+
+def t_forecast(env):
+    """Steady growth of 10 GiB a day to 700 GiB against a 1 TiB soft limit: the line says
+    32.4 days; a team that is flat apart from one burst gets no date; bad flags fail."""
+    GiB = 1 << 30
+    for team in ("grow", "burst"):
+        env.run("team", "add", team)
+        env.run("project", "add", team + "-p", "--team", team, "--location", env.path(team))
+        env.run("quota", "set", team, "--tier", "nvme", "--soft-bytes", "1T", "--hard-bytes", "2T")
+    import time
+    now = time.time_ns()
+    day = 86400 * 10**9
+    for d in range(60):
+        t = now - (60 - d) * day
+        sql(env, f"INSERT INTO history VALUES ('grow', 'nvme', {t}, {(100 + 10 * d) * GiB}, {d})")
+        burst = 400 if d == 59 else 100
+        sql(env, f"INSERT INTO history VALUES ('burst', 'nvme', {t}, {burst * GiB}, 1)")
+    sql(env, f"UPDATE accounts SET used_bytes = {700 * GiB}, used_objects = 60 WHERE team = 'grow'")
+    sql(env, f"UPDATE accounts SET used_bytes = {400 * GiB}, used_objects = 1 WHERE team = 'burst'")
+    out = json.loads(env.run("forecast", "--json").stdout)
+    grow = next(r for r in out if r["team"] == "grow" and r["metric"] == "bytes")
+    days = (grow["verdict_at_ns"] - now) / day
+    assert 31.4 <= days <= 33.4, (days, grow["verdict"])  # (1024 - 700) GiB at 10 GiB a day
+    assert grow["linear"]["trusted"] and abs(grow["linear"]["rate_per_day"] / GiB - 10) < 0.3, grow["linear"]
+    assert grow["limit_kind"] == "soft limit" and len(grow["history"]) >= 30
+    burst = next(r for r in out if r["team"] == "burst" and r["metric"] == "bytes")
+    assert burst["verdict_at_ns"] is None and "no reliable trend" in burst["verdict"], burst["verdict"]
+    text = env.run("forecast", "--team", "grow").stdout
+    assert "reaches the limit on" in text and "burst" not in text, text
+    expect_fail(env.run("forecast", "--window", "soon", check=False), "invalid_argument", "--window")
+    expect_fail(env.run("forecast", "--team", "ghost", check=False), "not_found", "ghost")
+    expect_fail(env.run("capacity", "set", "nvme", "--bytes", "-1", check=False), "invalid_argument", "--bytes")
+    env.run("capacity", "set", "nvme", "--bytes", "10T")
+    assert any(r["team"] is None for r in json.loads(env.run("forecast", "--json").stdout))
+
+
 def main():
     global BIN
     BIN = os.path.abspath(sys.argv[1])
     runner = Runner()
     tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit,
              t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift,
-             t_ckpt_and_dataset_pack_are_charged)
+             t_ckpt_and_dataset_pack_are_charged, t_forecast)
     for t in tests:
         env = Env(None)
         try:

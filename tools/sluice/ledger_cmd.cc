@@ -15,6 +15,7 @@
 #include "common.h"
 #include "sizes.h"
 #include "sluice/ledger/charging_store.h"
+#include "sluice/ledger/forecast.h"
 #include "sluice/ledger/reconcile.h"
 
 namespace sluice::cli {
@@ -30,6 +31,8 @@ struct LedgerArgs {
   std::string name, team, location, tier, kind;
   std::string soft_bytes, hard_bytes, soft_objects, hard_objects, grace;
   std::string by = "team";
+  std::string window = "30d";
+  std::string capacity_bytes, capacity_objects;
   AwsFlags aws;
   bool json = false, dry_run = false;
 };
@@ -379,6 +382,182 @@ int run_reconcile(const LedgerArgs& a, const std::string& home) {
   return 0;
 }
 
+int run_capacity_set(const LedgerArgs& a, const std::string& home) {
+  auto tier = parse_tier(a.tier);
+  if (!tier) return report_error(tier.error());
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto caps = (*l)->capacities();
+  if (!caps) return report_error(caps.error());
+  Capacity cur{*tier, {}, {}};
+  for (auto& c : *caps)
+    if (c.tier == *tier) cur = c;
+  auto b = limit_flag("--bytes", a.capacity_bytes, true, cur.bytes);
+  if (!b) return report_error(b.error());
+  auto o = limit_flag("--objects", a.capacity_objects, false, cur.objects);
+  if (!o) return report_error(o.error());
+  if (auto st = (*l)->set_capacity(*tier, *b, *o); !st) return report_error(st.error());
+  std::printf("capacity of tier %s: %s, %s objects\n", std::string(tier_name(*tier)).c_str(),
+              limit_text(*b, true).c_str(), limit_text(*o, false).c_str());
+  return 0;
+}
+
+// One forecast line: a team (or every team, "*") on a tier, bytes or objects.
+struct ForecastRow {
+  std::string subject;
+  Tier tier;
+  std::string metric, limit_name;
+  Forecast f;
+  std::vector<HistoryPoint> points;
+};
+
+int run_forecast(const LedgerArgs& a, const std::string& home) {
+  auto window = duration_flag("--window", a.window);
+  if (!window) return report_error(window.error());
+  if (window->count() == 0)
+    return report_error(Error(Code::kInvalidArgument, "--window must be longer than 0"));
+  std::optional<Tier> only_tier;
+  if (!a.tier.empty()) {
+    auto t = parse_tier(a.tier);
+    if (!t) return report_error(t.error());
+    only_tier = *t;
+  }
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto accs = (*l)->accounts(a.team);
+  if (!accs) return report_error(accs.error());
+  auto caps = (*l)->capacities();
+  if (!caps) return report_error(caps.error());
+  const int64_t now = (*l)->now_ns();
+  const int64_t since = now - window->count() * 1'000'000'000;
+  ForecastOptions fo;
+  fo.window = *window;
+
+  std::vector<ForecastRow> rows;
+  // `points` are (t, bytes, objects); each metric is forecast on its own.
+  auto add = [&](const std::string& subject, Tier tier, std::vector<HistoryPoint> points,
+                 int64_t used_bytes, int64_t used_objects, std::optional<int64_t> bytes_limit,
+                 std::optional<int64_t> objects_limit, const std::string& limit_name) {
+    points.push_back({now, used_bytes, used_objects});  // the figure as it is now
+    if (bytes_limit)
+      rows.push_back(
+          {subject, tier, "bytes", limit_name, forecast(points, *bytes_limit, now, fo), points});
+    if (objects_limit) {
+      std::vector<HistoryPoint> objs;
+      for (auto& p : points) objs.push_back({p.t_ns, p.objects, p.objects});
+      rows.push_back(
+          {subject, tier, "objects", limit_name, forecast(objs, *objects_limit, now, fo), objs});
+    }
+  };
+  for (const Account& acc : *accs) {
+    if (only_tier && acc.tier != *only_tier) continue;
+    const Limits& lim = acc.limits;
+    if (!lim.soft_bytes && !lim.hard_bytes && !lim.soft_objects && !lim.hard_objects) continue;
+    auto h = (*l)->history(acc.team, acc.tier, since);
+    if (!h) return report_error(h.error());
+    // The nearest limit: the soft one when there is one.
+    auto b = lim.soft_bytes ? lim.soft_bytes : lim.hard_bytes;
+    auto o = lim.soft_objects ? lim.soft_objects : lim.hard_objects;
+    add(acc.team, acc.tier, std::move(*h), acc.used_bytes, acc.used_objects, b, o,
+        lim.soft_bytes || lim.soft_objects ? "soft limit" : "hard limit");
+  }
+  if (a.team.empty()) {
+    auto all = (*l)->accounts();
+    if (!all) return report_error(all.error());
+    for (const Capacity& cap : *caps) {
+      if (only_tier && cap.tier != *only_tier) continue;
+      if (!cap.bytes && !cap.objects) continue;
+      int64_t ub = 0, uo = 0;
+      for (auto& acc : *all)
+        if (acc.tier == cap.tier) {
+          ub += acc.used_bytes;
+          uo += acc.used_objects;
+        }
+      auto h = (*l)->history(kAllTeams, cap.tier, since);
+      if (!h) return report_error(h.error());
+      add("(all teams)", cap.tier, std::move(*h), ub, uo, cap.bytes, cap.objects, "capacity");
+    }
+  }
+
+  auto eta = [&](const std::optional<int64_t>& t) { return t ? json(*t) : json(nullptr); };
+  if (a.json) {
+    json out = json::array();
+    for (auto& r : rows) {
+      json pts = json::array();
+      for (auto& p : r.points) pts.push_back({p.t_ns, p.bytes});
+      json line = nullptr;
+      if (r.f.line)
+        line = {{"rate_per_day", r.f.linear.rate_per_day},
+                {"r2", r.f.line->r2},
+                {"points", r.f.line->points},
+                {"from_ns", r.f.line->from_ns},
+                {"to_ns", r.f.line->to_ns},
+                {"trusted", r.f.linear_trusted},
+                {"hits_at_ns", eta(r.f.linear.hits_at_ns)}};
+      out.push_back(
+          {{"team", r.subject == "(all teams)" ? json(nullptr) : json(r.subject)},
+           {"tier", tier_name(r.tier)},
+           {"metric", r.metric},
+           {"limit", r.f.limit},
+           {"limit_kind", r.limit_name},
+           {"now", r.f.now_value},
+           {"linear", line},
+           {"holt",
+            {{"rate_per_day", r.f.holt.rate_per_day}, {"hits_at_ns", eta(r.f.holt.hits_at_ns)}}},
+           {"verdict", r.f.verdict},
+           {"verdict_at_ns", eta(r.f.verdict_at_ns)},
+           {"history", pts}});
+    }
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  if (rows.empty()) {
+    std::printf(
+        "nothing to forecast: no team has a quota%s (sluice quota set, sluice capacity set)\n",
+        a.team.empty() ? " and no tier a capacity" : "");
+    return 0;
+  }
+  auto amount = [](const std::string& metric, double v) {
+    if (metric != "bytes") return std::to_string(static_cast<long long>(v));
+    return v < 0 ? "-" + format_size(-v) : format_size(v);
+  };
+  auto day = [&](const std::optional<int64_t>& t) {
+    return t ? when(*t).substr(0, 10) : std::string("-");
+  };
+  std::printf("%-14s %-7s %-8s %11s %11s  %-28s %-22s %s\n", "TEAM", "TIER", "METRIC", "NOW",
+              "LIMIT", "LINE (rate/day, R^2, date)", "HOLT (rate/day, date)", "VERDICT");
+  for (auto& r : rows) {
+    std::string line = "-";
+    if (r.f.line) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%s, %.2f, %s",
+                    amount(r.metric, r.f.linear.rate_per_day).c_str(), r.f.line->r2,
+                    day(r.f.linear.hits_at_ns).c_str());
+      line = buf;
+    }
+    std::string holt = amount(r.metric, r.f.holt.rate_per_day) + ", " + day(r.f.holt.hits_at_ns);
+    std::printf("%-14s %-7s %-8s %11s %11s  %-28s %-22s %s (%s)\n", r.subject.c_str(),
+                std::string(tier_name(r.tier)).c_str(), r.metric.c_str(),
+                amount(r.metric, static_cast<double>(r.f.now_value)).c_str(),
+                amount(r.metric, static_cast<double>(r.f.limit)).c_str(), line.c_str(),
+                holt.c_str(), r.f.verdict.c_str(), r.limit_name.c_str());
+  }
+  std::printf(
+      "history: %zu to %zu points per line over the last %s; --json prints them\n",
+      rows.empty()
+          ? 0
+          : std::min_element(rows.begin(), rows.end(),
+                             [](auto& x, auto& y) { return x.points.size() < y.points.size(); })
+                ->points.size(),
+      rows.empty()
+          ? 0
+          : std::max_element(rows.begin(), rows.end(),
+                             [](auto& x, auto& y) { return x.points.size() < y.points.size(); })
+                ->points.size(),
+      a.window.c_str());
+  return 0;
+}
+
 void ledger_flag(CLI::App* cmd, LedgerArgs& a) {
   cmd->add_option("--ledger", a.uri,
                   "The ledger: a SQLite file or postgresql://user@host:port/db "
@@ -499,6 +678,40 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
   rec->add_option("--region", a.aws.region, "Region");
   ledger_flag(rec, a);
   rec->callback(run(run_reconcile));
+  auto* capacity =
+      app.add_subcommand("capacity", "What each tier holds across all teams (for forecasts)");
+  capacity->require_subcommand(1);
+  auto* c_set = capacity->add_subcommand("set", "Set a tier's capacity; 'none' clears");
+  c_set->add_option("TIER", a.tier, "ram, nvme, peer or object")->required();
+  c_set->add_option("--bytes", a.capacity_bytes, "Bytes it holds (100T) or none");
+  c_set->add_option("--objects", a.capacity_objects, "Objects it holds or none");
+  ledger_flag(c_set, a);
+  c_set->callback(run(run_capacity_set));
+
+  auto* fc = app.add_subcommand(
+      "forecast",
+      "When each team reaches its quota and each tier its capacity: a line fitted "
+      "to the recent history (trusted only when it fits) and Holt's smoothing");
+  fc->add_option("--team", a.team, "Only this team");
+  fc->add_option("--tier", a.tier, "Only this tier");
+  fc->add_option("--window", a.window, "The recent history the line is fitted to (30d, 12h)")
+      ->default_val("30d");
+  fc->add_flag("--json", a.json, "Print JSON, with the history each forecast came from");
+  ledger_flag(fc, a);
+  fc->callback(run(run_forecast));
+
+  auto* rec_h = usage->add_subcommand(
+      "record",
+      "Sample every account's usage into the history now (for a cron job; writes "
+      "also sample, at most hourly)");
+  ledger_flag(rec_h, a);
+  rec_h->callback(run([](const LedgerArgs& x, const std::string& h) {
+    auto l = open_ledger(x, h);
+    if (!l) return report_error(l.error());
+    if (auto st = (*l)->record_history(); !st) return report_error(st.error());
+    std::printf("usage recorded\n");
+    return 0;
+  }));
   usage->callback([args, home, &rc, usage] {
     if (usage->get_subcommands().empty()) rc = run_usage(*args, home);
   });

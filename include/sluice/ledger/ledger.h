@@ -97,6 +97,15 @@ struct HistoryPoint {
   int64_t bytes = 0, objects = 0;
 };
 
+// How much a tier can hold across every team (for forecasts); unset means unknown.
+struct Capacity {
+  Tier tier = Tier::kNvme;
+  std::optional<int64_t> bytes, objects;
+};
+
+// The team name under which the history keeps each tier's total over all teams.
+inline constexpr std::string_view kAllTeams = "*";
+
 // What a charge is against: a project's usage on one tier, of one kind.
 struct ChargeTarget {
   std::string project;
@@ -177,7 +186,11 @@ class Ledger {
   // Recomputes every account's used and reserved figures from the usage rows and the live
   // reservations; returns the accounts whose figures changed.
   Result<int64_t> recount_accounts();
-  // Appends a sample of every account (or records one given point, for imports and tests).
+  // A tier's capacity across all teams (none: unknown).
+  Status set_capacity(Tier tier, std::optional<int64_t> bytes, std::optional<int64_t> objects);
+  Result<std::vector<Capacity>> capacities();
+  // Appends a sample of every account and of every tier's total (or records one given
+  // point, for imports and tests). history(kAllTeams, tier) is the tier's total.
   Status record_history();
   Status add_history(std::string_view team, Tier tier, const HistoryPoint& point);
   Result<std::vector<HistoryPoint>> history(std::string_view team, Tier tier, int64_t since_ns = 0);

@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/ledger/charging_store.h"
+#include "sluice/ledger/forecast.h"
 #include "sluice/ledger/ledger.h"
 #include "test_util.h"
 
@@ -489,6 +491,109 @@ TEST(LedgerOpen, BadUrisAndUnreachableServers) {
   auto j = Ledger::open(junk);
   ASSERT_FALSE(j);
   EXPECT_EQ(j.error().code(), Code::kCorruption) << j.error().to_string();
+}
+
+}  // namespace
+
+namespace {
+
+// Forecasts on synthetic histories: daily points, with a little deterministic noise.
+std::vector<HistoryPoint> daily(int days, const std::function<double(int)>& value,
+                                double noise = 0.0) {
+  std::vector<HistoryPoint> out;
+  uint64_t x = 12345;
+  for (int d = 0; d < days; ++d) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    double jitter = (static_cast<double>(x >> 11) / 9007199254740992.0 * 2 - 1) * noise;
+    int64_t v = static_cast<int64_t>(value(d) * (1 + jitter));
+    out.push_back({d * 86400 * kSecond, v, v});
+  }
+  return out;
+}
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+TEST(Forecast, SteadyGrowthGivesTheDateWithinADay) {
+  // 100 GiB growing 10 GiB a day, +-0.5% noise, 60 days; limit 1000 GiB. On day 59 about
+  // 690 GiB: the limit is 31 days away.
+  auto h = daily(
+      60, [](int d) { return (100 + 10.0 * d) * kGiB; }, 0.005);
+  int64_t now = 59 * 86400 * kSecond;
+  Forecast f = forecast(h, static_cast<int64_t>(1000 * kGiB), now);
+  ASSERT_TRUE(f.line);
+  EXPECT_TRUE(f.linear_trusted) << f.line->r2;
+  EXPECT_GT(f.line->r2, 0.99);
+  EXPECT_NEAR(f.linear.rate_per_day / kGiB, 10.0, 0.2);
+  ASSERT_TRUE(f.linear.hits_at_ns);
+  double days = static_cast<double>(*f.linear.hits_at_ns - now) / (86400.0 * kSecond);
+  EXPECT_NEAR(days, 31.0, 1.0);
+  ASSERT_TRUE(f.holt.hits_at_ns);
+  double holt_days = static_cast<double>(*f.holt.hits_at_ns - now) / (86400.0 * kSecond);
+  EXPECT_NEAR(holt_days, 31.0, 3.0);  // smoothing follows the noise more
+  EXPECT_NE(f.verdict.find("reaches the limit on"), std::string::npos) << f.verdict;
+  ASSERT_TRUE(f.verdict_at_ns);
+}
+
+TEST(Forecast, AOneOffBurstRaisesNoAlarm) {
+  // Flat at 100 GiB for 59 days, then 400 GiB on the last day; limit 500 GiB.
+  auto h = daily(
+      60, [](int d) { return (d == 59 ? 400.0 : 100.0) * kGiB; }, 0.002);
+  Forecast f = forecast(h, static_cast<int64_t>(500 * kGiB), 59 * 86400 * kSecond);
+  ASSERT_TRUE(f.line);
+  EXPECT_FALSE(f.linear_trusted) << f.line->r2;
+  EXPECT_FALSE(f.linear.hits_at_ns);
+  EXPECT_FALSE(f.verdict_at_ns);
+  EXPECT_NE(f.verdict.find("no reliable trend"), std::string::npos) << f.verdict;
+}
+
+TEST(Forecast, FlatHistoryNeverHits) {
+  auto h = daily(
+      60, [](int) { return 100 * kGiB; }, 0.002);
+  Forecast f = forecast(h, static_cast<int64_t>(500 * kGiB), 59 * 86400 * kSecond);
+  EXPECT_FALSE(f.verdict_at_ns);
+  EXPECT_NE(f.verdict.find("flat"), std::string::npos) << f.verdict;
+  EXPECT_FALSE(f.linear.hits_at_ns);
+}
+
+TEST(Forecast, OverTheLimitTooLittleHistoryAndTheWindow) {
+  auto h = daily(10, [](int d) { return 100.0 + d; });
+  int64_t now = 9 * 86400 * kSecond;
+  Forecast over = forecast(h, 50, now);
+  EXPECT_EQ(over.verdict_at_ns, now);
+  EXPECT_NE(over.verdict.find("over the limit"), std::string::npos);
+  Forecast few = forecast(std::span(h).first(2), 1000, now);
+  EXPECT_NE(few.verdict.find("too little history"), std::string::npos) << few.verdict;
+  Forecast none = forecast({}, 1000, now);
+  EXPECT_EQ(none.verdict, "no history yet");
+  // Only the window counts: steady growth long ago, flat lately.
+  auto old_then_flat = daily(120, [](int d) { return d < 60 ? 10.0 * d * kGiB : 600 * kGiB; });
+  ForecastOptions o;
+  o.window = std::chrono::hours(24 * 30);
+  Forecast recent =
+      forecast(old_then_flat, static_cast<int64_t>(1000 * kGiB), 119 * 86400 * kSecond, o);
+  EXPECT_NE(recent.verdict.find("flat"), std::string::npos) << recent.verdict;
+}
+
+TEST_P(LedgerTest, CapacitiesAndTierTotalsInTheHistory) {
+  ChargeTarget a = team_with_project("a", "s3://b/a");
+  ChargeTarget b = team_with_project("b", "s3://b/b");
+  ASSERT_TRUE(ledger_->set_capacity(Tier::kObject, int64_t{1} << 40, std::nullopt));
+  EXPECT_EQ(ledger_->set_capacity(Tier::kObject, -1, std::nullopt).error().code(),
+            Code::kInvalidArgument);
+  auto caps = ledger_->capacities();
+  ASSERT_TRUE(caps);
+  ASSERT_EQ(caps->size(), 1u);
+  EXPECT_EQ((*caps)[0].bytes, int64_t{1} << 40);
+  EXPECT_FALSE((*caps)[0].objects);
+  ASSERT_TRUE(ledger_->charge(a, 100, 1));
+  ASSERT_TRUE(ledger_->charge(b, 50, 1));
+  g_now += kSecond;
+  ASSERT_TRUE(ledger_->record_history());
+  auto total = ledger_->history(kAllTeams, Tier::kObject);
+  ASSERT_TRUE(total);
+  ASSERT_FALSE(total->empty());
+  EXPECT_EQ(total->back().bytes, 150);
+  EXPECT_EQ(total->back().objects, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LedgerTest, ::testing::Values("sqlite", "postgresql"),

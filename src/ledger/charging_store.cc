@@ -2,6 +2,7 @@
 #include "sluice/ledger/charging_store.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -87,7 +88,8 @@ class ChargingWriter final : public store::Writer {
   Status cover(uint64_t end) {
     std::lock_guard lock(mu_);
     if (done_) return fail(Code::kInvalidArgument, "write to a finished writer");
-    int64_t need = static_cast<int64_t>(end);
+    // An overwrite's first old_size bytes are charged already.
+    int64_t need = static_cast<int64_t>(end) - old_size_.value_or(0);
     if (need <= reserved_) return {};
     int64_t step = std::max({need - reserved_, min_growth_, reserved_});
     Status s = ledger_->grow(reservation_, target_, step, 0);
@@ -118,8 +120,15 @@ class ChargingStore final : public store::StoreWrapper {
   ChargingStore(std::shared_ptr<store::Store> target, std::shared_ptr<Ledger> ledger,
                 ChargingOptions options)
       : StoreWrapper(std::move(target)), ledger_(std::move(ledger)), options_(options) {
-    root_ = StoreWrapper::uri();
-    while (!root_.empty() && root_.back() == '/' && !root_.ends_with("://")) root_.pop_back();
+    // The projects' spelling: a relative, dotted or symlinked file:// root resolves to
+    // the directory the projects name.
+    std::string uri = StoreWrapper::uri();
+    if (uri.starts_with("file://") && (uri.size() == 7 || uri[7] != '/')) {
+      std::error_code ec;
+      auto abs = std::filesystem::absolute(uri.substr(7), ec);
+      if (!ec) uri = "file://" + abs.string();
+    }
+    root_ = normalise_location(uri);
   }
 
   Status load_projects() {
@@ -143,9 +152,12 @@ class ChargingStore final : public store::StoreWrapper {
       else if (old.error().code() != Code::kNotFound)
         return std::unexpected(old.error());
     }
-    int64_t bytes = options.size_hint ? static_cast<int64_t>(*options.size_hint) : 0;
-    // An overwrite adds no object; its bytes are reserved in full (the old ones are freed
-    // only once the new object is published).
+    // An overwrite adds no object, and only the bytes beyond the old object's size: the
+    // old bytes are charged already and become the new object's.
+    int64_t credit = old_size.value_or(0);
+    int64_t bytes = options.size_hint
+                        ? std::max<int64_t>(0, static_cast<int64_t>(*options.size_hint) - credit)
+                        : 0;
     auto reservation = ledger_->reserve(*target, bytes, old_size ? 0 : 1);
     if (!reservation)
       return std::unexpected(reservation.error().with_context("cannot write " + root_ + "/" +

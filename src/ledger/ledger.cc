@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <random>
@@ -108,6 +109,27 @@ CREATE TABLE IF NOT EXISTS capacities (
   bytes BIGINT,
   objects BIGINT,
   updated_ns BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS retention (
+  project TEXT NOT NULL REFERENCES projects(id),
+  series TEXT NOT NULL,
+  keep_last BIGINT, keep_every BIGINT, max_age_ns BIGINT, max_idle_ns BIGINT,
+  updated_ns BIGINT NOT NULL,
+  PRIMARY KEY (project, series));
+CREATE TABLE IF NOT EXISTS pins (
+  project TEXT NOT NULL REFERENCES projects(id),
+  prefix TEXT NOT NULL,
+  created_ns BIGINT NOT NULL,
+  PRIMARY KEY (project, prefix));
+CREATE TABLE IF NOT EXISTS trash (
+  run TEXT NOT NULL,
+  project TEXT NOT NULL,
+  key TEXT NOT NULL,
+  trash_key TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  bytes BIGINT NOT NULL,
+  trashed_ns BIGINT NOT NULL,
+  purge_after_ns BIGINT NOT NULL,
+  PRIMARY KEY (run, project, key));
 CREATE TABLE IF NOT EXISTS history (
   team TEXT NOT NULL,
   tier TEXT NOT NULL,
@@ -143,12 +165,23 @@ std::string quote(std::string_view s) {
   return "'" + std::string(s) + "'";
 }
 
+}  // namespace
+
 std::string normalise_location(std::string_view location) {
   std::string l(location);
   if (l.find("://") == std::string::npos) l = "file://" + l;
+  if (l.starts_with("file://") && l.size() > 7 && l[7] == '/') {
+    // One spelling per directory: "..", ".", "//" and symlinks resolved (as far as the
+    // path exists), so no alias of a project's directory escapes it.
+    std::error_code ec;
+    auto canon = std::filesystem::weakly_canonical(std::filesystem::path(l.substr(7)), ec);
+    if (!ec) l = "file://" + canon.lexically_normal().string();
+  }
   while (l.size() > 1 && l.back() == '/' && !l.ends_with("://")) l.pop_back();
   return l;
 }
+
+namespace {
 
 // A fresh, unguessable-enough reservation ID: 64 random bits per process and a counter.
 std::string new_reservation_id() {
@@ -241,6 +274,32 @@ Tier tier_of_location(std::string_view location) {
   return Tier::kNvme;
 }
 
+Status validate_location(std::string_view project, std::string_view location) {
+  auto bad = [&](const std::string& why) {
+    return fail(Code::kInvalidArgument,
+                "project " + quote(project) + ": location " + quote(location) + " " + why);
+  };
+  for (char c : location)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return bad("holds a control character");
+  size_t sep = location.find("://");
+  if (sep == std::string_view::npos) {
+    if (location.empty() || location[0] != '/') return bad("is not an absolute path");
+    return {};
+  }
+  std::string_view scheme = location.substr(0, sep), rest = location.substr(sep + 3);
+  if (scheme == "file") {
+    if (rest.empty() || rest[0] != '/') return bad("is not an absolute path");
+    if (rest.find_first_not_of('/') == std::string_view::npos)
+      return bad("is the root directory: a project owns a directory below it");
+    return {};
+  }
+  if (scheme != "s3" && scheme != "mem" && scheme != "peer" && scheme != "sluiced")
+    return bad(
+        "has an unknown scheme: expected a path, file://, s3://, mem://, peer:// or sluiced://");
+  if (rest.empty() || rest[0] == '/') return bad("names no bucket or store");
+  return {};
+}
+
 Status validate_name(std::string_view what, std::string_view name) {
   bool ok = !name.empty() && name.size() <= 64 && name[0] != '.' && name[0] != '-';
   for (char c : name) {
@@ -297,6 +356,14 @@ Result<std::unique_ptr<Ledger>> Ledger::open(std::string_view uri, const LedgerO
                     ": expected sqlite:///path.db, a path, or postgresql://user@host:port/db");
   }
   Dialect dialect = db->dialect();
+  // Tables are created (or added, by a newer sluice) under a writer's lock; a read-only
+  // ledger at the current version skips that.
+  bool current = false;
+  (void)db->with_conn([&](Conn& c) -> Status {
+    auto rows = c.query("SELECT value FROM sluice_meta WHERE name = 'schema_version'");
+    current = rows && !rows->empty() && (*rows)[0].text(0) == std::to_string(kSchemaVersion);
+    return {};
+  });
   Status s = db->transaction([&](Conn& c) -> Status {
     // Several processes may create the schema at once; on PostgreSQL they take turns.
     if (dialect == Dialect::kPostgres)
@@ -315,7 +382,9 @@ Result<std::unique_ptr<Ledger>> Ledger::open(std::string_view uri, const LedgerO
                                           std::to_string(kSchemaVersion));
     return {};
   });
-  if (!s) return std::unexpected(s.error().with_context("ledger " + db->describe()));
+  // A read-only ledger at the current version still reads; its writes fail when tried.
+  if (!s && !(current && s.error().code() == Code::kPermissionDenied))
+    return std::unexpected(s.error().with_context("ledger " + db->describe()));
   return std::unique_ptr<Ledger>(new Ledger(std::move(db), options));
 }
 
@@ -349,8 +418,11 @@ Status require_team(Conn& c, std::string_view team) {
   SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT 1 FROM teams WHERE name = $1",
                                              std::vector<Value>{std::string(team)}));
   if (rows.empty())
-    return fail(Code::kNotFound, "unknown team " + quote(team) + " (add it with: sluice team add " +
-                                     std::string(team) + ")");
+    return fail(Code::kNotFound,
+                "unknown team " + quote(team) +
+                    (validate_name("team", team)
+                         ? " (add it with: sluice team add " + std::string(team) + ")"
+                         : std::string()));
   return {};
 }
 
@@ -362,15 +434,17 @@ bool under(std::string_view location, std::string_view root) {
 
 Status Ledger::add_project(Project p) {
   SLUICE_RETURN_IF_ERROR(validate_name("project", p.id));
+  SLUICE_RETURN_IF_ERROR(validate_location(p.id, p.location));
   p.location = normalise_location(p.location);
-  if (p.location.ends_with("://") || p.location == "file://")
-    return fail(Code::kInvalidArgument, "project " + quote(p.id) + ": location " +
-                                            quote(p.location) + " names no bucket or directory");
   if (p.location.starts_with("file://") && p.location.substr(7).front() != '/')
     return fail(Code::kInvalidArgument,
                 "project " + quote(p.id) + ": location " + quote(p.location) + " is not absolute");
   p.created_ns = now_ns();
   return db_->transaction([&](Conn& c) -> Status {
+    // Two adds at once must not both pass the overlap check (SQLite's writer lock already
+    // serialises them; PostgreSQL needs a lock of its own).
+    if (c.dialect() == Dialect::kPostgres)
+      SLUICE_RETURN_IF_ERROR(c.query("SELECT pg_advisory_xact_lock(7359112022)"));
     SLUICE_RETURN_IF_ERROR(require_team(c, p.team));
     SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT id, location FROM projects"));
     for (auto& r : rows) {
@@ -378,9 +452,9 @@ Status Ledger::add_project(Project p) {
       if (id == p.id)
         return fail(Code::kAlreadyExists, "project " + quote(p.id) + " already exists");
       if (under(p.location, loc) || under(loc, p.location))
-        return fail(Code::kInvalidArgument, "project " + quote(p.id) + " at " + quote(p.location) +
-                                                " overlaps project " + quote(id) + " at " +
-                                                quote(loc) + ": every byte belongs to one project");
+        return fail(Code::kConflict, "project " + quote(p.id) + " at " + quote(p.location) +
+                                         " overlaps project " + quote(id) + " at " + quote(loc) +
+                                         ": every byte belongs to one project");
     }
     SLUICE_RETURN_IF_ERROR(
         c.query("INSERT INTO projects (id, team, location, tier, kind, created_ns)"
@@ -402,12 +476,20 @@ Status Ledger::remove_project(std::string_view id) {
                                     args));
     int64_t bytes = rows.empty() ? 0 : rows[0].i64(0), objects = rows.empty() ? 0 : rows[0].i64(1);
     if (bytes != 0 || objects != 0)
-      return fail(Code::kInvalidArgument,
+      return fail(Code::kConflict,
                   "project " + quote(id) + " still has " + human(bytes) + " in " +
                       std::to_string(objects) +
                       " objects charged to it: delete its data (or recount with sluice usage "
                       "reconcile) first");
+    SLUICE_ASSIGN_OR_RETURN(auto trashed,
+                            c.query("SELECT COUNT(*) FROM trash WHERE project = $1", args));
+    if (!trashed.empty() && trashed[0].i64(0) > 0)
+      return fail(Code::kConflict, "project " + quote(id) + " still has " +
+                                       std::to_string(trashed[0].i64(0)) +
+                                       " objects in its trash (sluice gc run purges them)");
     SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM usage WHERE project = $1", args));
+    SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM retention WHERE project = $1", args));
+    SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM pins WHERE project = $1", args));
     SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM projects WHERE id = $1", args));
     return {};
   });
@@ -805,6 +887,150 @@ Status Ledger::add_history(std::string_view team, Tier tier, const HistoryPoint&
                 " ON CONFLICT (team, tier, t_ns) DO UPDATE SET bytes = $4, objects = $5",
                 std::vector<Value>{std::string(team), std::string(tier_name(tier)), p.t_ns, p.bytes,
                                    p.objects}));
+    return {};
+  });
+}
+
+namespace {
+Status require_project(Conn& c, std::string_view project) {
+  SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT 1 FROM projects WHERE id = $1",
+                                             std::vector<Value>{std::string(project)}));
+  if (rows.empty()) return fail(Code::kNotFound, "unknown project " + quote(project));
+  return {};
+}
+
+std::optional<int64_t> seconds_ns(const std::optional<std::chrono::seconds>& s) {
+  if (!s) return std::nullopt;
+  return s->count() * 1'000'000'000;
+}
+}  // namespace
+
+Status Ledger::set_rule(const RetentionRule& r) {
+  auto too_big = [](const std::optional<uint64_t>& v) { return v && *v > uint64_t{1} << 62; };
+  auto bad_duration = [](const std::optional<std::chrono::seconds>& d) {
+    return d && (d->count() < 0 || d->count() > int64_t{100} * 365 * 86400);
+  };
+  if (too_big(r.keep_last) || too_big(r.keep_every) || bad_duration(r.max_age) ||
+      bad_duration(r.max_idle))
+    return fail(Code::kInvalidArgument, "retention rule for project " + quote(r.project) +
+                                            ": a count or duration out of range");
+  if (r.keep_every && *r.keep_every == 0)
+    return fail(Code::kInvalidArgument, "retention rule for project " + quote(r.project) +
+                                            ": keep-every must be at least 1");
+  return db_->transaction([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_project(c, r.project));
+    std::vector<Value> key{r.project, r.series};
+    if (r.empty()) {
+      SLUICE_RETURN_IF_ERROR(
+          c.query("DELETE FROM retention WHERE project = $1 AND series = $2", key));
+      return {};
+    }
+    auto u = [](const std::optional<uint64_t>& v) {
+      return v ? Value(static_cast<int64_t>(*v)) : Value(std::monostate{});
+    };
+    SLUICE_RETURN_IF_ERROR(c.query(
+        "INSERT INTO retention (project, series, keep_last, keep_every, max_age_ns, max_idle_ns,"
+        " updated_ns) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (project, series) DO UPDATE"
+        " SET keep_last = $3, keep_every = $4, max_age_ns = $5, max_idle_ns = $6, updated_ns = $7",
+        std::vector<Value>{r.project, r.series, u(r.keep_last), u(r.keep_every),
+                           opt_value(seconds_ns(r.max_age)), opt_value(seconds_ns(r.max_idle)),
+                           now_ns()}));
+    return {};
+  });
+}
+
+Result<std::vector<RetentionRule>> Ledger::rules() {
+  std::vector<RetentionRule> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows, c.query("SELECT project, series, keep_last, keep_every, max_age_ns, max_idle_ns"
+                           " FROM retention ORDER BY project, series"));
+    for (auto& r : rows) {
+      RetentionRule rule{.project = r.text(0), .series = r.text(1)};
+      if (!r.is_null(2)) rule.keep_last = static_cast<uint64_t>(r.i64(2));
+      if (!r.is_null(3)) rule.keep_every = static_cast<uint64_t>(r.i64(3));
+      if (!r.is_null(4)) rule.max_age = std::chrono::seconds(r.i64(4) / 1'000'000'000);
+      if (!r.is_null(5)) rule.max_idle = std::chrono::seconds(r.i64(5) / 1'000'000'000);
+      out.push_back(std::move(rule));
+    }
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+Status Ledger::pin(std::string_view project, std::string_view prefix) {
+  if (prefix.empty()) return fail(Code::kInvalidArgument, "pin: empty prefix (pin a key prefix)");
+  return db_->transaction([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_project(c, project));
+    SLUICE_RETURN_IF_ERROR(
+        c.query("INSERT INTO pins (project, prefix, created_ns) VALUES ($1, $2, $3)"
+                " ON CONFLICT (project, prefix) DO NOTHING",
+                std::vector<Value>{std::string(project), std::string(prefix), now_ns()}));
+    return {};
+  });
+}
+
+Status Ledger::unpin(std::string_view project, std::string_view prefix) {
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM pins WHERE project = $1 AND prefix = $2",
+                                   std::vector<Value>{std::string(project), std::string(prefix)}));
+    if (c.changes() == 0)
+      return fail(Code::kNotFound, "project " + quote(project) + " has no pin " + quote(prefix));
+    return {};
+  });
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> Ledger::pins() {
+  std::vector<std::pair<std::string, std::string>> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(auto rows,
+                            c.query("SELECT project, prefix FROM pins ORDER BY project, prefix"));
+    for (auto& r : rows) out.emplace_back(r.text(0), r.text(1));
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+Status Ledger::add_trash(const std::vector<TrashEntry>& entries) {
+  return db_->transaction([&](Conn& c) -> Status {
+    for (const TrashEntry& e : entries)
+      SLUICE_RETURN_IF_ERROR(
+          c.query("INSERT INTO trash (run, project, key, trash_key, reason, bytes, trashed_ns,"
+                  " purge_after_ns) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                  std::vector<Value>{e.run, e.project, e.key, e.trash_key, e.reason, e.bytes,
+                                     e.trashed_ns, e.purge_after_ns}));
+    return {};
+  });
+}
+
+Result<std::vector<TrashEntry>> Ledger::trash(std::string_view run) {
+  std::vector<TrashEntry> out;
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    std::string sql =
+        "SELECT run, project, key, trash_key, reason, bytes, trashed_ns, purge_after_ns FROM trash";
+    std::vector<Value> args;
+    if (!run.empty()) {
+      sql += " WHERE run = $1";
+      args.emplace_back(std::string(run));
+    }
+    sql += " ORDER BY run, project, key";
+    SLUICE_ASSIGN_OR_RETURN(auto rows, c.query(sql, args));
+    for (auto& r : rows)
+      out.push_back(
+          {r.text(0), r.text(1), r.text(2), r.text(3), r.text(4), r.i64(5), r.i64(6), r.i64(7)});
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
+Status Ledger::drop_trash(std::string_view run, std::string_view project, std::string_view key) {
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(
+        c.query("DELETE FROM trash WHERE run = $1 AND project = $2 AND key = $3",
+                std::vector<Value>{std::string(run), std::string(project), std::string(key)}));
     return {};
   });
 }

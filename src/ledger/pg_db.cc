@@ -23,13 +23,29 @@ constexpr Oid kInt2Oid = 21;
 constexpr Oid kInt4Oid = 23;
 
 // The URI without a password, for messages.
-std::string redact(const std::string& uri) {
+std::string redact(std::string uri) {
   auto scheme = uri.find("://");
   auto at = uri.find('@');
-  if (scheme == std::string::npos || at == std::string::npos || at < scheme) return uri;
-  auto colon = uri.find(':', scheme + 3);
-  if (colon == std::string::npos || colon > at) return uri;
-  return uri.substr(0, colon) + ":***" + uri.substr(at);
+  if (scheme != std::string::npos && at != std::string::npos && at > scheme) {
+    auto colon = uri.find(':', scheme + 3);
+    if (colon != std::string::npos && colon < at)
+      uri = uri.substr(0, colon) + ":***" + uri.substr(at);
+  }
+  // A password in the query (?password=... or &password=...).
+  for (size_t p = uri.find("password="); p != std::string::npos; p = uri.find("password=", p + 1)) {
+    if (p == 0 || (uri[p - 1] != '?' && uri[p - 1] != '&')) continue;
+    size_t end = uri.find('&', p);
+    uri.replace(p + 9, (end == std::string::npos ? uri.size() : end) - (p + 9), "***");
+  }
+  return uri;
+}
+
+// libpq's messages span lines ("...\n\tIs the server running...?"): one line here.
+std::string one_line(std::string m) {
+  for (char& c : m)
+    if (c == '\n' || c == '\t') c = ' ';
+  while (!m.empty() && m.back() == ' ') m.pop_back();
+  return m;
 }
 
 // Parameters as libpq wants them: text, NULL as a null pointer.
@@ -170,8 +186,7 @@ class PgConn final : public Conn {
     }
     std::string state =
         r && PQresultErrorField(r, PG_DIAG_SQLSTATE) ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : "";
-    std::string msg = r ? PQresultErrorMessage(r) : PQerrorMessage(conn_);
-    while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+    std::string msg = one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
     PQclear(r);
     std::string what = "ledger (postgresql): " + msg + " [" + std::string(sql.substr(0, 60)) + "]";
     if (broken()) return std::unexpected(Error(Code::kUnavailable, what));
@@ -201,8 +216,7 @@ class PgDb final : public Db {
   Result<std::unique_ptr<PgConn>> connect() {
     PGconn* c = PQconnectdb(uri_.c_str());
     if (!c || PQstatus(c) != CONNECTION_OK) {
-      std::string m = c ? PQerrorMessage(c) : "out of memory";
-      while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+      std::string m = one_line(c ? PQerrorMessage(c) : "out of memory");
       PQfinish(c);
       return std::unexpected(Error(
           Code::kUnavailable, "ledger: cannot reach PostgreSQL at " + redact(uri_) + ": " + m));

@@ -7,14 +7,8 @@ namespace sluice::ledger {
 
 namespace {
 
-// Lists a location; a file:// directory must exist (NotFound otherwise).
-Result<std::pair<int64_t, int64_t>> count(const std::string& location,
-                                          const store::StoreOptions& options) {
-  store::StoreOptions o;
-  o.registry = options.registry;
-  o.backend = options.backend;
-  o.create = false;
-  SLUICE_ASSIGN_OR_RETURN(auto st, store::open_store(location, o));
+Result<std::pair<int64_t, int64_t>> count(const Project& p, const store::StoreOptions& options) {
+  SLUICE_ASSIGN_OR_RETURN(auto st, open_location(p, options));
   int64_t bytes = 0, objects = 0;
   store::ListOptions lo;
   lo.max_keys = 1000;
@@ -32,6 +26,22 @@ Result<std::pair<int64_t, int64_t>> count(const std::string& location,
 
 }  // namespace
 
+Result<std::unique_ptr<store::Store>> open_location(const Project& p,
+                                                    const store::StoreOptions& options) {
+  store::StoreOptions o;
+  o.registry = options.registry;
+  o.backend = options.backend;
+  o.create = false;
+  std::string uri = p.location;
+  if (!uri.starts_with("file://") && !uri.ends_with("/")) {
+    size_t sep = uri.find("://");
+    if (sep != std::string::npos && uri.find('/', sep + 3) != std::string::npos) uri += '/';
+  }
+  auto st = store::open_store(uri, o);
+  if (!st) return std::unexpected(st.error().with_context("project '" + p.id + "'"));
+  return st;
+}
+
 Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,
                                   bool dry_run) {
   ReconcileReport report;
@@ -46,7 +56,7 @@ Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& sto
       e.ledger_bytes += u.bytes;
       e.ledger_objects += u.objects;
     }
-    auto found = count(p.location, store_options);
+    auto found = count(p, store_options);
     if (!found) {
       e.error = found.error();
       report.projects.push_back(std::move(e));

@@ -205,9 +205,9 @@ Result<std::unique_ptr<Db>> open_sqlite(const std::string& path) {
   auto conn = std::make_unique<SqliteConn>(raw);
   sqlite3_busy_timeout(raw, kBusyTimeoutMs);
   sqlite3_extended_result_codes(raw, 1);
-  if (auto s = conn->script("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
-                            "PRAGMA foreign_keys=ON;");
-      !s) {
+  // WAL lets readers run beside the writer; a read-only file keeps its rollback journal.
+  (void)conn->script("PRAGMA journal_mode=WAL");
+  if (auto s = conn->script("PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"); !s) {
     return std::unexpected(Error(s.error().code(), "ledger: " + path + ": " + s.error().message()));
   }
   return std::make_unique<SqliteDb>(std::move(conn), path);

@@ -58,6 +58,14 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
     if (!o.key.starts_with(prefix) || o.key.size() == prefix.size())
       return fail(Code::kCorruption, "dataset " + store.uri() + ": the listing of '" + prefix +
                                          "' holds '" + o.key + "', which is outside it");
+  // What `sluice gc run` moved to the trash is not part of the dataset any more.
+  std::erase_if(listing, [&](const store::ObjectInfo& o) {
+    std::string_view rel = std::string_view(o.key).substr(prefix.size());
+    return rel.starts_with(".sluice-trash/") ||
+           rel.find("/.sluice-trash/") != std::string_view::npos;
+  });
+  if (listing.empty())
+    return fail(Code::kNotFound, "dataset " + store.uri() + " prefix '" + prefix + "': no objects");
   std::vector<const store::ObjectInfo*> tars;
   std::unordered_map<std::string, const store::ObjectInfo*> by_key;
   bool other = false;

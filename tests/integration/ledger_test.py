@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pg_harness import Postgres, PostgresUnavailable  # noqa: E402
-from s3_harness import Runner  # noqa: E402
+from s3_harness import Runner, S3rver, find_s3rver  # noqa: E402
 
 BIN = None
 MiB = 1 << 20
@@ -119,6 +119,45 @@ def t_cp_is_charged_and_refused_at_the_limit(env):
     assert "nlp" in out and "ok" in out, out
 
 
+def t_every_spelling_of_a_project_is_charged(env):
+    """Relative, dotted, doubled-slash and symlinked spellings of a project's directory are
+    the project (so its quota holds); a symlink alias cannot become a second project; an
+    overwrite near the limit reserves only the difference."""
+    env.run("team", "add", "sp")
+    data = env.path("d")
+    proj = os.path.join(data, "p")
+    os.makedirs(proj)
+    os.makedirs(os.path.join(data, "other"))
+    os.symlink(proj, os.path.join(data, "plink"))
+    env.run("project", "add", "sp-p", "--team", "sp", "--location", proj)
+    expect_fail(env.run("project", "add", "alias", "--team", "sp", "--location", os.path.join(data, "plink"),
+                        check=False), "conflict", "overlaps")
+    env.run("quota", "set", "sp", "--tier", "nvme", "--hard-bytes", "1M")
+    src = env.file("k", 100_000)
+    spellings = [os.path.join(data, "other", "..", "p", "a"), data + "//p/b", os.path.join(data, "plink", "c"),
+                 "file://" + os.path.join(data, "other", "..", "p", "d")]
+    for dst in spellings:
+        env.run("cp", src, dst)
+    env2 = dict(os.environ, SLUICE_HOME=env.home, SLUICE_LEDGER=env.ledger)
+    for cwd, dst in ((data, "p/e"), (proj, "./f"), (proj, "g")):
+        r = subprocess.run([BIN, "cp", src, dst], capture_output=True, text=True, env=env2, cwd=cwd, timeout=60)
+        assert r.returncode == 0, r.stderr
+    a = env.account("sp", "nvme")
+    assert (a["used_bytes"], a["used_objects"]) == (7 * 100_000, 7), a
+    # 700 KB of 1 MiB used: a 300 KB new file does not fit, rewriting one of 100 KB with
+    # 150 KB does (50 KB more), and so does rewriting it smaller.
+    r = subprocess.run([BIN, "cp", env.file("big", 400_000), "p/h"], capture_output=True, text=True, env=env2,
+                       cwd=data, timeout=60)
+    expect_fail(r, "quota_exceeded", "team 'sp'")
+    env.run("cp", env.file("k2", 150_000), os.path.join(proj, "a"))
+    env.run("cp", env.file("k3", 10_000), os.path.join(proj, "b"))
+    a = env.account("sp", "nvme")
+    assert (a["used_bytes"], a["used_objects"]) == (5 * 100_000 + 150_000 + 10_000, 7), a
+    for bad in ("s3:///x", "http://h/x", "/", "S3://b/x"):
+        expect_fail(env.run("project", "add", "bad", "--team", "sp", "--location", bad, check=False),
+                    "invalid_argument", "location")
+
+
 def t_sixteen_processes_race_at_a_hard_limit(env):
     """16 `sluice cp` processes at once, each 1 MiB, against a 10 MiB hard limit: exactly
     ten succeed and usage never passes the limit."""
@@ -167,7 +206,7 @@ def t_reconcile_repairs_drift(env):
     assert r.returncode == 1 and "not recounted" in r.stdout and "left as they were" in r.stderr, (r.stdout, r.stderr)
     assert env.account("drift", "nvme")["used_bytes"] == MiB + 5000
     # A project can go only once nothing is charged to it.
-    expect_fail(env.run("project", "rm", "drift-p", check=False), "invalid_argument", "still has")
+    expect_fail(env.run("project", "rm", "drift-p", check=False), "conflict", "still has")
 
 
 def t_ckpt_and_dataset_pack_are_charged(env):
@@ -261,13 +300,101 @@ def t_forecast(env):
     assert any(r["team"] is None for r in json.loads(env.run("forecast", "--json").stdout))
 
 
+def t_s3_projects_are_folders(env):
+    """On s3://, project 'x' owns x/..., not the keys of its neighbour 'xy': cp charges and
+    reconcile counts each project's own objects only."""
+    if not find_s3rver():
+        print("SKIP - s3 projects: s3rver not installed", flush=True)
+        return
+    s3 = S3rver(buckets=("bkt",))
+    try:
+        env2 = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}
+        os.environ.update(env2)
+        env.run("team", "add", "one")
+        env.run("team", "add", "two")
+        env.run("project", "add", "x", "--team", "one", "--location", "s3://bkt/x")
+        env.run("project", "add", "xy", "--team", "two", "--location", "s3://bkt/xy")
+        src = env.file("o", 1000)
+        for dst in ("s3://bkt/x/a", "s3://bkt/x/b", "s3://bkt/xy/c"):
+            env.run("cp", src, dst, "--endpoint-url", s3.endpoint)
+        assert env.account("one", "object")["used_objects"] == 2
+        assert env.account("two", "object")["used_objects"] == 1
+        plan = json.loads(env.run("usage", "reconcile", "--dry-run", "--json", "--endpoint-url", s3.endpoint).stdout)
+        found = {p["project"]: (p["found_objects"], p["changed"]) for p in plan["projects"]}
+        assert found == {"x": (2, False), "xy": (1, False)}, plan
+    finally:
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.pop(k, None)
+        s3.close()
+
+
+def t_gc_plan_run_restore_purge(env):
+    """Rules keep the last 2 and every 2000th step of a series; the newest and a pinned step
+    always stay. plan changes nothing; run moves the rest to the trash (usage unchanged,
+    the steps unlisted); restore brings a run back intact; run --delay 0 purges."""
+    env.run("team", "add", "gc")
+    tier = env.path("ckpt")
+    os.makedirs(tier)
+    env.run("project", "add", "gc-p", "--team", "gc", "--location", tier, "--kind", "checkpoint")
+    state = env.path("state")
+    os.makedirs(state)
+    with open(os.path.join(state, "w.bin"), "wb") as f:
+        f.write(os.urandom(MiB))
+    for step in range(1000, 7000, 1000):
+        env.run("ckpt", "save", "--series", "s", "--step", str(step), "--to", tier, state)
+
+    def steps():
+        return [c["step"] for c in json.loads(env.run("ckpt", "ls", "--series", "s", "--from", tier,
+                                                      "--json").stdout)]
+
+    assert "no retention rule" in env.run("gc", "plan").stdout
+    env.run("gc", "rule", "set", "gc-p", "--series", "s", "--keep-last", "2", "--keep-every", "2000")
+    env.run("gc", "pin", "gc-p", "s/step-000000001000/")
+    expect_fail(env.run("gc", "rule", "set", "ghost", "--keep-last", "1", check=False), "not_found", "ghost")
+    expect_fail(env.run("gc", "rule", "set", "gc-p", "--keep-last", "-1", check=False), "invalid_argument")
+    expect_fail(env.run("gc", "rule", "set", "gc-p", "--max-age", "soon", check=False), "invalid_argument")
+    plan = json.loads(env.run("gc", "plan", "--json").stdout)
+    gone = sorted(u["step"] for u in plan["units"] if u["remove"])
+    assert gone == [3000], plan
+    reasons = {u["step"]: u["reason"] for u in plan["units"]}
+    assert reasons[1000] == "pinned" and "multiple of 2000" in reasons[2000], reasons
+    assert steps() == [1000, 2000, 3000, 4000, 5000, 6000]  # plan changed nothing
+    used = env.account("gc", "nvme")["used_bytes"]
+    out = json.loads(env.run("gc", "run", "--json").stdout)
+    assert out["trashed_units"] == 1 and out["purged_objects"] == 0, out
+    assert steps() == [1000, 2000, 4000, 5000, 6000]
+    assert env.account("gc", "nvme")["used_bytes"] == used  # the trash still takes room
+    assert not json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)["projects"][0]["changed"]
+    run = out["run"]
+    trash = json.loads(env.run("gc", "trash", "--json").stdout)
+    assert [t["run"] for t in trash] == [run] and trash[0]["objects"] == 3, trash
+    env.run("gc", "restore", run)
+    assert steps() == [1000, 2000, 3000, 4000, 5000, 6000]
+    assert "0 bad" in env.run("ckpt", "verify", "--series", "s", "--step", "3000", "--from", tier).stdout
+    assert json.loads(env.run("gc", "trash", "--json").stdout) == []
+    expect_fail(env.run("gc", "restore", run, check=False), "not_found", run)
+    # Again, and purged at once: the bytes go for good and the usage follows.
+    out = json.loads(env.run("gc", "run", "--delay", "0", "--json").stdout)
+    assert out["trashed_units"] == 1 and out["purged_objects"] == 3, out
+    assert steps() == [1000, 2000, 4000, 5000, 6000]
+    assert env.account("gc", "nvme")["used_bytes"] < used
+    assert not json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)["projects"][0]["changed"]
+    assert not os.path.exists(os.path.join(tier, ".sluice-trash", run))
+    # Whatever the rule, the newest checkpoint stays.
+    env.run("gc", "rule", "set", "gc-p", "--series", "s", "--max-age", "0s")
+    env.run("gc", "unpin", "gc-p", "s/step-000000001000/")
+    env.run("gc", "run", "--delay", "0")
+    assert steps() == [6000], steps()
+
+
 def main():
     global BIN
     BIN = os.path.abspath(sys.argv[1])
     runner = Runner()
-    tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit,
+    tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit, t_every_spelling_of_a_project_is_charged,
              t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift,
-             t_ckpt_and_dataset_pack_are_charged, t_forecast)
+             t_ckpt_and_dataset_pack_are_charged, t_forecast, t_s3_projects_are_folders,
+             t_gc_plan_run_restore_purge)
     for t in tests:
         env = Env(None)
         try:

@@ -48,15 +48,7 @@ std::string when(int64_t ns) {
 }
 
 Result<std::unique_ptr<Ledger>> open_ledger(const LedgerArgs& a, const std::string& home) {
-  std::string uri = a.uri.empty() ? default_ledger_uri(home) : a.uri;
-  if (uri.find("://") == std::string::npos) {
-    // The embedded default lives in $SLUICE_HOME, made on first use.
-    std::error_code ec;
-    fs::create_directories(fs::path(uri).parent_path(), ec);
-  }
-  auto l = Ledger::open(uri);
-  if (!l) return std::unexpected(l.error().with_context("cannot open the ledger"));
-  return l;
+  return open_ledger_at(a.uri, home);
 }
 
 // "none" clears a limit; a size ("10T", "500G") or a count otherwise.
@@ -80,6 +72,8 @@ Result<std::optional<int64_t>> limit_flag(const std::string& flag, const std::st
   return std::optional<int64_t>(n);
 }
 
+}  // namespace
+
 // "7d", "12h", "30m", "90s" or plain seconds.
 Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text) {
   int64_t n = 0;
@@ -96,6 +90,8 @@ Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::s
                 flag + " '" + text + "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
   return std::chrono::seconds(n * mult);
 }
+
+namespace {
 
 std::string limit_text(const std::optional<int64_t>& v, bool is_size) {
   if (!v) return "-";
@@ -318,7 +314,7 @@ int run_usage(const LedgerArgs& a, const std::string& home) {
     std::printf("%-24s %12s %10lld  %s\n", k.c_str(),
                 format_size(static_cast<double>(s.bytes)).c_str(),
                 static_cast<long long>(s.objects), when(s.updated_ns).c_str());
-  if (sums.empty()) std::printf("(nothing charged yet: add a project with sluice project add)\n");
+  if (sums.empty()) std::printf("(nothing charged yet)\n");
   return 0;
 }
 
@@ -565,6 +561,18 @@ void ledger_flag(CLI::App* cmd, LedgerArgs& a) {
 }
 
 }  // namespace
+
+Result<std::unique_ptr<Ledger>> open_ledger_at(const std::string& flag, const std::string& home) {
+  std::string uri = flag.empty() ? default_ledger_uri(home) : flag;
+  if (uri.find("://") == std::string::npos) {
+    // The embedded default lives in $SLUICE_HOME, made on first use.
+    std::error_code ec;
+    fs::create_directories(fs::path(uri).parent_path(), ec);
+  }
+  auto l = Ledger::open(uri);
+  if (!l) return std::unexpected(l.error().with_context("cannot open the ledger"));
+  return l;
+}
 
 std::string default_ledger_uri(const std::string& home) {
   const char* env = std::getenv("SLUICE_LEDGER");

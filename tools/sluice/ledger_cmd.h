@@ -1,6 +1,7 @@
 // `sluice team|project|quota|usage`: the ledger from the command line (docs/ledger.md).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +15,13 @@ namespace sluice::cli {
 
 // The ledger's URI: $SLUICE_LEDGER, else $SLUICE_HOME/ledger.db.
 std::string default_ledger_uri(const std::string& home);
+
+// Opens the ledger named by a --ledger flag (empty: the default), creating the embedded one.
+Result<std::unique_ptr<ledger::Ledger>> open_ledger_at(const std::string& flag,
+                                                       const std::string& home);
+
+// A duration flag: "90s", "30m", "12h", "7d", "2w" or plain seconds.
+Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text);
 
 // Adds team, project, quota and usage to the app; each sets rc when it runs.
 void add_ledger_commands(CLI::App& app, std::string home, int& rc);

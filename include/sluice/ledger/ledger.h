@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "sluice/core/status.h"
+#include "sluice/ledger/retention.h"
 
 namespace sluice::ledger {
 
@@ -52,6 +53,13 @@ Result<Kind> parse_kind(std::string_view name);
 // The tier a location's scheme rests on: s3:// object, mem:// ram, peer:// and node+ peer,
 // file:// and plain paths nvme.
 Tier tier_of_location(std::string_view location);
+
+// Project locations: an absolute path (or file://), s3://BUCKET[/prefix], mem://NAME[/...],
+// peer:// or sluiced://; no control characters, not "/" itself.
+Status validate_location(std::string_view project, std::string_view location);
+// The one spelling of a location that projects are stored and matched under: file:// for
+// paths, "..", "." and symlinks resolved (as far as the path exists), no trailing '/'.
+std::string normalise_location(std::string_view location);
 
 // Team and project names: 1-64 bytes of [A-Za-z0-9._-], not starting with '.' or '-'.
 Status validate_name(std::string_view what, std::string_view name);
@@ -105,6 +113,17 @@ struct Capacity {
 
 // The team name under which the history keeps each tier's total over all teams.
 inline constexpr std::string_view kAllTeams = "*";
+
+// An object moved to the trash by `sluice gc run`, until it is purged or restored.
+struct TrashEntry {
+  std::string run;        // the gc run that moved it
+  std::string project;    // whose location holds both keys
+  std::string key;        // where it was
+  std::string trash_key;  // where it is: .sluice-trash/<run>/<key>
+  std::string reason;
+  int64_t bytes = 0;
+  int64_t trashed_ns = 0, purge_after_ns = 0;
+};
 
 // What a charge is against: a project's usage on one tier, of one kind.
 struct ChargeTarget {
@@ -194,6 +213,19 @@ class Ledger {
   Status record_history();
   Status add_history(std::string_view team, Tier tier, const HistoryPoint& point);
   Result<std::vector<HistoryPoint>> history(std::string_view team, Tier tier, int64_t since_ns = 0);
+
+  // --- retention (retention.h) ----------------------------------------------------------
+  // Sets the rule of a project (or of one checkpoint series in it); an empty rule removes
+  // it. NotFound for an unknown project.
+  Status set_rule(const RetentionRule& rule);
+  Result<std::vector<RetentionRule>> rules();
+  // Keys of a project starting with `prefix` are never removed by gc.
+  Status pin(std::string_view project, std::string_view prefix);
+  Status unpin(std::string_view project, std::string_view prefix);  // NotFound if not pinned
+  Result<std::vector<std::pair<std::string, std::string>>> pins();  // (project, prefix)
+  Status add_trash(const std::vector<TrashEntry>& entries);
+  Result<std::vector<TrashEntry>> trash(std::string_view run = {});
+  Status drop_trash(std::string_view run, std::string_view project, std::string_view key);
 
   int64_t now_ns() const;
 

@@ -34,6 +34,12 @@ struct ReconcileReport {
   int64_t accounts_recounted = 0;
 };
 
+// Opens a project's location to list or change what is in it: never created (a missing
+// directory is NotFound, not an empty project), and an object store's prefix as a folder
+// ("s3://b/x" lists "x/...", not "xy").
+Result<std::unique_ptr<store::Store>> open_location(const Project& project,
+                                                    const store::StoreOptions& options);
+
 // `store_options` opens each location (credentials and endpoint for s3://). With
 // `dry_run`, reports what it would change and changes nothing.
 Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <thread>
@@ -140,9 +141,13 @@ TEST_P(LedgerTest, TeamsAndProjects) {
   EXPECT_EQ(ledger_->add_project(p).error().code(), Code::kAlreadyExists);
   // Inside or around another project: refused, every byte has one owner.
   Project inner{.id = "inner", .team = "vision", .location = "s3://bucket/vision/sub"};
-  EXPECT_EQ(ledger_->add_project(inner).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->add_project(inner).error().code(), Code::kConflict);
   Project outer{.id = "outer", .team = "vision", .location = "s3://bucket"};
-  EXPECT_EQ(ledger_->add_project(outer).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->add_project(outer).error().code(), Code::kConflict);
+  for (const char* bad : {"s3:///x", "S3://b/x", "http://h/x", "/", "file:///", "s3://b/\nx"}) {
+    Project b{.id = "bad", .team = "vision", .location = bad};
+    EXPECT_EQ(ledger_->add_project(b).error().code(), Code::kInvalidArgument) << bad;
+  }
   // A sibling whose name extends the other's is not inside it.
   Project sibling{.id = "sibling", .team = "vision", .location = "s3://bucket/vision2"};
   ASSERT_TRUE(ledger_->add_project(sibling));
@@ -482,6 +487,10 @@ TEST(LedgerOpen, BadUrisAndUnreachableServers) {
   EXPECT_EQ(r.error().code(), Code::kUnavailable);
   EXPECT_NE(r.error().message().find("127.0.0.1:1"), std::string::npos) << r.error().message();
   EXPECT_EQ(r.error().message().find("secret"), std::string::npos) << r.error().message();
+  auto q = Ledger::open("postgresql://sluice@127.0.0.1:1/db?password=hunter2&sslmode=disable");
+  ASSERT_FALSE(q);
+  EXPECT_EQ(q.error().message().find("hunter2"), std::string::npos) << q.error().message();
+  EXPECT_EQ(q.error().message().find("\\n"), std::string::npos) << q.error().message();
   // A file that is not a database.
   TempDir dir;
   std::string junk = dir.path() + "/junk.db";
@@ -594,6 +603,113 @@ TEST_P(LedgerTest, CapacitiesAndTierTotalsInTheHistory) {
   ASSERT_FALSE(total->empty());
   EXPECT_EQ(total->back().bytes, 150);
   EXPECT_EQ(total->back().objects, 2);
+}
+
+}  // namespace
+
+namespace {
+
+// Checkpoint steps 1000..5000, a day apart, the newest created "now".
+std::vector<RetentionUnit> steps(int n, int64_t now) {
+  std::vector<RetentionUnit> out;
+  for (int i = 1; i <= n; ++i) {
+    RetentionUnit u;
+    u.step = static_cast<uint64_t>(i) * 1000;
+    u.name = "s/step-" + std::to_string(*u.step) + "/";
+    u.created_ns = u.accessed_ns = now - (n - i) * 86400 * kSecond;
+    u.keys = {u.name + "manifest.json", u.name + "rank-0.shard"};
+    out.push_back(u);
+  }
+  return out;
+}
+
+std::vector<uint64_t> removed_steps(const std::vector<RetentionUnit>& units,
+                                    const std::vector<RetentionDecision>& d) {
+  std::vector<uint64_t> out;
+  for (auto& x : d)
+    if (x.remove) out.push_back(*units[x.unit].step);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(Retention, KeepClausesAreAUnion) {
+  int64_t now = 100 * 86400 * kSecond;
+  auto u = steps(5, now);
+  auto grace = std::chrono::seconds(3600);
+  RetentionRule last2{.keep_last = 2};
+  EXPECT_EQ(removed_steps(u, apply_retention(last2, u, {}, now, grace)),
+            (std::vector<uint64_t>{1000, 2000, 3000}));
+  RetentionRule every2k{.keep_last = 1, .keep_every = 2000};
+  EXPECT_EQ(removed_steps(u, apply_retention(every2k, u, {}, now, grace)),
+            (std::vector<uint64_t>{1000, 3000}));
+  RetentionRule young{.max_age = std::chrono::hours(36)};  // the last two days
+  EXPECT_EQ(removed_steps(u, apply_retention(young, u, {}, now, grace)),
+            (std::vector<uint64_t>{1000, 2000, 3000}));
+  // Reasons name the clauses.
+  auto d = apply_retention(every2k, u, {}, now, grace);
+  EXPECT_NE(d[0].reason.find("not among the newest 1"), std::string::npos) << d[0].reason;
+  EXPECT_NE(d[1].reason.find("multiple of 2000"), std::string::npos) << d[1].reason;
+}
+
+TEST(Retention, NeverTheNewestCheckpointOrPinnedData) {
+  int64_t now = 100 * 86400 * kSecond;
+  auto u = steps(5, now);
+  RetentionRule none_kept{.max_age = std::chrono::seconds(0)};  // nothing is young enough
+  auto d =
+      apply_retention(none_kept, u, {"s/step-2000/"}, now + kSecond, std::chrono::seconds(3600));
+  EXPECT_EQ(removed_steps(u, d), (std::vector<uint64_t>{1000, 3000, 4000}));
+  EXPECT_EQ(d[4].reason, "the newest complete checkpoint");
+  EXPECT_EQ(d[1].reason, "pinned");
+  // An incomplete newer step does not count as the newest complete one; it goes only
+  // after the grace period.
+  RetentionUnit partial;
+  partial.step = 6000;
+  partial.name = "s/step-6000/";
+  partial.complete = false;
+  partial.created_ns = now;
+  partial.keys = {partial.name + "rank-0.shard"};
+  u.push_back(partial);
+  auto early = apply_retention(none_kept, u, {}, now + kSecond, std::chrono::seconds(3600));
+  EXPECT_FALSE(early[5].remove);
+  EXPECT_FALSE(early[4].remove);  // step 5000 is still the newest complete
+  auto late = apply_retention(none_kept, u, {}, now + 7200 * kSecond, std::chrono::seconds(3600));
+  EXPECT_TRUE(late[5].remove);
+  EXPECT_NE(late[5].reason.find("incomplete"), std::string::npos);
+  EXPECT_FALSE(late[4].remove);
+  // No rule: nothing goes but abandoned incomplete steps.
+  auto norule =
+      apply_retention(RetentionRule{}, u, {}, now + 7200 * kSecond, std::chrono::seconds(3600));
+  EXPECT_EQ(std::count_if(norule.begin(), norule.end(), [](auto& x) { return x.remove; }), 1);
+}
+
+TEST_P(LedgerTest, RulesPinsAndTrashRecords) {
+  team_with_project("keep", "s3://b/keep");
+  RetentionRule r{
+      .project = "keep-p", .series = "llama", .keep_last = 3, .max_age = std::chrono::hours(24)};
+  ASSERT_TRUE(ledger_->set_rule(r));
+  EXPECT_EQ(ledger_->set_rule(RetentionRule{.project = "ghost", .keep_last = 1}).error().code(),
+            Code::kNotFound);
+  EXPECT_EQ(ledger_->set_rule(RetentionRule{.project = "keep-p", .keep_every = 0}).error().code(),
+            Code::kInvalidArgument);
+  auto rules = ledger_->rules();
+  ASSERT_TRUE(rules);
+  ASSERT_EQ(rules->size(), 1u);
+  EXPECT_EQ((*rules)[0].keep_last, 3u);
+  EXPECT_EQ((*rules)[0].max_age, std::chrono::seconds(86400));
+  ASSERT_TRUE(
+      ledger_->set_rule(RetentionRule{.project = "keep-p", .series = "llama"}));  // empty: removed
+  EXPECT_TRUE(ledger_->rules()->empty());
+  ASSERT_TRUE(ledger_->pin("keep-p", "llama/step-000000001000/"));
+  EXPECT_EQ(ledger_->pins()->size(), 1u);
+  EXPECT_EQ(ledger_->unpin("keep-p", "nope/").error().code(), Code::kNotFound);
+  ASSERT_TRUE(ledger_->add_trash(
+      {TrashEntry{"run1", "keep-p", "a", ".sluice-trash/run1/a", "old", 10, 1, 2}}));
+  EXPECT_EQ(ledger_->trash("run1")->size(), 1u);
+  // A project with trash cannot go; once purged it can.
+  EXPECT_EQ(ledger_->remove_project("keep-p").error().code(), Code::kConflict);
+  ASSERT_TRUE(ledger_->drop_trash("run1", "keep-p", "a"));
+  ASSERT_TRUE(ledger_->remove_project("keep-p"));
+  EXPECT_TRUE(ledger_->pins()->empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LedgerTest, ::testing::Values("sqlite", "postgresql"),

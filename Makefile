@@ -45,6 +45,7 @@ bench: build test-tools
 	bench/fio_compare.py
 	bench/s3_compare.py
 	bench/ckpt_compare.py
+	bench/ledger_compare.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -44,14 +44,18 @@ struct Sums {
 void Batcher::run(BatchOp& op) {
   std::unique_lock lock(mu_);
   queue_.push_back(&op);
-  cv_.wait(lock, [&] { return op.done || queue_.front() == &op; });
+  cv_.wait(lock, [&] {
+    return op.done || (leaders_ < kMaxLeaders && !queue_.empty() && queue_.front() == &op);
+  });
   if (op.done) return;
-  // The leader: everything queued so far goes in this batch, in order.
+  // A leader: everything queued so far goes in this batch, and leaves the queue; callers
+  // arriving meanwhile wait for the next leader.
   std::vector<BatchOp*> batch;
-  for (BatchOp* o : queue_) {
-    batch.push_back(o);
-    if (batch.size() == kMaxBatch) break;
+  while (!queue_.empty() && batch.size() < kMaxBatch) {
+    batch.push_back(queue_.front());
+    queue_.pop_front();
   }
+  ++leaders_;
   lock.unlock();
   Status s = execute(batch);
   if (!s && s.error().code() != Code::kUnavailable && batch.size() > 1) {
@@ -59,21 +63,22 @@ void Batcher::run(BatchOp& op) {
     // each runs again on its own.
     for (BatchOp* o : batch) {
       Status one = execute({o});
-      o->status = one ? o->status : one;
-      if (!one) o->reserved = false;
+      if (!one) {
+        o->status = one;
+        o->reserved = false;
+      }
     }
     s = {};
   }
   lock.lock();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    BatchOp* o = queue_.front();
-    queue_.pop_front();
+  for (BatchOp* o : batch) {
     if (!s) {
       o->status = s;
       o->reserved = false;
     }
     o->done = true;
   }
+  --leaders_;
   cv_.notify_all();  // the finished, and the next leader
 }
 

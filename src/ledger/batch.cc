@@ -262,10 +262,15 @@ Status Batcher::execute_pg(const std::vector<BatchOp*>& batch) {
           }
         }
       }
-      if (!retries.empty()) {
-        // Each statement is its own transaction: a refusal stops nothing after it.
-        SLUICE_RETURN_IF_ERROR(c.pipeline(retries));
-        for (size_t i = 0; i < retries.size(); ++i) retried[i]->reserved = retries[i].changes == 1;
+      // The batch is committed: from here on nothing may fail the batch as a whole (that
+      // would run committed operations again). Reservations that did not fit together are
+      // tried one by one, each its own transaction, each with its own outcome.
+      for (size_t i = 0; i < retries.size(); ++i) {
+        auto r = c.query(retries[i].sql, retries[i].params);
+        if (!r)
+          retried[i]->status = std::unexpected(r.error());
+        else
+          retried[i]->reserved = c.changes() == 1;
       }
       return {};
     }

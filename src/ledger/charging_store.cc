@@ -90,9 +90,28 @@ class ChargingWriter final : public store::Writer {
     if (done_) return fail(Code::kInvalidArgument, "write to a finished writer");
     // An overwrite's first old_size bytes are charged already.
     int64_t need = static_cast<int64_t>(end) - old_size_.value_or(0);
-    if (need <= reserved_) return {};
-    int64_t step = std::max({need - reserved_, min_growth_, reserved_});
-    Status s = ledger_->grow(reservation_, target_, step, 0);
+    Status s;
+    if (need > reserved_) {
+      // Ahead of the bytes, doubling up to a cap; only what is needed when that is all
+      // that still fits.
+      int64_t exact = need - reserved_;
+      int64_t step = std::max({exact, min_growth_, std::min(reserved_, kMaxStep)});
+      s = ledger_->grow(reservation_, target_, step, 0);
+      if (!s && s.error().code() == Code::kQuotaExceeded && step > exact) {
+        step = exact;
+        s = ledger_->grow(reservation_, target_, step, 0);
+      }
+      if (!s && s.error().code() == Code::kNotFound) s = reserve_again(reserved_ + step);
+      if (s) {
+        reserved_ += step;
+        renewed_ = std::chrono::steady_clock::now();
+      }
+    } else if (std::chrono::steady_clock::now() - renewed_ > ledger_->reservation_ttl() / 2) {
+      // A long write keeps its reservation alive (growing by nothing renews it).
+      s = ledger_->grow(reservation_, target_, 0, 0);
+      if (!s && s.error().code() == Code::kNotFound) s = reserve_again(reserved_);
+      if (s) renewed_ = std::chrono::steady_clock::now();
+    }
     if (!s) {
       done_ = true;
       inner_->abort();
@@ -100,10 +119,17 @@ class ChargingWriter final : public store::Writer {
       return std::unexpected(
           s.error().with_context("writing into project '" + target_.project + "'"));
     }
-    reserved_ += step;
     return {};
   }
 
+  // The reservation expired (the writer stalled past its time to live): take a new one.
+  Status reserve_again(int64_t bytes) {
+    SLUICE_ASSIGN_OR_RETURN(reservation_, ledger_->reserve(target_, bytes, old_size_ ? 0 : 1));
+    return {};
+  }
+
+  static constexpr int64_t kMaxStep = int64_t{1} << 30;
+  std::chrono::steady_clock::time_point renewed_ = std::chrono::steady_clock::now();
   std::unique_ptr<store::Writer> inner_;
   std::shared_ptr<Ledger> ledger_;
   ChargeTarget target_;

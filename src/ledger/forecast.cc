@@ -127,8 +127,11 @@ Forecast forecast(std::span<const HistoryPoint> points, int64_t limit, int64_t n
     f.verdict = "growing, but not within the horizon";
   } else {
     double days = static_cast<double>(*f.linear.hits_at_ns - now) / kNsPerS / kSPerDay;
-    std::snprintf(buf, sizeof buf, "reaches the limit on %s (in %.1f days)",
-                  date_of(*f.linear.hits_at_ns).c_str(), days);
+    if (*f.linear.hits_at_ns <= now)
+      std::snprintf(buf, sizeof buf, "at the limit by the trend, though not yet in fact");
+    else
+      std::snprintf(buf, sizeof buf, "reaches the limit on %s (in %.1f days)",
+                    date_of(*f.linear.hits_at_ns).c_str(), days);
     f.verdict = buf;
     f.verdict_at_ns = f.linear.hits_at_ns;
   }

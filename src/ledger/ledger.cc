@@ -56,6 +56,9 @@ std::string Row::text(size_t i) const {
 namespace {
 
 constexpr int64_t kSchemaVersion = 1;
+// Bumped whenever kSchema gains a table or an index (never a change to an existing one:
+// that is a new schema version): an older ledger then gets them at its next open.
+constexpr int64_t kTableSet = 3;
 
 // A tier's total over every team, sampled into the history under the team name "*" (which
 // no team can have): $1 now.
@@ -126,6 +129,7 @@ CREATE TABLE IF NOT EXISTS trash (
   key TEXT NOT NULL,
   trash_key TEXT NOT NULL,
   reason TEXT NOT NULL,
+  kind TEXT NOT NULL,
   bytes BIGINT NOT NULL,
   trashed_ns BIGINT NOT NULL,
   purge_after_ns BIGINT NOT NULL,
@@ -356,35 +360,38 @@ Result<std::unique_ptr<Ledger>> Ledger::open(std::string_view uri, const LedgerO
                     ": expected sqlite:///path.db, a path, or postgresql://user@host:port/db");
   }
   Dialect dialect = db->dialect();
-  // Tables are created (or added, by a newer sluice) under a writer's lock; a read-only
-  // ledger at the current version skips that.
-  bool current = false;
+  // Tables are created, or added by a newer sluice of the same schema version (every DDL
+  // statement is IF NOT EXISTS), under a writer's lock, once: a ledger whose recorded
+  // table set is current opens without writing (so a read-only one reads).
+  const std::string tables = std::to_string(kTableSet);
+  std::string version, recorded;
   (void)db->with_conn([&](Conn& c) -> Status {
-    auto rows = c.query("SELECT value FROM sluice_meta WHERE name = 'schema_version'");
-    current = rows && !rows->empty() && (*rows)[0].text(0) == std::to_string(kSchemaVersion);
+    auto rows = c.query("SELECT name, value FROM sluice_meta");
+    if (rows)
+      for (auto& r : *rows) {
+        if (r.text(0) == "schema_version") version = r.text(1);
+        if (r.text(0) == "table_set") recorded = r.text(1);
+      }
     return {};
   });
-  Status s = db->transaction([&](Conn& c) -> Status {
-    // Several processes may create the schema at once; on PostgreSQL they take turns.
-    if (dialect == Dialect::kPostgres)
-      SLUICE_RETURN_IF_ERROR(c.query("SELECT pg_advisory_xact_lock(7359112021)"));
-    SLUICE_RETURN_IF_ERROR(c.script(kSchema));
-    SLUICE_RETURN_IF_ERROR(
-        c.query("INSERT INTO sluice_meta (name, value) VALUES ('schema_version', $1)"
-                " ON CONFLICT (name) DO NOTHING",
-                std::vector<Value>{std::to_string(kSchemaVersion)}));
-    SLUICE_ASSIGN_OR_RETURN(auto rows,
-                            c.query("SELECT value FROM sluice_meta WHERE name = 'schema_version'"));
-    std::string v = rows.empty() ? "" : rows[0].text(0);
-    if (v != std::to_string(kSchemaVersion))
-      return fail(Code::kUnsupported, "ledger schema version " + quote(v) +
-                                          ": this sluice knows version " +
-                                          std::to_string(kSchemaVersion));
-    return {};
-  });
-  // A read-only ledger at the current version still reads; its writes fail when tried.
-  if (!s && !(current && s.error().code() == Code::kPermissionDenied))
-    return std::unexpected(s.error().with_context("ledger " + db->describe()));
+  if (!version.empty() && version != std::to_string(kSchemaVersion))
+    return fail(Code::kUnsupported, "ledger " + db->describe() + ": schema version " +
+                                        quote(version) + ", this sluice knows version " +
+                                        std::to_string(kSchemaVersion));
+  if (version.empty() || recorded != tables) {
+    Status s = db->transaction([&](Conn& c) -> Status {
+      // Several processes may create the schema at once; on PostgreSQL they take turns.
+      if (dialect == Dialect::kPostgres)
+        SLUICE_RETURN_IF_ERROR(c.query("SELECT pg_advisory_xact_lock(7359112021)"));
+      SLUICE_RETURN_IF_ERROR(c.script(kSchema));
+      SLUICE_RETURN_IF_ERROR(c.query(
+          "INSERT INTO sluice_meta (name, value) VALUES ('schema_version', $1), ('table_set', $2)"
+          " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+          std::vector<Value>{std::to_string(kSchemaVersion), tables}));
+      return {};
+    });
+    if (!s) return std::unexpected(s.error().with_context("ledger " + db->describe()));
+  }
   return std::unique_ptr<Ledger>(new Ledger(std::move(db), options));
 }
 
@@ -781,6 +788,12 @@ Status Ledger::set_usage(const ChargeTarget& t, int64_t bytes, int64_t objects) 
   std::string tier(tier_name(t.tier)), kind(kind_name(t.kind));
   return db_->transaction([&](Conn& c) -> Status {
     int64_t now = now_ns();
+    // The account row first: a settle committing between the read and the write below
+    // would otherwise be lost (PostgreSQL; SQLite has one writer at a time).
+    if (c.dialect() == Dialect::kPostgres)
+      SLUICE_RETURN_IF_ERROR(
+          c.query("SELECT 1 FROM accounts WHERE team = $1 AND tier = $2 FOR UPDATE",
+                  std::vector<Value>{t.team, tier}));
     SLUICE_ASSIGN_OR_RETURN(
         auto rows, c.query("SELECT bytes, objects FROM usage WHERE project = $1 AND tier = $2"
                            " AND kind = $3",
@@ -802,6 +815,10 @@ Result<int64_t> Ledger::recount_accounts() {
   int64_t changed = 0;
   Status outer = db_->transaction([&](Conn& c) -> Status {
     changed = 0;
+    // No reserve or settle may commit between the sums read below and the accounts
+    // written from them (PostgreSQL: writers wait for the table lock; SQLite: one writer).
+    if (c.dialect() == Dialect::kPostgres)
+      SLUICE_RETURN_IF_ERROR(c.script("LOCK TABLE accounts IN SHARE ROW EXCLUSIVE MODE"));
     using Key = std::pair<std::string, std::string>;
     std::map<Key, std::array<int64_t, 4>> truth;  // used bytes, objects; reserved bytes, objects
     SLUICE_ASSIGN_OR_RETURN(
@@ -997,10 +1014,11 @@ Status Ledger::add_trash(const std::vector<TrashEntry>& entries) {
   return db_->transaction([&](Conn& c) -> Status {
     for (const TrashEntry& e : entries)
       SLUICE_RETURN_IF_ERROR(
-          c.query("INSERT INTO trash (run, project, key, trash_key, reason, bytes, trashed_ns,"
-                  " purge_after_ns) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                  std::vector<Value>{e.run, e.project, e.key, e.trash_key, e.reason, e.bytes,
-                                     e.trashed_ns, e.purge_after_ns}));
+          c.query("INSERT INTO trash (run, project, key, trash_key, reason, kind, bytes,"
+                  " trashed_ns, purge_after_ns) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                  std::vector<Value>{e.run, e.project, e.key, e.trash_key, e.reason,
+                                     std::string(kind_name(e.kind)), e.bytes, e.trashed_ns,
+                                     e.purge_after_ns}));
     return {};
   });
 }
@@ -1009,7 +1027,8 @@ Result<std::vector<TrashEntry>> Ledger::trash(std::string_view run) {
   std::vector<TrashEntry> out;
   Status outer = db_->with_conn([&](Conn& c) -> Status {
     std::string sql =
-        "SELECT run, project, key, trash_key, reason, bytes, trashed_ns, purge_after_ns FROM trash";
+        "SELECT run, project, key, trash_key, reason, bytes, trashed_ns, purge_after_ns, kind"
+        " FROM trash";
     std::vector<Value> args;
     if (!run.empty()) {
       sql += " WHERE run = $1";
@@ -1018,8 +1037,8 @@ Result<std::vector<TrashEntry>> Ledger::trash(std::string_view run) {
     sql += " ORDER BY run, project, key";
     SLUICE_ASSIGN_OR_RETURN(auto rows, c.query(sql, args));
     for (auto& r : rows)
-      out.push_back(
-          {r.text(0), r.text(1), r.text(2), r.text(3), r.text(4), r.i64(5), r.i64(6), r.i64(7)});
+      out.push_back({r.text(0), r.text(1), r.text(2), r.text(3), r.text(4), r.i64(5), r.i64(6),
+                     r.i64(7), parse_kind(r.text(8)).value_or(Kind::kScratch)});
     return {};
   });
   if (!outer) return std::unexpected(outer.error());
@@ -1031,6 +1050,9 @@ Status Ledger::drop_trash(std::string_view run, std::string_view project, std::s
     SLUICE_RETURN_IF_ERROR(
         c.query("DELETE FROM trash WHERE run = $1 AND project = $2 AND key = $3",
                 std::vector<Value>{std::string(run), std::string(project), std::string(key)}));
+    if (c.changes() == 0)
+      return fail(Code::kNotFound, "no trash entry " + std::string(key) + " of run " +
+                                       std::string(run) + " in project " + quote(project));
     return {};
   });
 }

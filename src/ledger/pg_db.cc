@@ -78,7 +78,8 @@ class PgConn final : public Conn {
 
   Dialect dialect() const override { return Dialect::kPostgres; }
   int64_t changes() const override { return changes_; }
-  bool broken() const { return PQstatus(conn_) != CONNECTION_OK; }
+  // A connection that failed or was left mid-pipeline goes back to no pool.
+  bool broken() const { return bad_ || PQstatus(conn_) != CONNECTION_OK; }
 
   Result<Rows> query(std::string_view sql, std::span<const Value> params) override {
     auto name = prepare(sql);
@@ -109,9 +110,13 @@ class PgConn final : public Conn {
         break;
       }
     }
-    if (PQpipelineSync(conn_) != 1 && first)
-      first = fail(Code::kUnavailable,
-                   std::string("ledger (postgresql): sync failed: ") + PQerrorMessage(conn_));
+    if (PQpipelineSync(conn_) != 1) {
+      // No sync point will come: the connection is in an unknown state; drop it.
+      bad_ = true;
+      (void)PQexitPipelineMode(conn_);
+      return fail(Code::kUnavailable,
+                  std::string("ledger (postgresql): sync failed: ") + PQerrorMessage(conn_));
+    }
     // One result (and a null) per statement sent, then the sync point.
     for (size_t i = 0; i < sent; ++i) {
       Stmt& st = stmts[i];
@@ -132,7 +137,7 @@ class PgConn final : public Conn {
       PQclear(r);
       if (sync || broken()) break;
     }
-    PQexitPipelineMode(conn_);
+    if (PQexitPipelineMode(conn_) != 1) bad_ = true;  // results left over: not reusable
     return first;
   }
 
@@ -184,6 +189,7 @@ class PgConn final : public Conn {
       PQclear(r);
       return rows;
     }
+    changes_ = 0;
     std::string state =
         r && PQresultErrorField(r, PG_DIAG_SQLSTATE) ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : "";
     std::string msg = one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
@@ -202,6 +208,7 @@ class PgConn final : public Conn {
   }
 
   PGconn* conn_;
+  bool bad_ = false;
   int64_t changes_ = 0;
   std::map<std::string, std::string, std::less<>> prepared_;
 };

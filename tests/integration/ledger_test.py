@@ -380,11 +380,29 @@ def t_gc_plan_run_restore_purge(env):
     assert env.account("gc", "nvme")["used_bytes"] < used
     assert not json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)["projects"][0]["changed"]
     assert not os.path.exists(os.path.join(tier, ".sluice-trash", run))
+    # At its hard limit a team can still clean up: moves to the trash need no quota.
+    used = env.account("gc", "nvme")["used_bytes"]
+    env.run("quota", "set", "gc", "--tier", "nvme", "--hard-bytes", str(used))
+    env.run("gc", "rule", "set", "gc-p", "--series", "s", "--keep-last", "1", "--keep-every", "2000")
+    out = json.loads(env.run("gc", "run", "--json").stdout)
+    assert out["trashed_units"] == 1 and not out["errors"], out  # step 5000 (4000: every 2000)
+    at_limit_run = out["run"]
+    env.run("quota", "set", "gc", "--tier", "nvme", "--hard-bytes", "none")
+    # A project-wide rule never takes a checkpoint step apart, even of a series without a rule.
+    env.run("ckpt", "save", "--series", "other", "--step", "1", "--to", tier, state)
+    env.run("ckpt", "save", "--series", "other", "--step", "2", "--to", tier, state)
+    env.run("gc", "rule", "set", "gc-p", "--max-age", "0s")
+    plan = json.loads(env.run("gc", "plan", "--json").stdout)
+    assert not [u for u in plan["units"] if u["remove"] and u["unit"].startswith("other/")], plan
     # Whatever the rule, the newest checkpoint stays.
     env.run("gc", "rule", "set", "gc-p", "--series", "s", "--max-age", "0s")
     env.run("gc", "unpin", "gc-p", "s/step-000000001000/")
     env.run("gc", "run", "--delay", "0")
     assert steps() == [6000], steps()
+    left = json.loads(env.run("gc", "trash", "--json").stdout)  # the 24 h run still waits
+    assert len(left) == 1 and left[0]["run"] == at_limit_run, left
+    # Purges uncharged what they removed: the ledger agrees with a recount.
+    assert not json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)["projects"][0]["changed"]
 
 
 def main():

@@ -1,6 +1,6 @@
 // `sluice gc`: retention rules and pins per project or checkpoint series; `plan` says what
 // would go and why, `run` moves it to a trash stage and deletes for good only after a
-// delay, `restore` brings a run back. docs/ledger.md#retention-and-clean-up.
+// delay, `restore` brings a run back. docs/ledger.md, "Retention and clean-up".
 #include "gc_cmd.h"
 
 #include <sys/stat.h>
@@ -77,16 +77,24 @@ Result<std::unique_ptr<store::Store>> open_project(const Project& p, const AwsFl
   return open_location(p, so);  // never created; an object store's prefix as a folder
 }
 
+// The step folder of a checkpoint key ("s/step-000000001000/"), or empty.
+std::string step_of(const std::string& key) {
+  size_t slash = key.find('/');
+  if (slash == std::string::npos) return {};
+  uint64_t step = 0;
+  std::string leaf;
+  if (!ckpt::parse_step_key(key.substr(0, slash), key, step, leaf)) return {};
+  return ckpt::step_prefix(key.substr(0, slash), step);
+}
+
 // The units of one project under its rules: the steps of each series with a rule, then
 // (under the project's own rule) every other object.
-Result<std::vector<Planned>> plan_project(Ledger& l, const Project& p,
-                                          const std::vector<RetentionRule>& rules,
+Result<std::vector<Planned>> plan_project(const Project& p, const std::vector<RetentionRule>& rules,
                                           const std::vector<std::string>& pins, const GcArgs& a,
                                           int64_t now) {
   SLUICE_ASSIGN_OR_RETURN(auto grace, duration_flag("--grace", a.grace));
   SLUICE_ASSIGN_OR_RETURN(auto st, open_project(p, a.aws));
   SLUICE_ASSIGN_OR_RETURN(auto listing, st->list_all(""));
-  (void)l;
   std::vector<Planned> out;
   std::set<std::string> in_series;  // keys some series rule took
   for (const RetentionRule& r : rules) {
@@ -120,7 +128,10 @@ Result<std::vector<Planned>> plan_project(Ledger& l, const Project& p,
     if (!r.series.empty()) continue;
     std::vector<RetentionUnit> units;
     for (const auto& o : listing) {
-      if (in_series.contains(o.key) || o.key.starts_with(kTrash)) continue;
+      // Checkpoint steps go only by their series' rule (whole, never the newest); a
+      // project rule never takes them apart key by key.
+      if (in_series.contains(o.key) || o.key.starts_with(kTrash) || !step_of(o.key).empty())
+        continue;
       units.push_back({.name = o.key,
                        .complete = true,
                        .created_ns = o.mtime_ns,
@@ -153,7 +164,7 @@ Result<std::vector<Planned>> plan_all(Ledger& l, const GcArgs& a, int64_t now,
     std::vector<std::string> pinned;
     for (auto& [proj, prefix] : pins)
       if (proj == p.id) pinned.push_back(prefix);
-    auto planned = plan_project(l, p, mine, pinned, a, now);
+    auto planned = plan_project(p, mine, pinned, a, now);
     if (!planned) {
       errors.push_back(planned.error().to_string());
       continue;
@@ -232,12 +243,67 @@ int run_plan(const GcArgs& a, const std::string& home) {
   return print_plan(*plan, errors, a.json, "trash");
 }
 
-// Moves `key` to `trash_key` in one store: a copy, then the original removed.
-Status move(store::Store& st, const std::string& from, const std::string& to) {
+// Copies `from` to `to` in one store, never over an existing key.
+Status copy_within(store::Store& st, const std::string& from, const std::string& to) {
   xfer::CopyOptions co;
   co.overwrite = false;
   SLUICE_RETURN_IF_ERROR(xfer::copy(st, from, st, to, co));
-  return st.remove(from);
+  return {};
+}
+
+// The projects' stores, opened once. Moves to and from the trash go straight to the store,
+// uncharged: they neither add nor free room (the trash stays charged to the project until
+// it is purged, and the purge uncharges it through the ledger).
+class ProjectStores {
+ public:
+  ProjectStores(std::vector<Project> projects, const AwsFlags& aws)
+      : projects_(std::move(projects)), aws_(aws) {}
+  const Project* project(const std::string& id) const {
+    for (const Project& p : projects_)
+      if (p.id == id) return &p;
+    return nullptr;
+  }
+  Result<store::Store*> get(const std::string& id) {
+    if (auto it = open_.find(id); it != open_.end()) return it->second.get();
+    const Project* p = project(id);
+    if (!p) return fail(Code::kNotFound, "unknown project '" + id + "'");
+    SLUICE_ASSIGN_OR_RETURN(auto st, open_project(*p, aws_));
+    return (open_[id] = std::move(st)).get();
+  }
+
+ private:
+  std::vector<Project> projects_;
+  AwsFlags aws_;
+  std::map<std::string, std::unique_ptr<store::Store>> open_;
+};
+
+// Moves one unit to the trash: recorded first (so a crash leaves an entry to purge, never
+// an unrecorded copy), copied, then the originals removed in order (a step's manifest
+// first, so a half-removed step is no longer listed), stopping at the first failure.
+Status trash_unit(Ledger& ledger, store::Store& st, const Planned& x, Kind kind,
+                  const std::string& run, int64_t now, int64_t purge_after) {
+  std::vector<TrashEntry> entries;
+  for (const std::string& key : x.unit.keys) {
+    auto info = st.stat(key);
+    if (!info) return std::unexpected(info.error());
+    entries.push_back({run, x.project, key, std::string(kTrash) + run + "/" + key,
+                       x.decision.reason, static_cast<int64_t>(info->size), now, purge_after,
+                       kind});
+  }
+  SLUICE_RETURN_IF_ERROR(ledger.add_trash(entries));
+  for (const TrashEntry& e : entries) {
+    if (auto c = copy_within(st, e.key, e.trash_key); !c) {
+      for (const TrashEntry& undo : entries) {  // nothing half-moved
+        (void)st.remove(undo.trash_key);
+        (void)ledger.drop_trash(undo.run, undo.project, undo.key);
+      }
+      return c;
+    }
+  }
+  for (const TrashEntry& e : entries)
+    if (auto r = st.remove(e.key); !r && r.error().code() != Code::kNotFound)
+      return std::unexpected(r.error().with_context("removing " + e.key + " (now in the trash)"));
+  return {};
 }
 
 int run_run(const GcArgs& a, const std::string& home) {
@@ -247,58 +313,27 @@ int run_run(const GcArgs& a, const std::string& home) {
   if (!l) return report_error(l.error());
   Ledger& ledger = **l;
   const int64_t now = ledger.now_ns();
+  const int64_t purge_after = now + delay->count() * 1'000'000'000;
   std::vector<std::string> errors;
   auto plan = plan_all(ledger, a, now, errors);
   if (!plan) return report_error(plan.error());
   auto projects = ledger.projects();
   if (!projects) return report_error(projects.error());
-  std::map<std::string, std::shared_ptr<store::Store>> stores;  // charged: moves keep usage right
-  auto store_of = [&](const std::string& id) -> Result<std::shared_ptr<store::Store>> {
-    if (auto it = stores.find(id); it != stores.end()) return it->second;
-    for (const Project& p : *projects)
-      if (p.id == id) {
-        SLUICE_ASSIGN_OR_RETURN(auto raw, open_project(p, a.aws));
-        SLUICE_ASSIGN_OR_RETURN(auto st, charged(std::move(raw), home));
-        stores[id] = st;
-        return st;
-      }
-    return fail(Code::kNotFound, "unknown project '" + id + "'");
-  };
+  ProjectStores stores(*projects, a.aws);
 
   const std::string run = new_run_id(now);
   int64_t moved_units = 0, moved_bytes = 0;
   for (const Planned& x : *plan) {
     if (!x.decision.remove) continue;
-    auto st = store_of(x.project);
+    auto st = stores.get(x.project);
     if (!st) {
       errors.push_back(st.error().to_string());
       continue;
     }
-    // Copies first (the manifest first, so a half-trashed step is never listed whole),
-    // recorded, then the originals removed in the same order.
-    std::vector<TrashEntry> entries;
-    Status s;
-    for (const std::string& key : x.unit.keys) {
-      std::string to = std::string(kTrash) + run + "/" + key;
-      xfer::CopyOptions co;
-      co.overwrite = false;
-      auto c = xfer::copy(**st, key, **st, to, co);
-      if (!c) {
-        s = std::unexpected(c.error());
-        break;
-      }
-      entries.push_back({run, x.project, key, to, x.decision.reason, static_cast<int64_t>(c->size),
-                         now, now + delay->count() * 1'000'000'000});
-    }
-    if (s) s = ledger.add_trash(entries);
-    if (!s) {
-      for (auto& e : entries) (void)(*st)->remove(e.trash_key);  // nothing half-moved
+    Kind kind = x.series.empty() ? stores.project(x.project)->kind : Kind::kCheckpoint;
+    if (auto s = trash_unit(ledger, **st, x, kind, run, now, purge_after); !s) {
       errors.push_back("project '" + x.project + "' " + x.unit.name + ": " + s.error().to_string());
       continue;
-    }
-    for (auto& e : entries) {
-      if (auto r = (*st)->remove(e.key); !r && r.error().code() != Code::kNotFound)
-        errors.push_back("project '" + x.project + "' " + e.key + ": " + r.error().to_string());
     }
     ++moved_units;
     moved_bytes += x.unit.bytes;
@@ -308,25 +343,33 @@ int run_run(const GcArgs& a, const std::string& home) {
                   x.decision.reason.c_str());
   }
 
-  // Purge what has waited out its delay (this run's too, with --delay 0).
+  // Purge what has waited out its delay (this run's too, with --delay 0): removed, then
+  // uncharged as what it was charged as.
   int64_t purged = 0, purged_bytes = 0;
   auto trash = ledger.trash();
   if (!trash) return report_error(trash.error());
   for (const TrashEntry& e : *trash) {
     if (e.purge_after_ns > ledger.now_ns()) continue;
     if (!a.project.empty() && e.project != a.project) continue;
-    auto st = store_of(e.project);
+    auto st = stores.get(e.project);
     if (!st) {
       errors.push_back(st.error().to_string());
       continue;
     }
-    if (auto r = (*st)->remove(e.trash_key); !r && r.error().code() != Code::kNotFound) {
+    auto r = (*st)->remove(e.trash_key);
+    if (!r && r.error().code() != Code::kNotFound) {
       errors.push_back("purge " + e.trash_key + ": " + r.error().to_string());
       continue;
     }
-    if (auto r = ledger.drop_trash(e.run, e.project, e.key); !r) {
-      errors.push_back("purge " + e.trash_key + ": " + r.error().to_string());
+    if (auto d = ledger.drop_trash(e.run, e.project, e.key); !d) {
+      errors.push_back("purge " + e.trash_key + ": " + d.error().to_string());
       continue;
+    }
+    if (r) {  // a copy a crash never made was never charged
+      const Project* p = stores.project(e.project);
+      if (auto c = ledger.charge({p->id, p->team, p->tier, e.kind}, -e.bytes, -1); !c)
+        errors.push_back("uncharge " + e.trash_key + ": " + c.error().to_string() +
+                         " (sluice usage reconcile recounts it)");
     }
     ++purged;
     purged_bytes += e.bytes;
@@ -335,7 +378,7 @@ int run_run(const GcArgs& a, const std::string& home) {
     std::printf("%s\n", json{{"run", run},
                              {"trashed_units", moved_units},
                              {"trashed_bytes", moved_bytes},
-                             {"purge_after_ns", now + delay->count() * 1'000'000'000},
+                             {"purge_after_ns", purge_after},
                              {"purged_objects", purged},
                              {"purged_bytes", purged_bytes},
                              {"errors", errors}}
@@ -346,9 +389,9 @@ int run_run(const GcArgs& a, const std::string& home) {
         "run %s: %lld unit(s), %s moved to the trash (deleted for good after %s; "
         "sluice gc restore %s brings them back); purged %lld object(s), %s\n",
         run.c_str(), static_cast<long long>(moved_units),
-        format_size(static_cast<double>(moved_bytes)).c_str(),
-        utc(now + delay->count() * 1'000'000'000).c_str(), run.c_str(),
-        static_cast<long long>(purged), format_size(static_cast<double>(purged_bytes)).c_str());
+        format_size(static_cast<double>(moved_bytes)).c_str(), utc(purge_after).c_str(),
+        run.c_str(), static_cast<long long>(purged),
+        format_size(static_cast<double>(purged_bytes)).c_str());
   }
   for (auto& e : errors) std::fprintf(stderr, "sluice: error: %s\n", e.c_str());
   return errors.empty() ? 0 : 1;
@@ -365,36 +408,30 @@ int run_restore(const GcArgs& a, const std::string& home) {
         Code::kNotFound, "no gc run '" + a.run + "' in the trash (sluice gc trash lists them)"));
   auto projects = ledger.projects();
   if (!projects) return report_error(projects.error());
-  // Manifests last: a step is listed again only once all its shards are back.
+  ProjectStores stores(*projects, a.aws);
+  // Manifests last, and only for steps whose every other key came back: a step is listed
+  // again only whole.
   std::stable_sort(entries->begin(), entries->end(), [](const TrashEntry& x, const TrashEntry& y) {
     return !x.key.ends_with("/manifest.json") && y.key.ends_with("/manifest.json");
   });
   std::vector<std::string> errors;
+  std::set<std::string> broken_steps;
   int64_t restored = 0;
-  std::map<std::string, std::shared_ptr<store::Store>> stores;
   for (const TrashEntry& e : *entries) {
-    std::shared_ptr<store::Store> st;
-    if (auto it = stores.find(e.project); it != stores.end()) {
-      st = it->second;
-    } else {
-      for (const Project& p : *projects)
-        if (p.id == e.project) {
-          auto raw = open_project(p, a.aws);
-          if (!raw) break;
-          auto c = charged(std::move(*raw), home);
-          if (c) st = *c;
-        }
-      if (!st) {
-        errors.push_back("project '" + e.project + "' cannot be opened");
-        continue;
-      }
-      stores[e.project] = st;
-    }
-    if (auto m = move(*st, e.trash_key, e.key); !m) {
-      errors.push_back(e.key + ": " + m.error().to_string());
+    std::string step = step_of(e.key);
+    if (e.key.ends_with("/manifest.json") && broken_steps.contains(step)) {
+      errors.push_back(e.key + ": left in the trash, since a shard of its step did not come back");
       continue;
     }
-    (void)ledger.drop_trash(e.run, e.project, e.key);
+    auto st = stores.get(e.project);
+    Status s = st ? copy_within(**st, e.trash_key, e.key) : Status(std::unexpected(st.error()));
+    if (s) s = (*st)->remove(e.trash_key);
+    if (s) s = ledger.drop_trash(e.run, e.project, e.key);
+    if (!s) {
+      if (!step.empty()) broken_steps.insert(step);
+      errors.push_back(e.key + ": " + s.error().to_string());
+      continue;
+    }
     ++restored;
   }
   std::printf("restored %lld of %zu object(s) of run %s\n", static_cast<long long>(restored),

@@ -433,16 +433,17 @@ int run_forecast(const LedgerArgs& a, const std::string& home) {
   // `points` are (t, bytes, objects); each metric is forecast on its own.
   auto add = [&](const std::string& subject, Tier tier, std::vector<HistoryPoint> points,
                  int64_t used_bytes, int64_t used_objects, std::optional<int64_t> bytes_limit,
-                 std::optional<int64_t> objects_limit, const std::string& limit_name) {
+                 std::optional<int64_t> objects_limit, const std::string& bytes_limit_name,
+                 const std::string& objects_limit_name) {
     points.push_back({now, used_bytes, used_objects});  // the figure as it is now
     if (bytes_limit)
-      rows.push_back(
-          {subject, tier, "bytes", limit_name, forecast(points, *bytes_limit, now, fo), points});
+      rows.push_back({subject, tier, "bytes", bytes_limit_name,
+                      forecast(points, *bytes_limit, now, fo), points});
     if (objects_limit) {
       std::vector<HistoryPoint> objs;
       for (auto& p : points) objs.push_back({p.t_ns, p.objects, p.objects});
-      rows.push_back(
-          {subject, tier, "objects", limit_name, forecast(objs, *objects_limit, now, fo), objs});
+      rows.push_back({subject, tier, "objects", objects_limit_name,
+                      forecast(objs, *objects_limit, now, fo), objs});
     }
   };
   for (const Account& acc : *accs) {
@@ -455,7 +456,8 @@ int run_forecast(const LedgerArgs& a, const std::string& home) {
     auto b = lim.soft_bytes ? lim.soft_bytes : lim.hard_bytes;
     auto o = lim.soft_objects ? lim.soft_objects : lim.hard_objects;
     add(acc.team, acc.tier, std::move(*h), acc.used_bytes, acc.used_objects, b, o,
-        lim.soft_bytes || lim.soft_objects ? "soft limit" : "hard limit");
+        lim.soft_bytes ? "soft limit" : "hard limit",
+        lim.soft_objects ? "soft limit" : "hard limit");
   }
   if (a.team.empty()) {
     auto all = (*l)->accounts();
@@ -471,7 +473,8 @@ int run_forecast(const LedgerArgs& a, const std::string& home) {
         }
       auto h = (*l)->history(kAllTeams, cap.tier, since);
       if (!h) return report_error(h.error());
-      add("(all teams)", cap.tier, std::move(*h), ub, uo, cap.bytes, cap.objects, "capacity");
+      add("(all teams)", cap.tier, std::move(*h), ub, uo, cap.bytes, cap.objects, "capacity",
+          "capacity");
     }
   }
 

@@ -6,7 +6,9 @@
 //   against the project team's quota on the tier, so a write that would pass a limit fails
 //   with QuotaExceeded before a byte is written;
 // - while bytes arrive, grows the reservation ahead of them (by at least `min_growth`, and
-//   doubling), so the reservation always covers what was written;
+//   doubling up to 1 GiB at a time; by only what is needed when that is all that fits), so
+//   the reservation always covers what was written; a write running longer than the
+//   reservation's time to live renews it (and reserves again if it expired);
 // - on commit, charges what was really written (for an overwrite, the difference from the
 //   old object) and ends the reservation; on abort, or a writer dropped without commit,
 //   releases it;

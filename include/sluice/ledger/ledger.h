@@ -123,6 +123,7 @@ struct TrashEntry {
   std::string reason;
   int64_t bytes = 0;
   int64_t trashed_ns = 0, purge_after_ns = 0;
+  Kind kind = Kind::kScratch;  // what it was charged as: the purge uncharges that
 };
 
 // What a charge is against: a project's usage on one tier, of one kind.
@@ -228,6 +229,7 @@ class Ledger {
   Status drop_trash(std::string_view run, std::string_view project, std::string_view key);
 
   int64_t now_ns() const;
+  std::chrono::seconds reservation_ttl() const { return options_.reservation_ttl; }
 
  private:
   Ledger(std::unique_ptr<Db> db, LedgerOptions options);

@@ -43,6 +43,39 @@ have_ceph() {
   /usr/bin/python3 -c 'import rados' 2>/dev/null
 }
 
+# apt_install WHAT SKIP PACKAGE...: installs Debian packages for a test server, as root or
+# through sudo that asks no password (never a prompt); retries once after an update (a
+# fresh container's package lists may be missing). Never fails: says why, then SKIP.
+apt_install() {
+  local what=$1 skip=$2
+  shift 2
+  if ! command -v apt-get >/dev/null; then
+    echo "sluice: no apt-get to install $what ($*); $skip" >&2
+    return 0
+  fi
+  local as=()
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+      as=(sudo -n)
+    else
+      echo "sluice: not root and no password-less sudo: cannot install $what; $skip" >&2
+      return 0
+    fi
+  fi
+  echo "sluice: installing $what (Debian: $*) for its tests" >&2
+  local apt=("${as[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Use-Pty=0) log
+  log=$(mktemp)
+  if ! "${apt[@]}" install --no-install-recommends "$@" >"$log" 2>&1; then
+    "${apt[@]}" update >>"$log" 2>&1 || true
+    if ! "${apt[@]}" install --no-install-recommends "$@" >>"$log" 2>&1; then
+      echo "sluice: apt-get could not install $what; $skip. apt said:" >&2
+      tail -n 5 "$log" | sed 's/^/  /' >&2
+    fi
+  fi
+  rm -f "$log"
+  return 0
+}
+
 install_ceph() {
   local skip="the RGW integration tests will SKIP"
   have_ceph && return 0
@@ -50,36 +83,8 @@ install_ceph() {
     echo "sluice: SLUICE_SKIP_CEPH is set: not installing Ceph RGW; $skip" >&2
     return 0
   fi
-  if ! command -v apt-get >/dev/null; then
-    echo "sluice: no apt-get to install Ceph RGW (radosgw ceph-mon ceph-osd ceph-common); $skip" >&2
-    return 0
-  fi
-  # As root directly; otherwise only through sudo that asks no password (-n), never a prompt.
-  local as=()
-  if [[ $(id -u) -ne 0 ]]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-      as=(sudo -n)
-    else
-      echo "sluice: not root and no password-less sudo: cannot install Ceph RGW; $skip" >&2
-      return 0
-    fi
-  fi
-  local pkgs=(radosgw ceph-mon ceph-osd ceph-common) log
-  log=$(mktemp)
-  echo "sluice: installing Ceph RGW (Debian: ${pkgs[*]}) for the RGW test server" >&2
-  local apt=("${as[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Use-Pty=0)
-  # The package lists may be missing or stale (a fresh container): update once and retry.
-  if ! "${apt[@]}" install --no-install-recommends "${pkgs[@]}" >"$log" 2>&1; then
-    "${apt[@]}" update >>"$log" 2>&1 || true
-    if ! "${apt[@]}" install --no-install-recommends "${pkgs[@]}" >>"$log" 2>&1; then
-      echo "sluice: apt-get could not install Ceph RGW; $skip. apt said:" >&2
-      tail -n 5 "$log" | sed 's/^/  /' >&2
-      rm -f "$log"
-      return 0
-    fi
-  fi
-  rm -f "$log"
-  have_ceph || echo "sluice: Ceph RGW installed but incomplete; $skip" >&2
+  apt_install "Ceph RGW" "$skip" radosgw ceph-mon ceph-osd ceph-common
+  have_ceph || echo "sluice: Ceph RGW is not complete; $skip" >&2
   return 0
 }
 
@@ -89,29 +94,8 @@ have_postgres() {
 }
 
 install_postgres() {
-  local skip="the ledger's PostgreSQL tests will SKIP"
   have_postgres && return 0
-  if ! command -v apt-get >/dev/null; then
-    echo "sluice: no apt-get to install PostgreSQL; $skip" >&2
-    return 0
-  fi
-  local as=()
-  if [[ $(id -u) -ne 0 ]]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-      as=(sudo -n)
-    else
-      echo "sluice: not root and no password-less sudo: cannot install PostgreSQL; $skip" >&2
-      return 0
-    fi
-  fi
-  echo "sluice: installing PostgreSQL (Debian: postgresql) for the ledger tests" >&2
-  local apt=("${as[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Use-Pty=0)
-  if ! "${apt[@]}" install --no-install-recommends postgresql >/dev/null 2>&1; then
-    "${apt[@]}" update >/dev/null 2>&1 || true
-    "${apt[@]}" install --no-install-recommends postgresql >/dev/null 2>&1 ||
-      echo "sluice: apt-get could not install PostgreSQL; $skip" >&2
-  fi
-  return 0
+  apt_install PostgreSQL "the ledger's PostgreSQL tests will SKIP" postgresql
 }
 
 install_s3rver

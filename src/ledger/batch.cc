@@ -39,6 +39,39 @@ struct Sums {
   int64_t bytes = 0, objects = 0;
 };
 
+// A batch sorted out: the reservations its settles end, the usage changes summed per
+// account and per usage row, and its reservations per account. Maps are sorted, so rows
+// are locked in one order everywhere.
+struct Sorted {
+  std::vector<std::string> ids;
+  std::map<AccountKey, Sums> accounts;
+  std::map<UsageKey, std::pair<std::string, Sums>> usage;  // team, sums
+  std::map<AccountKey, std::vector<BatchOp*>> groups;
+};
+
+// Also clears each operation's results: a transaction run again starts from nothing.
+Sorted sort_batch(const std::vector<BatchOp*>& batch) {
+  Sorted out;
+  for (BatchOp* o : batch) {
+    o->reserved = false;
+    o->status = {};
+    std::string tier(tier_name(o->target.tier));
+    if (o->type == BatchOp::Type::kReserve) {
+      out.groups[{o->target.team, tier}].push_back(o);
+      continue;
+    }
+    if (!o->id.empty()) out.ids.push_back(o->id);
+    Sums& a = out.accounts[{o->target.team, tier}];
+    a.bytes += o->bytes;
+    a.objects += o->objects;
+    auto& u = out.usage[{o->target.project, tier, std::string(kind_name(o->target.kind))}];
+    u.first = o->target.team;
+    u.second.bytes += o->bytes;
+    u.second.objects += o->objects;
+  }
+  return out;
+}
+
 }  // namespace
 
 void Batcher::run(BatchOp& op) {
@@ -85,29 +118,9 @@ void Batcher::run(BatchOp& op) {
 Status Batcher::execute(const std::vector<BatchOp*>& batch) {
   if (db_.dialect() == Dialect::kPostgres) return execute_pg(batch);
   return db_.transaction([&](Conn& c) -> Status {
-    // A transaction run again after a lost race starts from nothing.
-    for (BatchOp* o : batch) {
-      o->reserved = false;
-      o->status = {};
-    }
     int64_t now = clock_();
-
     // Settles first: what they release is room for the reservations after them.
-    std::vector<std::string> ids;
-    std::map<AccountKey, Sums> accounts;  // sorted: rows are locked in one order everywhere
-    std::map<UsageKey, std::pair<std::string, Sums>> usage;
-    for (BatchOp* o : batch) {
-      if (o->type != BatchOp::Type::kSettle) continue;
-      std::string tier(tier_name(o->target.tier));
-      if (!o->id.empty()) ids.push_back(o->id);
-      Sums& a = accounts[{o->target.team, tier}];
-      a.bytes += o->bytes;
-      a.objects += o->objects;
-      auto& u = usage[{o->target.project, tier, std::string(kind_name(o->target.kind))}];
-      u.first = o->target.team;
-      u.second.bytes += o->bytes;
-      u.second.objects += o->objects;
-    }
+    auto [ids, accounts, usage, groups] = sort_batch(batch);
     Rows released;
     for (const auto& id : ids) {
       SLUICE_ASSIGN_OR_RETURN(auto r, c.query(sql::kDeleteReservation, std::vector<Value>{id}));
@@ -128,10 +141,6 @@ Status Batcher::execute(const std::vector<BatchOp*>& batch) {
                                              u.first, u.second.bytes, u.second.objects, now}));
 
     // Reservations, one account at a time: all together when they fit, else one by one.
-    std::map<AccountKey, std::vector<BatchOp*>> groups;
-    for (BatchOp* o : batch)
-      if (o->type == BatchOp::Type::kReserve)
-        groups[{o->target.team, std::string(tier_name(o->target.tier))}].push_back(o);
     std::vector<BatchOp*> granted;
     for (const auto& [key, ops] : groups) {
       int64_t bytes = 0, objects = 0;
@@ -170,30 +179,8 @@ Status Batcher::execute_pg(const std::vector<BatchOp*>& batch) {
   return db_.with_conn([&](Conn& c) -> Status {
     Status last;
     for (int attempt = 0; attempt < 8; ++attempt) {
-      for (BatchOp* o : batch) {
-        o->reserved = false;
-        o->status = {};
-      }
       int64_t now = clock_();
-      std::vector<std::string> ids;
-      std::map<AccountKey, Sums> accounts;
-      std::map<UsageKey, std::pair<std::string, Sums>> usage;
-      std::map<AccountKey, std::vector<BatchOp*>> groups;
-      for (BatchOp* o : batch) {
-        std::string tier(tier_name(o->target.tier));
-        if (o->type == BatchOp::Type::kReserve) {
-          groups[{o->target.team, tier}].push_back(o);
-          continue;
-        }
-        if (!o->id.empty()) ids.push_back(o->id);
-        Sums& a = accounts[{o->target.team, tier}];
-        a.bytes += o->bytes;
-        a.objects += o->objects;
-        auto& u = usage[{o->target.project, tier, std::string(kind_name(o->target.kind))}];
-        u.first = o->target.team;
-        u.second.bytes += o->bytes;
-        u.second.objects += o->objects;
-      }
+      auto [ids, accounts, usage, groups] = sort_batch(batch);
       std::vector<Stmt> stmts;
       stmts.push_back({"BEGIN", {}});
       if (!accounts.empty()) {

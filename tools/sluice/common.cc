@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <span>
 
 #include "sluice/core/fd.h"
@@ -60,6 +61,15 @@ std::string short_host_name() {
   ::gethostname(host, sizeof host - 1);
   std::string s = host;
   return s.substr(0, s.find('.'));
+}
+
+std::string format_utc(int64_t ns, const char* format) {
+  time_t t = static_cast<time_t>(ns / 1'000'000'000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char buf[64];
+  if (std::strftime(buf, sizeof buf, format, &tm) == 0) return {};
+  return buf;
 }
 
 }  // namespace sluice::cli

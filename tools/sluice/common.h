@@ -1,6 +1,7 @@
 // What every sluice command shares: where $SLUICE_HOME is, how an error is reported.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "sluice/core/status.h"
@@ -16,6 +17,8 @@ int report_error(const Error& e);
 Result<std::string> read_small_file(const std::string& path, const char* what);
 // The node secret: the first line of a file only its owner may read, at least 16 bytes.
 Result<std::string> read_secret(const std::string& path);
+// A time (nanoseconds since the Unix epoch) in UTC, formatted with strftime's `format`.
+std::string format_utc(int64_t ns, const char* format);
 // This host's name up to the first dot: the default member name of a node.
 std::string short_host_name();
 

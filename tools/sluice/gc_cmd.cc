@@ -175,24 +175,14 @@ Result<std::vector<Planned>> plan_all(Ledger& l, const GcArgs& a, int64_t now,
 }
 
 std::string new_run_id(int64_t now) {
-  time_t t = static_cast<time_t>(now / 1'000'000'000);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
   std::random_device rd;
   char tail[8];
   std::snprintf(tail, sizeof tail, "-%04x", rd() & 0xffff);
-  return std::string(buf) + tail;
+  return format_utc(now, "%Y%m%dT%H%M%SZ") + tail;
 }
 
 std::string utc(int64_t ns) {
-  time_t t = static_cast<time_t>(ns / 1'000'000'000);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%SZ", &tm);
-  return buf;
+  return format_utc(ns, "%Y-%m-%d %H:%M:%SZ");
 }
 
 int print_plan(const std::vector<Planned>& plan, const std::vector<std::string>& errors,

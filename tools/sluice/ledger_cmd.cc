@@ -38,13 +38,7 @@ struct LedgerArgs {
 };
 
 std::string when(int64_t ns) {
-  if (ns <= 0) return "-";
-  time_t t = static_cast<time_t>(ns / 1'000'000'000);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%SZ", &tm);
-  return buf;
+  return ns <= 0 ? "-" : format_utc(ns, "%Y-%m-%d %H:%M:%SZ");
 }
 
 Result<std::unique_ptr<Ledger>> open_ledger(const LedgerArgs& a, const std::string& home) {

@@ -17,6 +17,7 @@
 #include "ledger/batch.h"
 #include "ledger/db.h"
 #include "ledger/sql.h"
+#include "sluice/store/store.h"
 
 namespace sluice::ledger {
 
@@ -977,7 +978,17 @@ Result<std::vector<RetentionRule>> Ledger::rules() {
 }
 
 Status Ledger::pin(std::string_view project, std::string_view prefix) {
-  if (prefix.empty()) return fail(Code::kInvalidArgument, "pin: empty prefix (pin a key prefix)");
+  // A pin is a key prefix as the project's keys are spelled: relative, no "." or ".."
+  // components, no doubled '/' (one that can never match would only look like protection).
+  std::string probe(prefix);
+  if (probe.ends_with('/')) probe += 'x';
+  if (prefix.empty() || prefix.size() > 1024 || prefix.find('*') != std::string_view::npos ||
+      !store::validate_key(probe))
+    return fail(
+        Code::kInvalidArgument,
+        "pin " + quote(prefix) +
+            ": expected a key prefix within the project, such as "
+            "llama/step-000000001000/ (relative, no '.', '..', '//' or '*', at most 1024 bytes)");
   return db_->transaction([&](Conn& c) -> Status {
     SLUICE_RETURN_IF_ERROR(require_project(c, project));
     SLUICE_RETURN_IF_ERROR(

@@ -405,6 +405,45 @@ def t_gc_plan_run_restore_purge(env):
     assert not json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)["projects"][0]["changed"]
 
 
+def t_gc_refuses_what_would_lose_data(env):
+    """Bad flags fail before anything is purged; a newest step with a torn manifest does not
+    shield itself at the cost of the good ones; pins must be real key prefixes, and
+    `ckpt gc` refuses on a tier with pins; an empty run name restores nothing."""
+    env.run("team", "add", "h")
+    tier = env.path("ht")
+    os.makedirs(tier)
+    env.run("project", "add", "h-p", "--team", "h", "--location", tier, "--kind", "checkpoint")
+    state = env.path("hstate")
+    os.makedirs(state)
+    with open(os.path.join(state, "w.bin"), "wb") as f:
+        f.write(os.urandom(64 * 1024))
+    for step in (1, 2, 3):
+        env.run("ckpt", "save", "--series", "s", "--step", str(step), "--to", tier, state)
+    env.run("gc", "rule", "set", "h-p", "--series", "s", "--keep-last", "1")
+    env.run("gc", "run", "--delay", "0s")  # step 3 stays, 1 and 2 go
+    for step in (4, 5):
+        env.run("ckpt", "save", "--series", "s", "--step", str(step), "--to", tier, state)
+    env.run("gc", "run", "--delay", "24h")  # step 4 waits in the trash
+    r = env.run("gc", "run", "--grace", "garbage", check=False)
+    expect_fail(r, "invalid_argument", "--grace")
+    assert r.returncode == 2 and len(json.loads(env.run("gc", "trash", "--json").stdout)) == 1
+    expect_fail(env.run("gc", "restore", "", check=False), "invalid_argument", "RUN")
+    # The newest step's manifest torn: step 5 is not "the newest complete checkpoint"; the
+    # rule keeps the newest intact one instead of trashing it.
+    with open(os.path.join(tier, "s", "step-000000000005", "manifest.json"), "w") as f:
+        f.write("{torn")
+    plan = json.loads(env.run("gc", "plan", "--json").stdout)
+    assert [u["step"] for u in plan["units"] if u["remove"]] == [], plan
+    assert any(u["step"] == 5 and "incomplete" in u["reason"] for u in plan["units"]), plan
+    for bad in ("/abs/s/", "../s/", "./s/", "s//x", "*"):
+        expect_fail(env.run("gc", "pin", "h-p", bad, check=False), "invalid_argument", "pin")
+    expect_fail(env.run("gc", "rule", "set", "h-p", "--keep-every", "5", check=False), "invalid_argument",
+                "--series")
+    env.run("gc", "pin", "h-p", "s/step-000000000003/")
+    expect_fail(env.run("ckpt", "gc", "--series", "s", "--keep-last", "1", "--from", tier, check=False),
+                "permission_denied", "sluice gc")
+
+
 def main():
     global BIN
     BIN = os.path.abspath(sys.argv[1])
@@ -412,7 +451,7 @@ def main():
     tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit, t_every_spelling_of_a_project_is_charged,
              t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift,
              t_ckpt_and_dataset_pack_are_charged, t_forecast, t_s3_projects_are_folders,
-             t_gc_plan_run_restore_purge)
+             t_gc_plan_run_restore_purge, t_gc_refuses_what_would_lose_data)
     for t in tests:
         env = Env(None)
         try:

@@ -227,7 +227,37 @@ void print_progress(const ckpt::SaveProgress& p) {
   std::fprintf(stderr, "\r%-100s", line.c_str());
 }
 
+// `ckpt gc` and `save --keep-last` delete at once and know nothing of the ledger's pins:
+// on a tier inside a project with pins they refuse, and send the user to `sluice gc`.
+Status refuse_if_pinned(const CkptArgs& a, const std::string& home) {
+  if (!a.keep_last && !a.keep_every) return {};
+  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(home));
+  if (!ledger) return {};
+  SLUICE_ASSIGN_OR_RETURN(auto projects, ledger->projects());
+  SLUICE_ASSIGN_OR_RETURN(auto pins, ledger->pins());
+  std::vector<std::string> tiers = a.tiers;
+  if (tiers.empty()) tiers.push_back(home + "/ckpt");
+  for (const auto& tier : tiers) {
+    std::string location = tier;
+    if (location.find("://") == std::string::npos) {
+      std::error_code ec;
+      location = fs::absolute(location, ec).string();
+    }
+    const ledger::Project* p = ledger::Ledger::owner_of(projects, location);
+    if (!p) continue;
+    for (const auto& [project, prefix] : pins)
+      if (project == p->id)
+        return fail(Code::kPermissionDenied,
+                    "tier " + tier + " belongs to project '" + p->id +
+                        "', which has pinned data (" + prefix +
+                        "): --keep-last/--keep-every here would not honour it; use "
+                        "sluice gc rule set and sluice gc run, which do");
+  }
+  return {};
+}
+
 int run_save(const CkptArgs& a, const std::string& home) {
+  if (auto s = refuse_if_pinned(a, home); !s) return report_error(s.error());
   auto files = collect_files(a.paths);
   if (!files) return report_error(files.error());
   uint64_t total = 0;
@@ -544,6 +574,7 @@ int run_restore(const CkptArgs& a, const std::string& home) {
 // gc
 
 int run_gc(const CkptArgs& a, const std::string& home) {
+  if (auto s = refuse_if_pinned(a, home); !s) return report_error(s.error());
   auto cp = open_checkpointer(a, home, 0, false, true);
   if (!cp) return report_error(cp.error());
   auto r = (*cp)->gc();

@@ -87,14 +87,32 @@ std::string step_of(const std::string& key) {
   return ckpt::step_prefix(key.substr(0, slash), step);
 }
 
+// Whether a step's manifest decodes and every shard it names is there at its size: only
+// such a step counts as complete (and the newest of them is never removed). A step with a
+// torn manifest or a lost shard is handled like an unfinished save.
+bool intact(store::Store& st, const std::string& series, uint64_t step,
+            const std::map<std::string, uint64_t>& sizes) {
+  auto text = st.get(ckpt::manifest_key(series, step));
+  if (!text) return false;
+  std::string_view view(reinterpret_cast<const char*>(text->data()), text->size());
+  auto m = ckpt::decode_manifest(view, ckpt::manifest_key(series, step));
+  if (!m || m->step != step) return false;
+  for (const auto& shard : m->shards) {
+    auto it = sizes.find(ckpt::shard_key(series, step, shard.rank, shard.save_id));
+    if (it == sizes.end() || it->second != shard.bytes) return false;
+  }
+  return true;
+}
+
 // The units of one project under its rules: the steps of each series with a rule, then
 // (under the project's own rule) every other object.
 Result<std::vector<Planned>> plan_project(const Project& p, const std::vector<RetentionRule>& rules,
                                           const std::vector<std::string>& pins, const GcArgs& a,
-                                          int64_t now) {
-  SLUICE_ASSIGN_OR_RETURN(auto grace, duration_flag("--grace", a.grace));
+                                          int64_t now, std::chrono::seconds grace) {
   SLUICE_ASSIGN_OR_RETURN(auto st, open_project(p, a.aws));
   SLUICE_ASSIGN_OR_RETURN(auto listing, st->list_all(""));
+  std::map<std::string, uint64_t> sizes;
+  for (const auto& o : listing) sizes[o.key] = o.size;
   std::vector<Planned> out;
   std::set<std::string> in_series;  // keys some series rule took
   for (const RetentionRule& r : rules) {
@@ -118,7 +136,8 @@ Result<std::vector<Planned>> plan_project(const Project& p, const std::vector<Re
     }
     std::vector<RetentionUnit> units;
     for (auto& [step, u] : steps) {
-      u.complete = !u.keys.empty() && u.keys.front() == ckpt::manifest_key(r.series, step);
+      u.complete = !u.keys.empty() && u.keys.front() == ckpt::manifest_key(r.series, step) &&
+                   intact(*st, r.series, step, sizes);
       units.push_back(std::move(u));
     }
     auto decisions = apply_retention(r, units, pins, now, grace);
@@ -147,6 +166,7 @@ Result<std::vector<Planned>> plan_project(const Project& p, const std::vector<Re
 
 // Every project with a rule (or only --project), planned.
 Result<std::vector<Planned>> plan_all(Ledger& l, const GcArgs& a, int64_t now,
+                                      std::chrono::seconds grace,
                                       std::vector<std::string>& errors) {
   SLUICE_ASSIGN_OR_RETURN(auto projects, l.projects());
   SLUICE_ASSIGN_OR_RETURN(auto rules, l.rules());
@@ -164,7 +184,7 @@ Result<std::vector<Planned>> plan_all(Ledger& l, const GcArgs& a, int64_t now,
     std::vector<std::string> pinned;
     for (auto& [proj, prefix] : pins)
       if (proj == p.id) pinned.push_back(prefix);
-    auto planned = plan_project(p, mine, pinned, a, now);
+    auto planned = plan_project(p, mine, pinned, a, now, grace);
     if (!planned) {
       errors.push_back(planned.error().to_string());
       continue;
@@ -221,10 +241,12 @@ int print_plan(const std::vector<Planned>& plan, const std::vector<std::string>&
 }
 
 int run_plan(const GcArgs& a, const std::string& home) {
+  auto grace = duration_flag("--grace", a.grace);
+  if (!grace) return report_error(grace.error());
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
   std::vector<std::string> errors;
-  auto plan = plan_all(**l, a, (*l)->now_ns(), errors);
+  auto plan = plan_all(**l, a, (*l)->now_ns(), *grace, errors);
   if (!plan) return report_error(plan.error());
   if (plan->empty() && errors.empty() && !a.json) {
     std::printf("nothing to do: no retention rule (sluice gc rule set)\n");
@@ -290,22 +312,33 @@ Status trash_unit(Ledger& ledger, store::Store& st, const Planned& x, Kind kind,
       return c;
     }
   }
-  for (const TrashEntry& e : entries)
-    if (auto r = st.remove(e.key); !r && r.error().code() != Code::kNotFound)
-      return std::unexpected(r.error().with_context("removing " + e.key + " (now in the trash)"));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto r = st.remove(entries[i].key);
+    if (r || r.error().code() == Code::kNotFound) continue;
+    // What could not be removed stays where it was and leaves the trash again: the trash
+    // holds only what really left (a step already without its manifest stays unlisted).
+    for (size_t j = i; j < entries.size(); ++j) {
+      (void)st.remove(entries[j].trash_key);
+      (void)ledger.drop_trash(entries[j].run, entries[j].project, entries[j].key);
+    }
+    return std::unexpected(r.error().with_context("removing " + entries[i].key));
+  }
   return {};
 }
 
 int run_run(const GcArgs& a, const std::string& home) {
+  // Every flag is checked before anything moves or is purged.
   auto delay = duration_flag("--delay", a.delay);
   if (!delay) return report_error(delay.error());
+  auto grace = duration_flag("--grace", a.grace);
+  if (!grace) return report_error(grace.error());
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
   Ledger& ledger = **l;
   const int64_t now = ledger.now_ns();
   const int64_t purge_after = now + delay->count() * 1'000'000'000;
   std::vector<std::string> errors;
-  auto plan = plan_all(ledger, a, now, errors);
+  auto plan = plan_all(ledger, a, now, *grace, errors);
   if (!plan) return report_error(plan.error());
   auto projects = ledger.projects();
   if (!projects) return report_error(projects.error());
@@ -355,7 +388,10 @@ int run_run(const GcArgs& a, const std::string& home) {
       errors.push_back("purge " + e.trash_key + ": " + d.error().to_string());
       continue;
     }
-    if (r) {  // a copy a crash never made was never charged
+    // Uncharged only when the original is gone: a copy that a killed run made while the
+    // original stayed was never charged (moves are not), nor was one it never made.
+    bool left = r && !(*st)->stat(e.key);
+    if (left) {
       const Project* p = stores.project(e.project);
       if (auto c = ledger.charge({p->id, p->team, p->tier, e.kind}, -e.bytes, -1); !c)
         errors.push_back("uncharge " + e.trash_key + ": " + c.error().to_string() +
@@ -388,6 +424,9 @@ int run_run(const GcArgs& a, const std::string& home) {
 }
 
 int run_restore(const GcArgs& a, const std::string& home) {
+  if (a.run.empty())
+    return report_error(
+        Error(Code::kInvalidArgument, "gc restore: RUN is empty (sluice gc trash lists the runs)"));
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
   Ledger& ledger = **l;
@@ -405,7 +444,7 @@ int run_restore(const GcArgs& a, const std::string& home) {
     return !x.key.ends_with("/manifest.json") && y.key.ends_with("/manifest.json");
   });
   std::vector<std::string> errors;
-  std::set<std::string> broken_steps;
+  std::set<std::string> broken_steps, recreated;
   int64_t restored = 0;
   for (const TrashEntry& e : *entries) {
     std::string step = step_of(e.key);
@@ -414,7 +453,30 @@ int run_restore(const GcArgs& a, const std::string& home) {
       continue;
     }
     auto st = stores.get(e.project);
-    Status s = st ? copy_within(**st, e.trash_key, e.key) : Status(std::unexpected(st.error()));
+    if (!st) {
+      errors.push_back(e.key + ": " + st.error().to_string());
+      continue;
+    }
+    // A step saved again since it was trashed is a different checkpoint: none of the old
+    // one's keys go back into it.
+    if (!step.empty() && !recreated.contains(step) && !e.key.ends_with("/manifest.json")) {
+      const std::string manifest = step + "manifest.json";
+      bool trashed_with_manifest = std::any_of(
+          entries->begin(), entries->end(), [&](const TrashEntry& x) { return x.key == manifest; });
+      if (trashed_with_manifest && (*st)->stat(manifest)) recreated.insert(step);
+    }
+    if (!step.empty() && recreated.contains(step)) {
+      errors.push_back(e.key + ": left in the trash: step " + step +
+                       " is there again (saved since, or never left)");
+      continue;
+    }
+    // A run killed while copying left an entry whose original never left: nothing to do.
+    if (!(*st)->stat(e.trash_key) && (*st)->stat(e.key)) {
+      (void)ledger.drop_trash(e.run, e.project, e.key);
+      ++restored;
+      continue;
+    }
+    Status s = copy_within(**st, e.trash_key, e.key);
     if (s) s = (*st)->remove(e.trash_key);
     if (s) s = ledger.drop_trash(e.run, e.project, e.key);
     if (!s) {
@@ -484,6 +546,9 @@ int run_rule_set(const GcArgs& a, const std::string& home) {
   r.keep_every = *ke;
   r.max_age = *ma;
   r.max_idle = *mi;
+  if (a.series.empty() && r.keep_every)
+    return report_error(Error(Code::kInvalidArgument,
+                              "--keep-every keeps checkpoint steps: give it with --series"));
   if (!a.series.empty()) {
     if (auto k = store::validate_key(a.series + "/x");
         !k || a.series.find('/') != std::string::npos)

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -511,7 +512,16 @@ int run_forecast(const LedgerArgs& a, const std::string& home) {
     return 0;
   }
   auto amount = [](const std::string& metric, double v) {
-    if (metric != "bytes") return std::to_string(static_cast<long long>(v));
+    if (!std::isfinite(v) || std::fabs(v) >= 9e18) {  // past what an integer holds
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.3g", v);
+      return std::string(buf);
+    }
+    if (metric != "bytes") {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, std::fabs(v) < 10 && v != std::trunc(v) ? "%.2f" : "%.0f", v);
+      return std::string(buf);
+    }
     return v < 0 ? "-" + format_size(-v) : format_size(v);
   };
   auto day = [&](const std::optional<int64_t>& t) {

@@ -135,7 +135,9 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   auto* cmd = app.add_subcommand(
       "cp",
       "Copy between local paths, s3:// and mem:// (one object, or a prefix with --recursive). "
-      "Nothing partial is ever left at the destination; Ctrl-C stops and cleans up.");
+      "Nothing partial is ever left at the destination; Ctrl-C stops and cleans up. Writes "
+      "under a project are charged to its team and refused past its quota ($SLUICE_LEDGER, "
+      "else $SLUICE_HOME/ledger.db; docs/ledger.md).");
   cmd->add_option("SRC", a.cp.src, "Source: a local path, s3://bucket/key or mem://name/key")
       ->required();
   cmd->add_option("DST", a.cp.dst, "Destination: a local path, s3://bucket/key or mem://name/key")

@@ -89,6 +89,15 @@ def t_bad_input(env):
                        timeout=60)
     expect_fail(r, "unavailable", "ledger")
     assert not os.path.exists(env.path("anywhere", "x"))
+    # cp --ledger names the ledger to charge; an unreachable one refuses the write.
+    r = env.run("cp", src, env.path("anywhere", "y"), "--ledger", "postgresql://u@127.0.0.1:1/none", check=False)
+    expect_fail(r, "unavailable", "--ledger")
+    assert not os.path.exists(env.path("anywhere", "y"))
+    # An empty value is refused, not read as "not given".
+    for flags in (["quota", "set", "vision", "--tier", "nvme", "--hard-bytes", ""],
+                  ["gc", "run", "--delay", ""], ["capacity", "set", "nvme", "--bytes", ""]):
+        r = env.run(*flags, check=False)
+        assert r.returncode == 2 and "must not be empty" in r.stderr, (flags, r.stderr)
 
 
 def t_cp_is_charged_and_refused_at_the_limit(env):

@@ -199,7 +199,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
                                  : store::open_store(src.store_uri, so));
   SLUICE_ASSIGN_OR_RETURN(auto plain_dst, store::open_store(dst.store_uri, so));
   // Charged to the project that owns the destination, when the ledger has projects.
-  SLUICE_ASSIGN_OR_RETURN(auto dst_store, charged(std::move(plain_dst), o.home));
+  SLUICE_ASSIGN_OR_RETURN(auto dst_store, charged(std::move(plain_dst), o.home, {}, o.ledger));
 
   xfer::CopyPlan plan;
   if (o.recursive) {

@@ -25,6 +25,7 @@ struct CpOptions {
   bool cache = false;                         // read the source through the tiered cache
   CacheFlags cache_flags;                     // for --cache and cache+ sources
   std::string home;                           // $SLUICE_HOME
+  std::string ledger;                         // --ledger: charge here (else the default)
 };
 
 struct CpSummary {

@@ -633,11 +633,15 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
   rset->add_option("PROJECT", a.project, "Project ID")->required();
   rset->add_option("--series", a.series,
                    "A checkpoint series in the project (default: its other objects)");
-  rset->add_option("--keep-last", a.keep_last, "Keep the newest N (checkpoints, or objects)");
-  rset->add_option("--keep-every", a.keep_every, "Keep checkpoint steps divisible by K");
-  rset->add_option("--max-age", a.max_age, "Keep what was created within this (30d, 12h)");
+  rset->add_option("--keep-last", a.keep_last, "Keep the newest N (checkpoints, or objects)")
+      ->check(not_empty());
+  rset->add_option("--keep-every", a.keep_every, "Keep checkpoint steps divisible by K")
+      ->check(not_empty());
+  rset->add_option("--max-age", a.max_age, "Keep what was created within this (30d, 12h)")
+      ->check(not_empty());
   rset->add_option("--max-idle", a.max_idle,
-                   "Keep what was read within this (file:// atime; elsewhere the last write)");
+                   "Keep what was read within this (file:// atime; elsewhere the last write)")
+      ->check(not_empty());
   ledger_flag(rset);
   rset->callback(run(run_rule_set));
   auto* rls = rule->add_subcommand("ls", "List the rules and pins");
@@ -673,7 +677,8 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
   plan->add_option("--project", a.project, "Only this project");
   plan->add_option("--grace", a.grace,
                    "An incomplete checkpoint step younger than this is left alone")
-      ->default_val("24h");
+      ->default_val("24h")
+      ->check(not_empty());
   plan->add_flag("--json", a.json, "Print JSON");
   ledger_flag(plan);
   aws(plan);
@@ -686,10 +691,12 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
   grun->add_option("--project", a.project, "Only this project");
   grun->add_option("--delay", a.delay,
                    "How long trashed data waits before it is deleted (24h, 7d, 0)")
-      ->default_val("24h");
+      ->default_val("24h")
+      ->check(not_empty());
   grun->add_option("--grace", a.grace,
                    "An incomplete checkpoint step younger than this is left alone")
-      ->default_val("24h");
+      ->default_val("24h")
+      ->check(not_empty());
   grun->add_flag("--json", a.json, "Print JSON");
   ledger_flag(grun);
   aws(grun);

@@ -581,21 +581,33 @@ Result<std::unique_ptr<Ledger>> open_ledger_at(const std::string& flag, const st
   return l;
 }
 
+CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](std::string& v) { return v.empty() ? std::string("must not be empty") : std::string(); },
+      "");
+}
+
 std::string default_ledger_uri(const std::string& home) {
   const char* env = std::getenv("SLUICE_LEDGER");
   if (env && *env) return env;
   return home + "/ledger.db";
 }
 
-Result<std::shared_ptr<Ledger>> ledger_for_writes(const std::string& home) {
+Result<std::shared_ptr<Ledger>> ledger_for_writes(const std::string& home,
+                                                  const std::string& flag) {
   const char* env = std::getenv("SLUICE_LEDGER");
-  std::string uri = default_ledger_uri(home);
+  std::string uri = flag.empty() ? default_ledger_uri(home) : flag;
+  const char* how = !flag.empty()   ? "--ledger"
+                    : (env && *env) ? "$SLUICE_LEDGER"
+                                    : "$SLUICE_HOME/ledger.db";
   struct stat st;
-  if (!(env && *env) && ::stat(uri.c_str(), &st) != 0) return std::shared_ptr<Ledger>{};
+  if (flag.empty() && !(env && *env) && ::stat(uri.c_str(), &st) != 0)
+    return std::shared_ptr<Ledger>{};  // no ledger: nothing to charge
   auto l = Ledger::open(uri);
   if (!l)
-    return std::unexpected(l.error().with_context(
-        "cannot open the ledger to charge this write (unset SLUICE_LEDGER to write uncharged)"));
+    return std::unexpected(
+        l.error().with_context(std::string("cannot open the ledger (") + how +
+                               ") to charge this write; a configured ledger is never skipped"));
   auto projects = (*l)->projects();
   if (!projects) return std::unexpected(projects.error());
   if (projects->empty()) return std::shared_ptr<Ledger>{};
@@ -603,8 +615,9 @@ Result<std::shared_ptr<Ledger>> ledger_for_writes(const std::string& home) {
 }
 
 Result<std::shared_ptr<store::Store>> charged(std::shared_ptr<store::Store> store,
-                                              const std::string& home, std::optional<Kind> kind) {
-  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(home));
+                                              const std::string& home, std::optional<Kind> kind,
+                                              const std::string& ledger_flag) {
+  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(home, ledger_flag));
   if (!ledger) return store;
   SLUICE_ASSIGN_OR_RETURN(auto wrapped,
                           with_charging(std::move(store), std::move(ledger), {.kind = kind}));
@@ -663,13 +676,19 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
       "set", "Set a team's limits on a tier; limits not given keep their value, 'none' clears");
   q_set->add_option("TEAM", a.team, "Team")->required();
   q_set->add_option("--tier", a.tier, "ram, nvme, peer or object")->required();
-  q_set->add_option("--soft-bytes", a.soft_bytes,
-                    "Soft limit (500G, 10T, none): passed only for the grace period");
-  q_set->add_option("--hard-bytes", a.hard_bytes, "Hard limit (500G, 10T, none): never passed");
-  q_set->add_option("--soft-objects", a.soft_objects, "Soft limit on objects (or none)");
-  q_set->add_option("--hard-objects", a.hard_objects, "Hard limit on objects (or none)");
+  q_set
+      ->add_option("--soft-bytes", a.soft_bytes,
+                   "Soft limit (500G, 10T, none): passed only for the grace period")
+      ->check(not_empty());
+  q_set->add_option("--hard-bytes", a.hard_bytes, "Hard limit (500G, 10T, none): never passed")
+      ->check(not_empty());
+  q_set->add_option("--soft-objects", a.soft_objects, "Soft limit on objects (or none)")
+      ->check(not_empty());
+  q_set->add_option("--hard-objects", a.hard_objects, "Hard limit on objects (or none)")
+      ->check(not_empty());
   q_set->add_option("--grace", a.grace, "How long a soft limit may be passed (90s, 12h, 7d)")
-      ->default_str("7d");
+      ->default_str("7d")
+      ->check(not_empty());
   ledger_flag(q_set, a);
   q_set->callback(run(run_quota_set));
   auto* q_show = quota->add_subcommand("show", "Usage, reservations and limits per team and tier");
@@ -698,8 +717,10 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
   capacity->require_subcommand(1);
   auto* c_set = capacity->add_subcommand("set", "Set a tier's capacity; 'none' clears");
   c_set->add_option("TIER", a.tier, "ram, nvme, peer or object")->required();
-  c_set->add_option("--bytes", a.capacity_bytes, "Bytes it holds (100T) or none");
-  c_set->add_option("--objects", a.capacity_objects, "Objects it holds or none");
+  c_set->add_option("--bytes", a.capacity_bytes, "Bytes it holds (100T) or none")
+      ->check(not_empty());
+  c_set->add_option("--objects", a.capacity_objects, "Objects it holds or none")
+      ->check(not_empty());
   ledger_flag(c_set, a);
   c_set->callback(run(run_capacity_set));
 

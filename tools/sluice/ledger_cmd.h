@@ -23,19 +23,24 @@ Result<std::unique_ptr<ledger::Ledger>> open_ledger_at(const std::string& flag,
 // A duration flag: "90s", "30m", "12h", "7d", "2w" or plain seconds.
 Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text);
 
+// A CLI11 check for options whose empty value would read as "not given": refused.
+CLI::Validator not_empty();
+
 // Adds team, project, quota and usage to the app; each sets rc when it runs.
 void add_ledger_commands(CLI::App& app, std::string home, int& rc);
 
-// The ledger every writing command charges through: opened when $SLUICE_LEDGER is set or
-// $SLUICE_HOME/ledger.db exists and it holds at least one project; null otherwise (nothing
-// to charge). An error when it is set but cannot be opened: a write is never let through
-// uncounted because the ledger was unreachable.
-Result<std::shared_ptr<ledger::Ledger>> ledger_for_writes(const std::string& home);
+// The ledger every writing command charges through: `flag` (a --ledger) when given, else
+// $SLUICE_LEDGER when set, else $SLUICE_HOME/ledger.db when it exists; null when there is
+// none, or it holds no project (nothing to charge). An error when one is configured but
+// cannot be opened: a write is never let through uncounted because the ledger was down.
+Result<std::shared_ptr<ledger::Ledger>> ledger_for_writes(const std::string& home,
+                                                          const std::string& flag = {});
 
 // `store` wrapped so its writes are charged (ledger::with_charging; as `kind` when given,
 // else each project's default), or returned as it is when there is no ledger to charge.
 Result<std::shared_ptr<store::Store>> charged(std::shared_ptr<store::Store> store,
                                               const std::string& home,
-                                              std::optional<ledger::Kind> kind = {});
+                                              std::optional<ledger::Kind> kind = {},
+                                              const std::string& ledger_flag = {});
 
 }  // namespace sluice::cli

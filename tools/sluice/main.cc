@@ -164,6 +164,9 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       ->default_val(30)
       ->check(CLI::Range(1u, 86400u));
   cmd->add_flag("--json", a.json, "Print the summary as JSON");
+  cmd->add_option("--ledger", a.cp.ledger,
+                  "The ledger to charge writes under a project to (default: $SLUICE_LEDGER, "
+                  "else $SLUICE_HOME/ledger.db when it exists)");
   cmd->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
   cmd->add_flag("--fsync", a.cp.fsync,
                 "Make each downloaded file durable (fsync) before renaming it into place");

@@ -135,16 +135,22 @@ def test_sync_fills_a_new_tier(ctx):
 
 def test_interrupted_save_leaves_nothing(ctx):
     """SIGTERM and SIGINT in the middle of a save: exit 130, no temporary file, no step."""
-    src, tier = ctx.dir("src"), ctx.dir("tier")
+    src, tiers = ctx.dir("src"), ctx.dir("tiers")
     os.makedirs(src)
     with open(os.path.join(src, "zeros"), "wb") as f:
         f.truncate(2 << 30)  # sparse: cheap to read, 2 GiB to write
     for sig in (signal.SIGTERM, signal.SIGINT):
+        tier = os.path.join(tiers, str(int(sig)))  # a fresh one: its appearance is the cue
         p = subprocess.Popen([BIN, "ckpt", "save", "--series", "x", "--step", "1", "--to", tier,
                               "--staging", "32M", "--no-progress", src],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              restore_signals=True)
-        time.sleep(0.25)
+        # Once the tier exists the save is under way and its handlers are in place (they
+        # are installed before it starts); a fixed sleep lost that race on a loaded machine.
+        deadline = time.monotonic() + 60
+        while not os.path.isdir(tier) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
         p.send_signal(sig)
         _, err = p.communicate(timeout=120)
         steps = json.loads(ok(run("ls", "--series", "x", "--from", tier, "--json")).stdout)

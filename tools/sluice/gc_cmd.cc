@@ -447,7 +447,9 @@ int run_restore(const GcArgs& a, const std::string& home) {
   std::set<std::string> broken_steps, recreated;
   int64_t restored = 0;
   for (const TrashEntry& e : *entries) {
+    // Per project: a run may hold the same series and step from two projects.
     std::string step = step_of(e.key);
+    if (!step.empty()) step = e.project + "\n" + step;
     if (e.key.ends_with("/manifest.json") && broken_steps.contains(step)) {
       errors.push_back(e.key + ": left in the trash, since a shard of its step did not come back");
       continue;
@@ -460,13 +462,14 @@ int run_restore(const GcArgs& a, const std::string& home) {
     // A step saved again since it was trashed is a different checkpoint: none of the old
     // one's keys go back into it.
     if (!step.empty() && !recreated.contains(step) && !e.key.ends_with("/manifest.json")) {
-      const std::string manifest = step + "manifest.json";
+      const std::string manifest = step_of(e.key) + "manifest.json";
       bool trashed_with_manifest = std::any_of(
-          entries->begin(), entries->end(), [&](const TrashEntry& x) { return x.key == manifest; });
+          entries->begin(), entries->end(),
+          [&](const TrashEntry& x) { return x.project == e.project && x.key == manifest; });
       if (trashed_with_manifest && (*st)->stat(manifest)) recreated.insert(step);
     }
     if (!step.empty() && recreated.contains(step)) {
-      errors.push_back(e.key + ": left in the trash: step " + step +
+      errors.push_back(e.key + ": left in the trash: step " + step_of(e.key) +
                        " is there again (saved since, or never left)");
       continue;
     }

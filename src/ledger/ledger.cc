@@ -444,6 +444,14 @@ Status Ledger::add_project(Project p) {
   SLUICE_RETURN_IF_ERROR(validate_name("project", p.id));
   SLUICE_RETURN_IF_ERROR(validate_location(p.id, p.location));
   p.location = normalise_location(p.location);
+  if (p.location.starts_with("file://")) {
+    // A directory, or one to be made: never a file, FIFO or device already there.
+    std::error_code ec;
+    auto st = std::filesystem::status(p.location.substr(7), ec);
+    if (!ec && std::filesystem::exists(st) && !std::filesystem::is_directory(st))
+      return fail(Code::kInvalidArgument, "project " + quote(p.id) + ": location " +
+                                              quote(p.location) + " exists and is not a directory");
+  }
   if (p.location.starts_with("file://") && p.location.substr(7).front() != '/')
     return fail(Code::kInvalidArgument,
                 "project " + quote(p.id) + ": location " + quote(p.location) + " is not absolute");

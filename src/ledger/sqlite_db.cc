@@ -208,7 +208,8 @@ Result<std::unique_ptr<Db>> open_sqlite(const std::string& path) {
   // WAL lets readers run beside the writer; a read-only file keeps its rollback journal.
   (void)conn->script("PRAGMA journal_mode=WAL");
   if (auto s = conn->script("PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"); !s) {
-    return std::unexpected(Error(s.error().code(), "ledger: " + path + ": " + s.error().message()));
+    // The message already starts "ledger: ".
+    return std::unexpected(s.error().with_context(path));
   }
   return std::make_unique<SqliteDb>(std::move(conn), path);
 }

@@ -89,6 +89,10 @@ def t_bad_input(env):
                        timeout=60)
     expect_fail(r, "unavailable", "ledger")
     assert not os.path.exists(env.path("anywhere", "x"))
+    # A mistyped ledger path is an error, never a new ledger in a new directory.
+    r = env.run("usage", "--ledger", env.path("no-such-dir", "ledger.db"), check=False)
+    expect_fail(r, "io_error", "no-such-dir")
+    assert not os.path.exists(env.path("no-such-dir"))
     # cp --ledger names the ledger to charge; an unreachable one refuses the write.
     r = env.run("cp", src, env.path("anywhere", "y"), "--ledger", "postgresql://u@127.0.0.1:1/none", check=False)
     expect_fail(r, "unavailable", "--ledger")
@@ -162,6 +166,9 @@ def t_every_spelling_of_a_project_is_charged(env):
     env.run("cp", env.file("k3", 10_000), os.path.join(proj, "b"))
     a = env.account("sp", "nvme")
     assert (a["used_bytes"], a["used_objects"]) == (5 * 100_000 + 150_000 + 10_000, 7), a
+    os.mkfifo(os.path.join(data, "fifo"))
+    expect_fail(env.run("project", "add", "fifo", "--team", "sp", "--location", os.path.join(data, "fifo"),
+                        check=False), "invalid_argument", "not a directory")
     for bad in ("s3:///x", "http://h/x", "/", "S3://b/x"):
         expect_fail(env.run("project", "add", "bad", "--team", "sp", "--location", bad, check=False),
                     "invalid_argument", "location")

@@ -571,8 +571,10 @@ void ledger_flag(CLI::App* cmd, LedgerArgs& a) {
 
 Result<std::unique_ptr<Ledger>> open_ledger_at(const std::string& flag, const std::string& home) {
   std::string uri = flag.empty() ? default_ledger_uri(home) : flag;
-  if (uri.find("://") == std::string::npos) {
-    // The embedded default lives in $SLUICE_HOME, made on first use.
+  if (uri == home + "/ledger.db") {
+    // The embedded default lives in $SLUICE_HOME, made on first use. A ledger named by
+    // --ledger or $SLUICE_LEDGER gets no directory made for it: a mistyped path is an
+    // error, not a new, empty ledger somewhere else.
     std::error_code ec;
     fs::create_directories(fs::path(uri).parent_path(), ec);
   }

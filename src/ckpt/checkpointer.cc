@@ -132,9 +132,10 @@ class StagingRing {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return seq < released_ + slots_; });
   }
-  void mark_filled(uint64_t seq) {
+  // Segments before `end` are filled (or will never be: their save gave up).
+  void mark_filled_through(uint64_t end) {
     std::lock_guard lk(mu_);
-    filled_ = std::max(filled_, seq + 1);
+    filled_ = std::max(filled_, end);
     cv_.notify_all();
   }
   // The stage writer waits until segment `seq` is filled.
@@ -513,7 +514,7 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
       if (done) return;
       if (!job.abort_error) job.abort_error = Error(Code::kCancelled, "staging was interrupted");
       job.aborted.store(true, std::memory_order_release);
-      ring.mark_filled(job.first_seq + job.segments);
+      ring.mark_filled_through(job.first_seq + job.segments);
     }
   } guard{*job, *ring_};
   if (auto st = stage(*job, tensors); !st) {
@@ -580,7 +581,7 @@ Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) 
     for (size_t h = 0; h < posted; ++h)
       if (Status hs = helpers_[h]->wait(); st && !hs) st = hs;
     if (!st) return st;
-    ring_->mark_filled(q);
+    ring_->mark_filled_through(q + 1);
     job.handle->staged(b);
     if (job.abandoned.load(std::memory_order_acquire))
       return std::unexpected(

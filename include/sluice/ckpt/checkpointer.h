@@ -81,8 +81,9 @@ Result<Tier> open_tier(std::string_view uri, const store::StoreOptions& options 
 
 // A tensor to save: `bytes` bytes at `data`, in host memory (target null) or in the memory
 // of `target` (a device: copied to staging through the target's copy engine). A tensor
-// whose bytes are not in memory (a file) has a `source` instead, called in order to fill
-// staging with bytes [offset, offset + dst.size()); an error from it fails the save.
+// whose bytes are not in memory (a file) has a `source` instead, called to fill staging
+// with bytes [offset, offset + dst.size()); the staging threads call it for disjoint ranges
+// at once, so it must be thread-safe. An error from it fails the save.
 struct TensorView {
   std::string name;
   std::string dtype = "uint8";

@@ -360,6 +360,32 @@ TEST(Checkpointer, AFailingFirstTierStopsAStreamingSave) {
   EXPECT_EQ(cp->latest().value(), 3u);
 }
 
+TEST(Checkpointer, ASaveWhoseStagingFailedDoesNotHandTheNextOnesSegmentsOut) {
+  // A save whose source fails gives its segments up; the next save's first segment must
+  // still wait for its own bytes (it was once marked filled by the failed save, and the
+  // writer stored whatever the slot held before).
+  auto cp = Checkpointer::open(small_options({mem_tier("next")})).value();
+  State big(81, {6 << 20});
+  std::vector<TensorView> failing = big.views;
+  failing[0].data = nullptr;
+  failing[0].source = [](uint64_t, std::span<std::byte>) -> Status {
+    return fail(Code::kIoError, "source went away");
+  };
+  auto h = cp->save(1, failing);
+  if (h) {
+    EXPECT_FALSE((*h)->wait());
+  }
+  std::vector<TensorView> slow = big.views;
+  slow[0].data = nullptr;
+  slow[0].source = [&big](uint64_t off, std::span<std::byte> dst) -> Status {
+    if (off == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::memcpy(dst.data(), big.data[0].data() + off, dst.size());
+    return ok();
+  };
+  ASSERT_TRUE(cp->save(2, slow).value()->wait());
+  big.expect_restored(*cp, 2);
+}
+
 TEST(Checkpointer, StreamsThroughTheSmallestRingToALocalTier) {
   // Two slots, and writes in flight on the data path: the writer must free a slot before
   // it waits for the caller to fill the next one (this deadlocked once).

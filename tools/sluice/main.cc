@@ -19,6 +19,7 @@
 #include "cp.h"
 #include "dataset_cmd.h"
 #include "demo.h"
+#include "doctor_cmd.h"
 #include "gc_cmd.h"
 #include "ledger_cmd.h"
 #include "sizes.h"
@@ -358,6 +359,7 @@ int main(int argc, char** argv) {
   add_dataset_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
   add_ledger_commands(app, sluice_home(), rc);
   add_gc_commands(app, sluice_home(), rc);
+  add_doctor_command(app, CancelHook{&g_cancel, catch_stop_signals}, rc);
   // CLI11 only says "A subcommand is required" for a word it does not know: name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

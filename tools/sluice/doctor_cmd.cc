@@ -1,0 +1,407 @@
+// `sluice doctor --path` sweeps block size x queue depth x engine with the bench engine,
+// reading only (a directory gets a scratch file of our own, removed afterwards); `--pid`
+// watches a job through /proc and /sys and ranks the causes of its shortfall
+// (sluice/doctor/diagnose.h).
+#include "doctor_cmd.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "common.h"
+#include "sizes.h"
+#include "sluice/core/fd.h"
+#include "sluice/doctor/diagnose.h"
+#include "sluice/doctor/observe.h"
+#include "sluice/io/file_handle.h"
+#include "sluice/mem/target.h"
+
+namespace sluice::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct DoctorArgs {
+  std::string path;
+  int pid = 0;
+  double seconds = 0;  // --pid: the watch window; --path: the sweep budget
+  double sweep_seconds = 10;
+  std::string ceiling_file;
+  bool no_sweep = false;
+  bool json = false;
+  uint64_t scratch_size = 0;  // 0: chosen from the free space
+};
+
+// The grid: every block size at every depth through io_uring, then the thread pool and the
+// page cache (from a cold start) at one point each.
+struct GridPoint {
+  BenchMode mode;
+  uint64_t bs;
+  unsigned qd;
+};
+
+std::vector<GridPoint> sweep_grid(uint64_t size, bool with_buffered) {
+  std::vector<GridPoint> g;
+  for (uint64_t bs : {uint64_t{4} << 10, uint64_t{64} << 10, uint64_t{1} << 20})
+    for (unsigned qd : {1u, 4u, 16u, 64u})
+      if (bs <= size) g.push_back({BenchMode::kUring, bs, qd});
+  uint64_t big = size >= (1 << 20) ? 1 << 20 : 64 << 10;
+  g.push_back({BenchMode::kDirect, big, 16});
+  if (with_buffered) g.push_back({BenchMode::kBuffered, big, 1});
+  return g;
+}
+
+// Drops the target's clean pages from the page cache (no data is written), so a buffered
+// point starts cold as a first epoch does.
+void drop_cached_pages(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.valid()) (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+}
+
+std::string device_of(const std::string& path) {
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) != 0) return "";
+  auto bd = doctor::block_device(S_ISBLK(sb.st_mode) ? sb.st_rdev : sb.st_dev);
+  return bd ? bd->name : "";
+}
+
+// Measures `file` (which exists and is only read) over the grid within `budget` seconds.
+Result<doctor::Ceiling> sweep(const std::string& file, double budget, bool with_buffered,
+                              const CancelHook& cancel, bool progress) {
+  struct stat sb;
+  if (::stat(file.c_str(), &sb) != 0) return fail_errno(errno, "stat " + file);
+  uint64_t size = static_cast<uint64_t>(sb.st_size);
+  if (S_ISBLK(sb.st_mode)) {
+    UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) return fail_errno(errno, "open " + file);
+    if (::ioctl(fd.get(), BLKGETSIZE64, &size) != 0) return fail_errno(errno, "size of " + file);
+  }
+  if (size < 4096)
+    return fail(Code::kInvalidArgument,
+                file + " holds " + std::to_string(size) + " bytes: too few to measure");
+  doctor::Ceiling c;
+  c.target = file;
+  c.device = device_of(file);
+  auto grid = sweep_grid(size, with_buffered);
+  const double each = std::max(0.25, budget / static_cast<double>(grid.size()));
+  size_t i = 0;
+  for (const auto& g : grid) {
+    if (cancel.flag && cancel.flag->load())
+      return fail(Code::kCancelled, "sweep of " + file + " interrupted");
+    ++i;
+    if (!c.direct && g.mode != BenchMode::kBuffered) continue;
+    if (progress)
+      std::fprintf(stderr, "\rsweeping %s: %zu/%zu (%s %s QD%u)   ", file.c_str(), i, grid.size(),
+                   std::string(bench_mode_name(g.mode)).c_str(),
+                   format_size(static_cast<double>(g.bs)).c_str(), g.qd);
+    BenchOptions o;
+    o.file = file;
+    o.mode = g.mode;
+    o.rw = BenchRw::kRead;
+    o.bs = g.bs;
+    o.qd = g.qd;
+    o.runtime = each;
+    if (g.mode == BenchMode::kBuffered) drop_cached_pages(file);
+    auto r = run_bench(o);
+    if (!r) {
+      if (r.error().code() == Code::kUnsupported && g.mode != BenchMode::kBuffered) {
+        c.direct = false;  // no O_DIRECT here: only the page cache is measured
+        c.direct_why = r.error().message();
+        continue;
+      }
+      return std::unexpected(r.error().with_context("sweep of " + file));
+    }
+    c.points.push_back({std::string(bench_mode_name(g.mode)), g.bs, g.qd,
+                        r->throughput_gib_s * (1 << 30), r->lat_avg_us, r->cpu_pct / 100});
+  }
+  if (progress) std::fprintf(stderr, "\r%*s\r", 70, "");
+  if (!c.direct && with_buffered == false && c.points.empty()) {
+    // Without O_DIRECT the only ceiling is the page cache's.
+    drop_cached_pages(file);
+    BenchOptions o;
+    o.file = file;
+    o.mode = BenchMode::kBuffered;
+    o.bs = std::min<uint64_t>(size / 4096 * 4096, 1 << 20);
+    o.qd = 1;
+    o.runtime = each;
+    SLUICE_ASSIGN_OR_RETURN(auto r, run_bench(o));
+    c.points.push_back(
+        {"buffered", o.bs, 1, r.throughput_gib_s * (1 << 30), r.lat_avg_us, r.cpu_pct / 100});
+  }
+  return c;
+}
+
+// The GPU paths, where CUDA loads: pinned and pageable host-to-device copy rates and
+// whether cuFile loads; otherwise why not.
+nlohmann::json probe_gpu(const std::string& file) {
+  nlohmann::json j;
+  auto cuda = mem::open_cuda_target();
+  if (!cuda) {
+    j["found"] = false;
+    j["why"] = cuda.error().message();
+    return j;
+  }
+  j["found"] = true;
+  j["name"] = (*cuda)->name();
+  const size_t n = size_t{256} << 20;
+  auto dev = (*cuda)->allocate(n);
+  auto pinned = (*cuda)->staging(n).acquire();
+  auto pageable = AlignedBuffer::allocate(n);
+  if (!dev || !pinned || !pageable) {
+    j["why"] = "could not allocate 256 MiB on the device and the host";
+    return j;
+  }
+  std::memset(pinned->data(), 1, n);
+  std::memset(pageable->data(), 1, n);
+  auto rate = [&](const std::byte* src) -> double {
+    double best = 0;
+    for (int round = 0; round < 3; ++round) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto tk = (*cuda)->copy_to_target(dev->get(), src, n);
+      if (!tk || !(*cuda)->wait(*tk)) return 0;
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, static_cast<double>(n) / s);
+    }
+    return best;
+  };
+  j["pinned_h2d_bytes_s"] = rate(pinned->data());
+  j["pageable_h2d_bytes_s"] = rate(pageable->data());
+  if (!file.empty()) {
+    auto ctx = io::Context::open({});
+    if (ctx) {
+      io::OpenOptions oo;
+      oo.compat = io::CompatMode::kOff;  // ask for cuFile: the answer says whether it loads
+      auto fh = io::FileHandle::open(*ctx, file, oo);
+      j["cufile"] =
+          fh ? fh->path_report().describe() + ": " + fh->path_report().why : fh.error().message();
+    }
+  }
+  return j;
+}
+
+std::string gpu_text(const nlohmann::json& g) {
+  if (!g.value("found", false)) return "gpu: none found (" + g.value("why", std::string()) + ")\n";
+  std::string out = "gpu: " + g.value("name", std::string()) + "\n";
+  out += "  host to device, pinned    " + doctor::format_rate(g.value("pinned_h2d_bytes_s", 0.0)) +
+         "\n";
+  out += "  host to device, pageable  " +
+         doctor::format_rate(g.value("pageable_h2d_bytes_s", 0.0)) + "\n";
+  if (g.contains("cufile"))
+    out += "  cuFile                    " + g["cufile"].get<std::string>() + "\n";
+  return out;
+}
+
+// Scratch files left by a doctor that was killed (its process is gone) are removed.
+void remove_stale_scratch(const std::string& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(".sluice-doctor-")) continue;
+    char* end = nullptr;
+    long owner = std::strtol(name.c_str() + 15, &end, 10);
+    if (owner <= 0 || *end != '\0') continue;
+    if (::kill(static_cast<pid_t>(owner), 0) != 0 && errno == ESRCH) fs::remove(it->path(), ec);
+  }
+}
+
+// A scratch file of our own in a directory: created, read, and always removed.
+struct ScratchFile {
+  std::string path;
+  ~ScratchFile() {
+    if (!path.empty()) ::unlink(path.c_str());
+  }
+};
+
+int run_path(const DoctorArgs& a, const CancelHook& cancel) {
+  struct stat sb;
+  if (::stat(a.path.c_str(), &sb) != 0)
+    return report_error(Error(Code::kNotFound, "--path " + a.path + ": " + std::strerror(errno)));
+  ScratchFile scratch;
+  std::string target = a.path;
+  const double budget = a.seconds > 0 ? a.seconds : 20;
+  const bool progress = ::isatty(STDERR_FILENO);
+  if (S_ISDIR(sb.st_mode)) {
+    struct statvfs vf;
+    if (::statvfs(a.path.c_str(), &vf) != 0)
+      return report_error(Error(Code::kIoError, "statvfs " + a.path + ": " + std::strerror(errno)));
+    const uint64_t free_bytes = static_cast<uint64_t>(vf.f_bavail) * vf.f_frsize;
+    uint64_t size =
+        a.scratch_size ? a.scratch_size : std::min<uint64_t>(uint64_t{1} << 30, free_bytes / 4);
+    size = size / (1 << 20) * (1 << 20);
+    if (size < (uint64_t{16} << 20) || size > free_bytes)
+      return report_error(
+          Error(Code::kNoSpace, a.path + " has " + format_size(static_cast<double>(free_bytes)) +
+                                    " free: too little for a scratch file to measure"));
+    remove_stale_scratch(a.path);
+    scratch.path = (fs::path(a.path) / (".sluice-doctor-" + std::to_string(::getpid()))).string();
+    target = scratch.path;
+    BenchOptions lay;
+    lay.file = target;
+    lay.rw = BenchRw::kRead;
+    lay.bs = 1 << 20;
+    lay.qd = 4;
+    lay.size = size;
+    lay.runtime = 0.01;  // lays the file out; the run itself is cut short
+    lay.progress = progress;
+    if (cancel.install) cancel.install();
+    if (auto r = run_bench(lay); !r)
+      return report_error(r.error().with_context("scratch file in " + a.path));
+    if (auto fd = UniqueFd(::open(target.c_str(), O_RDONLY | O_CLOEXEC)); fd.valid())
+      (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  } else if (!S_ISREG(sb.st_mode) && !S_ISBLK(sb.st_mode)) {
+    return report_error(
+        Error(Code::kInvalidArgument,
+              "--path " + a.path + " is not a directory, a regular file or a block device"));
+  } else if (cancel.install) {
+    cancel.install();
+  }
+  auto c = sweep(target, budget, true, cancel, progress);
+  if (!c) {
+    if (cancel.flag && cancel.flag->load()) {
+      std::fprintf(stderr, "sluice doctor: interrupted; nothing was left behind\n");
+      return 130;
+    }
+    return report_error(c.error());
+  }
+  if (!scratch.path.empty())
+    c->target = a.path + " (a scratch file of " +
+                format_size(static_cast<double>(std::filesystem::file_size(target))) + ")";
+  nlohmann::json gpu = probe_gpu(target);
+  if (a.json) {
+    nlohmann::json j = {{"ceiling", nlohmann::json::parse(c->json())}, {"gpu", gpu}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("sluice doctor: %s\n%s%s", a.path.c_str(), doctor::ceiling_text(*c).c_str(),
+                gpu_text(gpu).c_str());
+  }
+  return 0;
+}
+
+// What the sweep of a watched job reads: the device node itself where we may read it (so the
+// file's own layout does not lower the ceiling), else the biggest file the job reads there.
+std::string ceiling_target(const doctor::Observation& ob) {
+  if (!ob.device) return "";
+  const auto& d = ob.device->device;
+  std::string node = "/dev/" + d.name;
+  struct stat sb;
+  if (::stat(node.c_str(), &sb) == 0 && S_ISBLK(sb.st_mode) && ::major(sb.st_rdev) == d.major &&
+      ::minor(sb.st_rdev) == d.minor && ::access(node.c_str(), R_OK) == 0)
+    return node;
+  const doctor::OpenFile* big = nullptr;
+  for (const auto& f : ob.files)
+    if (::major(f.dev) == d.major && ::minor(f.dev) == d.minor && (!big || f.size > big->size))
+      big = &f;
+  return big ? big->path : "";
+}
+
+int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
+  std::optional<doctor::Ceiling> ceiling;
+  if (!a.ceiling_file.empty()) {
+    std::ifstream in(a.ceiling_file);
+    if (!in)
+      return report_error(
+          Error(Code::kNotFound, "--ceiling " + a.ceiling_file + ": cannot be read"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto c = doctor::Ceiling::from_json(ss.str());
+    if (!c) return report_error(c.error().with_context("--ceiling " + a.ceiling_file));
+    ceiling = std::move(*c);
+  }
+  const double window = a.seconds > 0 ? a.seconds : 5;
+  if (::isatty(STDERR_FILENO))
+    std::fprintf(stderr, "watching process %d for %.0f s...\n", a.pid, window);
+  auto ob = doctor::observe(a.pid, window);
+  if (!ob) return report_error(ob.error());
+  if (!ceiling && !a.no_sweep) {
+    std::string target = ceiling_target(*ob);
+    if (target.empty()) {
+      ob->notes.push_back(
+          "no ceiling measured: the job reads nothing on a block device we can read");
+    } else {
+      if (cancel.install) cancel.install();
+      // The job keeps running: no buffered point (dropping the file's pages would slow it).
+      auto c = sweep(target, a.sweep_seconds, false, cancel, ::isatty(STDERR_FILENO));
+      if (!c) {
+        if (cancel.flag && cancel.flag->load()) return 130;
+        ob->notes.push_back("no ceiling measured: " + c.error().message());
+      } else {
+        ceiling = std::move(*c);
+      }
+    }
+  }
+  auto d = doctor::diagnose(*ob, ceiling);
+  std::printf("%s\n", a.json ? doctor::report_json(*ob, ceiling, d).c_str()
+                             : doctor::report_text(*ob, ceiling, d).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
+  static DoctorArgs a;
+  auto* cmd = app.add_subcommand(
+      "doctor", "Measure what storage can do (--path), or say why a running job gets less (--pid)");
+  cmd->footer(
+      "--path DIR|FILE|DEVICE sweeps block size x queue depth x engine, reading only (a\n"
+      "directory gets a scratch file of sluice's own, removed afterwards), within --seconds\n"
+      "(default 20). --pid PID watches the job for --seconds (default 5) through /proc and\n"
+      "/sys without touching it, measures the ceiling of the device it reads (read-only,\n"
+      "--sweep-seconds, default 10) unless --ceiling or --no-sweep, and ranks the causes of\n"
+      "its shortfall. See docs/doctor.md.");
+  auto* path = cmd->add_option("--path", a.path, "A directory, file or block device to measure");
+  auto* pid =
+      cmd->add_option("--pid", a.pid, "A running process to watch")->check(CLI::PositiveNumber);
+  path->excludes(pid);
+  cmd->add_option(
+         "--seconds", a.seconds,
+         "--path: the sweep's time budget (default 20); --pid: how long to watch (default 5)")
+      ->check(CLI::Range(0.5, 3600.0));
+  cmd->add_option("--sweep-seconds", a.sweep_seconds, "--pid: the ceiling sweep's budget")
+      ->check(CLI::Range(0.5, 3600.0))
+      ->default_val(10);
+  cmd->add_option("--ceiling", a.ceiling_file,
+                  "--pid: a ceiling saved from `doctor --path ... --json` instead of a sweep");
+  cmd->add_flag("--no-sweep", a.no_sweep, "--pid: measure no ceiling (gains are then guesses)");
+  cmd->add_option(
+         "--scratch-size", a.scratch_size,
+         "--path DIR: the scratch file's size (default: 1 GiB or a quarter of the free space)")
+      ->transform(CLI::Validator(
+          [](std::string& s) -> std::string {
+            auto v = parse_size(s);
+            if (!v) return v.error().message();
+            s = std::to_string(*v);
+            return {};
+          },
+          "SIZE"));
+  cmd->add_flag("--json", a.json, "Print one JSON object");
+  cmd->callback([&rc, cancel] {
+    if (a.path.empty() && a.pid == 0) {
+      rc = report_error(Error(Code::kInvalidArgument, "give --path DIR|FILE|DEVICE or --pid PID"));
+      return;
+    }
+    if (!a.path.empty() && (!a.ceiling_file.empty() || a.no_sweep)) {
+      rc = report_error(Error(Code::kInvalidArgument, "--ceiling and --no-sweep go with --pid"));
+      return;
+    }
+    rc = a.pid ? run_pid(a, cancel) : run_path(a, cancel);
+  });
+}
+
+}  // namespace sluice::cli

@@ -46,6 +46,7 @@ bench: build test-tools
 	bench/s3_compare.py
 	bench/ckpt_compare.py
 	bench/ledger_compare.py
+	bench/doctor_compare.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -26,18 +26,18 @@ std::string fmt(const char* f, auto... args) {
   return buf;
 }
 
+bool is_direct_engine(const std::string& e) {
+  return e == "uring" || e == "direct";
+}
+
+}  // namespace
+
 std::string format_bytes(double b) {
   if (b >= kGiB) return fmt("%.1f GiB", b / kGiB);
   if (b >= kMiB) return fmt("%.0f MiB", b / kMiB);
   if (b >= kKiB) return fmt("%.0f KiB", b / kKiB);
   return fmt("%.0f B", b);
 }
-
-bool is_direct_engine(const std::string& e) {
-  return e == "uring" || e == "direct";
-}
-
-}  // namespace
 
 std::string format_rate(double bytes_s) {
   if (bytes_s >= kGiB) return fmt("%.2f GiB/s", bytes_s / kGiB);

@@ -111,6 +111,7 @@ struct S3Metrics {
   telemetry::Counter* requests[kOpCount] = {};
   telemetry::Histogram* latency[kOpCount] = {};
   telemetry::Counter* retries = nullptr;
+  telemetry::Counter* throttled = nullptr;
   telemetry::Counter* bytes_in = nullptr;
   telemetry::Counter* bytes_out = nullptr;
 };
@@ -176,6 +177,8 @@ class S3Store : public store::Store {
                                       "S3 request latency", 1e-9);
       }
       m_.retries = &r->counter("sluice_s3_retries_total", {}, "S3 requests retried");
+      m_.throttled = &r->counter("sluice_s3_throttled_total", {},
+                                 "S3 answers asking to slow down (503, 429, SlowDown)");
       m_.bytes_in = &r->counter("sluice_s3_bytes_total", {{"direction", "in"}}, "S3 body bytes");
       m_.bytes_out = &r->counter("sluice_s3_bytes_total", {{"direction", "out"}}, "S3 body bytes");
     }
@@ -272,6 +275,9 @@ class S3Store : public store::Store {
     if (resp->status == 416 && r.range_past_end_ok) return {true};
     if (resp->status >= 300 || resp->sink_overflow) {
       auto [e, retry] = classify(*resp, what);
+      if (m_.throttled && (resp->status == 503 || resp->status == 429 ||
+                           e.message().find("SlowDown") != std::string::npos))
+        m_.throttled->add();
       return {false, std::move(e), retry};
     }
     if (r.check) {

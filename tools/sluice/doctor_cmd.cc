@@ -22,14 +22,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "aws_config.h"
 #include "bench.h"
 #include "common.h"
 #include "sizes.h"
 #include "sluice/core/fd.h"
 #include "sluice/doctor/diagnose.h"
+#include "sluice/doctor/object_store.h"
 #include "sluice/doctor/observe.h"
 #include "sluice/io/file_handle.h"
 #include "sluice/mem/target.h"
+#include "sluice/s3/store.h"
+#include "sluice/telemetry/registry.h"
 
 namespace sluice::cli {
 
@@ -39,6 +43,9 @@ namespace fs = std::filesystem;
 
 struct DoctorArgs {
   std::string path;
+  std::string url;  // an object store prefix (s3://bucket/prefix, or any store URI)
+  AwsFlags aws;
+  uint64_t target_rate = 0;  // --url: bytes/s to size the concurrency for
   int pid = 0;
   double seconds = 0;  // --pid: the watch window; --path: the sweep budget
   double sweep_seconds = 10;
@@ -352,6 +359,41 @@ int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
   return 0;
 }
 
+int run_url(const DoctorArgs& a, const CancelHook& cancel) {
+  s3::register_scheme();
+  auto s3o = load_s3_options(a.aws);
+  if (!s3o) return report_error(s3o.error());
+  telemetry::Registry registry;
+  s3o->registry = &registry;
+  s3o->max_in_flight = 64;  // the probe's own concurrency levels decide what is in flight
+  store::StoreOptions so{.registry = nullptr};
+  so.create = false;  // only reads: a mistyped directory is NotFound, never created
+  so.backend.set(*s3o);
+  // The URL names a prefix: keys under it are listed relative to it, so it ends with '/'.
+  std::string uri = a.url;
+  if (uri.find("://") != std::string::npos &&
+      uri.find('/', uri.find("://") + 3) != std::string::npos && !uri.ends_with('/'))
+    uri += '/';
+  auto st = store::open_store(uri, so);
+  if (!st) return report_error(st.error().with_context("--url " + a.url));
+  doctor::StoreProbeOptions po;
+  po.seconds = a.seconds > 0 ? a.seconds : 12;
+  po.cancel = cancel.flag;
+  po.throttled = [&registry] { return registry.counter("sluice_s3_throttled_total").value(); };
+  if (cancel.install) cancel.install();
+  if (::isatty(STDERR_FILENO))
+    std::fprintf(stderr, "probing %s for %.0f s...\n", a.url.c_str(), po.seconds);
+  auto p = doctor::probe_store(**st, po);
+  if (!p) {
+    if (cancel.flag && cancel.flag->load()) return 130;
+    return report_error(p.error().with_context("doctor --url " + a.url));
+  }
+  auto causes = doctor::diagnose_store(*p, static_cast<double>(a.target_rate));
+  std::printf("%s\n", a.json ? doctor::store_json(*p, causes).c_str()
+                             : doctor::store_text(*p, causes).c_str());
+  return 0;
+}
+
 }  // namespace
 
 void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
@@ -364,14 +406,34 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
       "(default 20). --pid PID watches the job for --seconds (default 5) through /proc and\n"
       "/sys without touching it, measures the ceiling of the device it reads (read-only,\n"
       "--sweep-seconds, default 10) unless --ceiling or --no-sweep, and ranks the causes of\n"
-      "its shortfall. See docs/doctor.md.");
+      "its shortfall. --url s3://BUCKET/PREFIX probes an object store, reading only: one\n"
+      "small GET at a time for the latency, then small GETs and large ranged reads at 1, 4,\n"
+      "16 and 32 in flight within --seconds (default 12), and counts slow-down answers.\n"
+      "See docs/doctor.md.");
   auto* path = cmd->add_option("--path", a.path, "A directory, file or block device to measure");
   auto* pid =
       cmd->add_option("--pid", a.pid, "A running process to watch")->check(CLI::PositiveNumber);
+  auto* url = cmd->add_option(
+      "--url", a.url, "An object store prefix to probe (s3://bucket/prefix; any store URI)");
   path->excludes(pid);
-  cmd->add_option(
-         "--seconds", a.seconds,
-         "--path: the sweep's time budget (default 20); --pid: how long to watch (default 5)")
+  url->excludes(path);
+  url->excludes(pid);
+  cmd->add_option("--endpoint-url", a.aws.endpoint_url, "--url: the S3 endpoint");
+  cmd->add_option("--profile", a.aws.profile, "--url: the AWS profile");
+  cmd->add_option("--region", a.aws.region, "--url: the S3 region");
+  cmd->add_option("--target-rate", a.target_rate,
+                  "--url: a rate to reach (per second, e.g. 2G): how many reads in flight it needs")
+      ->transform(CLI::Validator(
+          [](std::string& s) -> std::string {
+            auto v = parse_size(s);
+            if (!v) return v.error().message();
+            s = std::to_string(*v);
+            return {};
+          },
+          "SIZE"));
+  cmd->add_option("--seconds", a.seconds,
+                  "--path: the sweep's time budget (default 20); --pid: how long to watch (default "
+                  "5); --url: the probe's budget (default 12)")
       ->check(CLI::Range(0.5, 3600.0));
   cmd->add_option("--sweep-seconds", a.sweep_seconds, "--pid: the ceiling sweep's budget")
       ->check(CLI::Range(0.5, 3600.0))
@@ -392,8 +454,14 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
           "SIZE"));
   cmd->add_flag("--json", a.json, "Print one JSON object");
   cmd->callback([&rc, cancel] {
-    if (a.path.empty() && a.pid == 0) {
-      rc = report_error(Error(Code::kInvalidArgument, "give --path DIR|FILE|DEVICE or --pid PID"));
+    if (a.path.empty() && a.pid == 0 && a.url.empty()) {
+      rc =
+          report_error(Error(Code::kInvalidArgument,
+                             "give --path DIR|FILE|DEVICE, --pid PID or --url s3://BUCKET/PREFIX"));
+      return;
+    }
+    if (!a.url.empty()) {
+      rc = run_url(a, cancel);
       return;
     }
     if (!a.path.empty() && (!a.ceiling_file.empty() || a.no_sweep)) {

@@ -75,5 +75,7 @@ std::string ceiling_text(const Ceiling& c);
 
 // "1.2 GiB/s", "840 MiB/s"
 std::string format_rate(double bytes_s);
+// "1.2 GiB", "64 KiB"
+std::string format_bytes(double bytes);
 
 }  // namespace sluice::doctor

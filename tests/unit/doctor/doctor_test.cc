@@ -12,6 +12,7 @@
 
 #include "sluice/core/fd.h"
 #include "sluice/doctor/diagnose.h"
+#include "sluice/doctor/object_store.h"
 #include "sluice/doctor/observe.h"
 #include "test_util.h"
 
@@ -327,6 +328,86 @@ TEST(CeilingJson, RoundTripsAndRejectsNonsense) {
   auto text = ceiling_text(c);
   EXPECT_NE(text.find("QD16"), std::string::npos);
   EXPECT_NE(text.find("latency-bound"), std::string::npos);
+}
+
+StoreProbe probe(std::vector<StoreLevel> levels, uint64_t throttled = 0) {
+  StoreProbe p;
+  p.uri = "s3://b/p/";
+  p.small_size = 4096;
+  p.big_size = 64 << 20;
+  p.latency_p50_ms = 20;
+  p.latency_p90_ms = 40;
+  p.levels = std::move(levels);
+  p.requests = 1000;
+  p.throttled = throttled;
+  return p;
+}
+
+std::vector<std::string> ids(const std::vector<Cause>& cs) {
+  std::vector<std::string> out;
+  for (const auto& c : cs) out.push_back(c.id);
+  return out;
+}
+
+TEST(StoreRules, LatencyBoundSmallReadsAndTheConcurrencyTheyNeed) {
+  const double MiB = 1 << 20;
+  auto cs = diagnose_store(
+      probe({{1, 50, 80 * MiB}, {4, 190, 300 * MiB}, {16, 700, 900 * MiB}, {32, 1300, 1500 * MiB}}),
+      4000 * MiB);
+  auto got = ids(cs);
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.front(), "latency-bound");  // 26x at 32 in flight
+  EXPECT_NE(std::find(got.begin(), got.end(), "queue-depth"), got.end());
+  // Little's law: 1,300 GETs/s x 20 ms = 26 in flight.
+  EXPECT_NE(cs.front().advice.find("26"), std::string::npos) << cs.front().advice;
+  auto target = std::find_if(cs.begin(), cs.end(), [](const Cause& c) { return c.id == "target"; });
+  ASSERT_NE(target, cs.end());
+  EXPECT_NE(target->advice.find("beyond"), std::string::npos);  // 4,000 MiB/s was never reached
+}
+
+TEST(StoreRules, SlowDownComesFirstAndAFlatCurveIsTheStore) {
+  const double MiB = 1 << 20;
+  auto cs = diagnose_store(probe({{1, 500, 300 * MiB}, {4, 520, 310 * MiB}}, 12));
+  auto got = ids(cs);
+  ASSERT_GE(got.size(), 2u);
+  EXPECT_EQ(got[0], "throttled");
+  EXPECT_EQ(got[1], "store-ceiling");
+  EXPECT_EQ(ids(diagnose_store(probe({{1, 500, 300 * MiB}}))), std::vector<std::string>{"healthy"});
+}
+
+TEST(StoreProbeTest, ReadsAMemoryStoreAndRefusesAnEmptyOne) {
+  auto st = store::open_store("mem://doctor-probe").value();
+  for (int i = 0; i < 4; ++i) {
+    auto w = st->create("s" + std::to_string(i)).value();
+    std::vector<std::byte> b(1000, std::byte{1});
+    ASSERT_TRUE(w->append(b));
+    ASSERT_TRUE(w->commit());
+  }
+  auto w = st->create("big").value();
+  std::vector<std::byte> big(3 << 20, std::byte{2});
+  ASSERT_TRUE(w->append(big));
+  ASSERT_TRUE(w->commit());
+  StoreProbeOptions o;
+  o.seconds = 0.5;
+  o.concurrency = {1, 2};
+  o.range_bytes = 1 << 20;
+  auto p = probe_store(*st, o);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->small_size, 1000u);
+  EXPECT_EQ(p->big_key, "big");
+  ASSERT_EQ(p->levels.size(), 2u);
+  EXPECT_GT(p->levels[0].small_gets_s, 0);
+  EXPECT_GT(p->levels[1].bytes_s, 0);
+  EXPECT_EQ(p->errors, 0u);
+  auto empty = store::open_store("mem://doctor-empty").value();
+  auto none = probe_store(*empty, o);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code(), Code::kNotFound);
+  std::atomic<bool> stop{true};
+  o.cancel = &stop;
+  auto cancelled = probe_store(*st, o);
+  ASSERT_FALSE(cancelled);
+  EXPECT_EQ(cancelled.error().code(), Code::kCancelled);
 }
 
 }  // namespace

@@ -472,6 +472,17 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
             ob.limit->bytes_per_s
                 ? format_rate(static_cast<double>(ob.limit->bytes_per_s)).c_str()
                 : fmt("%llu IOPS", static_cast<unsigned long long>(ob.limit->iops)).c_str());
+  {
+    std::string libs;
+    for (const auto& l : ob.gpu_libraries) libs += (libs.empty() ? "" : ", ") + l;
+    out += "  gpu        " +
+           (libs.empty() ? std::string("no CUDA or cuFile library loaded: host memory only")
+                         : libs + " loaded" +
+                               (libs.find("libcufile") == std::string::npos
+                                    ? " (no cuFile: device reads go through host staging)"
+                                    : "")) +
+           "\n";
+  }
   for (const auto& n : ob.notes) out += "  note       " + n + "\n";
   if (ceiling) {
     out += "\n" + ceiling_text(*ceiling);
@@ -517,6 +528,7 @@ std::string report_json(const Observation& ob, const std::optional<Ceiling>& cei
                         {"threads", threads}}},
                       {"files", files},
                       {"notes", ob.notes},
+                      {"gpu_libraries", ob.gpu_libraries},
                       {"ceiling_bytes_s", d.ceiling_bytes_s}};
   if (ob.device) {
     const auto& v = *ob.device;

@@ -475,6 +475,22 @@ Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) 
     }
   }
   if (ob.files.empty()) ob.notes.push_back("the process had no regular file or block device open");
+  // Whether the job's path can use pinned staging or GPUDirect Storage at all: the CUDA
+  // runtime and cuFile mapped in its address space.
+  if (auto maps = slurp(base + "/maps")) {
+    std::set<std::string> seen;
+    std::istringstream in(*maps);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto slash = line.rfind('/');
+      if (slash == std::string::npos) continue;
+      std::string lib = line.substr(slash + 1);
+      if (lib.starts_with("libcudart") || lib.starts_with("libcufile") ||
+          lib.starts_with("libcuda.so"))
+        seen.insert(lib);
+    }
+    ob.gpu_libraries.assign(seen.begin(), seen.end());
+  }
   if (ob.device) ob.limit = read_limit(pid, ob.device->device.major, ob.device->device.minor, o);
   return ob;
 }

@@ -145,9 +145,10 @@ struct Observation {
   std::string command;  // the job's comm
   JobActivity job;
   std::vector<OpenFile> files;
-  std::optional<DeviceActivity> device;  // the device the job read most from
-  std::optional<ReadLimit> limit;        // a cgroup read limit on that device
-  std::vector<std::string> notes;        // what could not be seen, and why
+  std::optional<DeviceActivity> device;    // the device the job read most from
+  std::optional<ReadLimit> limit;          // a cgroup read limit on that device
+  std::vector<std::string> gpu_libraries;  // CUDA / cuFile libraries mapped in the job
+  std::vector<std::string> notes;          // what could not be seen, and why
 };
 
 // Watches `pid` for `seconds` (sampling /proc and /sys at the start and the end).

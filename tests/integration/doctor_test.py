@@ -72,6 +72,11 @@ class Setup:
         with open(self.image, "wb") as f:
             f.truncate(768 * MIB)
         self.loop = sh("losetup", "-f", "--show", self.image).strip()
+        # The kernel's classic readahead (128 KiB): some kernels give a loop device far more
+        # (2.5 MiB was seen), which makes cold buffered reads nearly as fast as O_DIRECT and
+        # the buffered case no longer a degraded one.
+        with open(f"/sys/block/{os.path.basename(self.loop)}/queue/read_ahead_kb", "w") as f:
+            f.write("128")
         sh("mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop)
         os.makedirs(self.mnt)
         sh("mount", self.loop, self.mnt)
@@ -153,6 +158,8 @@ def causes(report):
 
 def expect_top(report, *ids):
     got = causes(report)
+    if got:
+        print(f"#    {got[0]}: {report['causes'][0]['evidence']}", flush=True)
     assert got and got[0] in ids, f"top cause {got} is not {ids}:\n{json.dumps(report, indent=1)}"
 
 
@@ -188,7 +195,9 @@ def test_sweep_reads_only_and_agrees_with_itself(s):
     c = json.loads(out)["ceiling"]
     assert c["device"] == os.path.basename(s.loop), c
     engines = {p["engine"] for p in c["points"]}
-    assert engines == {"uring", "direct", "buffered"}, engines
+    # The device holds a mounted file system, whose pages the cache may keep: then the
+    # buffered point is labelled a memory-copy figure.
+    assert engines in ({"uring", "direct", "buffered"}, {"uring", "direct", "buffered-cached"}), engines
     assert {p["qd"] for p in c["points"] if p["engine"] == "uring"} == {1, 4, 16, 64}
     best = c["best"]["bytes_s"]
     qd1_4k = [p for p in c["points"] if p["engine"] == "uring" and p["bs"] == 4096 and p["qd"] == 1][0]
@@ -230,8 +239,12 @@ def test_one_small_read_at_a_time(s):
 
 
 def test_buffered_reads_from_a_cold_cache(s):
-    r = diagnose(python_reader(s, s.data, MIB, direct=False, cold=True), s.ceiling)
+    # 64 KiB read calls: the page cache fetches them in readahead windows (128 KiB, a request
+    # or two in flight), far from what O_DIRECT with depth gets. (1 MiB calls would be read
+    # ahead in 1 MiB requests, which a RAM-backed device serves nearly as fast as O_DIRECT.)
+    r = diagnose(python_reader(s, s.data, 64 << 10, direct=False, cold=True), s.ceiling)
     expect_top(r, "buffered")
+    assert r["device"]["avg_read_bytes"] <= 256 << 10, r["device"]
 
 
 def test_a_thread_spinning_between_reads(s):

@@ -489,14 +489,29 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
   } else {
     out += "\n  no ceiling was measured (--no-sweep): gains are guesses\n";
   }
-  out += "\ncauses, most likely first:\n";
+  return out + causes_text(d.causes);
+}
+
+std::string causes_text(const std::vector<Cause>& causes) {
+  std::string out = "\ncauses, most likely first:\n";
   int i = 0;
-  for (const auto& c : d.causes) {
+  for (const auto& c : causes) {
     out += fmt("  %d. [%s] %s", ++i, c.id.c_str(), c.title.c_str());
     if (c.gain > 1.05) out += fmt(" (up to %.1fx faster if fixed)", c.gain);
     out += "\n     evidence: " + c.evidence + "\n     change:   " + c.advice + "\n";
   }
   return out;
+}
+
+std::string causes_json(const std::vector<Cause>& causes) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : causes)
+    out.push_back({{"id", c.id},
+                   {"title", c.title},
+                   {"evidence", c.evidence},
+                   {"advice", c.advice},
+                   {"gain", c.gain}});
+  return out.dump();
 }
 
 std::string report_json(const Observation& ob, const std::optional<Ceiling>& ceiling,
@@ -554,14 +569,7 @@ std::string report_json(const Observation& ob, const std::optional<Ceiling>& cei
                   {"bytes_per_s", ob.limit->bytes_per_s},
                   {"iops", ob.limit->iops}};
   if (ceiling) j["ceiling"] = nlohmann::json::parse(ceiling->json());
-  nlohmann::json causes = nlohmann::json::array();
-  for (const auto& c : d.causes)
-    causes.push_back({{"id", c.id},
-                      {"title", c.title},
-                      {"evidence", c.evidence},
-                      {"advice", c.advice},
-                      {"gain", c.gain}});
-  j["causes"] = causes;
+  j["causes"] = nlohmann::json::parse(causes_json(d.causes));
   return j.dump();
 }
 

@@ -250,14 +250,7 @@ std::string store_text(const StoreProbe& p, const std::vector<Cause>& causes) {
              static_cast<unsigned long long>(p.requests), static_cast<unsigned long long>(p.errors),
              static_cast<unsigned long long>(p.throttled));
   if (!p.first_error.empty()) out += "  first error " + p.first_error + "\n";
-  out += "\ncauses, most likely first:\n";
-  int i = 0;
-  for (const auto& c : causes) {
-    out += fmt("  %d. [%s] %s", ++i, c.id.c_str(), c.title.c_str());
-    if (c.gain > 1.05) out += fmt(" (up to %.1fx faster if fixed)", c.gain);
-    out += "\n     evidence: " + c.evidence + "\n     change:   " + c.advice + "\n";
-  }
-  return out;
+  return out + causes_text(causes);
 }
 
 std::string store_json(const StoreProbe& p, const std::vector<Cause>& causes) {
@@ -265,13 +258,6 @@ std::string store_json(const StoreProbe& p, const std::vector<Cause>& causes) {
   for (const auto& l : p.levels)
     levels.push_back(
         {{"concurrency", l.concurrency}, {"small_gets_s", l.small_gets_s}, {"bytes_s", l.bytes_s}});
-  nlohmann::json cs = nlohmann::json::array();
-  for (const auto& c : causes)
-    cs.push_back({{"id", c.id},
-                  {"title", c.title},
-                  {"evidence", c.evidence},
-                  {"advice", c.advice},
-                  {"gain", c.gain}});
   nlohmann::json j = {{"uri", p.uri},
                       {"objects_listed", p.objects_listed},
                       {"small_key", p.small_key},
@@ -284,7 +270,7 @@ std::string store_json(const StoreProbe& p, const std::vector<Cause>& causes) {
                       {"errors", p.errors},
                       {"throttled", p.throttled},
                       {"first_error", p.first_error},
-                      {"causes", cs}};
+                      {"causes", nlohmann::json::parse(causes_json(causes))}};
   return j.dump();
 }
 

@@ -416,6 +416,14 @@ int run_url(const DoctorArgs& a, const CancelHook& cancel) {
 
 void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   static DoctorArgs a;
+  const CLI::Validator size_validator(
+      [](std::string& s) -> std::string {
+        auto v = parse_size(s);
+        if (!v) return v.error().message();
+        s = std::to_string(*v);
+        return {};
+      },
+      "SIZE");
   auto* cmd = app.add_subcommand(
       "doctor", "Measure what storage can do (--path), or say why a running job gets less (--pid)");
   cmd->footer(
@@ -441,14 +449,7 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   cmd->add_option("--region", a.aws.region, "--url: the S3 region");
   cmd->add_option("--target-rate", a.target_rate,
                   "--url: a rate to reach (per second, e.g. 2G): how many reads in flight it needs")
-      ->transform(CLI::Validator(
-          [](std::string& s) -> std::string {
-            auto v = parse_size(s);
-            if (!v) return v.error().message();
-            s = std::to_string(*v);
-            return {};
-          },
-          "SIZE"));
+      ->transform(size_validator);
   cmd->add_option("--seconds", a.seconds,
                   "--path: the sweep's time budget (default 20); --pid: how long to watch (default "
                   "5); --url: the probe's budget (default 12)")
@@ -462,14 +463,7 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   cmd->add_option(
          "--scratch-size", a.scratch_size,
          "--path DIR: the scratch file's size (default: 1 GiB or a quarter of the free space)")
-      ->transform(CLI::Validator(
-          [](std::string& s) -> std::string {
-            auto v = parse_size(s);
-            if (!v) return v.error().message();
-            s = std::to_string(*v);
-            return {};
-          },
-          "SIZE"));
+      ->transform(size_validator);
   cmd->add_flag("--json", a.json, "Print one JSON object");
   cmd->callback([&rc, cancel] {
     if (a.path.empty() && a.pid == 0 && a.url.empty()) {

@@ -70,6 +70,9 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
                         const Diagnosis& d);
 std::string report_json(const Observation& ob, const std::optional<Ceiling>& ceiling,
                         const Diagnosis& d);
+// Ranked causes as the reports print them: numbered text, and a JSON array.
+std::string causes_text(const std::vector<Cause>& causes);
+std::string causes_json(const std::vector<Cause>& causes);
 // The sweep alone: the curve and the knee, in words.
 std::string ceiling_text(const Ceiling& c);
 

@@ -101,7 +101,7 @@ std::string Ceiling::json() const {
     j["best"] = {{"engine", b->engine}, {"bs", b->bs}, {"qd", b->qd}, {"bytes_s", b->bytes_s}};
   if (auto k = knee())
     j["knee"] = {{"engine", k->engine}, {"bs", k->bs}, {"qd", k->qd}, {"bytes_s", k->bytes_s}};
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Result<Ceiling> Ceiling::from_json(const std::string& text) {
@@ -111,7 +111,10 @@ Result<Ceiling> Ceiling::from_json(const std::string& text) {
                 "a ceiling must be the JSON object `sluice doctor --path "
                 "--json` prints");
   // `--json` of a whole report holds the ceiling under "ceiling".
-  if (j.contains("ceiling") && j["ceiling"].is_object()) j = j["ceiling"];
+  if (j.contains("ceiling") && j["ceiling"].is_object()) {
+    nlohmann::json inner = std::move(j["ceiling"]);  // moved: a copy of a deep tree recurses
+    j = std::move(inner);
+  }
   Ceiling c;
   try {
     c.target = j.value("target", "");
@@ -124,6 +127,11 @@ Result<Ceiling> Ceiling::from_json(const std::string& text) {
           p.at("bytes_s").get<double>(),     p.value("lat_us", 0.0),     p.value("cpu", 0.0)};
       if (s.bs == 0 || s.qd == 0 || !std::isfinite(s.bytes_s) || s.bytes_s < 0)
         return fail(Code::kInvalidArgument, "a ceiling point has bs 0, qd 0 or a bad rate");
+      if (s.bs > (uint64_t{1} << 30) || s.qd > 65536 ||
+          (s.engine != "uring" && s.engine != "direct" && s.engine != "buffered" &&
+           s.engine != "buffered-cached"))
+        return fail(Code::kInvalidArgument, "a ceiling point has an unknown engine '" + s.engine +
+                                                "', or bs over 1 GiB, or qd over 65536");
       c.points.push_back(std::move(s));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -487,7 +495,7 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
   if (ceiling) {
     out += "\n" + ceiling_text(*ceiling);
   } else {
-    out += "\n  no ceiling was measured (--no-sweep): gains are guesses\n";
+    out += "\n  no ceiling was measured: gains are guesses\n";
   }
   return out + causes_text(d.causes);
 }
@@ -511,7 +519,7 @@ std::string causes_json(const std::vector<Cause>& causes) {
                    {"evidence", c.evidence},
                    {"advice", c.advice},
                    {"gain", c.gain}});
-  return out.dump();
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string report_json(const Observation& ob, const std::optional<Ceiling>& ceiling,
@@ -570,7 +578,7 @@ std::string report_json(const Observation& ob, const std::optional<Ceiling>& cei
                   {"iops", ob.limit->iops}};
   if (ceiling) j["ceiling"] = nlohmann::json::parse(ceiling->json());
   j["causes"] = nlohmann::json::parse(causes_json(d.causes));
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace sluice::doctor

@@ -271,7 +271,7 @@ std::string store_json(const StoreProbe& p, const std::vector<Cause>& causes) {
                       {"throttled", p.throttled},
                       {"first_error", p.first_error},
                       {"causes", nlohmann::json::parse(causes_json(causes))}};
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace sluice::doctor

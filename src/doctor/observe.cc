@@ -452,7 +452,11 @@ Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) 
     std::this_thread::sleep_for(std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(seconds * 1000 / 8), 10, 500)));
   } while (std::chrono::steady_clock::now() < until);
-  SLUICE_ASSIGN_OR_RETURN(Snapshot b, snapshot(pid, all, o));
+  auto last = snapshot(pid, all, o);
+  if (!last && last.error().code() == Code::kNotFound)
+    return fail(Code::kNotFound, "process " + std::to_string(pid) + " (" + ob.command +
+                                     ") exited during the watch: watch it for fewer --seconds");
+  SLUICE_ASSIGN_OR_RETURN(Snapshot b, std::move(last));
   for (auto& [p, f] : files) ob.files.push_back(std::move(f));
   ob.job = job_activity(a, b, ::sysconf(_SC_CLK_TCK));
 

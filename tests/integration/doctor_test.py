@@ -340,6 +340,29 @@ def test_bad_input_is_a_clear_error(s):
     ]:
         p = sluice("doctor", *args, check=False, timeout=30)
         assert p.returncode in (1, 2) and words in p.stderr, (args, p.returncode, p.stderr)
+    # A planted symlink where the scratch file goes is never followed (the victim is kept).
+    shared = os.path.join(WORK, "shared")
+    os.makedirs(shared)
+    victim = os.path.join(WORK, "victim")
+    with open(victim, "wb") as f:
+        f.write(b"precious")
+    p = subprocess.run(["bash", "-c", f'ln -s {victim} {shared}/.sluice-doctor-$$; exec {SLUICE} doctor '
+                        f'--path {shared} --seconds 1 --scratch-size 32M'], capture_output=True, text=True)
+    assert p.returncode == 1 and "left alone" in p.stderr, (p.returncode, p.stderr)
+    assert open(victim, "rb").read() == b"precious"
+    # Names that are not UTF-8 still give valid JSON; files under 64 KiB are measured.
+    odd = os.path.join(WORK.encode(), b"odd\xff\ndir")
+    os.makedirs(odd)
+    small = os.path.join(odd, b"f5000")
+    with open(small, "wb") as f:
+        f.write(os.urandom(5000))
+    p = subprocess.run([SLUICE, "doctor", "--path", small, "--seconds", "1", "--json"], capture_output=True)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["ceiling"]["best"]["bs"] == 4096
+    for args, words in ((["--path", WORK, "--seconds", "nan"], "seconds"),
+                        (["--pid", "1", "--ceiling", "/dev/zero"], "not a regular file")):
+        p = sluice("doctor", *args, check=False, timeout=30)
+        assert p.returncode in (1, 2) and words in p.stderr, (args, p.returncode, p.stderr)
     bad = os.path.join(WORK, "bad.json")
     with open(bad, "w") as f:
         f.write('{"points": [{"engine": "uring", "bs": 0, "qd": 1, "bytes_s": 5}]}')

@@ -68,7 +68,7 @@ std::vector<GridPoint> sweep_grid(uint64_t size, bool with_buffered) {
   for (uint64_t bs : {uint64_t{4} << 10, uint64_t{64} << 10, uint64_t{1} << 20})
     for (unsigned qd : {1u, 4u, 16u, 64u})
       if (bs <= size) g.push_back({BenchMode::kUring, bs, qd});
-  uint64_t big = size >= (1 << 20) ? 1 << 20 : 64 << 10;
+  const uint64_t big = size >= (1 << 20) ? 1 << 20 : size >= (64 << 10) ? 64 << 10 : 4 << 10;
   g.push_back({BenchMode::kDirect, big, 16});
   if (with_buffered) g.push_back({BenchMode::kBuffered, big, 1});
   return g;
@@ -276,6 +276,20 @@ int run_path(const DoctorArgs& a, const CancelHook& cancel) {
                                     " free: too little for a scratch file to measure"));
     remove_stale_scratch(a.path);
     scratch.path = (fs::path(a.path) / (".sluice-doctor-" + std::to_string(::getpid()))).string();
+    // Created here, exclusively and never through a symlink: a name planted in a shared
+    // directory must not make the layout below write over someone else's file.
+    {
+      UniqueFd fd(
+          ::open(scratch.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+      if (!fd.valid()) {
+        int err = errno;
+        scratch.path.clear();  // not ours: never removed
+        return report_error(
+            Error(Code::kAlreadyExists,
+                  "cannot create the scratch file in " + a.path + ": " + std::strerror(err) +
+                      (err == EEXIST ? " (a file of that name is there; it is left alone)" : "")));
+      }
+    }
     target = scratch.path;
     BenchOptions lay;
     lay.file = target;
@@ -311,7 +325,7 @@ int run_path(const DoctorArgs& a, const CancelHook& cancel) {
   nlohmann::json gpu = probe_gpu(target);
   if (a.json) {
     nlohmann::json j = {{"ceiling", nlohmann::json::parse(c->json())}, {"gpu", gpu}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("sluice doctor: %s\n%s%s", a.path.c_str(), doctor::ceiling_text(*c).c_str(),
                 gpu_text(gpu).c_str());
@@ -339,6 +353,13 @@ std::string ceiling_target(const doctor::Observation& ob) {
 int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
   std::optional<doctor::Ceiling> ceiling;
   if (!a.ceiling_file.empty()) {
+    struct stat cs;
+    if (::stat(a.ceiling_file.c_str(), &cs) == 0 && S_ISREG(cs.st_mode) && cs.st_size > (16 << 20))
+      return report_error(Error(Code::kInvalidArgument,
+                                "--ceiling " + a.ceiling_file + " is over 16 MiB: not a ceiling"));
+    if (::stat(a.ceiling_file.c_str(), &cs) == 0 && !S_ISREG(cs.st_mode) && !S_ISFIFO(cs.st_mode))
+      return report_error(
+          Error(Code::kInvalidArgument, "--ceiling " + a.ceiling_file + " is not a regular file"));
     std::ifstream in(a.ceiling_file);
     if (!in)
       return report_error(
@@ -453,7 +474,13 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   cmd->add_option("--seconds", a.seconds,
                   "--path: the sweep's time budget (default 20); --pid: how long to watch (default "
                   "5); --url: the probe's budget (default 12)")
-      ->check(CLI::Range(0.5, 3600.0));
+      ->check(CLI::Range(0.5, 3600.0) & CLI::Validator(
+                                            [](std::string& v) -> std::string {
+                                              return v.find_first_of("nN") == std::string::npos
+                                                         ? ""
+                                                         : "not a number of seconds";
+                                            },
+                                            "SECONDS"));
   cmd->add_option("--sweep-seconds", a.sweep_seconds, "--pid: the ceiling sweep's budget")
       ->check(CLI::Range(0.5, 3600.0))
       ->default_val(10);

@@ -341,8 +341,9 @@ std::string ceiling_target(const doctor::Observation& ob) {
   std::string node = "/dev/" + d.name;
   struct stat sb;
   if (::stat(node.c_str(), &sb) == 0 && S_ISBLK(sb.st_mode) && ::major(sb.st_rdev) == d.major &&
-      ::minor(sb.st_rdev) == d.minor && ::access(node.c_str(), R_OK) == 0)
-    return node;
+      ::minor(sb.st_rdev) == d.minor &&
+      UniqueFd(::open(node.c_str(), O_RDONLY | O_CLOEXEC)).valid())
+    return node;  // opened, not access()ed: a container may refuse the open (EPERM) to root
   const doctor::OpenFile* big = nullptr;
   for (const auto& f : ob.files)
     if (::major(f.dev) == d.major && ::minor(f.dev) == d.minor && (!big || f.size > big->size))
@@ -392,6 +393,11 @@ int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
       }
     }
   }
+  if (ceiling && ob->device && !ceiling->device.empty() &&
+      ceiling->device != ob->device->device.name)
+    ob->notes.push_back("the ceiling was measured on " + ceiling->device +
+                        ", but the job reads from " + ob->device->device.name +
+                        ": gains compare different devices");
   auto d = doctor::diagnose(*ob, ceiling);
   std::printf("%s\n", a.json ? doctor::report_json(*ob, ceiling, d).c_str()
                              : doctor::report_text(*ob, ceiling, d).c_str());

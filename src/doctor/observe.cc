@@ -164,7 +164,8 @@ Result<ThreadTicks> parse_task_stat(std::string_view text) {
   if (open == std::string_view::npos || close == std::string_view::npos || close < open)
     return fail(Code::kCorruption, "task stat without (comm)");
   ThreadTicks t;
-  auto tid = to_u64(fields(text.substr(0, open)).empty() ? "" : fields(text.substr(0, open))[0]);
+  auto head = fields(text.substr(0, open));
+  auto tid = to_u64(head.empty() ? "" : head[0]);
   if (!tid) return fail(Code::kCorruption, "task stat without a thread id");
   t.tid = static_cast<int>(*tid);
   t.name = std::string(text.substr(open + 1, close - open - 1));

@@ -25,6 +25,7 @@
 #include "aws_config.h"
 #include "bench.h"
 #include "common.h"
+#include "size_flag.h"
 #include "sizes.h"
 #include "sluice/core/fd.h"
 #include "sluice/doctor/diagnose.h"
@@ -354,20 +355,10 @@ std::string ceiling_target(const doctor::Observation& ob) {
 int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
   std::optional<doctor::Ceiling> ceiling;
   if (!a.ceiling_file.empty()) {
-    struct stat cs;
-    if (::stat(a.ceiling_file.c_str(), &cs) == 0 && S_ISREG(cs.st_mode) && cs.st_size > (16 << 20))
-      return report_error(Error(Code::kInvalidArgument,
-                                "--ceiling " + a.ceiling_file + " is over 16 MiB: not a ceiling"));
-    if (::stat(a.ceiling_file.c_str(), &cs) == 0 && !S_ISREG(cs.st_mode) && !S_ISFIFO(cs.st_mode))
-      return report_error(
-          Error(Code::kInvalidArgument, "--ceiling " + a.ceiling_file + " is not a regular file"));
-    std::ifstream in(a.ceiling_file);
-    if (!in)
-      return report_error(
-          Error(Code::kNotFound, "--ceiling " + a.ceiling_file + ": cannot be read"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto c = doctor::Ceiling::from_json(ss.str());
+    // A ceiling is a few KiB: the shared reader refuses FIFOs, devices and anything over 1 MiB.
+    auto text = read_small_file(a.ceiling_file, "--ceiling");
+    if (!text) return report_error(text.error());
+    auto c = doctor::Ceiling::from_json(*text);
     if (!c) return report_error(c.error().with_context("--ceiling " + a.ceiling_file));
     ceiling = std::move(*c);
   }
@@ -443,14 +434,6 @@ int run_url(const DoctorArgs& a, const CancelHook& cancel) {
 
 void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   static DoctorArgs a;
-  const CLI::Validator size_validator(
-      [](std::string& s) -> std::string {
-        auto v = parse_size(s);
-        if (!v) return v.error().message();
-        s = std::to_string(*v);
-        return {};
-      },
-      "SIZE");
   auto* cmd = app.add_subcommand(
       "doctor", "Measure what storage can do (--path), or say why a running job gets less (--pid)");
   cmd->footer(
@@ -476,7 +459,7 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   cmd->add_option("--region", a.aws.region, "--url: the S3 region");
   cmd->add_option("--target-rate", a.target_rate,
                   "--url: a rate to reach (per second, e.g. 2G): how many reads in flight it needs")
-      ->transform(size_validator);
+      ->transform(size_validator());
   cmd->add_option("--seconds", a.seconds,
                   "--path: the sweep's time budget (default 20); --pid: how long to watch (default "
                   "5); --url: the probe's budget (default 12)")
@@ -496,7 +479,7 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   cmd->add_option(
          "--scratch-size", a.scratch_size,
          "--path DIR: the scratch file's size (default: 1 GiB or a quarter of the free space)")
-      ->transform(size_validator);
+      ->transform(size_validator());
   cmd->add_flag("--json", a.json, "Print one JSON object");
   cmd->callback([&rc, cancel] {
     if (a.path.empty() && a.pid == 0 && a.url.empty()) {

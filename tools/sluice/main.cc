@@ -22,6 +22,7 @@
 #include "doctor_cmd.h"
 #include "gc_cmd.h"
 #include "ledger_cmd.h"
+#include "size_flag.h"
 #include "sizes.h"
 #include "sluice/io/engine.h"
 
@@ -29,18 +30,6 @@ namespace {
 
 using namespace sluice;
 using namespace sluice::cli;
-
-// Wraps parse_size as a CLI11 option transform, so "--bs 4K" fails with a clear message.
-auto size_validator() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        auto v = parse_size(s);
-        if (!v) return v.error().message();
-        s = std::to_string(*v);
-        return {};
-      },
-      "SIZE");
-}
 
 void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& rw, bool& json,
                int& rc) {

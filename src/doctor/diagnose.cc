@@ -288,12 +288,14 @@ Diagnosis diagnose(const Observation& ob, const std::optional<Ceiling>& ceiling)
         add(found, 3,
             {"buffered", "buffered reads from a cold page cache",
              fmt("the job's files are open without O_DIRECT; the device sees %s requests "
-                 "(read_ahead_kb %llu) with %.1f in flight; buffered reads top out at %s here, "
-                 "O_DIRECT at %s",
+                 "(read_ahead_kb %llu) with %.1f in flight%s%s",
                  format_bytes(R).c_str(),
                  static_cast<unsigned long long>(f.dev->device.read_ahead_kb), Q,
-                 buffered_best > 0 ? format_rate(buffered_best).c_str() : "(not measured)",
-                 f.best > 0 ? format_rate(f.best).c_str() : "(not measured)"),
+                 buffered_best > 0
+                     ? ("; buffered reads top out at " + format_rate(buffered_best) + " here")
+                           .c_str()
+                     : "",
+                 f.best > 0 ? ("; O_DIRECT reaches " + format_rate(f.best)).c_str() : ""),
              "read with O_DIRECT and large requests in flight (sluice's data path does), or "
              "at least posix_fadvise(SEQUENTIAL) and a larger read_ahead_kb",
              f.gain_to(f.best)});
@@ -396,7 +398,7 @@ Diagnosis diagnose(const Observation& ob, const std::optional<Ceiling>& ceiling)
 
 std::string ceiling_text(const Ceiling& c) {
   std::string out =
-      "ceiling of " + c.target + (c.device.empty() ? "" : " (" + c.device + ")") + "\n";
+      "ceiling of " + printable(c.target) + (c.device.empty() ? "" : " (" + c.device + ")") + "\n";
   std::map<uint64_t, std::map<unsigned, double>> grid;
   std::vector<unsigned> qds;
   for (const auto& p : c.points) {
@@ -423,7 +425,7 @@ std::string ceiling_text(const Ceiling& c) {
       out += fmt("  %-8s %-12s QD%-4u %s\n", p.engine.c_str(),
                  format_bytes(static_cast<double>(p.bs)).c_str(), p.qd,
                  format_rate(p.bytes_s).c_str());
-  if (!c.direct) out += "  O_DIRECT: not available here (" + c.direct_why + ")\n";
+  if (!c.direct) out += "  O_DIRECT: not available here (" + printable(c.direct_why) + ")\n";
   auto best = c.best();
   if (!best) return out + "  nothing was measured\n";
   out += fmt("  => reaches %s at %s x QD%u with %s", format_rate(best->bytes_s).c_str(),
@@ -443,7 +445,7 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
                         const Diagnosis& d) {
   const auto& j = ob.job;
   std::string out = fmt("sluice doctor: process %d (%s), watched %.1f s\n", ob.pid,
-                        ob.command.c_str(), j.seconds);
+                        printable(ob.command).c_str(), j.seconds);
   out +=
       fmt("  job        reads %s from storage, %s through %.0f read calls/s (%s each); "
           "writes %s; CPU %.2f cores\n",
@@ -452,7 +454,7 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
   for (size_t i = 0; i < std::min<size_t>(3, j.threads.size()); ++i) {
     const auto& t = j.threads[i];
     out += fmt("  thread     %d %-15s %5.1f%% of a core (user %.1f%%, sys %.1f%%)\n", t.tid,
-               t.name.c_str(), 100 * t.cpu, 100 * t.user, 100 * t.sys);
+               printable(t.name).c_str(), 100 * t.cpu, 100 * t.user, 100 * t.sys);
   }
   if (ob.device) {
     const auto& v = *ob.device;
@@ -468,18 +470,18 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
   for (size_t i = 0; i < std::min<size_t>(5, ob.files.size()); ++i) {
     const auto& f = ob.files[i];
     out +=
-        fmt("  file       fd %d %s (%s%s%s)\n", f.fd, f.path.c_str(),
+        fmt("  file       fd %d %s (%s%s%s)\n", f.fd, printable(f.path).c_str(),
             f.block_device ? "block device" : format_bytes(static_cast<double>(f.size)).c_str(),
             f.direct ? ", O_DIRECT" : ", buffered",
             f.extents >= 0 ? fmt(", %lld extents", static_cast<long long>(f.extents)).c_str() : "");
   }
   if (ob.files.size() > 5) out += fmt("  file       ... and %zu more\n", ob.files.size() - 5);
   if (ob.limit)
-    out +=
-        fmt("  limit      %s in cgroup %s: %s\n", ob.limit->file.c_str(), ob.limit->cgroup.c_str(),
-            ob.limit->bytes_per_s
-                ? format_rate(static_cast<double>(ob.limit->bytes_per_s)).c_str()
-                : fmt("%llu IOPS", static_cast<unsigned long long>(ob.limit->iops)).c_str());
+    out += fmt("  limit      %s in cgroup %s: %s\n", ob.limit->file.c_str(),
+               printable(ob.limit->cgroup).c_str(),
+               ob.limit->bytes_per_s
+                   ? format_rate(static_cast<double>(ob.limit->bytes_per_s)).c_str()
+                   : fmt("%llu IOPS", static_cast<unsigned long long>(ob.limit->iops)).c_str());
   {
     std::string libs;
     for (const auto& l : ob.gpu_libraries) libs += (libs.empty() ? "" : ", ") + l;
@@ -491,7 +493,7 @@ std::string report_text(const Observation& ob, const std::optional<Ceiling>& cei
                                     : "")) +
            "\n";
   }
-  for (const auto& n : ob.notes) out += "  note       " + n + "\n";
+  for (const auto& n : ob.notes) out += "  note       " + printable(n) + "\n";
   if (ceiling) {
     out += "\n" + ceiling_text(*ceiling);
   } else {
@@ -506,7 +508,7 @@ std::string causes_text(const std::vector<Cause>& causes) {
   for (const auto& c : causes) {
     out += fmt("  %d. [%s] %s", ++i, c.id.c_str(), c.title.c_str());
     if (c.gain > 1.05) out += fmt(" (up to %.1fx faster if fixed)", c.gain);
-    out += "\n     evidence: " + c.evidence + "\n     change:   " + c.advice + "\n";
+    out += "\n     evidence: " + printable(c.evidence) + "\n     change:   " + c.advice + "\n";
   }
   return out;
 }

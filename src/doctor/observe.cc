@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -443,21 +444,37 @@ Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) 
   }
   SLUICE_ASSIGN_OR_RETURN(Snapshot a, snapshot(pid, all, o));
   // Descriptors are listed several times over the window, so a job that opens and closes
-  // files per read is still seen.
+  // files per read is still seen; each listing is followed by a snapshot, so a job that
+  // exits during the watch is reported up to its last one.
   std::map<std::string, OpenFile> files;
+  std::optional<Snapshot> last;
+  bool exited = false;
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   do {
-    auto fl = open_files(pid, o);
-    if (!fl) break;
-    for (auto& f : *fl) files.insert_or_assign(f.path, std::move(f));
+    if (auto fl = open_files(pid, o))
+      for (auto& f : *fl) files.insert_or_assign(f.path, std::move(f));
     std::this_thread::sleep_for(std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(seconds * 1000 / 8), 10, 500)));
+    auto s = snapshot(pid, all, o);
+    if (!s && s.error().code() == Code::kNotFound) {
+      exited = true;
+      break;
+    }
+    if (!s) return std::unexpected(s.error());
+    last = std::move(*s);
   } while (std::chrono::steady_clock::now() < until);
-  auto last = snapshot(pid, all, o);
-  if (!last && last.error().code() == Code::kNotFound)
+  if (!last)
     return fail(Code::kNotFound, "process " + std::to_string(pid) + " (" + ob.command +
-                                     ") exited during the watch: watch it for fewer --seconds");
-  SLUICE_ASSIGN_OR_RETURN(Snapshot b, std::move(last));
+                                     ") exited before anything could be measured");
+  const Snapshot& b = *last;
+  if (exited) {
+    char note[160];
+    std::snprintf(note, sizeof note,
+                  "the process exited during the watch: the figures cover the %.1f s before it "
+                  "did (%.1f s were asked for)",
+                  static_cast<double>(b.t_ns - a.t_ns) / 1e9, seconds);
+    ob.notes.push_back(note);
+  }
   for (auto& [p, f] : files) ob.files.push_back(std::move(f));
   ob.job = job_activity(a, b, ::sysconf(_SC_CLK_TCK));
 
@@ -471,7 +488,8 @@ Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) 
       ob.notes.push_back(bd.error().message());
       continue;
     }
-    auto ia = a.disks.find(d), ib = b.disks.find(d);
+    auto ia = a.disks.find(d);
+    auto ib = b.disks.find(d);
     if (ia == a.disks.end() || ib == b.disks.end()) continue;
     DeviceActivity act = device_activity(*bd, ia->second, ib->second, dt);
     if (act.read_bytes_s > most) {

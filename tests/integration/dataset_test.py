@@ -228,7 +228,7 @@ def test_interrupt_prints_token(ctx):
     time.sleep(1.0)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 130, (p.returncode, err)
+    assert p.returncode == 143, (p.returncode, err)
     lines = out.splitlines()
     assert lines and lines[-1].startswith("v1."), lines[-3:]
 

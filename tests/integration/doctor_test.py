@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -228,6 +229,45 @@ def test_sweep_of_a_directory_leaves_nothing(s):
     p.communicate(timeout=30)
     assert p.returncode == 130, p.returncode
     assert sorted(os.listdir(d)) == ["keep"], os.listdir(d)
+    # SIGTERM while the scratch file is being laid out: the layout stops, exit 143, and the
+    # scratch file is gone.
+    p = subprocess.Popen([SLUICE, "doctor", "--path", d, "--seconds", "20", "--scratch-size", "512M"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    scratch = os.path.join(d, f".sluice-doctor-{p.pid}")
+    deadline = time.monotonic() + 30
+    while (not os.path.exists(scratch) or os.path.getsize(scratch) == 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 143, (p.returncode, err)
+    assert b"interrupted" in err, err
+    assert sorted(os.listdir(d)) == ["keep"], os.listdir(d)
+
+
+def test_a_short_budget_measures_the_most_telling_points(s):
+    c = json.loads(sluice("doctor", "--path", s.data, "--seconds", "0.5", "--json").stdout)["ceiling"]
+    got = sorted((p["engine"], p["bs"], p["qd"]) for p in c["points"])
+    assert got == [("uring", MIB, 1), ("uring", MIB, 16)], got
+
+
+def test_a_job_that_exits_during_the_watch_is_reported(s):
+    job = subprocess.Popen(["dd", f"if={s.data}", "of=/dev/null", "bs=4k", "iflag=direct"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Reaped the moment it dies, as a job's own parent would (a zombie still has a /proc entry).
+    reaper = threading.Thread(target=job.wait)
+    reaper.start()
+    killer = threading.Timer(1.5, job.kill)
+    killer.start()
+    try:
+        r = json.loads(sluice("doctor", "--pid", str(job.pid), "--seconds", "6", "--no-sweep",
+                              "--json").stdout)
+    finally:
+        killer.cancel()
+        job.kill()
+        reaper.join()
+    assert any("exited during the watch" in n for n in r["notes"]), r["notes"]
+    assert 0.5 < r["job"]["seconds"] < 4, r["job"]
+    assert r["job"]["read_bytes_s"] > 0, r["job"]
 
 
 def test_one_small_read_at_a_time(s):

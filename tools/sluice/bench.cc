@@ -135,7 +135,7 @@ bool is_random(BenchRw rw) {
 
 // Creates or extends the file to `size` bytes of the verification pattern.
 Status lay_out(const std::shared_ptr<io::Context>& ctx, const std::string& path, uint64_t size,
-               bool progress) {
+               bool progress, const std::atomic<bool>* cancel) {
   struct stat sb;
   uint64_t have = ::stat(path.c_str(), &sb) == 0 ? static_cast<uint64_t>(sb.st_size) : 0;
   if (have >= size) return ok();
@@ -148,6 +148,10 @@ Status lay_out(const std::shared_ptr<io::Context>& ctx, const std::string& path,
   uint64_t start = have / kDirectAlignment * kDirectAlignment;  // rewrite a partial last block
   int last_pct = -1;
   for (uint64_t off = start; off < size; off += chunk) {
+    if (cancel && cancel->load()) {
+      if (progress) std::fprintf(stderr, "\n");
+      return fail(Code::kCancelled, "laying out " + path + " interrupted");
+    }
     size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, size - off));
     fill_pattern(buf.data(), n, off);
     SLUICE_ASSIGN_OR_RETURN(size_t w, fh.write(io::Buffer::host(buf.data(), n), n, off));
@@ -378,7 +382,7 @@ Status prepare_file(const BenchOptions& o, const BenchPlan& plan,
   if (o.verify && is_write(o.rw) && ::truncate(o.file.c_str(), 0) != 0 && errno != ENOENT)
     return fail_errno(errno, "truncate " + o.file + " before a verified write");
   if (!plan.file.block_device && (!is_write(o.rw) || !exists || o.verify))
-    SLUICE_RETURN_IF_ERROR(lay_out(ctx, o.file, plan.size, o.progress));
+    SLUICE_RETURN_IF_ERROR(lay_out(ctx, o.file, plan.size, o.progress, o.cancel));
   return ok();
 }
 

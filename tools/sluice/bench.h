@@ -1,6 +1,7 @@
 // `sluice bench`: measures one data path the way gdsio does.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,6 +24,8 @@ struct BenchOptions {
   double runtime = 0;            // seconds; 0: one pass over `size`
   bool verify = false;
   bool progress = false;  // progress lines on stderr while laying out the file
+  // Set (by a signal handler): laying out the file stops at the next 16 MiB with kCancelled.
+  const std::atomic<bool>* cancel = nullptr;
   std::string cuda_library;
   std::string cufile_library;
 };

@@ -532,7 +532,7 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
                     : (", " + std::to_string(rep.failures.size()) + " FAILED").c_str(),
                 rep.cancelled ? ", INTERRUPTED" : "");
   }
-  return rep.cancelled ? 130 : rep.failures.empty() ? 0 : 1;
+  return rep.cancelled ? cancel.exit_code() : rep.failures.empty() ? 0 : 1;
 }
 
 // "A-B" (inclusive, as HTTP and curl -r), "A-" (to the end), or "-N" (the last N bytes).

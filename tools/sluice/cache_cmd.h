@@ -25,11 +25,20 @@ struct CacheArgs {
   unsigned jobs = 16;
 };
 
-// How a long command (warm) learns of Ctrl-C: `install` sets up the signal handlers that
-// set `flag`.
+// How a long command learns of Ctrl-C or SIGTERM: `install` sets up the signal handlers that
+// set `flag` and record the signal's number in `signal`.
 struct CancelHook {
   const std::atomic<bool>* flag = nullptr;
   void (*install)() = nullptr;
+  const std::atomic<int>* signal = nullptr;
+
+  bool stopped() const { return flag && flag->load(); }
+  // 128 + the signal that stopped the command, as a shell reports it: 130 for Ctrl-C,
+  // 143 for SIGTERM.
+  int exit_code() const {
+    int s = signal ? signal->load() : 0;
+    return 128 + (s > 0 ? s : 2);
+  }
 };
 
 // Adds `cat` and `cache` to the app; each sets rc when it runs. `home` is $SLUICE_HOME.

@@ -631,13 +631,13 @@ int run_sync(const CkptArgs& a, const std::string& home) {
 
 void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
   static CkptArgs a;  // CLI11 binds to it; one command runs per process
-  // Long commands stop on Ctrl-C or SIGTERM: writers are aborted, and the exit is 130.
+  // Long commands stop on Ctrl-C or SIGTERM: writers are aborted, and the exit is 130 or 143.
   auto interruptible = [cancel, &rc](int (*run)(const CkptArgs&, const std::string&),
                                      const std::string& home_dir) {
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();
     rc = run(a, home_dir);
-    if (cancel.flag && cancel.flag->load()) rc = 130;
+    if (cancel.stopped()) rc = cancel.exit_code();
   };
   auto* ck = app.add_subcommand(
       "ckpt",

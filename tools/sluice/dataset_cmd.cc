@@ -529,7 +529,7 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();
     rc = run_pack(a, home);
-    if (cancelled(a)) rc = 130;
+    if (cancelled(a)) rc = cancel.exit_code();
   });
 
   auto* rd = ds->add_subcommand(
@@ -580,6 +580,7 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();
     rc = run_read(a, home);
+    if (cancelled(a)) rc = cancel.exit_code();
   });
 }
 

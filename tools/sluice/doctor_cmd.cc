@@ -75,6 +75,39 @@ std::vector<GridPoint> sweep_grid(uint64_t size, bool with_buffered) {
   return g;
 }
 
+// A point needs this long to say anything (a first request, a ramp to the depth).
+constexpr double kMinPointSeconds = 0.25;
+
+// How much a point tells, for a budget too short for all of them: the best large-request
+// rate first, then one request at a time (the latency bound), then the page cache.
+int point_rank(const GridPoint& g) {
+  const bool big = g.bs >= (1 << 20);
+  if (g.mode == BenchMode::kBuffered) return 2;
+  if (g.mode == BenchMode::kDirect) return 13;
+  if (big && g.qd == 16) return 0;
+  if (big && g.qd == 1) return 1;
+  if (g.bs < (64 << 10) && g.qd == 1) return 3;
+  if (big && g.qd == 64) return 4;
+  return 5 + static_cast<int>(g.qd) / 16 + (g.bs < (64 << 10) ? 4 : 0);
+}
+
+std::vector<GridPoint> sweep_grid(uint64_t size, bool with_buffered, double budget) {
+  std::vector<GridPoint> g = sweep_grid(size, with_buffered);
+  const size_t fits = std::max<size_t>(1, static_cast<size_t>(budget / kMinPointSeconds));
+  if (g.size() <= fits) return g;
+  std::vector<GridPoint> ranked = g;
+  std::stable_sort(ranked.begin(), ranked.end(), [](const GridPoint& x, const GridPoint& y) {
+    return point_rank(x) < point_rank(y);
+  });
+  ranked.resize(fits);
+  std::erase_if(g, [&](const GridPoint& p) {
+    return std::none_of(ranked.begin(), ranked.end(), [&](const GridPoint& r) {
+      return r.mode == p.mode && r.bs == p.bs && r.qd == p.qd;
+    });
+  });
+  return g;
+}
+
 // Drops the target's clean pages from the page cache (no data is written), so a buffered
 // point starts cold as a first epoch does.
 void drop_cached_pages(const std::string& path) {
@@ -115,17 +148,17 @@ Result<doctor::Ceiling> sweep(const std::string& file, double budget, bool with_
   doctor::Ceiling c;
   c.target = file;
   c.device = device_of(file);
-  auto grid = sweep_grid(size, with_buffered);
-  const double each = std::max(0.25, budget / static_cast<double>(grid.size()));
+  // A budget too short for every point measures the most telling ones.
+  auto grid = sweep_grid(size, with_buffered, budget);
+  const double each = std::max(kMinPointSeconds, budget / static_cast<double>(grid.size()));
   size_t i = 0;
   for (const auto& g : grid) {
-    if (cancel.flag && cancel.flag->load())
-      return fail(Code::kCancelled, "sweep of " + file + " interrupted");
+    if (cancel.stopped()) return fail(Code::kCancelled, "sweep of " + file + " interrupted");
     ++i;
     if (!c.direct && g.mode != BenchMode::kBuffered) continue;
     if (progress)
-      std::fprintf(stderr, "\rsweeping %s: %zu/%zu (%s %s QD%u)   ", file.c_str(), i, grid.size(),
-                   std::string(bench_mode_name(g.mode)).c_str(),
+      std::fprintf(stderr, "\rsweeping %s: %zu/%zu (%s %s QD%u)   ", printable(file).c_str(), i,
+                   grid.size(), std::string(bench_mode_name(g.mode)).c_str(),
                    format_size(static_cast<double>(g.bs)).c_str(), g.qd);
     BenchOptions o;
     o.file = file;
@@ -263,6 +296,10 @@ int run_path(const DoctorArgs& a, const CancelHook& cancel) {
   std::string target = a.path;
   const double budget = a.seconds > 0 ? a.seconds : 20;
   const bool progress = ::isatty(STDERR_FILENO);
+  auto interrupted = [&cancel] {
+    std::fprintf(stderr, "sluice doctor: interrupted; nothing was left behind\n");
+    return cancel.exit_code();
+  };
   if (S_ISDIR(sb.st_mode)) {
     struct statvfs vf;
     if (::statvfs(a.path.c_str(), &vf) != 0)
@@ -300,9 +337,12 @@ int run_path(const DoctorArgs& a, const CancelHook& cancel) {
     lay.size = size;
     lay.runtime = 0.01;  // lays the file out; the run itself is cut short
     lay.progress = progress;
+    lay.cancel = cancel.flag;
     if (cancel.install) cancel.install();
-    if (auto r = run_bench(lay); !r)
+    if (auto r = run_bench(lay); !r) {
+      if (cancel.stopped()) return interrupted();
       return report_error(r.error().with_context("scratch file in " + a.path));
+    }
     if (auto fd = UniqueFd(::open(target.c_str(), O_RDONLY | O_CLOEXEC)); fd.valid())
       (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   } else if (!S_ISREG(sb.st_mode) && !S_ISBLK(sb.st_mode)) {
@@ -314,10 +354,7 @@ int run_path(const DoctorArgs& a, const CancelHook& cancel) {
   }
   auto c = sweep(target, budget, true, cancel, progress);
   if (!c) {
-    if (cancel.flag && cancel.flag->load()) {
-      std::fprintf(stderr, "sluice doctor: interrupted; nothing was left behind\n");
-      return 130;
-    }
+    if (cancel.stopped()) return interrupted();
     return report_error(c.error());
   }
   if (!scratch.path.empty())
@@ -328,8 +365,8 @@ int run_path(const DoctorArgs& a, const CancelHook& cancel) {
     nlohmann::json j = {{"ceiling", nlohmann::json::parse(c->json())}, {"gpu", gpu}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
-    std::printf("sluice doctor: %s\n%s%s", a.path.c_str(), doctor::ceiling_text(*c).c_str(),
-                gpu_text(gpu).c_str());
+    std::printf("sluice doctor: %s\n%s%s", printable(a.path).c_str(),
+                doctor::ceiling_text(*c).c_str(), gpu_text(gpu).c_str());
   }
   return 0;
 }
@@ -377,7 +414,7 @@ int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
       // The job keeps running: no buffered point (dropping the file's pages would slow it).
       auto c = sweep(target, a.sweep_seconds, false, cancel, ::isatty(STDERR_FILENO));
       if (!c) {
-        if (cancel.flag && cancel.flag->load()) return 130;
+        if (cancel.stopped()) return cancel.exit_code();
         ob->notes.push_back("no ceiling measured: " + c.error().message());
       } else {
         ceiling = std::move(*c);
@@ -421,7 +458,7 @@ int run_url(const DoctorArgs& a, const CancelHook& cancel) {
     std::fprintf(stderr, "probing %s for %.0f s...\n", a.url.c_str(), po.seconds);
   auto p = doctor::probe_store(**st, po);
   if (!p) {
-    if (cancel.flag && cancel.flag->load()) return 130;
+    if (cancel.stopped()) return cancel.exit_code();
     return report_error(p.error().with_context("doctor --url " + a.url));
   }
   auto causes = doctor::diagnose_store(*p, static_cast<double>(a.target_rate));

@@ -343,12 +343,14 @@ int main(int argc, char** argv) {
   CpArgs cp;
   add_cp(app, cp, rc);
   CacheArgs cache_args;
-  add_cache_commands(app, cache_args, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
-  add_ckpt_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
-  add_dataset_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals}, rc);
+  add_cache_commands(app, cache_args, sluice_home(),
+                     CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
+  add_ckpt_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
+  add_dataset_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals, &g_signal},
+                       rc);
   add_ledger_commands(app, sluice_home(), rc);
   add_gc_commands(app, sluice_home(), rc);
-  add_doctor_command(app, CancelHook{&g_cancel, catch_stop_signals}, rc);
+  add_doctor_command(app, CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
   // CLI11 only says "A subcommand is required" for a word it does not know: name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

@@ -412,6 +412,20 @@ struct Loader::Impl {
                                const std::vector<uint64_t>& samples) {
     auto slice = std::make_shared<Slice>();
     slice->epoch = epoch;
+    // The budget holds every sample in flight, so one that alone is larger can never be
+    // read within it (and its size may be a lie of a damaged index): an error, not an abort.
+    for (uint64_t n : samples) {
+      const auto& ref = ds->sample(n);
+      if (ref.length > o.memory_bytes) {
+        slice->error = Error(
+            Code::kNoSpace, "sample '" + ds->sample_key(n) + "' in " + ds->shards()[ref.shard].key +
+                                " at offset " + std::to_string(ref.offset) + " is " +
+                                std::to_string(ref.length) +
+                                " bytes, more than the loader's memory budget of " +
+                                std::to_string(o.memory_bytes) + " bytes (raise --memory)");
+        return slice;
+      }
+    }
     std::vector<uint64_t> where;
     uint64_t total = 0;
     auto ranges = plan_reads(samples, where, total);

@@ -233,6 +233,31 @@ def test_interrupt_prints_token(ctx):
     assert lines and lines[-1].startswith("v1."), lines[-3:]
 
 
+def test_killed_pack_is_cleaned_up_by_the_next(ctx):
+    """kill -9 mid-pack leaves a temporary shard; the next pack (once the process is gone)
+    removes it and packs the folder whole."""
+    src, dst = ctx.dir("src"), ctx.dir("dst")
+    os.makedirs(src)
+    for i in range(64):
+        with open(os.path.join(src, f"{i:03d}.bin"), "wb") as f:
+            f.write(os.urandom(4 << 20))
+    p = subprocess.Popen([BIN, "dataset", "pack", src, dst, "--shard-size", "1G", "--no-progress"],
+                         env=dict(os.environ, SLUICE_HOME=ctx.home),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp = os.path.join(dst, ".sluice-tmp")
+    deadline = time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline and not (os.path.isdir(tmp) and os.listdir(tmp)):
+        time.sleep(0.005)
+    p.kill()
+    p.wait()  # reaped: its PID is gone, as after a crash
+    if not os.path.isdir(tmp) or not os.listdir(tmp):
+        print("#    pack finished before the kill; nothing to clean", flush=True)
+        return
+    ok(run("pack", src, dst, "--shard-size", "1G"))
+    assert not os.path.exists(tmp) or not os.listdir(tmp), os.listdir(tmp)
+    assert len(read_keys(dst)) == 64
+
+
 def test_s3_pack_read_slowdown(ctx):
     src = ctx.dir("src")
     keys = make_source(src, 200, seed=8)
@@ -290,7 +315,8 @@ def main():
         ctx = Ctx(scratch, s3)
         tests = [test_pack_read_exactly_once, test_resume_exact_and_elastic,
                  test_repacked_dataset_is_listed_again, test_system_tar_formats,
-                 test_corrupt_and_truncated_shards, test_bad_input, test_interrupt_prints_token]
+                 test_corrupt_and_truncated_shards, test_bad_input, test_interrupt_prints_token,
+                 test_killed_pack_is_cleaned_up_by_the_next]
         if have_s3:
             tests.append(test_s3_pack_read_slowdown)
         else:

@@ -647,5 +647,21 @@ TEST(Dataset, ListingsThatLieAreErrorsNotAborts) {
   EXPECT_EQ(r.error().code(), Code::kNoSpace) << r.error().to_string();
 }
 
+TEST(Loader, ASampleLargerThanTheBudgetIsAnErrorNamingIt) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  ASSERT_TRUE(s->put("o/small.bin", testing::random_bytes(100, 1)));
+  ASSERT_TRUE(s->put("o/big.bin", testing::random_bytes(3 << 20, 2)));
+  auto ds = open_ds(s, "o/");
+  ASSERT_TRUE(ds);
+  Loader l(ds, {.shuffle = false, .memory_bytes = 2 << 20});
+  Result<std::optional<Sample>> r;
+  while ((r = l.next()) && *r) {
+  }
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kNoSpace);
+  EXPECT_NE(r.error().message().find("'big'"), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().message().find("memory budget"), std::string::npos) << r.error().message();
+}
+
 }  // namespace
 }  // namespace sluice::stream

@@ -827,6 +827,10 @@ std::string TieredCache::uri() const {
   return "cache+" + impl_->backing->uri();
 }
 
+uint64_t TieredCache::chunk_size() const {
+  return impl_->options.chunk_size;
+}
+
 Status TieredCache::declare(std::span<const PlannedRead> order) {
   std::vector<ChunkId> ids;
   std::vector<Impl::Planned> planned;

@@ -380,6 +380,29 @@ Result<store::ListPage> NodeStore::list(const store::ListOptions& options) {
   return page;
 }
 
+Status NodeStore::declare(std::span<const cache::PlannedRead> order) {
+  // Frames stay well within kMaxJsonBytes: a key is at most 1,024 bytes.
+  constexpr size_t kBatchBytes = kMaxJsonBytes / 2;
+  while (!order.empty()) {
+    Json reads = Json::array();
+    size_t bytes = 0, n = 0;
+    for (; n < order.size() && n < kMaxDeclareReads && bytes < kBatchBytes; ++n) {
+      SLUICE_RETURN_IF_ERROR(store::validate_key(order[n].key));
+      reads.push_back(Json::array({order[n].key, order[n].offset, order[n].length}));
+      bytes += order[n].key.size() + 48;
+    }
+    auto reply = impl_->client->impl().call_frame(
+        FrameType::kDeclare, Json{{"root", impl_->root}, {"reads", std::move(reads)}});
+    if (!reply) return std::unexpected(reply.error());
+    order = order.subspan(n);
+  }
+  return ok();
+}
+
+uint64_t NodeStore::chunk_size() const {
+  return impl_->client->daemon().chunk_size;
+}
+
 std::string NodeStore::uri() const {
   return "node+" + impl_->root;
 }

@@ -29,6 +29,7 @@ inline constexpr size_t kHeaderBytes = 32;
 inline constexpr uint32_t kMaxJsonBytes = 1u << 20;   // 1 MiB
 inline constexpr uint32_t kMaxDataBytes = 16u << 20;  // 16 MiB
 inline constexpr size_t kMaxFds = 64;
+inline constexpr size_t kMaxDeclareReads = 4096;  // reads in one DECLARE request
 
 enum class FrameType : uint16_t {
   kHello = 1,
@@ -39,6 +40,7 @@ enum class FrameType : uint16_t {
   kEvict = 6,
   kPin = 7,
   kChunks = 8,
+  kDeclare = 9,
   kResponse = 0x8000,  // or'ed with the request's type
   kError = 0xFFFF,
 };

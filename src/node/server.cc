@@ -283,6 +283,8 @@ struct NodeServer::Impl {
           return evict_or_pin(caller, j, static_cast<FrameType>(req.type));
         case FrameType::kChunks:
           return chunks(caller, j);
+        case FrameType::kDeclare:
+          return declare(caller, j);
         default:
           return fail(Code::kInvalidArgument, "unknown request type " + std::to_string(req.type));
       }
@@ -670,6 +672,32 @@ struct NodeServer::Impl {
   }
 
   // Cached chunks of one root under a prefix, or of every root the team may read.
+  // The reads a client will make, for the cache to fetch ahead: each key checked as a read
+  // of it would be (the team's roots, its own credentials), then declared in one go.
+  Result<Reply> declare(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
+    auto reads = j.find("reads");
+    if (reads == j.end() || !reads->is_array() || reads->size() > kMaxDeclareReads)
+      return fail(Code::kInvalidArgument, "field 'reads' must be an array of at most " +
+                                              std::to_string(kMaxDeclareReads) +
+                                              " [key, offset, length]");
+    std::vector<cache::PlannedRead> order;
+    order.reserve(reads->size());
+    for (const Json& r : *reads) {
+      if (!r.is_array() || r.size() != 3 || !r[0].is_string() || !r[1].is_number_unsigned() ||
+          !r[2].is_number_unsigned())
+        return fail(Code::kInvalidArgument, "a read must be [key, offset, length]");
+      std::string key = r[0].get<std::string>();
+      SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+      SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
+      order.push_back({id + "/" + key, r[1].get<uint64_t>(), r[2].get<uint64_t>()});
+    }
+    SLUICE_RETURN_IF_ERROR(cache->declare(order));
+    Reply reply;
+    reply.body = {{"declared", order.size()}};
+    return reply;
+  }
+
   Result<Reply> chunks(const Caller& caller, const Json& j) {
     std::string prefix;
     if (j.contains("root")) {

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "core/executor.h"
-#include "sluice/cache/tiered_cache.h"
+#include "sluice/cache/read_ahead.h"
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/tar.h"
 #include "sluice/telemetry/registry.h"
@@ -187,7 +187,7 @@ struct Loader::Impl {
   uint64_t window = 0;  // the shuffle window in effect; 0: no shuffle
   std::optional<Error> bad_options;
   Clock::time_point created = Clock::now();
-  cache::TieredCache* cache = nullptr;
+  cache::ReadAhead* cache = nullptr;  // the dataset's store, where it takes declarations
 
   // The consumer's side (the caller's thread).
   std::shared_ptr<Slice> current;
@@ -361,7 +361,7 @@ struct Loader::Impl {
     // piece of the buffer. Through a cache a read of part of a chunk costs the whole chunk,
     // so there runs merge within a chunk of each other and are widened to whole chunks:
     // no chunk is then read by two requests.
-    const uint64_t chunk = cache ? cache->options().chunk_size : 0;
+    const uint64_t chunk = cache ? cache->chunk_size() : 0;
     const uint64_t gap = std::max(o.coalesce_gap, chunk);
     std::vector<size_t> by_place(samples.size());
     for (size_t i = 0; i < by_place.size(); ++i) by_place[i] = i;
@@ -730,7 +730,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     m.bad_options = st.error();
     return;
   }
-  m.cache = dynamic_cast<cache::TieredCache*>(&m.ds->store());
+  m.cache = dynamic_cast<cache::ReadAhead*>(&m.ds->store());
   if (auto* r = m.o.registry) {
     m.m_samples = &r->counter("sluice_stream_samples_total", {}, "samples delivered by loaders");
     m.m_bytes = &r->counter("sluice_stream_bytes_total", {}, "sample bytes delivered by loaders");

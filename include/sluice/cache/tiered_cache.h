@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "sluice/cache/policy.h"
+#include "sluice/cache/read_ahead.h"
 #include "sluice/core/fd.h"
 #include "sluice/store/store.h"
 
@@ -106,13 +107,6 @@ struct ChunkExtent {
   std::string etag;  // the version of the object the chunk belongs to
 };
 
-// One read the caller will make: `length` bytes of `key` from `offset` (0: to the end).
-struct PlannedRead {
-  std::string key;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
-
 struct TierStats {
   uint64_t bytes = 0, capacity = 0, chunks = 0;
   uint64_t hits = 0, hit_bytes = 0;
@@ -140,7 +134,7 @@ struct VerifyReport {
   std::vector<std::string> corrupt;  // "key chunk N: why"; each one was dropped
 };
 
-class TieredCache : public store::Store {
+class TieredCache : public store::Store, public ReadAhead {
  public:
   static Result<std::unique_ptr<TieredCache>> open(std::unique_ptr<store::Store> backing,
                                                    CacheOptions options);
@@ -159,7 +153,8 @@ class TieredCache : public store::Store {
   // Declares reads to come, in order: the cache fetches ahead (within prefetch_bytes) and,
   // under PolicyKind::kDeclared, evicts by the declared order. Appends to what was
   // declared before.
-  Status declare(std::span<const PlannedRead> order);
+  Status declare(std::span<const PlannedRead> order) override;
+  uint64_t chunk_size() const override;
   // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
   Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
 

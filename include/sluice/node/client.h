@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "sluice/cache/read_ahead.h"
 #include "sluice/core/status.h"
 #include "sluice/store/store.h"
 
@@ -64,7 +65,7 @@ struct DaemonInfo {
 
 class NodeClient;
 
-class NodeStore final : public store::Store {
+class NodeStore final : public store::Store, public cache::ReadAhead {
  public:
   static Result<std::unique_ptr<NodeStore>> open(std::string root_uri, NodeOptions options);
   ~NodeStore() override;
@@ -77,6 +78,11 @@ class NodeStore final : public store::Store {
   Result<store::ListPage> list(const store::ListOptions& options) override;
   Status remove(std::string_view key) override;
   std::string uri() const override;
+
+  // The reads to come, for the daemon's cache to fetch ahead (sent in frames of at most
+  // kMaxDeclareReads reads; keys under this store's root).
+  Status declare(std::span<const cache::PlannedRead> order) override;
+  uint64_t chunk_size() const override;
 
   const DaemonInfo& daemon() const;
   NodeReadStats read_stats() const;

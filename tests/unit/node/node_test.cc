@@ -244,6 +244,38 @@ TEST(NodeServer, ATeamReadsOnlyItsRoots) {
   EXPECT_TRUE(d.logged("may not read root"));
 }
 
+TEST(NodeStore, DeclaredReadsAreFetchedAheadByTheDaemon) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  auto s = fx.open(d.socket());
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->chunk_size(), kChunk);
+  // The loader finds the declaration seam on whatever store it reads through.
+  store::Store& plain = *s;
+  ASSERT_NE(dynamic_cast<cache::ReadAhead*>(&plain), nullptr);
+  std::vector<cache::PlannedRead> order{{"set/obj", kChunk, 3 * kChunk}};
+  ASSERT_TRUE(s->declare(order));
+  d.wait_for_disk(3);  // fetched with no read asked for
+  const uint64_t fetched = d.server().cache().stats().misses;
+  std::vector<std::byte> out(3 * kChunk);
+  ASSERT_EQ(s->read_full("set/obj", kChunk, out).value(), out.size());
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), fx.data.begin() + kChunk));
+  EXPECT_EQ(d.server().cache().stats().misses, fetched);  // every chunk was there already
+  // Bad keys and roots the team may not read are refused like reads.
+  std::vector<cache::PlannedRead> tricky{{"../data/set/obj", 0, 0}};
+  EXPECT_EQ(s->declare(tricky).error().code(), Code::kInvalidArgument);
+  TempDir other;
+  std::string allowed = "file://" + fx.dir.file("data/set");
+  Daemon narrow(other, {TeamGrant{"vision", {static_cast<uint32_t>(::getuid())}, {allowed}}});
+  NodeOptions o;
+  o.socket = narrow.socket();
+  auto whole = NodeStore::open(fx.root, o).value();
+  EXPECT_EQ(whole->declare(order).error().code(), Code::kPermissionDenied);
+  // Many reads go in several frames.
+  std::vector<cache::PlannedRead> many(kMaxDeclareReads + 10, {"set/obj", 0, 1});
+  EXPECT_TRUE(s->declare(many));
+}
+
 // Raw bytes on a fresh connection; returns what the daemon answered (or nothing).
 std::string send_raw(const std::string& socket, std::span<const std::byte> bytes) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));

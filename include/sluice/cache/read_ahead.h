@@ -1,0 +1,33 @@
+// sluice/cache/read_ahead.h: telling a cache the reads to come.
+//
+// A store that caches (the tiered cache, or sluiced through a node+ store) takes the order
+// its caller will read in: it fetches ahead and, under the declared policy, evicts what is
+// read furthest away. Advice only: a failed declaration costs prefetch, never a read. The
+// streaming loader finds it with dynamic_cast on the dataset's store.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "sluice/core/status.h"
+
+namespace sluice::cache {
+
+// One read the caller will make: `length` bytes of `key` from `offset` (0: to the end).
+struct PlannedRead {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+class ReadAhead {
+ public:
+  virtual ~ReadAhead() = default;
+  // Appends `order` to what was declared before.
+  virtual Status declare(std::span<const PlannedRead> order) = 0;
+  // Reads aligned to whole chunks of this size cost the cache no more than the bytes asked.
+  virtual uint64_t chunk_size() const = 0;
+};
+
+}  // namespace sluice::cache

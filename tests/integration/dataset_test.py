@@ -88,6 +88,24 @@ def test_pack_read_exactly_once(ctx):
                 seen.update(read_keys(dst, "--seed", "7", "--world", str(world), "--rank", str(rank),
                                       "--workers", str(workers), "--worker", str(worker)))
         assert sorted(seen) == keys and set(seen.values()) == {1}, (world, workers)
+    # The loader's, cache's and store's metrics, as a Prometheus text file.
+    prom = os.path.join(ctx.scratch, "read.prom")
+    ok(run("read", dst, "--daemon", "none", "--metrics-file", prom, "--metrics-interval", "0.2",
+           "--no-progress"))
+    metrics = {}
+    for line in open(prom):
+        if line.startswith("#") or not line.strip():
+            continue
+        name, value = line.rsplit(" ", 1)
+        metrics[name] = float(value)
+    assert metrics["sluice_stream_samples_total"] == 500, metrics
+    assert metrics["sluice_stream_first_batch_milliseconds"] > 0, metrics
+    assert any(k.startswith("sluice_cache_hit_bytes_total") for k in metrics), sorted(metrics)
+    assert [f for f in os.listdir(ctx.scratch) if f.startswith("read.prom.tmp")] == []
+    r = run("read", dst, "--metrics-file", os.path.join(ctx.scratch, "no", "such", "dir", "m.prom"))
+    assert r.returncode == 1 and "metrics file" in r.stderr, r.stderr
+    r = run("read", dst, "--metrics-interval", "nan")
+    assert r.returncode == 2 and "seconds" in r.stderr, r.stderr
 
 
 def test_resume_exact_and_elastic(ctx):

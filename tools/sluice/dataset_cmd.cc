@@ -18,6 +18,7 @@
 #include "common.h"
 #include "ledger_cmd.h"
 #include "location.h"
+#include "size_flag.h"
 #include "sizes.h"
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/core/fd.h"
@@ -25,6 +26,8 @@
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/pack.h"
 #include "sluice/stream/tar.h"
+#include "sluice/telemetry/registry.h"
+#include "sluice/telemetry/textfile.h"
 
 namespace sluice::cli {
 namespace {
@@ -50,6 +53,9 @@ struct DatasetArgs {
   std::string catalog_dir;  // read: default $SLUICE_HOME/datasets
   bool refresh = false;
   const std::atomic<bool>* cancel = nullptr;
+  std::string metrics_file;  // read: the loader's, cache's and store's metrics, as Prometheus text
+  double metrics_interval = 10;
+  telemetry::Registry* registry = nullptr;  // where the stores opened for it record
 };
 
 double seconds_since(Clock::time_point t) {
@@ -129,6 +135,7 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
   SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
   SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
   so.create = false;  // ls, stat and read only read: a mistyped path is not a new directory
+  so.registry = a.registry;
   const auto* s3o = so.backend.get<s3::S3Options>();
   // s3://bucket names a bucket on some server: the catalog must know which.
   std::string store_id =
@@ -372,6 +379,9 @@ int run_read(DatasetArgs& a, const std::string& home) {
   a.lo.memory_bytes = *memory;
   a.lo.skip_corrupt = a.skip_corrupt;
   if (a.batch == 0) a.batch = 1;
+  // Declared before the dataset, whose stores record into it until they close.
+  telemetry::Registry registry;
+  if (!a.metrics_file.empty()) a.registry = a.lo.registry = &registry;
   auto ds = open_dataset(a, home, !a.no_cache, true);
   if (!ds) return report_error(ds.error());
   // A dataset replaced in place (packed again) within the catalog's lifetime: two stats
@@ -392,6 +402,14 @@ int run_read(DatasetArgs& a, const std::string& home) {
   auto* cache = dynamic_cast<cache::TieredCache*>(&(*ds)->store());
   cache::CacheStats before;
   if (cache) before = cache->stats();
+  std::unique_ptr<telemetry::TextfileExporter> exporter;
+  if (!a.metrics_file.empty()) {
+    auto e = telemetry::TextfileExporter::start(
+        registry, a.metrics_file,
+        std::chrono::milliseconds(static_cast<int64_t>(a.metrics_interval * 1000)));
+    if (!e) return report_error(e.error());
+    exporter = std::move(*e);
+  }
   stream::Loader loader(*ds, a.lo);
   const bool progress = !a.keys && !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
   auto last_progress = Clock::now();
@@ -474,6 +492,8 @@ int run_read(DatasetArgs& a, const std::string& home) {
   // The resume token is the last line whenever the read stopped before the end.
   if (stopped && !a.json) std::printf("%s\n", loader.state().c_str());
   std::fflush(stdout);
+  if (exporter)
+    if (auto st = exporter->stop(); !st) return report_error(st.error());
   return cancelled(a) ? 130 : 0;
 }
 
@@ -573,6 +593,13 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
                  "Where the node keeps dataset catalogs (default $SLUICE_HOME/datasets)");
   rd->add_flag("--refresh", a.refresh, "List the dataset again instead of using the catalog");
   rd->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
+  rd->add_option("--metrics-file", a.metrics_file,
+                 "Write the loader's, the cache's and the store's metrics to this file as "
+                 "Prometheus text (for node_exporter's textfile collector), every "
+                 "--metrics-interval seconds and at the end");
+  rd->add_option("--metrics-interval", a.metrics_interval, "Seconds between metrics file writes")
+      ->default_val(10)
+      ->check(seconds_validator(0.1, 86400));
   common(rd);
   formats(rd);
   add_cache_flags(rd, a.cache);

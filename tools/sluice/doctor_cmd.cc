@@ -500,15 +500,9 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   cmd->add_option("--seconds", a.seconds,
                   "--path: the sweep's time budget (default 20); --pid: how long to watch (default "
                   "5); --url: the probe's budget (default 12)")
-      ->check(CLI::Range(0.5, 3600.0) & CLI::Validator(
-                                            [](std::string& v) -> std::string {
-                                              return v.find_first_of("nN") == std::string::npos
-                                                         ? ""
-                                                         : "not a number of seconds";
-                                            },
-                                            "SECONDS"));
+      ->check(seconds_validator(0.5, 3600));
   cmd->add_option("--sweep-seconds", a.sweep_seconds, "--pid: the ceiling sweep's budget")
-      ->check(CLI::Range(0.5, 3600.0))
+      ->check(seconds_validator(0.5, 3600))
       ->default_val(10);
   cmd->add_option("--ceiling", a.ceiling_file,
                   "--pid: a ceiling saved from `doctor --path ... --json` instead of a sweep");

@@ -1,7 +1,11 @@
-// A CLI11 transform for size flags ("--bs 4K", "--target-rate 2G"): the value is checked
-// with parse_size and replaced by its byte count, so a bad size fails with a clear message.
+// CLI11 validators shared by the commands. Sizes ("--bs 4K", "--target-rate 2G"): the
+// value is checked with parse_size and replaced by its byte count, so a bad size fails with
+// a clear message.
 #pragma once
 
+#include <cmath>
+#include <cstdio>
+#include <exception>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +23,27 @@ inline CLI::Validator size_validator() {
         return {};
       },
       "SIZE");
+}
+
+// A number of seconds from `lo` to `hi`: finite (CLI::Range lets nan through, as every
+// comparison with it is false).
+inline CLI::Validator seconds_validator(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        double v = 0;
+        try {
+          size_t used = 0;
+          v = std::stod(s, &used);
+          if (used != s.size()) return "not a number of seconds: '" + s + "'";
+        } catch (const std::exception&) {
+          return "not a number of seconds: '" + s + "'";
+        }
+        if (std::isfinite(v) && v >= lo && v <= hi) return {};
+        char msg[80];
+        std::snprintf(msg, sizeof msg, "seconds must be from %g to %g", lo, hi);
+        return msg;
+      },
+      "SECONDS");
 }
 
 }  // namespace sluice::cli

@@ -1,4 +1,7 @@
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -6,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/telemetry/registry.h"
+#include "sluice/telemetry/textfile.h"
+#include "test_util.h"
 
 namespace sluice::telemetry {
 namespace {
@@ -102,6 +107,42 @@ TEST(Registry, OneNameOneKind) {
   Registry r;
   r.counter("x");
   EXPECT_THROW(r.gauge("x"), std::logic_error);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(TextfileExporter, WritesNowPeriodicallyAndAtStopWholeFilesOnly) {
+  sluice::testing::TempDir dir;
+  Registry r;
+  Counter& c = r.counter("sluice_test_total", {}, "a test counter");
+  c.add(1);
+  const std::string path = dir.file("m.prom");
+  auto e = TextfileExporter::start(r, path, std::chrono::milliseconds(20)).value();
+  EXPECT_NE(slurp(path).find("sluice_test_total 1"), std::string::npos);  // written at start
+  c.add(1);
+  bool seen = false;
+  for (int i = 0; i < 200 && !seen; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen = slurp(path).find("sluice_test_total 2") != std::string::npos;
+  }
+  EXPECT_TRUE(seen);  // a periodic write
+  c.add(1);
+  ASSERT_TRUE(e->stop());
+  EXPECT_NE(slurp(path).find("sluice_test_total 3"), std::string::npos);  // the last figures
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    (void)entry;
+    ++files;
+  }
+  EXPECT_EQ(files, 1u);  // no temporary left beside it
+  auto bad = TextfileExporter::start(r, dir.file("no/such/dir/m.prom"), std::chrono::seconds(1));
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("metrics file"), std::string::npos);
 }
 
 }  // namespace

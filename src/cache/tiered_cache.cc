@@ -841,6 +841,12 @@ Status TieredCache::declare(std::span<const PlannedRead> order) {
     uint64_t end = r.length == 0 ? info.size : std::min(info.size, r.offset + r.length);
     for (uint64_t i = r.offset / impl_->options.chunk_size; i * impl_->options.chunk_size < end;
          ++i) {
+      // Each declared chunk costs memory until it is read: a bound per call, so neither a
+      // runaway caller nor a client of the daemon can make the cache hold an endless plan.
+      if (ids.size() == kMaxDeclaredChunks)
+        return fail(Code::kInvalidArgument, "a declaration of more than " +
+                                                std::to_string(kMaxDeclaredChunks) +
+                                                " chunks: declare fewer reads at once");
       ids.push_back(ChunkKey{impl_->store_id, info.key, info.etag, i}.id());
       planned.push_back(Impl::Planned{info, i, 0});
     }

@@ -671,7 +671,6 @@ struct NodeServer::Impl {
     return r;
   }
 
-  // Cached chunks of one root under a prefix, or of every root the team may read.
   // The reads a client will make, for the cache to fetch ahead: each key checked as a read
   // of it would be (the team's roots, its own credentials), then declared in one go.
   Result<Reply> declare(const Caller& caller, const Json& j) {
@@ -698,6 +697,7 @@ struct NodeServer::Impl {
     return reply;
   }
 
+  // Cached chunks of one root under a prefix, or of every root the team may read.
   Result<Reply> chunks(const Caller& caller, const Json& j) {
     std::string prefix;
     if (j.contains("root")) {

@@ -21,10 +21,14 @@ struct PlannedRead {
   uint64_t length = 0;
 };
 
+// The most chunks one declare() call may name (256 GiB at the default 4 MiB chunk).
+inline constexpr size_t kMaxDeclaredChunks = size_t{1} << 16;
+
 class ReadAhead {
  public:
   virtual ~ReadAhead() = default;
-  // Appends `order` to what was declared before.
+  // Appends `order` to what was declared before; more than kMaxDeclaredChunks chunks in one
+  // call is InvalidArgument.
   virtual Status declare(std::span<const PlannedRead> order) = 0;
   // Reads aligned to whole chunks of this size cost the cache no more than the bytes asked.
   virtual uint64_t chunk_size() const = 0;

@@ -206,6 +206,19 @@ TEST(TieredCache, DeclaredReadsArePrefetchedWithinTheBudget) {
   EXPECT_EQ(cache->stats().misses, 8u);  // every chunk read from the source once
 }
 
+TEST(TieredCache, AnEndlessDeclarationIsRefused) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(8 * kChunk, 5)));
+  auto cache = open_cache(b.open(), small_options());
+  // 8 chunks a read: one read past the bound is too many.
+  std::vector<PlannedRead> order(kMaxDeclaredChunks / 8 + 1, {"k", 0, 0});
+  auto r = cache->declare(order);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
+  order.pop_back();
+  EXPECT_TRUE(cache->declare(order).has_value());
+}
+
 TEST(TieredCache, SkippedPrefetchesAreWasteAndFreeTheBudget) {
   Backing b;
   ASSERT_TRUE(b.open()->put("k", pattern(8 * kChunk, 4)));

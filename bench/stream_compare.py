@@ -68,6 +68,7 @@ def main():
     ap.add_argument("--small-samples", type=int, default=100000, help="1 KiB samples in d1k")
     ap.add_argument("--objects", type=int, default=2000, help="1 KiB objects in o1k")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--read-args", default="", help="extra arguments for sluice dataset read")
     ap.add_argument("--cases", default="cold,warm,small,objects",
                     help="which cases to run (comma-separated: cold, warm, small, objects)")
     a = ap.parse_args()
@@ -105,7 +106,7 @@ def main():
 
         def read(uri, *extra):
             r = run([sluice, "dataset", "read", uri, "--json", "--daemon", "none", "--no-progress",
-                     "--endpoint-url", ep, *extra])
+                     "--endpoint-url", ep, *a.read_args.split(), *extra])
             return json.loads(r.stdout)
 
         rows = {k: [] for k in ("cold", "cp", "warm", "fio", "small_rate", "small_ttfb",

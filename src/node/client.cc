@@ -14,6 +14,7 @@
 
 #include <xxhash.h>
 
+#include "core/executor.h"
 #include "node/frame.h"
 #include "node/wire.h"
 #include "sluice/cache/tiered_cache.h"
@@ -173,52 +174,61 @@ struct NodeStore::Impl {
   std::unique_ptr<NodeClient> client;
   std::once_flag io_once;
   Result<std::shared_ptr<io::Context>> io = std::shared_ptr<io::Context>();
+  std::once_flag pool_once;
+  std::unique_ptr<Executor> pool;  // opens, reads and checks handed-off chunks
   std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0}, retries{0};
 
   Result<std::shared_ptr<io::Context>> context() {
     std::call_once(io_once, [&] {
-      // Two reads at once (the data path's default) left a RAM-backed device half idle.
-      io::ContextOptions co;
-      co.async_threads = std::max(1u, options.handoff_parallel);
-      io = options.io ? Result<std::shared_ptr<io::Context>>(options.io) : io::Context::open(co);
+      io = options.io ? Result<std::shared_ptr<io::Context>>(options.io) : io::Context::open({});
     });
     return io;
   }
 
+  // handoff_parallel threads: two reads at once left a RAM-backed device half idle, and
+  // each thread checks the chunk it read, so the hashing runs in parallel too.
+  Executor& handoff_pool() {
+    std::call_once(pool_once, [&] {
+      pool = std::make_unique<Executor>(std::max(1u, options.handoff_parallel));
+    });
+    return *pool;
+  }
+
   Json request(std::string_view key) const { return Json{{"root", root}, {"key", key}}; }
 
-  // A handed-off chunk being read into `out` through the data path.
+  // A handed-off chunk being read into `out` through the data path: true once read and
+  // matching its checksum, false when the bytes do not match (the caller asks for them
+  // inline instead).
   struct HandoffRead {
-    io::FileHandle file;
-    std::future<Result<size_t>> done;
+    std::future<Result<bool>> done;
     std::span<std::byte> out;
-    uint64_t xxh3 = 0;
   };
 
-  // Starts reading a handed-off chunk into `out`; the reads of one reply run together. The
-  // read refers to its FileHandle, so the handle is made in place and never moves (deque).
+  // Starts reading a handed-off chunk into `out` on the hand-off pool; the reads of one reply
+  // run together. `fd` stays open (in its reply) until every read of the reply is waited.
   Status start_handoff(const UniqueFd& fd, uint64_t file_offset, uint64_t xxh3,
                        std::span<std::byte> out, std::deque<HandoffRead>& handoffs) {
     SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<io::Context> ctx, context());
-    io::OpenOptions oo;
-    oo.compat = io::CompatMode::kOn;  // host memory: no cuFile
-    // Reopening through /proc gives this process its own open file (and O_DIRECT) on the
-    // chunk the daemon opened; the daemon's descriptor stays as it was.
-    SLUICE_ASSIGN_OR_RETURN(
-        io::FileHandle fh,
-        io::FileHandle::open(ctx, "/proc/self/fd/" + std::to_string(fd.get()), oo));
-    HandoffRead& h = handoffs.emplace_back(HandoffRead{std::move(fh), {}, out, xxh3});
-    h.done = h.file.read_async(io::Buffer::host(out.data(), out.size()), out.size(), file_offset);
+    auto task = std::make_shared<std::packaged_task<Result<bool>()>>(
+        [ctx, raw = fd.get(), file_offset, xxh3, out]() -> Result<bool> {
+          io::OpenOptions oo;
+          oo.compat = io::CompatMode::kOn;  // host memory: no cuFile
+          // Reopening through /proc gives this process its own open file (and O_DIRECT) on
+          // the chunk the daemon opened; the daemon's descriptor stays as it was.
+          SLUICE_ASSIGN_OR_RETURN(
+              io::FileHandle fh,
+              io::FileHandle::open(ctx, "/proc/self/fd/" + std::to_string(raw), oo));
+          SLUICE_ASSIGN_OR_RETURN(
+              size_t n, fh.read(io::Buffer::host(out.data(), out.size()), out.size(), file_offset));
+          if (n != out.size()) return false;
+          return XXH3_64bits(out.data(), out.size()) == xxh3;
+        });
+    handoffs.push_back(HandoffRead{task->get_future(), out});
+    handoff_pool().post([task] { (*task)(); });
     return ok();
   }
 
-  // Waits for a handed-off read and checks its checksum. false: the bytes do not match (the
-  // caller asks for them inline instead).
-  static Result<bool> finish_handoff(HandoffRead& h) {
-    SLUICE_ASSIGN_OR_RETURN(size_t n, h.done.get());
-    if (n != h.out.size()) return false;
-    return XXH3_64bits(h.out.data(), h.out.size()) == h.xxh3;
-  }
+  static Result<bool> finish_handoff(HandoffRead& h) { return h.done.get(); }
 
   // One piece of a read reply at `cursor`: inline bytes are copied into dst now, a handed-off
   // chunk's read is started (and appended to `handoffs`). Advances `cursor`.

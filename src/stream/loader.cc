@@ -11,6 +11,7 @@
 
 #include "core/executor.h"
 #include "sluice/cache/read_ahead.h"
+#include "sluice/mem/buffer_pool.h"
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/tar.h"
 #include "sluice/telemetry/registry.h"
@@ -430,17 +431,20 @@ struct Loader::Impl {
     uint64_t total = 0;
     auto ranges = plan_reads(samples, where, total);
     // Sizes come from the listing and the indexes, which may lie: an allocation that cannot
-    // be made is an error naming the sizes, not an abort.
-    std::byte* raw = total > (uint64_t{1} << 48) ? nullptr
-                                                 : new (std::nothrow)
-                                                       std::byte[std::max<uint64_t>(total, 1)];
-    if (!raw) {
+    // be made is an error naming the sizes, not an abort. Aligned for O_DIRECT: chunk-aligned
+    // requests land on aligned addresses, so a cache's NVMe tier, or sluiced's handed-off
+    // chunks, are read straight into the slice rather than through a bounce buffer.
+    auto aligned = total > (uint64_t{1} << 48)
+                       ? Result<AlignedBuffer>(std::unexpected(Error(Code::kNoSpace, "")))
+                       : AlignedBuffer::allocate(std::max<uint64_t>(total, 1));
+    if (!aligned) {
       slice->error = Error(Code::kNoSpace, "loader: cannot allocate " + std::to_string(total) +
                                                " bytes for " + std::to_string(samples.size()) +
                                                " samples (sizes from the listing or an index)");
       return slice;
     }
-    auto buffer = std::shared_ptr<std::byte[]>(raw);
+    auto owner = std::make_shared<AlignedBuffer>(std::move(*aligned));
+    auto buffer = std::shared_ptr<std::byte>(owner, owner->data());
     slice->bytes = total;
     if (auto st = read_all(ranges, buffer.get()); !st) {
       slice->error = st.error();

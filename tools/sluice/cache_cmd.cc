@@ -18,6 +18,7 @@
 #include "cp.h"
 #include "location.h"
 #include "sizes.h"
+#include "sluice/mem/buffer_pool.h"
 #include "sluice/node/client.h"
 #include "sluice/s3/store.h"
 #include "sluice/xfer/copy.h"
@@ -595,17 +596,20 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
     to = std::min(info->size, r->second.value_or(info->size));
   }
   // Two windows of 32 MiB (eight chunks a request): the next is read while the last is
-  // written, so a reader through sluiced keeps the device busy between requests.
+  // written, so a reader through sluiced keeps the device busy between requests. Aligned
+  // for O_DIRECT: handed-off chunks are read straight into them, not through a bounce
+  // buffer and a copy (which cost a quarter of cat's time on a RAM-backed device).
   constexpr size_t kWindow = 32 << 20;
-  std::vector<std::byte> bufs[2] = {std::vector<std::byte>(std::min<uint64_t>(kWindow, to - from)),
-                                    std::vector<std::byte>()};
+  const size_t window = static_cast<size_t>(std::min<uint64_t>(kWindow, to - from));
+  AlignedBuffer bufs[2];
   store::ReadOptions ro;
   ro.if_match = info->etag;  // one version from the first byte to the last
   ro.object_size = info->size;
-  auto read_window = [&](uint64_t at, std::vector<std::byte>& buf) {
-    if (buf.empty()) buf.resize(std::min<uint64_t>(kWindow, to - from));
-    return src->read_full(key, at, std::span(buf).first(std::min<uint64_t>(buf.size(), to - at)),
-                          ro);
+  auto read_window = [&](uint64_t at, AlignedBuffer& buf) -> Result<size_t> {
+    if (!buf) {
+      SLUICE_ASSIGN_OR_RETURN(buf, AlignedBuffer::allocate(std::max<size_t>(window, 1)));
+    }
+    return src->read_full(key, at, std::span(buf.data(), std::min<uint64_t>(window, to - at)), ro);
   };
   std::future<Result<size_t>> next;
   if (from < to) next = std::async(std::launch::deferred, read_window, from, std::ref(bufs[0]));

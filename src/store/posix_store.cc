@@ -279,9 +279,10 @@ class PosixStore : public Store {
     if (auto parent = open_parent(k, false); parent)  // no parent yet: nothing to replace
       SLUICE_RETURN_IF_ERROR(check_replaceable(parent->first.get(), parent->second, k));
     std::string name = temp_name();
-    int fd = -ENOENT;
-    // Another writer's commit may remove the (empty) temporary directory between our
-    // mkdir and open: try again.
+    // The temporary directory is made only when missing: a mkdir that finds it still locks
+    // the root directory, against every rename into it. The last writer's commit may remove
+    // it between our mkdir and open: try again.
+    int fd = open_beneath(root_fd_.get(), name, O_WRONLY | O_CREAT | O_EXCL, 0644);
     for (int attempt = 0; attempt < 5 && fd == -ENOENT; ++attempt) {
       if (::mkdirat(root_fd_.get(), kTempDir, 0755) != 0 && errno != EEXIST)
         return errno_error(errno, "create temporary directory for", k);
@@ -289,6 +290,7 @@ class PosixStore : public Store {
     }
     if (fd < 0) return errno_error(-fd, "create temporary file for", k);
     auto writer = std::make_unique<PosixWriter>(this, k, options, Fd(fd), name);
+    writers_.fetch_add(1, std::memory_order_relaxed);  // given back by its commit or abort
     if (!lock_whole_file(fd)) {  // a file system without locks: reaping goes by PIDs alone
       int err = errno;
       if (err != ENOLCK && err != EOPNOTSUPP && err != EINVAL) {
@@ -429,9 +431,15 @@ class PosixStore : public Store {
                                             " would replace a FIFO, device or socket; refusing");
   }
 
-  // Removes the temporary directory once no writer uses it, so a one-off download leaves
-  // nothing beside the file. Fails harmlessly (ENOTEMPTY) while other writers are open.
-  void drop_temp_dir() { (void)::unlinkat(root_fd_.get(), kTempDir, AT_REMOVEDIR); }
+  // A writer's temporary file is gone (published or removed). The last open writer removes
+  // the temporary directory, so a one-off download leaves nothing beside the file; while
+  // others write, nothing is tried (an rmdir locks the root against their renames, and
+  // the next writer would make the directory again: a new inode each time). Fails
+  // harmlessly (ENOTEMPTY) while writers of another process use it.
+  void writer_closed() {
+    if (writers_.fetch_sub(1, std::memory_order_acq_rel) == 1)
+      (void)::unlinkat(root_fd_.get(), kTempDir, AT_REMOVEDIR);
+  }
 
   // Removes temporary files left by dead processes of this host (kill -9, a crash).
   void reap() {
@@ -495,6 +503,7 @@ class PosixStore : public Store {
 
   std::string root_;
   Fd root_fd_;
+  std::atomic<int> writers_{0};  // writers whose temporary file is still there
 };
 
 Status PosixWriter::append(std::span<const std::byte> data) {
@@ -554,7 +563,7 @@ Status PosixWriter::commit() {
   tmp_.clear();
   done_ = true;
   fd_.reset();
-  store_->drop_temp_dir();
+  store_->writer_closed();
   if (options_.durable) SLUICE_RETURN_IF_ERROR(sync_directory(dirfd.get(), where("publish")));
   return ok();
 }
@@ -565,7 +574,7 @@ void PosixWriter::abort() {
   if (!tmp_.empty()) {
     (void)::unlinkat(store_->root_fd(), tmp_.c_str(), 0);  // best effort: it is debris only
     tmp_.clear();
-    store_->drop_temp_dir();
+    store_->writer_closed();
   }
 }
 

@@ -10,6 +10,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "sluice/cache/read_ahead.h"
+
 namespace sluice::cache {
 
 std::string_view policy_name(PolicyKind kind) {
@@ -335,6 +337,10 @@ class DeclaredPolicy final : public EvictionPolicy {
 
   void declare(std::span<const ChunkId> order) override {
     for (ChunkId id : order) {
+      // Bounded: declarations that are never read (a killed job) stop adding past this;
+      // reads consume them and make room.
+      if (outstanding_ >= kMaxOutstanding) return;
+      ++outstanding_;
       auto it = entries_.find(id);
       if (it == entries_.end()) {
         future_[id].push_back(next_position_++);
@@ -377,7 +383,10 @@ class DeclaredPolicy final : public EvictionPolicy {
   void consume(ChunkId id) {
     auto it = future_.find(id);
     if (it == future_.end()) return;
-    if (!it->second.empty()) it->second.pop_front();
+    if (!it->second.empty()) {
+      it->second.pop_front();
+      --outstanding_;
+    }
     if (it->second.empty()) future_.erase(it);
   }
 
@@ -414,6 +423,8 @@ class DeclaredPolicy final : public EvictionPolicy {
   uint64_t seq_ = 0;
   uint64_t next_position_ = 0;
   std::unordered_map<ChunkId, std::deque<uint64_t>> future_;  // declared positions, ascending
+  size_t outstanding_ = 0;                                    // positions in future_
+  static constexpr size_t kMaxOutstanding = 4 * kMaxDeclaredChunks;
   std::unordered_map<ChunkId, Entry> entries_;
   std::set<Rank> by_next_use_;  // unpinned resident chunks
 };

@@ -153,7 +153,8 @@ struct TieredCache::Impl {
   };
   std::mutex pf_mu;
   std::condition_variable pf_cv;
-  std::deque<Planned> pf_queue;  // guarded by pf_mu
+  std::deque<Planned> pf_queue;  // guarded by pf_mu; at most kMaxQueuedPrefetch
+  static constexpr size_t kMaxQueuedPrefetch = 4 * kMaxDeclaredChunks;
   struct Ahead {
     uint64_t position = 0, bytes = 0;
     bool fetching = true;  // its fill has not returned: a read now is a late hit
@@ -198,6 +199,14 @@ struct TieredCache::Impl {
         pf_queued.try_emplace(ChunkKey{store_id, p.info.key, p.info.etag, p.index}.id(),
                               p.position);
         pf_queue.push_back(std::move(p));
+      }
+      // Declarations nobody reads (a killed job, a client of the daemon that only declares)
+      // must not pile up: past the bound, the oldest planned chunks are forgotten.
+      while (pf_queue.size() > kMaxQueuedPrefetch) {
+        const Planned& old = pf_queue.front();
+        auto q = pf_queued.find(ChunkKey{store_id, old.info.key, old.info.etag, old.index}.id());
+        if (q != pf_queued.end() && q->second == old.position) pf_queued.erase(q);
+        pf_queue.pop_front();
       }
       if (prefetchers.empty()) {
         for (unsigned i = 0; i < options.prefetch_threads; ++i) {
@@ -838,7 +847,9 @@ Status TieredCache::declare(std::span<const PlannedRead> order) {
     SLUICE_RETURN_IF_ERROR(store::validate_key(r.key));
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(r.key, false));
     if (r.offset >= info.size) continue;
-    uint64_t end = r.length == 0 ? info.size : std::min(info.size, r.offset + r.length);
+    uint64_t end = r.length == 0 || r.length > info.size - r.offset
+                       ? info.size
+                       : r.offset + r.length;  // never wraps: a huge length means the end
     for (uint64_t i = r.offset / impl_->options.chunk_size; i * impl_->options.chunk_size < end;
          ++i) {
       // Each declared chunk costs memory until it is read: a bound per call, so neither a

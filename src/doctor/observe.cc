@@ -456,7 +456,12 @@ Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) 
     std::this_thread::sleep_for(std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(seconds * 1000 / 8), 10, 500)));
     auto s = snapshot(pid, all, o);
-    if (!s && s.error().code() == Code::kNotFound) {
+    // Gone, or a zombie its parent has not reaped yet (its /proc entry stays): exited.
+    const bool zombie = s && !s->threads.empty() &&
+                        std::all_of(s->threads.begin(), s->threads.end(), [](const ThreadTicks& t) {
+                          return t.state == 'Z' || t.state == 'X';
+                        });
+    if ((!s && s.error().code() == Code::kNotFound) || zombie) {
       exited = true;
       break;
     }

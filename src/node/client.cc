@@ -287,7 +287,9 @@ struct NodeStore::Impl {
         taken = take_piece(key, p, f, offset, dst, cursor, handoffs);
         if (!taken) break;
       }
-      // Every read started writes into dst: wait for all of them before anything returns.
+      // Every read started writes into dst and uses a descriptor of `f`: wait for all of
+      // them before anything returns (get() below may throw what a task stored).
+      for (HandoffRead& h : handoffs) h.done.wait();
       std::optional<uint64_t> bad_at;  // where the first chunk that failed its check starts
       Status waited = ok();
       for (HandoffRead& h : handoffs) {

@@ -90,8 +90,11 @@ def test_pack_read_exactly_once(ctx):
         assert sorted(seen) == keys and set(seen.values()) == {1}, (world, workers)
     # The loader's, cache's and store's metrics, as a Prometheus text file.
     prom = os.path.join(ctx.scratch, "read.prom")
-    ok(run("read", dst, "--daemon", "none", "--metrics-file", prom, "--metrics-interval", "0.2",
-           "--no-progress"))
+    summary = json.loads(ok(run("read", dst, "--daemon", "none", "--metrics-file", prom,
+                                "--metrics-interval", "0.2", "--no-progress", "--json")).stdout)
+    # Metrics on must not hide the cache from the loader (a telemetry wrapper around it once
+    # did: no declarations, no chunk-aligned reads, no tier figures in the summary).
+    assert "cache" in summary, summary
     metrics = {}
     for line in open(prom):
         if line.startswith("#") or not line.strip():
@@ -99,7 +102,7 @@ def test_pack_read_exactly_once(ctx):
         name, value = line.rsplit(" ", 1)
         metrics[name] = float(value)
     assert metrics["sluice_stream_samples_total"] == 500, metrics
-    assert metrics["sluice_stream_first_batch_milliseconds"] > 0, metrics
+    assert metrics["sluice_stream_first_batch_milliseconds"] >= 0, metrics
     assert any(k.startswith("sluice_cache_hit_bytes_total") for k in metrics), sorted(metrics)
     assert [f for f in os.listdir(ctx.scratch) if f.startswith("read.prom.tmp")] == []
     r = run("read", dst, "--metrics-file", os.path.join(ctx.scratch, "no", "such", "dir", "m.prom"))

@@ -56,8 +56,10 @@ std::string daemon_socket(const CacheFlags& f, const std::string& home) {
 Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& store_uri,
                                                          store::StoreOptions so,
                                                          const CacheFlags& f,
-                                                         const std::string& home) {
+                                                         const std::string& home,
+                                                         telemetry::Registry* registry) {
   SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(f, home));
+  co.registry = registry;
   so.backend.set(co);
   cache::register_scheme();
   if (f.daemon == "none") return store::open_store("cache+" + store_uri, so);

@@ -28,10 +28,13 @@ std::string daemon_socket(const CacheFlags& flags, const std::string& home);
 
 // Opens `store_uri` through the node's cache: through sluiced where one answers on the
 // --daemon socket, else through the embedded cache in --cache-dir, with a note on stderr
-// saying why. `so` carries the backend options (S3).
+// saying why. `so` carries the backend options (S3). The embedded cache records its
+// metrics in `registry` when given (set it here, not as so.registry: that would wrap the
+// cache in a telemetry store, which hides the cache's declaration seam from the loader).
 Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& store_uri,
                                                          store::StoreOptions so,
                                                          const CacheFlags& flags,
-                                                         const std::string& home);
+                                                         const std::string& home,
+                                                         telemetry::Registry* registry = nullptr);
 
 }  // namespace sluice::cli

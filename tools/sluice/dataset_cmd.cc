@@ -135,8 +135,15 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
   SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
   SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
   so.create = false;  // ls, stat and read only read: a mistyped path is not a new directory
-  so.registry = a.registry;
   const auto* s3o = so.backend.get<s3::S3Options>();
+  // The registry goes to the backends themselves: as so.registry it would wrap the store in
+  // a telemetry store, and the loader would no longer find the cache's declaration seam.
+  if (a.registry && s3o) {
+    s3::S3Options with = *s3o;
+    with.registry = a.registry;
+    so.backend.set(with);
+    s3o = so.backend.get<s3::S3Options>();
+  }
   // s3://bucket names a bucket on some server: the catalog must know which.
   std::string store_id =
       w.store_uri + (w.store_uri.starts_with("s3://") && s3o
@@ -144,7 +151,8 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
                          : "");
   std::shared_ptr<store::Store> s;
   if (through_cache) {
-    SLUICE_ASSIGN_OR_RETURN(s, open_through_cache(w.store_uri, std::move(so), a.cache, home));
+    SLUICE_ASSIGN_OR_RETURN(
+        s, open_through_cache(w.store_uri, std::move(so), a.cache, home, a.registry));
   } else {
     SLUICE_ASSIGN_OR_RETURN(s, store::open_store(w.store_uri, so));
   }

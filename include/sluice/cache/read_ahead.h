@@ -21,7 +21,9 @@ struct PlannedRead {
   uint64_t length = 0;
 };
 
-// The most chunks one declare() call may name (256 GiB at the default 4 MiB chunk).
+// The most chunks one declare() call may name (256 GiB at the default 4 MiB chunk). What
+// is declared and not yet read is bounded too (four times this): past it the cache forgets
+// the oldest planned fetches and stops adding to the declared eviction order.
 inline constexpr size_t kMaxDeclaredChunks = size_t{1} << 16;
 
 class ReadAhead {

@@ -39,8 +39,8 @@ namespace sluice::node {
 struct NodeOptions {
   std::string socket;                                           // the daemon's Unix socket
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // per request
-  // The data path for handed-off chunks; null: one opened on first use, with
-  // handoff_parallel reads of handed-off chunks at once (a reply carries up to 64).
+  // The data path for handed-off chunks; null: one opened on first use. handoff_parallel
+  // threads of the store read and check handed-off chunks at once (a reply carries up to 64).
   std::shared_ptr<io::Context> io;
   unsigned handoff_parallel = 4;
   // For node+ URIs: where no daemon answers, open the embedded cache (cache+<uri>, with

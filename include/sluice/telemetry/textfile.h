@@ -23,6 +23,7 @@ class Registry;
 class TextfileExporter {
  public:
   // Writes once before returning, so a path that cannot be written is an error here.
+  // `registry` must outlive the exporter. A process killed with -9 may leave PATH.tmp-PID.
   static Result<std::unique_ptr<TextfileExporter>> start(const Registry& registry, std::string path,
                                                          std::chrono::milliseconds interval);
   // Stops the periodic writes and writes a last time (its error is lost: call stop() to

@@ -392,8 +392,20 @@ Result<store::ListPage> NodeStore::list(const store::ListOptions& options) {
   return page;
 }
 
+namespace {
+
+// At most the bytes `s` takes as a JSON string: a control byte is written as \u00XX, '"'
+// and '\\' with a backslash, and a byte that is not valid UTF-8 may become U+FFFD (3 bytes).
+size_t json_string_bytes(std::string_view s) {
+  size_t n = 2;
+  for (unsigned char c : s) n += c < 0x20 ? 6 : c >= 0x80 ? 3 : (c == '"' || c == '\\') ? 2 : 1;
+  return n;
+}
+
+}  // namespace
+
 Status NodeStore::declare(std::span<const cache::PlannedRead> order) {
-  // Frames stay well within kMaxJsonBytes: a key is at most 1,024 bytes.
+  // Frames stay within half of kMaxJsonBytes, escaping counted.
   constexpr size_t kBatchBytes = kMaxJsonBytes / 2;
   while (!order.empty()) {
     Json reads = Json::array();
@@ -401,7 +413,7 @@ Status NodeStore::declare(std::span<const cache::PlannedRead> order) {
     for (; n < order.size() && n < kMaxDeclareReads && bytes < kBatchBytes; ++n) {
       SLUICE_RETURN_IF_ERROR(store::validate_key(order[n].key));
       reads.push_back(Json::array({order[n].key, order[n].offset, order[n].length}));
-      bytes += order[n].key.size() + 48;
+      bytes += json_string_bytes(order[n].key) + 48;  // two numbers, brackets, commas
     }
     auto reply = impl_->client->impl().call_frame(
         FrameType::kDeclare, Json{{"root", impl_->root}, {"reads", std::move(reads)}});

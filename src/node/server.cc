@@ -320,6 +320,12 @@ struct NodeServer::Impl {
   Result<std::string> routed_key(const Caller& caller, const Json& j) {
     SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
     SLUICE_ASSIGN_OR_RETURN(std::string key, get_string(j, "key"));
+    return routed(caller, id, key);
+  }
+
+  // `key` of the root `id` (already checked against the team), as the cache names it, once
+  // the key is valid and the team may read it.
+  Result<std::string> routed(const Caller& caller, const std::string& id, const std::string& key) {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
     return id + "/" + key;
@@ -515,6 +521,8 @@ struct NodeServer::Impl {
               {"checksum_failures", s.checksum_failures},
               {"stale_drops", s.stale_drops},
               {"singleflight_joins", s.singleflight_joins},
+              {"prefetch",
+               {{"fetched", s.prefetched}, {"hits", s.prefetch_hits}, {"wasted", s.prefetch_wasted}}},
               {"disk_writes_skipped", s.disk_writes_skipped},
               {"directory", s.directory},
               {"policy", s.policy},
@@ -686,10 +694,8 @@ struct NodeServer::Impl {
       if (!r.is_array() || r.size() != 3 || !r[0].is_string() || !r[1].is_number_unsigned() ||
           !r[2].is_number_unsigned())
         return fail(Code::kInvalidArgument, "a read must be [key, offset, length]");
-      std::string key = r[0].get<std::string>();
-      SLUICE_RETURN_IF_ERROR(store::validate_key(key));
-      SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
-      order.push_back({id + "/" + key, r[1].get<uint64_t>(), r[2].get<uint64_t>()});
+      SLUICE_ASSIGN_OR_RETURN(std::string key, routed(caller, id, r[0].get<std::string>()));
+      order.push_back({std::move(key), r[1].get<uint64_t>(), r[2].get<uint64_t>()});
     }
     SLUICE_RETURN_IF_ERROR(cache->declare(order));
     Reply reply;

@@ -24,7 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from s3_harness import Runner, S3rver, find_s3rver  # noqa: E402
+from s3_harness import Runner, S3rver, Skip, find_s3rver  # noqa: E402
 from s3_faults_test import FaultProxy  # noqa: E402
 
 SLUICE = os.path.abspath(sys.argv[1])
@@ -479,10 +479,6 @@ def s3_cases(r):
         r.run("s3_empty_prefix_and_dead_endpoint", bad)
     finally:
         srv.close()
-
-
-class Skip(Exception):
-    pass
 
 
 def main():

@@ -198,7 +198,9 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       return;
     }
     std::printf("%s\n", a.json ? sum->json().c_str() : sum->text().c_str());
-    rc = sum->cancelled ? 128 + g_signal.load() : sum->failed ? 1 : 0;
+    rc = sum->cancelled ? CancelHook{&g_cancel, catch_stop_signals, &g_signal}.exit_code()
+         : sum->failed  ? 1
+                        : 0;
   });
 }
 

@@ -609,7 +609,12 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
     if (!buf) {
       SLUICE_ASSIGN_OR_RETURN(buf, AlignedBuffer::allocate(std::max<size_t>(window, 1)));
     }
-    return src->read_full(key, at, std::span(buf.data(), std::min<uint64_t>(window, to - at)), ro);
+    uint64_t len = std::min<uint64_t>(window, to - at);
+    // A --range that starts off a 4 KiB boundary reads up to the next one first, so every
+    // later window starts aligned and its whole chunks land on aligned addresses.
+    if (at % kDirectAlignment != 0)
+      len = std::min<uint64_t>(len, kDirectAlignment - at % kDirectAlignment);
+    return src->read_full(key, at, std::span(buf.data(), len), ro);
   };
   std::future<Result<size_t>> next;
   if (from < to) next = std::async(std::launch::deferred, read_window, from, std::ref(bufs[0]));

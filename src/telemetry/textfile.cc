@@ -1,6 +1,7 @@
 #include "sluice/telemetry/textfile.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -50,6 +51,14 @@ Status TextfileExporter::stop() {
 }
 
 Status TextfileExporter::write_now() {
+  // The rename below replaces whatever has the name: only ever a regular file of metrics,
+  // never a device node, FIFO, symlink or directory (`--metrics-file /dev/null` as root
+  // would otherwise replace /dev/null).
+  struct stat sb;
+  if (::lstat(path_.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode))
+    return fail(
+        Code::kInvalidArgument,
+        "metrics file " + path_ + " exists and is not a regular file; refusing to replace it");
   const std::string text = registry_.prometheus_text();
   const std::string tmp = path_ + ".tmp-" + std::to_string(::getpid());
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644));

@@ -1,3 +1,5 @@
+#include <sys/stat.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -143,6 +145,14 @@ TEST(TextfileExporter, WritesNowPeriodicallyAndAtStopWholeFilesOnly) {
   auto bad = TextfileExporter::start(r, dir.file("no/such/dir/m.prom"), std::chrono::seconds(1));
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("metrics file"), std::string::npos);
+  // A FIFO (or a device node) where the file should be is refused and left as it was.
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0644), 0);
+  auto fifo = TextfileExporter::start(r, dir.file("fifo"), std::chrono::seconds(1));
+  ASSERT_FALSE(fifo);
+  EXPECT_EQ(fifo.error().code(), Code::kInvalidArgument);
+  struct stat st;
+  ASSERT_EQ(::lstat(dir.file("fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <unordered_set>
 
 #include "cache/disk_tier.h"
 #include "cache/ram_tier.h"
@@ -101,7 +102,7 @@ struct TieredCache::Impl {
   Impl(std::unique_ptr<store::Store> b, CacheOptions o)
       : backing(std::move(b)),
         options(std::move(o)),
-        store_id(options.store_id.empty() ? backing->uri() : options.store_id),
+        store_id(options.store_id.empty() ? backing->identity() : options.store_id),
         own_registry(options.registry ? nullptr : std::make_unique<telemetry::Registry>()),
         registry(options.registry ? options.registry : own_registry.get()),
         m(*registry),
@@ -114,7 +115,7 @@ struct TieredCache::Impl {
 
   std::unique_ptr<store::Store> backing;
   CacheOptions options;
-  std::string store_id;  // options.store_id, or the backing store's URI
+  std::string store_id;  // options.store_id, or the backing store's identity()
   std::unique_ptr<telemetry::Registry> own_registry;
   telemetry::Registry* registry;
   Metrics m;
@@ -122,7 +123,7 @@ struct TieredCache::Impl {
   std::unique_ptr<RamTier> ram;
   std::unique_ptr<DiskTier> disk;
 
-  std::mutex meta_mu;
+  std::mutex meta_mu;                                   // taken after wq_mu, never before it
   std::map<std::string, ObjectMeta, std::less<>> meta;  // guarded by meta_mu
 
   std::mutex flight_mu;
@@ -345,14 +346,50 @@ struct TieredCache::Impl {
     return std::min<uint64_t>(options.chunk_size, object_size - start);
   }
 
+  // Keeps `meta` within max_objects: past it, forgets the longest-unchecked eighth (those
+  // restored unchecked first), but never an object with a chunk waiting for its NVMe write
+  // (the write checks the version against `meta`) or the one just learned. Called with
+  // meta_mu held; `busy` are those keys (the queue's taken before meta_mu).
+  void bound_meta(const std::unordered_set<std::string_view>& busy) {
+    if (meta.size() <= options.max_objects) return;
+    using It = decltype(meta)::iterator;
+    std::vector<It> all;
+    all.reserve(meta.size());
+    for (It it = meta.begin(); it != meta.end(); ++it) {
+      if (!busy.contains(it->first)) all.push_back(it);
+    }
+    size_t n = std::min(all.size(), meta.size() - options.max_objects + options.max_objects / 8);
+    auto older = [](const It& a, const It& b) { return a->second.checked < b->second.checked; };
+    std::nth_element(all.begin(), all.begin() + n, all.end(), older);
+    for (size_t i = 0; i < n; ++i) meta.erase(all[i]);
+  }
+
+  // The keys with a chunk in the NVMe write queue, when `meta` is about to outgrow its
+  // bound; empty otherwise (the common case costs no walk of the queue).
+  std::unordered_set<std::string_view> busy_keys(std::vector<std::shared_ptr<const Chunk>>& hold) {
+    std::unordered_set<std::string_view> busy;
+    {
+      std::lock_guard lock(meta_mu);
+      if (meta.size() < options.max_objects) return busy;
+    }
+    std::lock_guard lock(wq_mu);
+    hold.assign(wq.begin(), wq.end());  // keeps the strings the views point at alive
+    for (const std::shared_ptr<const Chunk>& c : hold) busy.insert(c->key.key);
+    return busy;
+  }
+
   // Records what the backing store says an object is; drops chunks of another version.
   void learn(const store::ObjectInfo& info) {
     bool changed = false;
+    std::vector<std::shared_ptr<const Chunk>> hold;
+    std::unordered_set<std::string_view> busy = busy_keys(hold);
     {
       std::lock_guard lock(meta_mu);
       auto it = meta.find(info.key);
       if (it == meta.end()) {
         meta.emplace(info.key, ObjectMeta{info, Clock::now()});
+        busy.insert(info.key);  // about to be read, and its chunks queued
+        bound_meta(busy);
         return;
       }
       changed = it->second.info.etag != info.etag;
@@ -424,11 +461,12 @@ struct TieredCache::Impl {
     if (!disk) return;
     {
       std::lock_guard lock(wq_mu);
-      if (stopping || wq_bytes + c->length > options.disk_write_queue_bytes) {
+      // Counted as the memory it holds: a 1 KiB object's buffer is 4 KiB.
+      if (stopping || wq_bytes + round_up(c->length) > options.disk_write_queue_bytes) {
         m.disk_skipped.add();
         return;
       }
-      wq_bytes += c->length;
+      wq_bytes += round_up(c->length);
       wq.push_back(std::move(c));
     }
     wq_cv.notify_one();
@@ -456,7 +494,7 @@ struct TieredCache::Impl {
       }
       lock.lock();
       wq.pop_front();
-      wq_bytes -= c->length;
+      wq_bytes -= round_up(c->length);
     }
   }
 
@@ -731,6 +769,7 @@ struct TieredCache::Impl {
       if (e.key.store != store_id) continue;
       store::ObjectInfo info{e.key.key, e.object_size, e.object_mtime_ns, e.key.etag};
       meta.try_emplace(e.key.key, ObjectMeta{info, std::nullopt});
+      bound_meta({});  // nothing is queued yet
     }
   }
 };
@@ -770,6 +809,7 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
     return fail(Code::kInvalidArgument, "cache: chunk size " + std::to_string(options.chunk_size) +
                                             " is outside 64 KiB to 1 GiB");
   }
+  if (options.max_objects == 0) return fail(Code::kInvalidArgument, "cache: max_objects is 0");
   auto impl = std::make_unique<Impl>(std::move(backing), std::move(options));
   CacheOptions& o = impl->options;
   if (!o.directory.empty()) {
@@ -834,6 +874,10 @@ Status TieredCache::remove(std::string_view key) {
 
 std::string TieredCache::uri() const {
   return "cache+" + impl_->backing->uri();
+}
+
+std::string TieredCache::identity() const {
+  return "cache+" + impl_->backing->identity();
 }
 
 uint64_t TieredCache::chunk_size() const {
@@ -997,6 +1041,10 @@ CacheStats TieredCache::stats() const {
   s.prefetched = i.m.prefetched.value();
   s.prefetch_hits = i.m.prefetch_hits.value();
   s.prefetch_wasted = i.m.prefetch_wasted.value();
+  {
+    std::lock_guard lock(impl_->meta_mu);
+    s.objects_known = i.meta.size();
+  }
   s.directory = i.options.directory;
   s.policy = std::string(policy_name(i.options.policy));
   return s;

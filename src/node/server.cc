@@ -777,7 +777,7 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
 
   auto impl = std::make_unique<Impl>(std::move(options));
   ServerOptions& o = impl->o;
-  o.cache.store_id = "sluiced";
+  if (o.cache.store_id.empty()) o.cache.store_id = "sluiced";
   o.cache.registry = &impl->registry;
   for (const TeamGrant& t : o.teams) {
     impl->team_bytes[&t] = &impl->registry.counter("sluice_team_bytes_total", {{"team", t.name}},

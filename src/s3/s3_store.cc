@@ -151,6 +151,17 @@ class S3Writer : public store::Writer {
   bool finished_ = false;
 };
 
+}  // namespace
+
+std::string endpoint_url(const S3Options& options) {
+  std::string ep = options.endpoint.empty() ? "https://s3." + options.region + ".amazonaws.com"
+                                            : options.endpoint;
+  while (ep.ends_with('/')) ep.pop_back();
+  return ep;
+}
+
+namespace {
+
 class S3Store : public store::Store {
  public:
   S3Store(S3Location loc, S3Options opts)
@@ -162,9 +173,7 @@ class S3Store : public store::Store {
                           std::max(1L, static_cast<long>(opts_.stall_timeout_s) / 2)}),
         parts_(std::max(1u, std::min(opts_.part_concurrency, 64u))),
         budget_(static_cast<int64_t>(opts_.retry_budget)) {
-    std::string ep =
-        opts_.endpoint.empty() ? "https://s3." + opts_.region + ".amazonaws.com" : opts_.endpoint;
-    while (ep.ends_with('/')) ep.pop_back();
+    std::string ep = endpoint_url(opts_);
     size_t scheme = ep.find("://");
     scheme_ = scheme == std::string::npos ? "https" : ep.substr(0, scheme);
     host_ = scheme == std::string::npos ? ep : ep.substr(scheme + 3);
@@ -185,6 +194,7 @@ class S3Store : public store::Store {
   }
 
   std::string uri() const override { return "s3://" + loc_.bucket + "/" + loc_.prefix; }
+  std::string identity() const override { return uri() + " at " + endpoint_url(opts_); }
   std::string object_uri(std::string_view full_key) const {
     return "s3://" + loc_.bucket + "/" + std::string(full_key);
   }

@@ -145,7 +145,7 @@ std::string hex64(uint64_t v) {
 Result<Catalog> node_catalog(store::Store& store, const std::string& prefix,
                              const DatasetOptions& options, bool& reused) {
   reused = false;
-  std::string identity = (options.store_id.empty() ? store.uri() : options.store_id) + "\n" +
+  std::string identity = (options.store_id.empty() ? store.identity() : options.store_id) + "\n" +
                          prefix + "\n" + std::to_string(static_cast<int>(options.format)) +
                          (options.skip_corrupt ? "\nskip" : "");
   std::string base =

@@ -146,9 +146,8 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, cons
   }
   // s3://bucket names a bucket on some server: the catalog must know which.
   std::string store_id =
-      w.store_uri + (w.store_uri.starts_with("s3://") && s3o
-                         ? " at " + (s3o->endpoint.empty() ? s3o->region : s3o->endpoint)
-                         : "");
+      w.store_uri +
+      (w.store_uri.starts_with("s3://") && s3o ? " at " + s3::endpoint_url(*s3o) : "");
   std::shared_ptr<store::Store> s;
   if (through_cache) {
     SLUICE_ASSIGN_OR_RETURN(

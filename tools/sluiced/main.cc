@@ -215,6 +215,7 @@ int run(Args& a, const CLI::App& app) {
   auto s3o = cli::load_s3_options(a.aws);
   if (!s3o) return cli::report_error(s3o.error());
   o.stores.backend.set(*s3o);
+  o.cache.store_id = "sluiced at " + s3::endpoint_url(*s3o);
   if (!teams_json->is_null()) {
     auto teams = parse_teams(*teams_json, a.config, a.aws, *s3o);
     if (!teams) return cli::report_error(teams.error());

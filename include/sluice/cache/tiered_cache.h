@@ -63,8 +63,9 @@ struct CacheOptions {
   // may hold the chunks of many backing stores (one node-wide budget); they are told
   // apart by store_id.
   std::string directory;
-  // Names the backing store in chunk keys; empty: its URI. Two caches over the same data
-  // reached by different URIs can share chunks by giving the same id.
+  // Names the backing store in chunk keys; empty: its identity() (the URI, and for S3 the
+  // endpoint). Two caches over the same data reached by different URIs can share chunks
+  // by giving the same id.
   std::string store_id;
   uint64_t ram_bytes = 1ULL << 30;
   uint64_t disk_bytes = 16ULL << 30;
@@ -73,11 +74,16 @@ struct CacheOptions {
   // How old the cache's knowledge of an object (size, etag) may be before a read stats the
   // backing store again.
   std::chrono::milliseconds revalidate_after{1000};
+  // Objects whose size and etag the cache remembers (about 300 bytes each): at most this
+  // many, plus those with a chunk waiting for its NVMe write (at most
+  // disk_write_queue_bytes / 4 KiB). Past it, the longest-unchecked eighth is forgotten;
+  // their chunks stay, and the next read of one stats it again.
+  size_t max_objects = 256 * 1024;
   // Trust what the cache knows and never stat for revalidation (objects not cached yet are
   // still looked up). For data known not to change.
   bool offline = false;
-  // Bytes of NVMe writes queued behind fills; a fill finding the queue full skips the NVMe
-  // tier for that chunk rather than wait.
+  // Bytes of NVMe writes queued behind fills (each chunk counted in whole 4 KiB pages); a
+  // fill finding the queue full skips the NVMe tier for that chunk rather than wait.
   uint64_t disk_write_queue_bytes = 256ULL << 20;
   // Prefetch of declared reads: bytes fetched ahead and not yet read, at most; threads.
   uint64_t prefetch_bytes = 256ULL << 20;
@@ -118,6 +124,7 @@ struct CacheStats {
   uint64_t evictions = 0, checksum_failures = 0, stale_drops = 0;
   uint64_t singleflight_joins = 0, disk_writes_skipped = 0;
   uint64_t prefetched = 0, prefetch_hits = 0, prefetch_wasted = 0;
+  uint64_t objects_known = 0;  // objects whose size and etag are remembered (max_objects)
   std::string directory, policy, io_path;
 };
 
@@ -149,6 +156,7 @@ class TieredCache : public store::Store, public ReadAhead {
   Result<store::ListPage> list(const store::ListOptions& options) override;
   Status remove(std::string_view key) override;
   std::string uri() const override;
+  std::string identity() const override;
 
   // Declares reads to come, in order: the cache fetches ahead (within prefetch_bytes) and,
   // under PolicyKind::kDeclared, evicts by the declared order. Appends to what was

@@ -87,7 +87,9 @@ struct PeerConfig {
 
 struct ServerOptions {
   std::string socket_path;
-  // The node's cache; its store_id is set to "sluiced". A directory is required.
+  // The node's cache; its store_id, when empty, is set to "sluiced" (sluiced sets "sluiced at
+  // ENDPOINT", so chunks cached from one S3 server are never served for another's bucket of
+  // the same name after a restart with another endpoint). A directory is required.
   cache::CacheOptions cache;
   // How roots are opened (S3 credentials and endpoint in backend options).
   store::StoreOptions stores;

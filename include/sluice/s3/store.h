@@ -61,6 +61,9 @@ struct S3Location {
   std::string prefix;  // everything after "bucket/", as given ("" for the whole bucket)
 };
 
+// The server `options` reach: the endpoint without trailing slashes, or AWS's for the region.
+std::string endpoint_url(const S3Options& options);
+
 // Parses "s3://bucket/some/prefix".
 Result<S3Location> parse_s3_uri(std::string_view uri);
 

@@ -136,6 +136,10 @@ class Store {
   virtual Status remove_many(std::span<const std::string> keys);
   // The URI this store was opened with ("file:///data", "mem://test").
   virtual std::string uri() const = 0;
+  // What tells this store's data apart from any other's: its URI and whatever else picks
+  // the server (an S3 endpoint). Caches and catalogs name what they keep by it, so a
+  // bucket of the same name on another server never shares their entries.
+  virtual std::string identity() const { return uri(); }
 
   // Conveniences built on the methods above.
   Status put(std::string_view key, std::span<const std::byte> data,

@@ -31,6 +31,7 @@ class StoreWrapper : public Store {
     return target_->remove_many(keys);
   }
   std::string uri() const override { return target_->uri(); }
+  std::string identity() const override { return target_->identity(); }
 
   Store& target() { return *target_; }
 

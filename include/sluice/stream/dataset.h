@@ -85,8 +85,9 @@ struct DatasetOptions {
   // Empty: list and read the indexes on every open.
   std::string catalog_dir;
   std::chrono::seconds catalog_ttl{600};
-  // Names the store in the catalog's identity; empty: its URI. Give the endpoint too where
-  // the URI does not say it (s3://bucket on two servers), or the catalogs would mix.
+  // Names the store in the catalog's identity; empty: its identity() (URI and endpoint).
+  // Give the endpoint too for a store that cannot say it (a node+ store reads through the
+  // daemon's), or catalogs of s3://bucket on two servers would mix.
   std::string store_id;
 };
 

@@ -286,6 +286,45 @@ TEST(TieredCache, WritesAndRemovesThroughTheCacheDropTheCachedCopy) {
   EXPECT_FALSE(cache->read("k", 0, out).has_value());
 }
 
+TEST(TieredCache, WhatItKnowsOfObjectsStaysWithinItsBound) {
+  TempDir dir;
+  Backing b;
+  auto writer = b.open();
+  for (int i = 0; i <= 40; ++i) ASSERT_TRUE(writer->put("k" + std::to_string(i), pattern(100, i)));
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  FaultInjectionStore* counted = faults.get();
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  o.max_objects = 8;
+  o.revalidate_after = std::chrono::hours(1);  // a stat now means the cache had forgotten
+  auto cache = open_cache(std::move(faults), o);
+  auto read = [&](int i) {
+    std::string k = "k" + std::to_string(i);
+    EXPECT_EQ(read_range(*cache, k, 0, 100), pattern(100, i)) << k;
+  };
+  // Objects with a chunk waiting for its NVMe write are kept (the write checks them).
+  for (int i = 0; i < 40; ++i) read(i);
+  ASSERT_TRUE(eventually([&] { return cache->stats().disk.chunks == 40; }))
+      << cache->stats().disk.chunks << " " << cache->stats().disk_writes_skipped;
+  read(40);
+  EXPECT_LE(cache->stats().objects_known, 8u);
+  EXPECT_GE(cache->stats().objects_known, 7u);  // an eighth forgotten at a time
+  uint64_t stats = counted->calls(FaultOp::kStat);
+  read(40);  // remembered: no stat
+  EXPECT_EQ(counted->calls(FaultOp::kStat), stats);
+  // Forgotten ones are stat'ed again, but their bytes still come from the NVMe tier.
+  for (int i = 0; i <= 40; ++i) {
+    read(i);
+    EXPECT_LE(cache->stats().objects_known, 8u);
+  }
+  EXPECT_GT(counted->calls(FaultOp::kStat), stats + 30);
+  EXPECT_EQ(cache->stats().misses, 41u);
+  o.max_objects = 0;
+  auto refused = TieredCache::open(b.open(), o);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code(), Code::kInvalidArgument);
+}
+
 TEST(TieredCache, OfflineTrustsWhatItKnows) {
   Backing b;
   auto writer = b.open();
@@ -724,6 +763,22 @@ TEST(TieredCache, RejectsBadOptionsAndKeys) {
   std::vector<std::byte> out(1);
   EXPECT_EQ(cache->read("../x", 0, out).error().code(), Code::kInvalidArgument);
   EXPECT_EQ(cache->stat("").error().code(), Code::kInvalidArgument);
+}
+
+TEST(TieredCache, ChunksAreKeyedByTheBackingStoresIdentity) {
+  // A wrapper whose identity differs from its URI, like an S3 store (URI plus endpoint).
+  struct OnServer : store::StoreWrapper {
+    using StoreWrapper::StoreWrapper;
+    std::string identity() const override { return uri() + " at http://server-a"; }
+  };
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(100, 1)));
+  auto cache = open_cache(std::make_unique<OnServer>(b.open()), small_options());
+  EXPECT_EQ(read_range(*cache, "k", 0, 100), pattern(100, 1));
+  std::vector<CachedChunk> c = cache->chunks("k");
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].store, "mem://" + b.name + " at http://server-a");
+  EXPECT_EQ(cache->identity(), "cache+mem://" + b.name + " at http://server-a");
 }
 
 TEST(TieredCache, OpensByUri) {

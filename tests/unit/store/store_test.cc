@@ -128,6 +128,25 @@ TEST(OpenStore, SchemesComeFromTheRegistry) {
   EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
 }
 
+TEST(StoreRegistry, AnS3StoresIdentityNamesItsServer) {
+  // One bucket name on two servers is two stores: caches key chunks by identity().
+  s3::register_scheme();
+  auto open = [](const std::string& endpoint) {
+    StoreOptions o;
+    s3::S3Options s;
+    s.endpoint = endpoint;
+    o.backend.set(s);
+    return open_store("s3://bucket/p/", o).value();
+  };
+  auto a = open("http://127.0.0.1:9000"), a2 = open("http://127.0.0.1:9000/"),
+       b = open("http://127.0.0.1:9001");
+  EXPECT_EQ(a->uri(), b->uri());
+  EXPECT_NE(a->identity(), b->identity());
+  EXPECT_EQ(a->identity(), a2->identity());
+  EXPECT_NE(a->identity().find("127.0.0.1:9000"), std::string::npos) << a->identity();
+  EXPECT_EQ(open_named_memory_store("x")->identity(), "mem://x");
+}
+
 TEST(PosixStore, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
   // Defect 3: kill -9 leaves a temporary file; the next process that opens the store
   // removes it, but never one whose owner still runs.

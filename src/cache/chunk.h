@@ -24,6 +24,15 @@ struct ChunkKey {
   ChunkId id() const;
 };
 
+// A chunk's bytes wherever they lie (a Chunk's buffer, or a reader's own), to write to NVMe.
+struct ChunkView {
+  const ChunkKey& key;
+  std::span<const std::byte> bytes;  // starts 4 KiB-aligned (for O_DIRECT)
+  uint64_t xxh3 = 0;                 // of bytes
+  uint64_t object_size = 0;
+  int64_t object_mtime_ns = 0;
+};
+
 // A chunk's bytes in memory. Immutable once made: tiers and readers share it.
 struct Chunk {
   ChunkKey key;
@@ -34,6 +43,7 @@ struct Chunk {
   PooledBuffer buf;  // at least `length` bytes, 4 KiB-aligned (for O_DIRECT)
 
   std::span<const std::byte> bytes() const { return {buf.data(), length}; }
+  ChunkView view() const { return {key, bytes(), xxh3, object_size, object_mtime_ns}; }
 };
 
 uint64_t checksum(std::span<const std::byte> bytes);

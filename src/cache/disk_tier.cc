@@ -25,6 +25,19 @@ constexpr size_t kHeaderSize = 24;    // magic, version, reserved, xxh3 of the f
 constexpr size_t kMaxPayload = 8192;  // store ids 2048 bytes, keys and etags 1024 at most
 constexpr uint64_t kMaxChunk = 1ULL << 30;
 constexpr uint32_t kAdd = 1, kRemove = 2;
+constexpr uint64_t kPage = 4096;
+constexpr unsigned kPageBits = 16;                            // a file id: segment << 16 | page
+constexpr uint64_t kSegmentPages = uint64_t{1} << kPageBits;  // 256 MiB of pages a segment
+
+uint64_t segment_of(uint64_t file_id) {
+  return file_id >> kPageBits;
+}
+
+// Names the object version a chunk belongs to (and the lane it is written in): the chunks
+// of one version written in one lane share segments.
+std::string object_of(const ChunkKey& k, uint64_t lane) {
+  return k.store + '\n' + k.key + '\n' + k.etag + '\n' + std::to_string(lane);
+}
 
 uint64_t on_disk(uint64_t length) {
   return (length + 4095) & ~uint64_t{4095};
@@ -112,7 +125,7 @@ bool parse_add(std::span<const std::byte> payload, DiskTier::Entry& e) {
             r.get_str(e.key.etag, kMaxEtag) && r.done();
   e.object_mtime_ns = static_cast<int64_t>(mtime);
   // Every field is untrusted: a record that parses but names nonsense is dropped too.
-  return ok && e.file_id != 0 && e.length > 0 && e.length <= kMaxChunk &&
+  return ok && segment_of(e.file_id) != 0 && e.length > 0 && e.length <= kMaxChunk &&
          store::validate_key(e.key.key).has_value() && !e.key.etag.empty() &&
          e.key.index <= e.object_size / e.length;
 }
@@ -125,9 +138,37 @@ DiskTier::DiskTier(Options options)
 DiskTier::~DiskTier() = default;
 
 std::string DiskTier::path_of(uint64_t file_id) const {
+  const uint64_t seg = segment_of(file_id);
   char name[48];
-  std::snprintf(name, sizeof name, "/chunks/%02" PRIx64 "/%016" PRIx64, file_id & 0xff, file_id);
+  // Consecutive segments share a fan-out directory: a fresh cache makes one per 256.
+  std::snprintf(name, sizeof name, "/chunks/%02" PRIx64 "/%016" PRIx64 ".seg", (seg >> 8) & 0xff,
+                seg);
   return options_.directory + name;
+}
+
+uint64_t DiskTier::offset_of(uint64_t file_id) {
+  return (file_id & (kSegmentPages - 1)) * kPage;
+}
+
+// Whether the file system under `dir` frees a punched range (ext4, xfs, btrfs and tmpfs do).
+static bool can_punch_holes(const std::string& dir) {
+  std::string probe = dir + "/.punch-probe-" + std::to_string(::getpid());
+  UniqueFd fd(::open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return false;
+  bool ok = ::ftruncate(fd.get(), 2 * kPage) == 0 &&
+            ::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, kPage) == 0;
+  ::unlink(probe.c_str());
+  return ok;
+}
+
+void DiskTier::free_pages(const std::string& path, uint64_t offset, uint64_t length) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  // Best effort: the bytes are unreachable either way; a failure only delays their space
+  // until the segment goes.
+  if (fd.valid()) {
+    (void)::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(offset), static_cast<off_t>(length));
+  }
 }
 
 Result<std::unique_ptr<DiskTier>> DiskTier::open(Options options) {
@@ -139,6 +180,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::open(Options options) {
   }
   std::unique_ptr<DiskTier> t(new DiskTier(std::move(options)));
   SLUICE_RETURN_IF_ERROR(t->lock_directory());
+  t->punch_holes_ = can_punch_holes(t->options_.directory + "/chunks");
   SLUICE_RETURN_IF_ERROR(t->replay());
   SLUICE_RETURN_IF_ERROR(t->open_log_for_append());
   return t;
@@ -257,53 +299,79 @@ Status DiskTier::replay() {
   }
   open_report_.truncated_tail = log.size() > good_end && good_end > 0;
 
-  // Chunk files on disk: those with a live record of the right size stay; the rest go.
-  std::set<uint64_t> kept;
+  // Segment files on disk: those a live record names stay (with their sizes); the rest go.
+  std::unordered_set<uint64_t> named;
+  for (const auto& [id, e] : live) named.insert(segment_of(id));
+  std::unordered_map<uint64_t, uint64_t> kept;  // segment -> file size
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(options_.directory + "/chunks", ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     if (!it->is_regular_file(ec)) continue;
     std::string name = it->path().filename().string();
     char* end = nullptr;
-    uint64_t id = std::strtoull(name.c_str(), &end, 16);
-    auto e = live.find(id);
-    if (name.size() == 16 && *end == '\0' && e != live.end() &&
-        path_of(id) == it->path().string() && it->file_size(ec) == e->second.length) {
-      kept.insert(id);
-      next_file_id_ = std::max(next_file_id_, id + 1);
-      continue;
+    uint64_t seg = std::strtoull(name.c_str(), &end, 16);
+    if (name.size() == 20 && end == name.c_str() + 16 && std::strcmp(end, ".seg") == 0 &&
+        seg != 0 && seg < (uint64_t{1} << (64 - kPageBits)) &&
+        path_of(seg << kPageBits) == it->path().string()) {
+      next_segment_ = std::max(next_segment_, seg + 1);
+      uint64_t size = it->file_size(ec);
+      if (!ec && named.contains(seg)) {
+        kept[seg] = size;
+        continue;
+      }
     }
-    ++open_report_.orphans;
+    ++open_report_.orphans;  // a segment no record names, a file of an older layout, debris
     std::filesystem::remove(it->path(), ec);
   }
-  next_file_id_ = std::max(next_file_id_, log_max_id + 1);
+  // No new segment takes a number the log named, even in a record removed since.
+  next_segment_ = std::max(next_segment_, segment_of(log_max_id) + 1);
   {
     std::lock_guard lock(mu_);
     std::unordered_set<uint64_t> done;
+    std::vector<Gone> ignored;  // freed below with everything else no entry covers
     for (uint64_t id : order) {
       auto e = live.find(id);
       if (e == live.end() || !done.insert(id).second) continue;
-      if (!kept.contains(id)) {
-        ++open_report_.dropped;
+      auto k = kept.find(segment_of(id));
+      if (k == kept.end() || offset_of(id) + e->second.length > k->second) {
+        ++open_report_.dropped;  // its segment is gone or too short
         continue;
       }
       ChunkId cid = e->second.key.id();
-      if (entries_.contains(cid)) {  // two files for one chunk: keep the first
-        std::filesystem::remove(path_of(id), ec);
+      if (entries_.contains(cid)) {  // two copies of one chunk: keep the first
         ++open_report_.dropped;
         continue;
       }
       Admission a = policy_->restore(cid, on_disk(e->second.length));
-      std::vector<uint64_t> gone;
-      for (ChunkId v : a.evicted) forget_locked(v, gone);
-      for (uint64_t g : gone) std::filesystem::remove(path_of(g), ec);
+      for (ChunkId v : a.evicted) forget_locked(v, ignored);
       if (!a.admitted) {
-        std::filesystem::remove(path_of(id), ec);
         ++open_report_.dropped;
         continue;
       }
       entries_[cid] = e->second;
       ++open_report_.restored;
+    }
+    segments_.clear();
+    for (const auto& [cid, e] : entries_) ++segments_[segment_of(e.file_id)].chunks;
+    // What no entry covers is freed: chunks dropped above, fills cut short by a crash.
+    std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> ranges;
+    for (const auto& [cid, e] : entries_)
+      ranges[segment_of(e.file_id)].emplace_back(offset_of(e.file_id), on_disk(e.length));
+    for (const auto& [seg, size] : kept) {
+      std::string segment = path_of(seg << kPageBits);
+      auto r = ranges.find(seg);
+      if (r == ranges.end()) {
+        std::filesystem::remove(segment, ec);
+        continue;
+      }
+      if (!punch_holes_) continue;
+      std::sort(r->second.begin(), r->second.end());
+      uint64_t pos = 0;
+      for (const auto& [off, len] : r->second) {
+        if (off > pos) free_pages(segment, pos, off - pos);
+        pos = std::max(pos, off + len);
+      }
+      if (size > pos) free_pages(segment, pos, size - pos);
     }
   }
   // Start the log afresh from what survived: it drops dead records and a torn tail.
@@ -381,21 +449,57 @@ Status DiskTier::append_remove(uint64_t file_id) {
   return append_locked(r);
 }
 
-void DiskTier::forget_locked(ChunkId id, std::vector<uint64_t>& files) {
+void DiskTier::forget_locked(ChunkId id, std::vector<Gone>& gone) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   policy_->erase(id);
-  files.push_back(it->second.file_id);
+  const Entry& e = it->second;
+  const uint64_t seg = segment_of(e.file_id);
+  bool last = false;
+  auto n = segments_.find(seg);
+  if (n != segments_.end() && --n->second.chunks == 0) {
+    last = true;  // no chunk lies there now and none will: its number is never placed again
+    auto a = appending_.find(n->second.appending);
+    if (a != appending_.end() && a->second.segment == seg) appending_.erase(a);
+    segments_.erase(n);
+  }
+  gone.push_back(Gone{e.file_id, e.length, last});
   entries_.erase(it);
 }
 
-// Unlinks evicted chunk files and records their removal. An open reader keeps its bytes.
-void DiskTier::discard(const std::vector<uint64_t>& files) {
-  for (uint64_t f : files) {
-    ::unlink(path_of(f).c_str());
-    // Best effort: a lost remove record leaves a record without a file, dropped at open.
-    (void)append_remove(f);
+// Records evicted chunks' removal, then frees their pages (unlinks a segment left empty).
+// The record goes first: a crash between the two leaves bytes no record names, freed at
+// open, never a record whose pages are gone. Pages are never placed twice, so freeing them
+// outside mu_ races with no later write. A reader that already holds the segment open
+// reads zeros there, which fail its checksum.
+void DiskTier::discard(const std::vector<Gone>& gone) {
+  for (const Gone& g : gone) {
+    // Best effort (a full disk): the space is freed anyway; the record left behind then
+    // fails its checksum when read, and is dropped.
+    (void)append_remove(g.file_id);
+    std::string path = path_of(g.file_id);
+    if (g.last) {
+      ::unlink(path.c_str());
+    } else {
+      free_pages(path, offset_of(g.file_id), on_disk(g.length));
+    }
   }
+}
+
+uint64_t DiskTier::place_locked(const Entry& e, uint64_t lane) {
+  const uint64_t pages = on_disk(e.length) / kPage;
+  // Chunks of a multi-chunk object append to its segment; anything else gets its own.
+  if (!punch_holes_ || e.object_size <= options_.chunk_size) return next_segment_++ << kPageBits;
+  std::string name = object_of(e.key, lane);
+  Appending& a = appending_[name];
+  if (a.segment == 0 || (a.next_page > 0 && a.next_page + pages > kSegmentPages)) {
+    a.segment = next_segment_++;
+    a.next_page = 0;
+    segments_[a.segment].appending = std::move(name);
+  }
+  const uint64_t id = a.segment << kPageBits | a.next_page;
+  a.next_page += pages;
+  return id;
 }
 
 std::optional<DiskTier::Entry> DiskTier::find(const ChunkKey& key) {
@@ -422,7 +526,7 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
     if (fh.error().code() == Code::kNotFound) {
       // Evicted meanwhile (then the entry is gone already), or removed behind the cache's
       // back: forget it, or every read would miss it and nothing would cache it again.
-      std::vector<uint64_t> gone;
+      std::vector<Gone> gone;
       {
         std::lock_guard lock(mu_);
         auto it = entries_.find(e.key.id());
@@ -433,7 +537,7 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
     }
     return std::unexpected(fh.error().with_context("cache chunk of '" + e.key.key + "'"));
   }
-  auto n = fh->read(io::Buffer::host(dst.data(), e.length), e.length, 0);
+  auto n = fh->read(io::Buffer::host(dst.data(), e.length), e.length, offset_of(e.file_id));
   std::string why;
   if (!n) {
     why = n.error().message();
@@ -443,7 +547,7 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
     why = "checksum mismatch";
   }
   if (why.empty()) return ok();
-  std::vector<uint64_t> gone;
+  std::vector<Gone> gone;
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(e.key.id());
@@ -454,7 +558,8 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
                                      e.key.key + "' (" + path + "): " + why + "; dropped");
 }
 
-Result<bool> DiskTier::write(const Chunk& chunk, bool pinned) {
+Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane) {
+  const uint64_t length = chunk.bytes.size();
   if (chunk.key.store.size() > kMaxStoreId || chunk.key.key.size() > kMaxKey ||
       chunk.key.etag.size() > kMaxEtag || chunk.key.etag.empty() ||
       !store::validate_key(chunk.key.key))
@@ -462,33 +567,35 @@ Result<bool> DiskTier::write(const Chunk& chunk, bool pinned) {
   ChunkId id = chunk.key.id();
   Entry e;
   e.key = chunk.key;
-  e.length = chunk.length;
+  e.length = length;
   e.xxh3 = chunk.xxh3;
   e.object_size = chunk.object_size;
   e.object_mtime_ns = chunk.object_mtime_ns;
   e.pinned = pinned;
-  std::vector<uint64_t> gone;
+  std::vector<Gone> gone;
   {
     std::lock_guard lock(mu_);
     if (entries_.contains(id)) return false;
-    Admission a = policy_->admit(id, on_disk(chunk.length));
+    Admission a = policy_->admit(id, on_disk(length));
     for (ChunkId v : a.evicted) {
       forget_locked(v, gone);
       if (options_.evictions) options_.evictions->add();
     }
     if (a.admitted) {
       if (pinned) policy_->set_pinned(id, true);
-      e.file_id = next_file_id_++;
+      e.file_id = place_locked(e, lane);
+      ++segments_[segment_of(e.file_id)].chunks;
       entries_[id] = e;  // not ready: invisible to find() until written and recorded
     }
   }
   discard(gone);
   if (e.file_id == 0) return false;
 
-  std::string path = path_of(e.file_id);
+  const std::string path = path_of(e.file_id);
+  const uint64_t at = offset_of(e.file_id);
   auto written = [&]() -> Status {
     io::OpenOptions oo;
-    oo.write = oo.create = oo.truncate = true;
+    oo.write = oo.create = true;  // a segment is appended to, never truncated
     oo.compat = io::CompatMode::kOn;
     auto fh = io::FileHandle::open(options_.io, path, oo);
     if (!fh && fh.error().code() == Code::kNotFound) {  // its fan-out directory is missing
@@ -497,12 +604,12 @@ Result<bool> DiskTier::write(const Chunk& chunk, bool pinned) {
       fh = io::FileHandle::open(options_.io, path, oo);
     }
     if (!fh) return std::unexpected(fh.error());
-    SLUICE_ASSIGN_OR_RETURN(
-        size_t n, fh->write(io::Buffer::host(chunk.buf.data(), chunk.length), chunk.length, 0));
-    if (n != chunk.length) return fail(Code::kIoError, "short write of " + path);
+    SLUICE_ASSIGN_OR_RETURN(size_t n,
+                            fh->write(io::Buffer::host(chunk.bytes.data(), length), length, at));
+    if (n != length) return fail(Code::kIoError, "short write of " + path);
     return ok();
   }();
-  bool still_ours = false;
+  bool still_ours = false, segment_dead = false;
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(id);
@@ -510,24 +617,32 @@ Result<bool> DiskTier::write(const Chunk& chunk, bool pinned) {
     if (still_ours && written) {
       it->second.ready = true;
     } else if (still_ours) {
-      policy_->erase(id);
-      entries_.erase(it);
+      forget_locked(id, gone);  // freed below, with a remove record for an id never added
+    } else {
+      // Dropped while being written: whoever dropped it freed its pages, perhaps before
+      // these bytes landed (or unlinked the segment, which this write may have recreated).
+      segment_dead = !segments_.contains(segment_of(e.file_id));
     }
   }
   if (!written || !still_ours) {
-    ::unlink(path.c_str());
+    discard(gone);
+    if (segment_dead) {
+      ::unlink(path.c_str());
+    } else if (!still_ours) {
+      free_pages(path, at, on_disk(length));
+    }
     if (!written)
       return std::unexpected(written.error().with_context("caching '" + chunk.key.key + "'"));
     return false;
   }
   e.ready = true;
-  // The record goes last: a crash before it leaves an orphan file, deleted at open.
+  // The record goes last: a crash before it leaves bytes no record names, freed at open.
   SLUICE_RETURN_IF_ERROR(append_add(e));
   return true;
 }
 
 size_t DiskTier::drop_if(const std::function<bool(const ChunkKey&)>& match) {
-  std::vector<uint64_t> gone;
+  std::vector<Gone> gone;
   {
     std::lock_guard lock(mu_);
     std::vector<ChunkId> ids;

@@ -1,9 +1,18 @@
-// The NVMe tier: one file per chunk under DIR/chunks/, and an append-only index log
-// (DIR/index.log, docs/formats/cache-index.md) that says which files hold which chunks.
+// The NVMe tier: chunks in segment files under DIR/chunks/, and an append-only index log
+// (DIR/index.log, docs/formats/cache-index.md) that says where each chunk lies.
 //
-// Crash safety without fsync on the hot path: a chunk file is written completely before its
-// index record is appended, so after kill -9 a file without a record (a fill cut short) is
-// deleted at open and never served. A record whose file is missing or has the wrong size is
+// A segment holds chunks of one object version only (a process handed a segment's
+// descriptor can read nothing it could not read anyway), appended at 4 KiB-aligned offsets
+// and never rewritten: up to 256 MiB of a large object's chunks share one file, so filling
+// a large object creates one file per 256 MiB instead of one per chunk (inode allocation
+// and directory updates dominated cold fills). An evicted chunk's pages are freed at once
+// with FALLOC_FL_PUNCH_HOLE; a segment whose last chunk goes is unlinked. Where the file
+// system cannot punch holes, every chunk gets its own segment. Segments are not appended
+// to after a restart.
+//
+// Crash safety without fsync on the hot path: a chunk is written completely before its
+// index record is appended, so after kill -9 bytes without a record (a fill cut short) are
+// freed at open and never served. A record whose segment is missing or too short is
 // dropped at open. What a power loss could still leave (a record whose bytes did not reach
 // the disk) fails its checksum on read and is refetched. The log ends at its first record
 // that fails its own checksum (a torn append); it is cut there at open.
@@ -45,7 +54,7 @@ class DiskTier {
 
   struct Entry {
     ChunkKey key;
-    uint64_t file_id = 0;
+    uint64_t file_id = 0;  // segment << 16 | 4 KiB page of the segment where it starts
     uint64_t length = 0;
     uint64_t xxh3 = 0;
     uint64_t object_size = 0;
@@ -62,13 +71,18 @@ class DiskTier {
   // Corruption and drops the chunk; NotFound means it was evicted meanwhile.
   Status read(const Entry& e, std::span<std::byte> dst);
   // Admits and writes a chunk. false: the policy refused it, or it was already there.
-  Result<bool> write(const Chunk& chunk, bool pinned);
+  // Safe from many threads at once. Chunks of one object written with the same `lane`
+  // append to one segment; give concurrent writers of one object different lanes, or
+  // their appends take turns on the segment's inode lock (an extending write holds it).
+  Result<bool> write(const ChunkView& chunk, bool pinned, uint64_t lane = 0);
 
   size_t drop_if(const std::function<bool(const ChunkKey&)>& match);
   size_t pin_if(const std::function<bool(const ChunkKey&)>& match, bool pinned);
   void declare(std::span<const ChunkId> order);
 
+  // The segment file holding the chunk `file_id`, and where in it the chunk starts.
   std::string path_of(uint64_t file_id) const;
+  static uint64_t offset_of(uint64_t file_id);
   std::vector<Entry> entries() const;  // ready ones
   uint64_t bytes() const;
   uint64_t chunk_count() const;
@@ -94,9 +108,19 @@ class DiskTier {
   Status append_remove(uint64_t file_id);
   Status append_locked(std::span<const std::byte> record);
   Status compact_locked();
-  // Removes entries (under mu_) and returns their file ids, to unlink and record outside.
-  void forget_locked(ChunkId id, std::vector<uint64_t>& files);
-  void discard(const std::vector<uint64_t>& files);
+  // A chunk forgotten: its pages to free (or its segment to unlink, when it was the last
+  // chunk there) and its removal to record, outside mu_.
+  struct Gone {
+    uint64_t file_id = 0, length = 0;
+    bool last = false;
+  };
+  // Removes entries (under mu_) and returns what to free and record outside.
+  void forget_locked(ChunkId id, std::vector<Gone>& gone);
+  void discard(const std::vector<Gone>& gone);
+  // A segment and page for a chunk of `e`'s object written in `lane` (under mu_).
+  uint64_t place_locked(const Entry& e, uint64_t lane);
+  // Frees [offset, offset + length) of a segment's file (punches a hole).
+  void free_pages(const std::string& path, uint64_t offset, uint64_t length);
 
   Options options_;
   UniqueFd lock_fd_;
@@ -105,7 +129,18 @@ class DiskTier {
   mutable std::mutex mu_;
   std::unique_ptr<EvictionPolicy> policy_;      // guarded by mu_
   std::unordered_map<ChunkId, Entry> entries_;  // guarded by mu_
-  uint64_t next_file_id_ = 1;                   // guarded by mu_
+  uint64_t next_segment_ = 1;                   // guarded by mu_; never reused
+  struct Segment {
+    uint64_t chunks = 0;    // live chunks (written or being written)
+    std::string appending;  // its key in appending_ while chunks are appended to it
+  };
+  std::unordered_map<uint64_t, Segment> segments_;  // by number; mu_
+  // Where the next chunk of a multi-chunk object version goes, by object and lane; mu_.
+  struct Appending {
+    uint64_t segment = 0, next_page = 0;
+  };
+  std::unordered_map<std::string, Appending> appending_;
+  bool punch_holes_ = true;  // the file system frees a punched range (probed at open)
 
   // Lock order: log_mu_ may be held while taking mu_ (compaction), never the reverse.
   std::mutex log_mu_;

@@ -481,20 +481,25 @@ struct TieredCache::Impl {
       std::shared_ptr<const Chunk> c = wq.front();
       lock.unlock();
       // A version dropped while its write waited is not written: the drop (forget, learn)
-      // saw only the tiers, not this queue. Forget and learn change the metadata before
-      // they drop chunks, so checking it before and after the write closes the window;
-      // a drop during the write itself is caught by DiskTier::write (its entry is gone).
-      if (current_version(c->key)) {
-        auto w = disk->write(*c, pinned(c->key.key));
-        if (!w) m.disk_skipped.add();
-        // Dropped between the check and the write's admission: drop it now.
-        if (w && *w && !current_version(c->key)) {
-          (void)disk->drop_if([&](const ChunkKey& k) { return k == c->key; });
-        }
-      }
+      // saw only the tiers, not this queue.
+      store_on_disk(c->view());
       lock.lock();
       wq.pop_front();
       wq_bytes -= round_up(c->length);
+    }
+  }
+
+  // Writes a chunk to NVMe unless its version was dropped meanwhile. Forget and learn change
+  // the metadata before they drop chunks, so checking it before and after the write closes
+  // the window; a drop during the write itself is caught by DiskTier::write (its entry is
+  // gone).
+  void store_on_disk(const ChunkView& v, uint64_t lane = 0) {
+    if (!current_version(v.key)) return;
+    auto w = disk->write(v, pinned(v.key.key), lane);
+    if (!w) m.disk_skipped.add();
+    // Dropped between the check and the write's admission: drop it now.
+    if (w && *w && !current_version(v.key)) {
+      (void)disk->drop_if([&](const ChunkKey& k) { return k == v.key; });
     }
   }
 
@@ -550,7 +555,11 @@ struct TieredCache::Impl {
     }
     if (joined) {
       m.joins.add();
-      return joined->result.get();
+      ChunkResult r = joined->result.get();
+      // Null: the fill wrote the chunk to NVMe straight from its reader's buffer (or the
+      // NVMe tier refused it): look again, in the tiers or with a fill of this reader's.
+      if (r && !*r) return fill(info, key, length);
+      return r;
     }
     // A fill that ended between the caller's look at the tiers and this claim left the
     // chunk in a tier: take it from there rather than read the backing store again.
@@ -691,8 +700,17 @@ struct TieredCache::Impl {
     return std::shared_ptr<const Chunk>(std::move(c));
   }
 
+  // Whether a chunk just read into a reader's buffer goes to NVMe from there, before the
+  // read returns, rather than through a copy and the write queue: when no RAM tier would
+  // keep the copy (the CLI's embedded cache) and the bytes start 4 KiB-aligned (O_DIRECT).
+  // The copy into fresh memory cost more than the write's wait where reads run in parallel.
+  bool write_through(std::span<const std::byte> bytes) const {
+    return disk && options.ram_bytes == 0 && reinterpret_cast<uintptr_t>(bytes.data()) % 4096 == 0;
+  }
+
   // One backing read for a claimed run, straight into `out` (no bounce); then each chunk is
-  // copied out for the tiers and handed to whoever waits for it.
+  // written to NVMe from there (write_through) or copied out for the tiers, and handed to
+  // whoever waits for it (null when written through: waiters look in the tiers again).
   Status fill_run(const store::ObjectInfo& info, std::vector<Claim>& run,
                   std::span<std::byte> out) {
     uint64_t t0 = telemetry::now_ns();
@@ -706,18 +724,30 @@ struct TieredCache::Impl {
                                   : ok();
     uint64_t pos = 0;
     for (Claim& c : run) {
-      ChunkResult r = s ? copy_chunk(c.key, out.subspan(pos, c.length), info)
-                        : ChunkResult(std::unexpected(s.error()));
-      if (r) {
-        (void)ram->offer(*r, pinned(c.key.key));  // the tiers decide whether to keep it
-        enqueue_disk_write(*r);
+      std::span<const std::byte> bytes = out.subspan(pos, c.length);
+      ChunkResult r = std::shared_ptr<const Chunk>();  // null: waiters look in the tiers
+      if (!s) {
+        r = std::unexpected(s.error());
+      } else if (write_through(bytes)) {
+        // Each run appends to a segment of its own: runs of one object read in parallel
+        // (cp's parts) then never wait on one another's writes.
+        store_on_disk(ChunkView{c.key, bytes, checksum(bytes), info.size, info.mtime_ns},
+                      run.front().key.index + 1);
+      } else {
+        r = copy_chunk(c.key, bytes, info);
+        if (r) {
+          (void)ram->offer(*r, pinned(c.key.key));  // the tiers decide whether to keep it
+          enqueue_disk_write(*r);
+        }
+      }
+      // The flight ends before its waiters wake: one that finds null looks again, and
+      // must not find this flight again.
+      {
+        std::lock_guard lock(flight_mu);
+        flights.erase(c.key.id());
       }
       c.promise.set_value(r);
       pos += c.length;
-    }
-    {
-      std::lock_guard lock(flight_mu);
-      for (const Claim& c : run) flights.erase(c.key.id());
     }
     if (s) {
       m.misses.add(run.size());
@@ -925,6 +955,7 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   x.path = impl_->disk->path_of(e->file_id);
   x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!x.fd.valid()) return std::optional<ChunkExtent>();  // evicted just now
+  x.file_offset = DiskTier::offset_of(e->file_id);
   x.length = e->length;
   x.object_offset = index * impl_->options.chunk_size;
   x.xxh3 = e->xxh3;

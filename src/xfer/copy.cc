@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/executor.h"
+#include "sluice/mem/buffer_pool.h"
 
 namespace sluice::xfer {
 namespace {
@@ -24,9 +25,10 @@ namespace {
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 // A part buffer: uninitialised bytes, reused across parts (first touch of fresh memory
-// costs more than the copy itself on these machines).
+// costs more than the copy itself on these machines). 4 KiB-aligned, so a source that
+// writes what it reads to a file with O_DIRECT (the cache's NVMe tier) needs no copy.
 struct PartBuffer {
-  std::unique_ptr<std::byte[]> data;
+  AlignedBuffer data;
   uint64_t capacity = 0;
 };
 
@@ -62,10 +64,11 @@ class PartBudget {
         idle_bytes_ -= idle_.back().capacity;
         idle_.pop_back();
       }
-      b.data.reset(new (std::nothrow) std::byte[len]);
-      if (!b.data)
+      auto data = AlignedBuffer::allocate(std::max<uint64_t>(len, 1));
+      if (!data)
         return fail(Code::kNoSpace, "cannot allocate a " + std::to_string(len) +
                                         "-byte part buffer (lower --part-size)");
+      b.data = std::move(*data);
       b.capacity = len;
     }
     ++in_flight_;
@@ -162,7 +165,7 @@ class Copier {
 
 void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& info,
                       store::Writer& writer) const {
-  std::span<std::byte> dst(p.buffer.data.get(), p.len);
+  std::span<std::byte> dst(p.buffer.data.data(), p.len);
   // Pinned to the version first seen; `split = false`: this copy already keeps parts in
   // parallel, the store must not fan one part out again.
   store::ReadOptions ro{.if_match = info.etag, .object_size = info.size, .split = false};
@@ -203,7 +206,7 @@ Status Copier::copy_parts(const CopyItem& item, const store::ObjectInfo& info,
     for (auto it = waiting.begin(); st && it != waiting.end() && it->first == appended;
          it = waiting.erase(it)) {
       Part& q = *it->second;
-      if (!q.written) st = writer.append(std::span<const std::byte>(q.buffer.data.get(), q.len));
+      if (!q.written) st = writer.append(std::span<const std::byte>(q.buffer.data.data(), q.len));
       if (st) {
         appended += q.len;
         bytes_done.fetch_add(q.len, std::memory_order_relaxed);

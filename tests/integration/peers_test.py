@@ -328,15 +328,17 @@ def test_a_corrupt_chunk_on_the_owner_is_checked_and_refetched(s3, digest):
         out, err = p.communicate(timeout=300)
         assert hashlib.sha256(out).hexdigest() == digest, err
         time.sleep(1)  # NVMe writes are queued behind fills
-        chunks_dir = os.path.join(job.dir, "cache1")
+        chunks_dir = os.path.join(job.dir, "cache1", "chunks")
         files = [os.path.join(dp, f) for dp, _, fs in os.walk(chunks_dir) for f in fs
-                 if os.path.getsize(os.path.join(dp, f)) == MIB]
-        assert files, "no chunk file on n1"
-        for f in files:  # flip a byte in every chunk n1 holds
+                 if os.path.getsize(os.path.join(dp, f)) >= MIB]
+        assert files, "no chunk segment on n1"
+        for f in files:  # flip a byte in every chunk n1 holds (1 MiB chunks, one per MiB)
             with open(f, "r+b") as fh:
-                b = fh.read(1)
-                fh.seek(0)
-                fh.write(bytes([b[0] ^ 0xFF]))
+                for at in range(0, os.path.getsize(f) - MIB + 1, MIB):
+                    fh.seek(at)
+                    b = fh.read(1)
+                    fh.seek(at)
+                    fh.write(bytes([b[0] ^ 0xFF]))
         sluice("cache", "evict", "s3://test/ds/", "--daemon", job.sock(0))
         p = job.cat(0, "s3://test/ds/fan")
         out, err = p.communicate(timeout=300)

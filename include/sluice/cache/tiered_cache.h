@@ -101,8 +101,9 @@ struct CacheOptions {
 };
 
 // Where a chunk lies in the NVMe tier, for a caller that reads it with its own data path
-// (io::FileHandle into device memory). `fd` is open read-only: the bytes stay readable
-// even if the chunk is evicted meanwhile. The caller should check `xxh3` over the bytes.
+// (io::FileHandle into device memory). `fd` is open read-only on the chunk's segment, which
+// holds chunks of this object version only. A chunk evicted meanwhile reads as zeros (its
+// pages are freed): the caller must check `xxh3` over the bytes.
 struct ChunkExtent {
   UniqueFd fd;
   std::string path;

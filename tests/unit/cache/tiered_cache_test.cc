@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,6 +151,45 @@ TEST(TieredCache, ConcurrentMissesOnOneChunkReadTheBackingStoreOnce) {
   EXPECT_EQ(good.load(), 16);
   EXPECT_EQ(f->calls(FaultOp::kRead), 1u);
   EXPECT_GT(cache->stats().singleflight_joins, 0u);
+}
+
+TEST(TieredCache, WithoutARamTierAlignedReadsWriteChunksThroughBeforeReturning) {
+  // No RAM tier and a 4 KiB-aligned destination: each filled chunk goes to NVMe from the
+  // reader's buffer (no copy), and is there when the read returns. Concurrent readers of
+  // the same chunks still cause one backing read per chunk.
+  TempDir dir;
+  Backing b;
+  const uint64_t size = 6 * kChunk + 123;
+  ASSERT_TRUE(b.open()->put("k", pattern(size, 7)));
+  auto faults = std::make_unique<FaultInjectionStore>(b.open());
+  faults->set_latency(std::chrono::milliseconds(30));
+  FaultInjectionStore* f = faults.get();
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  o.revalidate_after = std::chrono::hours(1);
+  auto cache = open_cache(std::move(faults), o);
+  ASSERT_TRUE(cache->stat("k").has_value());
+  std::vector<std::thread> ts;
+  std::atomic<int> good{0};
+  for (int i = 0; i < 8; ++i) {
+    ts.emplace_back([&] {
+      AlignedBuffer out = AlignedBuffer::allocate(size).value();
+      auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size));
+      if (n && *n == size && std::equal(out.data(), out.data() + size, pattern(size, 7).begin()))
+        ++good;
+      EXPECT_GE(cache->stats().disk.chunks, 1u);  // written before the read returned
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(good.load(), 8);
+  EXPECT_EQ(cache->stats().misses, 7u);
+  EXPECT_EQ(cache->stats().disk.chunks, 7u);  // no write left queued behind the reads
+  EXPECT_LE(f->calls(FaultOp::kRead), 7u);
+  // And they verify when read back from NVMe.
+  auto rep = cache->verify();
+  ASSERT_TRUE(rep.has_value());
+  EXPECT_EQ(rep->chunks, 7u);
+  EXPECT_TRUE(rep->corrupt.empty());
 }
 
 TEST(TieredCache, AMissOnManyWholeChunksIsOneBackingRead) {
@@ -364,18 +404,35 @@ TEST(TieredCache, RestartServesFromNvmeWithoutTheBackingStore) {
   EXPECT_TRUE((*x)->fd.valid());
 }
 
-// Flips one byte in every chunk file on disk.
+// Flips one byte in every chunk on disk (segments hold whole chunks at multiples of kChunk).
 void flip_every_chunk(const std::string& dir) {
   for (auto& e : fs::recursive_directory_iterator(dir + "/chunks")) {
     if (!e.is_regular_file()) continue;
     std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(10);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x20;
-    f.seekp(10);
-    f.write(&c, 1);
+    for (uint64_t at = 10; at < e.file_size(); at += kChunk) {
+      f.seekg(static_cast<std::streamoff>(at));
+      char c = 0;
+      f.read(&c, 1);
+      c ^= 0x20;
+      f.seekp(static_cast<std::streamoff>(at));
+      f.write(&c, 1);
+    }
   }
+}
+
+uint64_t allocated_bytes(const fs::path& p) {
+  struct stat st {};
+  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+std::vector<fs::path> segment_files(const std::string& dir) {
+  std::vector<fs::path> out;
+  for (auto& e : fs::recursive_directory_iterator(dir + "/chunks")) {
+    if (e.is_regular_file()) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 // An index append cut short (here by RLIMIT_FSIZE, as a full disk would) is cut off the
@@ -449,22 +506,66 @@ TEST(TieredCache, OpenDropsOrphansRecordsWithoutFilesAndATornTail) {
   TempDir dir;
   Backing b;
   ASSERT_TRUE(b.open()->put("a", pattern(4 * kChunk, 1)));
-  { read_range(*open_cache(b.open(), small_options(dir.path())), "a", 0, 4 * kChunk); }
-  // An orphan (a fill cut short), a missing file, a torn append.
-  fs::create_directories(dir.path() + "/chunks/ff");
-  std::ofstream(dir.path() + "/chunks/ff/00000000000000ff") << "half a chunk";
-  std::vector<fs::path> files;
-  for (auto& e : fs::recursive_directory_iterator(dir.path() + "/chunks")) {
-    if (e.is_regular_file() && e.path().filename() != "00000000000000ff") files.push_back(e.path());
+  ASSERT_TRUE(b.open()->put("b", pattern(100, 2)));
+  {
+    auto c = open_cache(b.open(), small_options(dir.path()));
+    read_range(*c, "a", 0, 4 * kChunk);
+    read_range(*c, "b", 0, 100);
   }
-  ASSERT_EQ(files.size(), 4u);
-  fs::remove(files[0]);
+  // One segment for a's four chunks, one for b.
+  std::vector<fs::path> files = segment_files(dir.path());
+  ASSERT_EQ(files.size(), 2u);
+  const fs::path seg_a = fs::file_size(files[0]) > 100 ? files[0] : files[1];
+  const fs::path seg_b = seg_a == files[0] ? files[1] : files[0];
+  // An orphan segment, a file of the older one-file-per-chunk layout, a missing segment,
+  // bytes after a's last chunk that no record names (a fill cut short), a torn append.
+  std::ofstream(dir.path() + "/chunks/00/00000000000000ff.seg") << "no record names this";
+  std::ofstream(dir.path() + "/chunks/00/0000000000000001") << "an older layout";
+  fs::remove(seg_b);
+  {
+    std::ofstream tail(seg_a, std::ios::app | std::ios::binary);
+    std::vector<char> junk(1 << 20, 'x');
+    tail.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  ::sync();
+  ASSERT_GE(allocated_bytes(seg_a), (1u << 20) + 4 * kChunk);
   std::ofstream(dir.path() + "/index.log", std::ios::app) << "\x30\x00\x00\x00\x01garbage";
   CacheOptions o = small_options(dir.path());
   auto cache = open_cache(b.open(), o);
-  EXPECT_EQ(cache->stats().disk.chunks, 3u);
-  EXPECT_FALSE(fs::exists(dir.path() + "/chunks/ff/00000000000000ff"));
+  EXPECT_EQ(cache->stats().disk.chunks, 4u);
+  EXPECT_FALSE(fs::exists(dir.path() + "/chunks/00/00000000000000ff.seg"));
+  EXPECT_FALSE(fs::exists(dir.path() + "/chunks/00/0000000000000001"));
+  EXPECT_LT(allocated_bytes(seg_a), 4 * kChunk + (64u << 10));  // the unnamed tail freed
   EXPECT_EQ(read_range(*cache, "a", 0, 4 * kChunk), pattern(4 * kChunk, 1));
+  EXPECT_EQ(read_range(*cache, "b", 0, 100), pattern(100, 2));
+}
+
+TEST(TieredCache, EvictedChunksFreeTheirPagesAndAnEmptySegmentGoes) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("a", pattern(4 * kChunk, 1)));
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  auto cache = open_cache(b.open(), o);
+  EXPECT_EQ(read_range(*cache, "a", 0, 4 * kChunk), pattern(4 * kChunk, 1));
+  ASSERT_TRUE(eventually([&] { return cache->stats().disk.chunks == 4; }));
+  std::vector<fs::path> files = segment_files(dir.path());
+  ASSERT_EQ(files.size(), 1u);  // one object's chunks share a segment
+  EXPECT_GE(allocated_bytes(files[0]), 4 * kChunk);
+  // Chunk 0 dropped (a bit flip found by a read): its pages are freed, and its refetched
+  // copy is appended to the segment (never written over freed pages).
+  flip_every_chunk(dir.path());
+  std::vector<std::byte> out(kChunk);
+  ASSERT_TRUE(cache->read_full("a", 0, out));
+  EXPECT_EQ(cache->stats().checksum_failures, 1u);
+  ASSERT_TRUE(eventually([&] { return cache->stats().disk.chunks == 4; }));
+  ::sync();
+  EXPECT_EQ(fs::file_size(files[0]), 5 * kChunk);
+  EXPECT_LT(allocated_bytes(files[0]), 4 * kChunk + (32u << 10));
+  // Everything of `a` evicted: its segments go.
+  ASSERT_TRUE(cache->evict("a"));
+  EXPECT_EQ(cache->stats().disk.chunks, 0u);
+  EXPECT_TRUE(segment_files(dir.path()).empty());
 }
 
 TEST(TieredCache, ADirectoryCutAtAnotherChunkSizeIsRefused) {

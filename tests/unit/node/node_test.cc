@@ -203,13 +203,18 @@ TEST(NodeStore, AChunkCorruptOnDiskIsDetectedAndRefetched) {
   ASSERT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
   d.wait_for_disk(9);
   int corrupted = 0;
-  for (const auto& e : fs::recursive_directory_iterator(fx.dir.file("cache"))) {
-    if (!e.is_regular_file() || e.file_size() != kChunk) continue;
+  // Every whole chunk in the segments (an object's chunks share one, at kChunk steps).
+  for (const auto& e : fs::recursive_directory_iterator(fx.dir.file("cache/chunks"))) {
+    if (!e.is_regular_file()) continue;
     std::FILE* f = std::fopen(e.path().c_str(), "r+b");
-    std::fseek(f, 4096, SEEK_SET);
-    std::fputc(0x5a ^ std::fgetc(f), f);
+    for (uint64_t at = 0; at + kChunk <= e.file_size(); at += kChunk) {
+      std::fseek(f, static_cast<long>(at + 4096), SEEK_SET);
+      int c = std::fgetc(f);
+      std::fseek(f, static_cast<long>(at + 4096), SEEK_SET);
+      std::fputc(0x5a ^ c, f);
+      ++corrupted;
+    }
     std::fclose(f);
-    ++corrupted;
   }
   ASSERT_GT(corrupted, 0);
   EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);

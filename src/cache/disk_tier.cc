@@ -36,7 +36,11 @@ uint64_t segment_of(uint64_t file_id) {
 // Names the object version a chunk belongs to (and the lane it is written in): the chunks
 // of one version written in one lane share segments.
 std::string object_of(const ChunkKey& k, uint64_t lane) {
-  return k.store + '\n' + k.key + '\n' + k.etag + '\n' + std::to_string(lane);
+  // Length-prefixed: keys and etags may hold any byte, and two objects must never share.
+  std::string s;
+  for (const std::string* f : {&k.store, &k.key, &k.etag})
+    s += std::to_string(f->size()) + ':' + *f;
+  return s + std::to_string(lane);
 }
 
 uint64_t on_disk(uint64_t length) {
@@ -325,6 +329,15 @@ Status DiskTier::replay() {
   }
   // No new segment takes a number the log named, even in a record removed since.
   next_segment_ = std::max(next_segment_, segment_of(log_max_id) + 1);
+  // Two live records for one chunk (a removal that could not be recorded, a full disk):
+  // the later add wins, since the earlier copy's pages may have been freed.
+  std::unordered_map<uint64_t, size_t> last_add;  // file id -> its last place in `order`
+  for (size_t i = 0; i < order.size(); ++i) last_add[order[i]] = i;
+  std::unordered_map<ChunkId, uint64_t> newest;  // chunk -> the file id that wins
+  for (const auto& [id, e] : live) {
+    auto [w, fresh] = newest.try_emplace(e.key.id(), id);
+    if (!fresh && last_add[id] > last_add[w->second]) w->second = id;
+  }
   {
     std::lock_guard lock(mu_);
     std::unordered_set<uint64_t> done;
@@ -338,7 +351,7 @@ Status DiskTier::replay() {
         continue;
       }
       ChunkId cid = e->second.key.id();
-      if (entries_.contains(cid)) {  // two copies of one chunk: keep the first
+      if (newest[cid] != id || entries_.contains(cid)) {  // an older copy of one chunk
         ++open_report_.dropped;
         continue;
       }
@@ -433,12 +446,6 @@ Status DiskTier::append_locked(std::span<const std::byte> rec) {
   uint64_t live = chunk_count();
   if (log_records_ > 2 * live + 4096) return compact_locked();
   return ok();
-}
-
-Status DiskTier::append_add(const Entry& e) {
-  std::vector<std::byte> r = record(kAdd, add_payload(e));
-  std::lock_guard lock(log_mu_);
-  return append_locked(r);
 }
 
 Status DiskTier::append_remove(uint64_t file_id) {
@@ -609,7 +616,12 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
     if (n != length) return fail(Code::kIoError, "short write of " + path);
     return ok();
   }();
+  gone.clear();  // those evictions are discarded already
   bool still_ours = false, segment_dead = false;
+  // The log's lock first (the documented order), held until the add record is appended: a
+  // thread that evicts the chunk once it is ready records its removal after this add, so
+  // the log never says remove-then-add for bytes already freed.
+  std::unique_lock log_lock(log_mu_);
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(id);
@@ -625,6 +637,7 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
     }
   }
   if (!written || !still_ours) {
+    log_lock.unlock();
     discard(gone);
     if (segment_dead) {
       ::unlink(path.c_str());
@@ -637,7 +650,7 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
   }
   e.ready = true;
   // The record goes last: a crash before it leaves bytes no record names, freed at open.
-  SLUICE_RETURN_IF_ERROR(append_add(e));
+  SLUICE_RETURN_IF_ERROR(append_locked(record(kAdd, add_payload(e))));
   return true;
 }
 

@@ -104,7 +104,6 @@ class DiskTier {
   Status explain_header(std::span<const std::byte> head, const std::string& path) const;
   Status open_log_for_append();
   // Appends one record; compacts the log when most of it is dead. Serialised by log_mu_.
-  Status append_add(const Entry& e);
   Status append_remove(uint64_t file_id);
   Status append_locked(std::span<const std::byte> record);
   Status compact_locked();

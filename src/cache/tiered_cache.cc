@@ -351,7 +351,8 @@ struct TieredCache::Impl {
   // (the write checks the version against `meta`) or the one just learned. Called with
   // meta_mu held; `busy` are those keys (the queue's taken before meta_mu).
   void bound_meta(const std::unordered_set<std::string_view>& busy) {
-    if (meta.size() <= options.max_objects) return;
+    // Offline, what the cache knows cannot be asked again: it is kept whole.
+    if (options.offline || meta.size() <= options.max_objects) return;
     using It = decltype(meta)::iterator;
     std::vector<It> all;
     all.reserve(meta.size());
@@ -494,7 +495,10 @@ struct TieredCache::Impl {
   // the window; a drop during the write itself is caught by DiskTier::write (its entry is
   // gone).
   void store_on_disk(const ChunkView& v, uint64_t lane = 0) {
-    if (!current_version(v.key)) return;
+    if (!current_version(v.key)) {
+      m.disk_skipped.add();  // its version dropped, or (rarely) forgotten by the bound
+      return;
+    }
     auto w = disk->write(v, pinned(v.key.key), lane);
     if (!w) m.disk_skipped.add();
     // Dropped between the check and the write's admission: drop it now.
@@ -539,47 +543,50 @@ struct TieredCache::Impl {
 
   // The chunk from the backing store, with one fill per chunk at a time.
   ChunkResult fill(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length) {
-    ChunkId id = key.id();
-    std::promise<ChunkResult> mine;
-    std::shared_ptr<Flight> joined;
-    {
-      std::lock_guard lock(flight_mu);
-      auto it = flights.find(id);
-      if (it != flights.end() && it->second->key == key) {
-        joined = it->second;
-      } else if (it == flights.end()) {
-        flights.emplace(id, std::make_shared<Flight>(Flight{key, mine.get_future().share()}));
-      } else {
-        return fetch(info, key, length);  // an id collision: no sharing, no caching risk
+    // Loops only when a fill it joined wrote the chunk through to NVMe (see below).
+    for (;;) {
+      ChunkId id = key.id();
+      std::promise<ChunkResult> mine;
+      std::shared_ptr<Flight> joined;
+      {
+        std::lock_guard lock(flight_mu);
+        auto it = flights.find(id);
+        if (it != flights.end() && it->second->key == key) {
+          joined = it->second;
+        } else if (it == flights.end()) {
+          flights.emplace(id, std::make_shared<Flight>(Flight{key, mine.get_future().share()}));
+        } else {
+          return fetch(info, key, length);  // an id collision: no sharing, no caching risk
+        }
       }
-    }
-    if (joined) {
-      m.joins.add();
-      ChunkResult r = joined->result.get();
-      // Null: the fill wrote the chunk to NVMe straight from its reader's buffer (or the
-      // NVMe tier refused it): look again, in the tiers or with a fill of this reader's.
-      if (r && !*r) return fill(info, key, length);
-      return r;
-    }
-    // A fill that ended between the caller's look at the tiers and this claim left the
-    // chunk in a tier: take it from there rather than read the backing store again.
-    Result<std::shared_ptr<const Chunk>> have = resident(info, key, length);
-    if (have && *have) {
-      mine.set_value(*have);
+      if (joined) {
+        m.joins.add();
+        ChunkResult r = joined->result.get();
+        // Null: the fill wrote the chunk to NVMe straight from its reader's buffer (or the
+        // NVMe tier refused it): look again, in the tiers or with a fill of this reader's.
+        if (r && !*r) continue;
+        return r;
+      }
+      // A fill that ended between the caller's look at the tiers and this claim left the
+      // chunk in a tier: take it from there rather than read the backing store again.
+      Result<std::shared_ptr<const Chunk>> have = resident(info, key, length);
+      if (have && *have) {
+        mine.set_value(*have);
+        std::lock_guard lock(flight_mu);
+        flights.erase(id);
+        return *have;
+      }
+      ChunkResult r = fetch(info, key, length);
+      if (r) {
+        bool pin = pinned(key.key);
+        (void)ram->offer(*r, pin);  // the tiers decide whether to keep it
+        enqueue_disk_write(*r);
+      }
+      mine.set_value(r);
       std::lock_guard lock(flight_mu);
       flights.erase(id);
-      return *have;
+      return r;
     }
-    ChunkResult r = fetch(info, key, length);
-    if (r) {
-      bool pin = pinned(key.key);
-      (void)ram->offer(*r, pin);  // the tiers decide whether to keep it
-      enqueue_disk_write(*r);
-    }
-    mine.set_value(r);
-    std::lock_guard lock(flight_mu);
-    flights.erase(id);
-    return r;
   }
 
   // The whole chunk if a tier (or the NVMe write queue) holds it now; null if none does.
@@ -700,6 +707,15 @@ struct TieredCache::Impl {
     return std::shared_ptr<const Chunk>(std::move(c));
   }
 
+  // The NVMe lane of the calling thread: readers on different threads append an object's
+  // chunks to different segments (cp's parts never wait on one another's extending
+  // writes), and one thread's runs share one. Lane 0 is the write-behind queue's.
+  static uint64_t this_threads_lane() {
+    static std::atomic<uint64_t> next{1};
+    thread_local const uint64_t lane = next.fetch_add(1, std::memory_order_relaxed);
+    return lane;
+  }
+
   // Whether a chunk just read into a reader's buffer goes to NVMe from there, before the
   // read returns, rather than through a copy and the write queue: when no RAM tier would
   // keep the copy (the CLI's embedded cache) and the bytes start 4 KiB-aligned (O_DIRECT).
@@ -711,13 +727,16 @@ struct TieredCache::Impl {
   // One backing read for a claimed run, straight into `out` (no bounce); then each chunk is
   // written to NVMe from there (write_through) or copied out for the tiers, and handed to
   // whoever waits for it (null when written through: waiters look in the tiers again).
-  Status fill_run(const store::ObjectInfo& info, std::vector<Claim>& run,
-                  std::span<std::byte> out) {
+  // `split` is the reader's ReadOptions::split: a reader that keeps its own reads in
+  // parallel (cp's parts) gets one backing request per run, as it would without the cache.
+  Status fill_run(const store::ObjectInfo& info, std::vector<Claim>& run, std::span<std::byte> out,
+                  bool split) {
     uint64_t t0 = telemetry::now_ns();
     uint64_t start = run.front().key.index * options.chunk_size;
     store::ReadOptions ro;
     ro.if_match = info.etag;
     ro.object_size = info.size;
+    ro.split = split;
     auto n = backing->read_full(info.key, start, out, ro);
     Status s = !n                 ? Status(std::unexpected(n.error()))
                : *n != out.size() ? Status(ended_early(info, start + *n))
@@ -729,10 +748,8 @@ struct TieredCache::Impl {
       if (!s) {
         r = std::unexpected(s.error());
       } else if (write_through(bytes)) {
-        // Each run appends to a segment of its own: runs of one object read in parallel
-        // (cp's parts) then never wait on one another's writes.
         store_on_disk(ChunkView{c.key, bytes, checksum(bytes), info.size, info.mtime_ns},
-                      run.front().key.index + 1);
+                      this_threads_lane());
       } else {
         r = copy_chunk(c.key, bytes, info);
         if (r) {
@@ -760,7 +777,7 @@ struct TieredCache::Impl {
   // Reads [offset, offset + dst.size()) of one version chunk by chunk: each from a tier, or
   // whole missing chunks in runs of one backing read, or (a part of a chunk) by a fill.
   Result<size_t> read_version(const store::ObjectInfo& info, uint64_t offset,
-                              std::span<std::byte> dst) {
+                              std::span<std::byte> dst, bool split = true) {
     if (offset >= info.size) return size_t{0};
     uint64_t n = std::min<uint64_t>(dst.size(), info.size - offset);
     for (uint64_t pos = offset; pos < offset + n;) {
@@ -777,7 +794,7 @@ struct TieredCache::Impl {
         if (!run.empty()) {
           uint64_t bytes = 0;
           for (const Claim& c : run) bytes += c.length;
-          SLUICE_RETURN_IF_ERROR(fill_run(info, run, dst.subspan(pos - offset, bytes)));
+          SLUICE_RETURN_IF_ERROR(fill_run(info, run, dst.subspan(pos - offset, bytes), split));
           pos += bytes;
           continue;
         }
@@ -874,7 +891,7 @@ Result<size_t> TieredCache::read(std::string_view key, uint64_t offset, std::spa
                                        ", not " + options.if_match);
     }
     if (options.object_size && *options.object_size != info.size && attempt == 0) continue;
-    Result<size_t> r = impl_->read_version(info, offset, dst);
+    Result<size_t> r = impl_->read_version(info, offset, dst, options.split);
     // The object changed under the read: start over once on the version there now.
     if (!r && r.error().code() == Code::kConflict && attempt == 0 && options.if_match.empty()) {
       continue;

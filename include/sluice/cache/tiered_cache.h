@@ -77,7 +77,10 @@ struct CacheOptions {
   // Objects whose size and etag the cache remembers (about 300 bytes each): at most this
   // many, plus those with a chunk waiting for its NVMe write (at most
   // disk_write_queue_bytes / 4 KiB). Past it, the longest-unchecked eighth is forgotten;
-  // their chunks stay, and the next read of one stats it again.
+  // their chunks stay, and the next read of one stats it again. Best effort at the edges: a
+  // chunk whose object was forgotten before its NVMe write is not written (counted in
+  // disk_writes_skipped), and chunks of an older version of a forgotten object are never
+  // served but stay until evicted. Not applied `offline` (nothing can be asked again).
   size_t max_objects = 256 * 1024;
   // Trust what the cache knows and never stat for revalidation (objects not cached yet are
   // still looked up). For data known not to change.

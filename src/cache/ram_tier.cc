@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "sluice/core/hash.h"
+
 namespace sluice::cache {
 
 ChunkId ChunkKey::id() const {
@@ -22,19 +24,18 @@ ChunkId ChunkKey::id() const {
 }
 
 uint64_t checksum(std::span<const std::byte> bytes) {
-  return XXH3_64bits(bytes.data(), bytes.size());
+  return xxh3_64(bytes);
 }
 
 uint64_t copy_and_checksum(std::span<std::byte> dst, std::span<const std::byte> src) {
   constexpr size_t kBlock = 256 << 10;  // well inside L2
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
+  Xxh3Stream st;
   for (size_t at = 0; at < src.size(); at += kBlock) {
     size_t n = std::min(kBlock, src.size() - at);
     std::memcpy(dst.data() + at, src.data() + at, n);
-    XXH3_64bits_update(&st, dst.data() + at, n);
+    st.update(dst.data() + at, n);
   }
-  return XXH3_64bits_digest(&st);
+  return st.digest();
 }
 
 RamTier::RamTier(uint64_t capacity, PolicyKind policy, telemetry::Counter* evictions)

@@ -11,8 +11,6 @@
 #include "sluice/ckpt/checkpointer.h"
 
 #include <sys/statvfs.h>
-#include <xxhash.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -27,6 +25,7 @@
 #include <tuple>
 
 #include "core/parallel.h"
+#include "sluice/core/hash.h"
 #include "sluice/xfer/copy.h"
 
 namespace sluice::ckpt {
@@ -168,11 +167,9 @@ class StagingRing {
 class ChunkHasher {
  public:
   ChunkHasher(std::vector<TensorEntry>& tensors, uint64_t chunk)
-      : tensors_(tensors), chunk_(chunk), state_(XXH3_createState()) {
-    XXH3_64bits_reset(state_);
+      : tensors_(tensors), chunk_(chunk) {
     skip_empty();
   }
-  ~ChunkHasher() { XXH3_freeState(state_); }
   ChunkHasher(const ChunkHasher&) = delete;
   ChunkHasher& operator=(const ChunkHasher&) = delete;
 
@@ -185,11 +182,11 @@ class ChunkHasher {
       if (pos >= end) return;
       uint64_t chunk_end = std::min(t.bytes, (done_ / chunk_ + 1) * chunk_);
       uint64_t take = std::min(end, t.offset + chunk_end) - pos;
-      XXH3_64bits_update(state_, data.data() + (pos - at), take);
+      state_.update(data.data() + (pos - at), take);
       done_ += take;
       if (done_ == chunk_end) {
-        t.chunks.push_back(XXH3_64bits_digest(state_));
-        XXH3_64bits_reset(state_);
+        t.chunks.push_back(state_.digest());
+        state_.reset();
         if (done_ == t.bytes) {
           ++t_;
           done_ = 0;
@@ -205,7 +202,7 @@ class ChunkHasher {
   }
   std::vector<TensorEntry>& tensors_;
   const uint64_t chunk_;
-  XXH3_state_t* state_;
+  Xxh3Stream state_;
   size_t t_ = 0;
   uint64_t done_ = 0;
 };
@@ -1091,7 +1088,7 @@ Result<size_t> CheckpointerImpl::read_chunk(uint64_t step, const ShardRecord& sh
   for (size_t i = 0; i < o_.tiers.size(); ++i) {
     if (!holds[i]) continue;
     auto st = read_shard(i, key, at, dst, files);
-    if (st && XXH3_64bits(dst.data(), dst.size()) != tensor.chunks[chunk])
+    if (st && xxh3_64(dst.data(), dst.size()) != tensor.chunks[chunk])
       st = fail(Code::kCorruption, key + " on tier " + o_.tiers[i].name + ": chunk " +
                                        std::to_string(chunk) + " of tensor '" + tensor.name +
                                        "' does not match its checksum");

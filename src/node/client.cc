@@ -12,12 +12,11 @@
 #include <optional>
 #include <vector>
 
-#include <xxhash.h>
-
 #include "core/executor.h"
 #include "node/frame.h"
 #include "node/wire.h"
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/core/hash.h"
 #include "sluice/io/file_handle.h"
 
 namespace sluice::node {
@@ -221,7 +220,7 @@ struct NodeStore::Impl {
           SLUICE_ASSIGN_OR_RETURN(
               size_t n, fh.read(io::Buffer::host(out.data(), out.size()), out.size(), file_offset));
           if (n != out.size()) return false;
-          return XXH3_64bits(out.data(), out.size()) == xxh3;
+          return xxh3_64(out.data(), out.size()) == xxh3;
         });
     handoffs.push_back(HandoffRead{task->get_future(), out});
     handoff_pool().post([task] { (*task)(); });

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <ctime>
 
-#include <xxhash.h>
+#include "sluice/core/hash.h"
 
 namespace sluice::node {
 
@@ -179,7 +179,7 @@ struct PeerHttpServer::Impl {
     const std::string sig = header("X-Sluice-Signature");
     ObjectReply reply = o.object(r, sig, call.body);
     if (reply.status != 200) return queue_text(c, reply.status, reply.body);
-    const uint64_t sum = XXH3_64bits(reply.body.data(), reply.body.size());
+    const uint64_t sum = xxh3_64(reply.body.data(), reply.body.size());
     const std::string signature =
         peer::sign_chunk_reply(sig, reply.etag, reply.body.size(), sum, o.secret);
     auto* bytes = new std::string(std::move(reply.body));

@@ -20,12 +20,11 @@
 #include <semaphore>
 #include <thread>
 
-#include <xxhash.h>
-
 #include "node/frame.h"
 #include "node/peer_http.h"
 #include "node/router_store.h"
 #include "node/wire.h"
+#include "sluice/core/hash.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::node {
@@ -642,7 +641,7 @@ struct NodeServer::Impl {
       if (n != req.length)
         return fail(Code::kCorruption,
                     "'" + req.key + "' ended within chunk " + std::to_string(req.index));
-      body.xxh3 = XXH3_64bits(body.bytes.data(), body.bytes.size());
+      body.xxh3 = xxh3_64(body.bytes.data(), body.bytes.size());
     }
     body.reply_signature =
         peer::sign_chunk_reply(signature, body.etag, body.length, body.xxh3, o.peer.secret);

@@ -16,9 +16,8 @@
 #include <semaphore>
 #include <system_error>
 
-#include <xxhash.h>
-
 #include "signing.h"
+#include "sluice/core/hash.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::peer {
@@ -286,7 +285,7 @@ struct PeerStore::Impl {
       return fail(Code::kPermissionDenied, where + ": the reply's signature does not verify");
     if (sink.etag != r.etag)
       return fail(Code::kConflict, where + ": etag " + sink.etag + ", not " + r.etag);
-    if (XXH3_64bits(out.data(), out.size()) != said)
+    if (xxh3_64(out.data(), out.size()) != said)
       return fail(Code::kCorruption, where + ": the chunk failed its XXH3 check");
     return ok();
   }

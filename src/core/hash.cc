@@ -32,6 +32,7 @@ struct Path {
 const Path& path() {
   static const Path p = [] {
 #if SLUICE_XXH3_AVX2
+    __builtin_cpu_init();  // in case the first hash runs in a static initializer
     if (__builtin_cpu_supports("avx2")) {
       return Path{detail::xxh3_64_avx2, detail::xxh3_reset_avx2, detail::xxh3_update_avx2,
                   detail::xxh3_digest_avx2, "avx2"};

@@ -232,7 +232,7 @@ Status DiskTier::explain_header(std::span<const std::byte> head, const std::stri
                                      " (bad header); move the cache directory away");
 }
 
-Status DiskTier::replay() {
+Result<DiskTier::LogReplay> DiskTier::read_log() {
   std::string path = options_.directory + "/index.log";
   std::vector<std::byte> log;
   {
@@ -259,9 +259,10 @@ Status DiskTier::replay() {
       log.resize(n);
     }
   }
-  std::unordered_map<uint64_t, Entry> live;  // by file id
-  std::vector<uint64_t> order;               // file ids, oldest record first
-  uint64_t log_max_id = 0;                   // no new file may take an id the log named
+  LogReplay out;
+  auto& live = out.live;
+  auto& order = out.order;
+  uint64_t& log_max_id = out.max_id;  // no new segment may take a number the log named
   size_t good_end = 0;
   std::vector<std::byte> want = header(options_.chunk_size);
   // Shorter than a header: a first write cut short is a prefix of one; anything else is
@@ -302,8 +303,12 @@ Status DiskTier::replay() {
     }
   }
   open_report_.truncated_tail = log.size() > good_end && good_end > 0;
+  return out;
+}
 
-  // Segment files on disk: those a live record names stay (with their sizes); the rest go.
+// Segment files on disk: those a live record names stay (with their sizes); the rest go.
+std::unordered_map<uint64_t, uint64_t> DiskTier::scan_segments(const LogReplay& log) {
+  const auto& live = log.live;
   std::unordered_set<uint64_t> named;
   for (const auto& [id, e] : live) named.insert(segment_of(id));
   std::unordered_map<uint64_t, uint64_t> kept;  // segment -> file size
@@ -328,7 +333,16 @@ Status DiskTier::replay() {
     std::filesystem::remove(it->path(), ec);
   }
   // No new segment takes a number the log named, even in a record removed since.
-  next_segment_ = std::max(next_segment_, segment_of(log_max_id) + 1);
+  next_segment_ = std::max(next_segment_, segment_of(log.max_id) + 1);
+  return kept;
+}
+
+// Restores the live records whose bytes are there to the policy and the index, then frees
+// every page of a kept segment that no restored chunk covers.
+void DiskTier::restore(const LogReplay& log, const std::unordered_map<uint64_t, uint64_t>& kept) {
+  const auto& live = log.live;
+  const auto& order = log.order;
+  std::error_code ec;
   // Two live records for one chunk (a removal that could not be recorded, a full disk):
   // the later add wins, since the earlier copy's pages may have been freed.
   std::unordered_map<uint64_t, size_t> last_add;  // file id -> its last place in `order`
@@ -387,6 +401,11 @@ Status DiskTier::replay() {
       if (size > pos) free_pages(segment, pos, size - pos);
     }
   }
+}
+
+Status DiskTier::replay() {
+  SLUICE_ASSIGN_OR_RETURN(LogReplay log, read_log());
+  restore(log, scan_segments(log));
   // Start the log afresh from what survived: it drops dead records and a torn tail.
   std::lock_guard llock(log_mu_);
   return compact_locked();

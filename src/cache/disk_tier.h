@@ -100,7 +100,16 @@ class DiskTier {
  private:
   explicit DiskTier(Options options);
   Status lock_directory();
+  // Open: the log's live records, the segments they name, then the index and policy.
+  struct LogReplay {
+    std::unordered_map<uint64_t, Entry> live;  // by file id
+    std::vector<uint64_t> order;               // file ids, oldest add first (again after a remove)
+    uint64_t max_id = 0;                       // the highest file id any add named
+  };
   Status replay();
+  Result<LogReplay> read_log();
+  std::unordered_map<uint64_t, uint64_t> scan_segments(const LogReplay& log);  // -> sizes
+  void restore(const LogReplay& log, const std::unordered_map<uint64_t, uint64_t>& kept);
   Status explain_header(std::span<const std::byte> head, const std::string& path) const;
   Status open_log_for_append();
   // Appends one record; compacts the log when most of it is dead. Serialised by log_mu_.

@@ -85,6 +85,7 @@ def test_cp_through_the_cache_counts_where_bytes_came_from():
     out = os.path.join(WORK, "out.bin")
     first = js("cp", "--cache", f"{d}/big.bin", out)
     assert first["cache"]["hit_bytes"] == 0 and first["cache"]["miss_bytes"] == len(objs[f"{d}/big.bin"])
+    assert first["cache"]["chunks_not_kept"] == 0, first
     os.remove(out)
     second = js("cp", "--cache", f"{d}/big.bin", out)
     assert second["cache"]["hit_bytes"] == len(objs[f"{d}/big.bin"]) and second["cache"]["miss_bytes"] == 0

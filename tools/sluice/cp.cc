@@ -38,6 +38,10 @@ std::string CpSummary::text() const {
   } else if (cached) {
     out += "\ncache: " + format_size(static_cast<double>(cache_hit_bytes)) + " from the cache, " +
            format_size(static_cast<double>(cache_miss_bytes)) + " from the source";
+    if (cache_not_kept > 0)
+      out +=
+          "; " + std::to_string(cache_not_kept) +
+          " chunks could not be kept on NVMe (its disk full or failing, or its write queue full)";
   }
   return out;
 }
@@ -56,7 +60,9 @@ std::string CpSummary::json() const {
     j["cache"] = {
         {"daemon", true}, {"handoff_bytes", handoff_bytes}, {"inline_bytes", inline_bytes}};
   } else if (cached) {
-    j["cache"] = {{"hit_bytes", cache_hit_bytes}, {"miss_bytes", cache_miss_bytes}};
+    j["cache"] = {{"hit_bytes", cache_hit_bytes},
+                  {"miss_bytes", cache_miss_bytes},
+                  {"chunks_not_kept", cache_not_kept}};
   }
   return j.dump();
 }
@@ -235,6 +241,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     sum.cached = true;
     sum.cache_hit_bytes = cs.ram.hit_bytes + cs.disk.hit_bytes;
     sum.cache_miss_bytes = cs.miss_bytes;
+    sum.cache_not_kept = cs.disk_writes_skipped;
   } else if (auto* n = dynamic_cast<node::NodeStore*>(src_store.get())) {
     node::NodeReadStats ns = n->read_stats();
     sum.via_daemon = true;

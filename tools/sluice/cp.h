@@ -35,7 +35,8 @@ struct CpSummary {
   std::string first_error;  // when failed > 0
   bool cached = false;      // read through the cache: where the bytes came from
   uint64_t cache_hit_bytes = 0, cache_miss_bytes = 0;
-  bool via_daemon = false;  // through sluiced: what came as descriptors, what inline
+  uint64_t cache_not_kept = 0;  // chunks the NVMe tier could not take (full, failing)
+  bool via_daemon = false;      // through sluiced: what came as descriptors, what inline
   uint64_t handoff_bytes = 0, inline_bytes = 0;
 
   std::string text() const;

@@ -315,22 +315,29 @@ std::unordered_map<uint64_t, uint64_t> DiskTier::scan_segments(const LogReplay& 
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(options_.directory + "/chunks", ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file(ec)) continue;
+    std::error_code entry_ec;  // one entry's trouble must not end the walk
+    const auto type = it->symlink_status(entry_ec).type();
+    if (type == std::filesystem::file_type::directory) continue;  // fan-out directories
     std::string name = it->path().filename().string();
     char* end = nullptr;
     uint64_t seg = std::strtoull(name.c_str(), &end, 16);
-    if (name.size() == 20 && end == name.c_str() + 16 && std::strcmp(end, ".seg") == 0 &&
-        seg != 0 && seg < (uint64_t{1} << (64 - kPageBits)) &&
-        path_of(seg << kPageBits) == it->path().string()) {
-      next_segment_ = std::max(next_segment_, seg + 1);
-      uint64_t size = it->file_size(ec);
-      if (!ec && named.contains(seg)) {
+    bool segment_name = name.size() == 20 && end == name.c_str() + 16 &&
+                        std::strcmp(end, ".seg") == 0 && seg != 0 &&
+                        seg < (uint64_t{1} << (64 - kPageBits)) &&
+                        path_of(seg << kPageBits) == it->path().string();
+    // Whatever lies under a segment's name, no new segment takes that name.
+    if (segment_name) next_segment_ = std::max(next_segment_, seg + 1);
+    if (segment_name && type == std::filesystem::file_type::regular && named.contains(seg)) {
+      uint64_t size = it->file_size(entry_ec);
+      if (!entry_ec) {
         kept[seg] = size;
         continue;
       }
     }
-    ++open_report_.orphans;  // a segment no record names, a file of an older layout, debris
-    std::filesystem::remove(it->path(), ec);
+    // A segment no record names, a file of an older layout, debris; a FIFO, socket or
+    // symlink is never opened (it could block a write or send it elsewhere).
+    ++open_report_.orphans;
+    std::filesystem::remove(it->path(), entry_ec);
   }
   // No new segment takes a number the log named, even in a record removed since.
   next_segment_ = std::max(next_segment_, segment_of(log.max_id) + 1);

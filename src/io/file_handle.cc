@@ -619,12 +619,18 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
   int flags = (options.write ? O_RDWR : O_RDONLY) | O_CLOEXEC;
   if (options.create) flags |= O_CREAT;
   if (options.truncate) flags |= O_TRUNC;
-  st->fd.reset(::open(path.c_str(), flags, options.mode));
+  // O_NONBLOCK for the open only: a FIFO where a file was expected must be an error, not
+  // an open that waits forever for its other end (opening one to write fails ENXIO).
+  st->fd.reset(::open(path.c_str(), flags | O_NONBLOCK, options.mode));
   if (!st->fd.valid())
     return fail_errno(errno, std::string("open ") + path + (options.write ? " for writing" : ""));
   struct stat sb;
-  if (::fstat(st->fd.get(), &sb) == 0 && S_ISDIR(sb.st_mode))
-    return fail(Code::kInvalidArgument, "open " + path + ": is a directory");
+  if (::fstat(st->fd.get(), &sb) != 0) return fail_errno(errno, "stat " + path);
+  if (S_ISDIR(sb.st_mode)) return fail(Code::kInvalidArgument, "open " + path + ": is a directory");
+  if (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode))
+    return fail(Code::kInvalidArgument, "open " + path + ": is a FIFO or socket, not a file");
+  if (::fcntl(st->fd.get(), F_SETFL, ::fcntl(st->fd.get(), F_GETFL) & ~O_NONBLOCK) != 0)
+    return fail_errno(errno, "open " + path);
 
   if (options.direct == DirectMode::kOff) {
     st->note("Buffered I/O: O_DIRECT turned off by option.");

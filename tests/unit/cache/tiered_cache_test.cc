@@ -580,6 +580,31 @@ TEST(TieredCache, OpenDropsOrphansRecordsWithoutFilesAndATornTail) {
   EXPECT_EQ(read_range(*cache, "b", 0, 100), pattern(100, 2));
 }
 
+TEST(TieredCache, AFifoOrSymlinkUnderASegmentsNameIsRemovedNotOpened) {
+  // Hostile debris in the chunks directory: a FIFO where the next segment will be made (an
+  // open for writing would wait forever), a symlink that would send writes elsewhere.
+  TempDir dir, elsewhere;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("a", pattern(3 * kChunk, 1)));
+  fs::create_directories(dir.path() + "/chunks/00");
+  ASSERT_EQ(::mkfifo((dir.path() + "/chunks/00/0000000000000001.seg").c_str(), 0600), 0);
+  std::ofstream(elsewhere.file("victim")) << "keep me";
+  fs::create_symlink(elsewhere.file("victim"), dir.path() + "/chunks/00/0000000000000002.seg");
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  auto cache = open_cache(b.open(), o);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir.path() + "/chunks/00/0000000000000001.seg")));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir.path() + "/chunks/00/0000000000000002.seg")));
+  AlignedBuffer out = AlignedBuffer::allocate(3 * kChunk).value();
+  ASSERT_EQ(cache->read_full("a", 0, std::span<std::byte>(out.data(), 3 * kChunk)).value(),
+            3 * kChunk);
+  EXPECT_TRUE(std::equal(out.data(), out.data() + 3 * kChunk, pattern(3 * kChunk, 1).begin()));
+  EXPECT_EQ(cache->stats().disk.chunks, 3u);
+  std::ifstream victim(elsewhere.file("victim"));
+  std::string text((std::istreambuf_iterator<char>(victim)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "keep me");
+}
+
 TEST(TieredCache, EvictedChunksFreeTheirPagesAndAnEmptySegmentGoes) {
   TempDir dir;
   if (!punches_holes(dir.path())) GTEST_SKIP() << "the file system cannot punch holes";

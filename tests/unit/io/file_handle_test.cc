@@ -315,6 +315,19 @@ TEST(FileHandleErrors, DirectoryIsRejected) {
   EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
 }
 
+TEST(FileHandleErrors, AFifoIsRefusedNotWaitedOn) {
+  // Opening a FIFO waits for its other end: a FIFO where a file was expected must fail.
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  auto r = FileHandle::open(small_context(), dir.file("fifo"));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("FIFO"), std::string::npos) << r.error().message();
+  OpenOptions w;
+  w.write = w.create = true;
+  EXPECT_FALSE(FileHandle::open(small_context(), dir.file("fifo"), w));  // no reader: ENXIO
+}
+
 TEST(FileHandleErrors, WriteThroughReadOnlyHandle) {
   TempDir dir;
   write_file(dir.file("f"), random_bytes(100));

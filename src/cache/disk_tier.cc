@@ -359,27 +359,33 @@ void DiskTier::restore(const LogReplay& log, const std::unordered_map<uint64_t, 
     auto [w, fresh] = newest.try_emplace(e.key.id(), id);
     if (!fresh && last_add[id] > last_add[w->second]) w->second = id;
   }
+  // Pages are freed below with everything else no entry covers; each chunk dropped here was
+  // charged when it was written, and is uncharged once mu_ is released.
+  std::vector<Gone> dropped;
   {
     std::lock_guard lock(mu_);
     std::unordered_set<uint64_t> done;
-    std::vector<Gone> ignored;  // freed below with everything else no entry covers
+    auto drop = [&](const Entry& e) {
+      ++open_report_.dropped;
+      dropped.push_back(Gone{e.file_id, e.length, false, e.key});
+    };
     for (uint64_t id : order) {
       auto e = live.find(id);
       if (e == live.end() || !done.insert(id).second) continue;
       auto k = kept.find(segment_of(id));
       if (k == kept.end() || offset_of(id) + e->second.length > k->second) {
-        ++open_report_.dropped;  // its segment is gone or too short
+        drop(e->second);  // its segment is gone or too short
         continue;
       }
       ChunkId cid = e->second.key.id();
       if (newest[cid] != id || entries_.contains(cid)) {  // an older copy of one chunk
-        ++open_report_.dropped;
+        drop(e->second);
         continue;
       }
       Admission a = policy_->restore(cid, on_disk(e->second.length));
-      for (ChunkId v : a.evicted) forget_locked(v, ignored);
+      for (ChunkId v : a.evicted) forget_locked(v, dropped);
       if (!a.admitted) {
-        ++open_report_.dropped;
+        drop(e->second);
         continue;
       }
       entries_[cid] = e->second;
@@ -407,6 +413,9 @@ void DiskTier::restore(const LogReplay& log, const std::unordered_map<uint64_t, 
       }
       if (size > pos) free_pages(segment, pos, size - pos);
     }
+  }
+  if (options_.freed) {
+    for (const Gone& g : dropped) options_.freed(g.key, on_disk(g.length));
   }
 }
 
@@ -486,7 +495,7 @@ void DiskTier::forget_locked(ChunkId id, std::vector<Gone>& gone) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   policy_->erase(id);
-  const Entry& e = it->second;
+  Entry& e = it->second;
   const uint64_t seg = segment_of(e.file_id);
   bool last = false;
   auto n = segments_.find(seg);
@@ -496,7 +505,7 @@ void DiskTier::forget_locked(ChunkId id, std::vector<Gone>& gone) {
     if (a != appending_.end() && a->second.segment == seg) appending_.erase(a);
     segments_.erase(n);
   }
-  gone.push_back(Gone{e.file_id, e.length, last});
+  gone.push_back(Gone{e.file_id, e.length, last, std::move(e.key)});
   entries_.erase(it);
 }
 
@@ -507,6 +516,7 @@ void DiskTier::forget_locked(ChunkId id, std::vector<Gone>& gone) {
 // reads zeros there, which fail its checksum.
 void DiskTier::discard(const std::vector<Gone>& gone) {
   for (const Gone& g : gone) {
+    if (options_.freed) options_.freed(g.key, on_disk(g.length));
     // Best effort (a full disk): the space is freed anyway; the record left behind then
     // fails its checksum when read, and is dropped.
     (void)append_remove(g.file_id);
@@ -605,11 +615,15 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
   e.object_size = chunk.object_size;
   e.object_mtime_ns = chunk.object_mtime_ns;
   e.pinned = pinned;
+  // Charged first (the ledger may be slow: not under mu_); a chunk not kept after all is
+  // uncharged below.
+  const bool charged = options_.admit != nullptr;
+  if (charged && !options_.admit(chunk.key, on_disk(length))) return false;
   std::vector<Gone> gone;
   {
     std::lock_guard lock(mu_);
-    if (entries_.contains(id)) return false;
-    Admission a = policy_->admit(id, on_disk(length));
+    Admission a;
+    if (!entries_.contains(id)) a = policy_->admit(id, on_disk(length));
     for (ChunkId v : a.evicted) {
       forget_locked(v, gone);
       if (options_.evictions) options_.evictions->add();
@@ -622,7 +636,10 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
     }
   }
   discard(gone);
-  if (e.file_id == 0) return false;
+  if (e.file_id == 0) {
+    if (charged && options_.freed) options_.freed(chunk.key, on_disk(length));
+    return false;
+  }
 
   const std::string path = path_of(e.file_id);
   const uint64_t at = offset_of(e.file_id);

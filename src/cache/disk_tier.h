@@ -46,6 +46,11 @@ class DiskTier {
     PolicyKind policy = PolicyKind::kS3Fifo;
     std::shared_ptr<io::Context> io;
     telemetry::Counter* evictions = nullptr;  // chunks evicted for room; may be null
+    // Charging (CacheOptions::admit_chunk): asked before a chunk is written, with its bytes
+    // on disk (false: it is not kept); told when a chunk leaves, once per chunk it admitted
+    // (and for chunks found at open that are dropped). Null: nothing is charged.
+    std::function<bool(const ChunkKey&, uint64_t bytes)> admit;
+    std::function<void(const ChunkKey&, uint64_t bytes)> freed;
   };
   // Takes the directory's lock (Unavailable if another process holds it), replays the
   // index, deletes orphan chunk files.
@@ -121,6 +126,7 @@ class DiskTier {
   struct Gone {
     uint64_t file_id = 0, length = 0;
     bool last = false;
+    ChunkKey key;  // for Options::freed
   };
   // Removes entries (under mu_) and returns what to free and record outside.
   void forget_locked(ChunkId id, std::vector<Gone>& gone);

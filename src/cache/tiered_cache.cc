@@ -865,6 +865,10 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
     }
     DiskTier::Options d{o.directory, o.disk_bytes, o.chunk_size,
                         o.policy,    o.io,         &impl->m.disk_evictions};
+    if (o.admit_chunk)
+      d.admit = [f = o.admit_chunk](const ChunkKey& k, uint64_t b) { return f(k.store, k.key, b); };
+    if (o.chunk_freed)
+      d.freed = [f = o.chunk_freed](const ChunkKey& k, uint64_t b) { f(k.store, k.key, b); };
     SLUICE_ASSIGN_OR_RETURN(impl->disk, DiskTier::open(std::move(d)));
     impl->restore_meta();
     impl->load_pins();

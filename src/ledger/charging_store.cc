@@ -6,12 +6,11 @@
 #include <map>
 #include <mutex>
 
+#include "ledger/project_index.h"
 #include "sluice/store/wrapper.h"
 
 namespace sluice::ledger {
 namespace {
-
-constexpr auto kProjectRefresh = std::chrono::seconds(5);
 
 class ChargingWriter final : public store::Writer {
  public:
@@ -157,13 +156,7 @@ class ChargingStore final : public store::StoreWrapper {
     root_ = normalise_location(uri);
   }
 
-  Status load_projects() {
-    SLUICE_ASSIGN_OR_RETURN(auto projects, ledger_->projects());
-    std::lock_guard lock(mu_);
-    projects_ = std::move(projects);
-    loaded_ = std::chrono::steady_clock::now();
-    return {};
-  }
+  Status load_projects() { return projects_.load(); }
 
   Result<std::unique_ptr<store::Writer>> create(std::string_view key,
                                                 const store::WriteOptions& options) override {
@@ -231,17 +224,10 @@ class ChargingStore final : public store::StoreWrapper {
   // The charge target of a key, or nullopt when no project owns it (and that is allowed).
   Result<std::optional<ChargeTarget>> target_of(std::string_view key) {
     std::string location = root_ + "/" + std::string(key);
-    for (int pass = 0; pass < 2; ++pass) {
-      {
-        std::lock_guard lock(mu_);
-        if (const Project* p = Ledger::owner_of(projects_, location)) {
-          return ChargeTarget{p->id, p->team, options_.tier.value_or(p->tier),
-                              options_.kind.value_or(p->kind)};
-        }
-        if (pass == 1 || std::chrono::steady_clock::now() - loaded_ < kProjectRefresh) break;
-      }
-      SLUICE_RETURN_IF_ERROR(load_projects());  // a project added since
-    }
+    SLUICE_ASSIGN_OR_RETURN(std::optional<Project> p, projects_.owner(location));
+    if (p)
+      return ChargeTarget{p->id, p->team, options_.tier.value_or(p->tier),
+                          options_.kind.value_or(p->kind)};
     if (options_.require_project)
       return fail(Code::kPermissionDenied, "no project owns " + location +
                                                ": writes here must be charged to a team "
@@ -252,9 +238,7 @@ class ChargingStore final : public store::StoreWrapper {
   std::shared_ptr<Ledger> ledger_;
   ChargingOptions options_;
   std::string root_;
-  std::mutex mu_;
-  std::vector<Project> projects_;
-  std::chrono::steady_clock::time_point loaded_{};
+  ProjectIndex projects_{ledger_};
 };
 
 }  // namespace

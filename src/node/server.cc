@@ -25,6 +25,7 @@
 #include "node/router_store.h"
 #include "node/wire.h"
 #include "sluice/core/hash.h"
+#include "sluice/ledger/cache_charger.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::node {
@@ -123,6 +124,8 @@ struct NodeServer::Impl {
   telemetry::Registry registry;      // the cache's, the peers' and the server's metrics
   RouterStore* router = nullptr;     // owned by `peers`
   peer::PeerStore* peers = nullptr;  // owned by `cache`, its backing store
+  // Before `cache`, whose NVMe writes it charges: destroyed after it (and flushed then).
+  std::shared_ptr<ledger::CacheCharger> charger;
   std::unique_ptr<cache::TieredCache> cache;
   std::map<const TeamGrant*, telemetry::Counter*> team_bytes;  // made at open, read-only after
   telemetry::Counter* served_to_peers = nullptr;
@@ -157,6 +160,35 @@ struct NodeServer::Impl {
 
   void log(const std::string& line) const {
     if (o.log) o.log(line);
+  }
+
+  // Charges the NVMe tier's chunks to the teams owning their objects (ServerOptions::ledger):
+  // a cache key is "<root id>/<key>", its location the root's URI and the key.
+  Status charge_cache() {
+    ledger::CacheChargerOptions co;
+    co.log = o.log;
+    co.registry = &registry;
+    auto location_of = [r = router](std::string_view key) -> std::string {
+      size_t slash = key.find('/');
+      if (slash == std::string_view::npos) return {};
+      std::optional<std::string> root = r->root_of(key.substr(0, slash));
+      if (!root) return {};
+      if (!root->ends_with('/')) *root += '/';
+      return *root + std::string(key.substr(slash + 1));
+    };
+    auto c = ledger::CacheCharger::open(o.ledger, std::move(location_of), std::move(co));
+    if (!c) return std::unexpected(c.error().with_context("sluiced: charging the cache"));
+    charger = std::move(*c);
+    // Chunks of other stores sharing the directory are not this daemon's to charge.
+    o.cache.admit_chunk = [c = charger, id = o.cache.store_id](
+                              std::string_view store, std::string_view key, uint64_t bytes) {
+      return store != id || c->admit(key, bytes);
+    };
+    o.cache.chunk_freed = [c = charger, id = o.cache.store_id](
+                              std::string_view store, std::string_view key, uint64_t bytes) {
+      if (store == id) c->freed(key, bytes);
+    };
+    return ok();
   }
 
   const TeamGrant* team_of(uid_t uid) const {
@@ -530,6 +562,7 @@ struct NodeServer::Impl {
         {"chunk_size", cache->options().chunk_size},
         {"bytes_from", {{"backing", peers->backing_bytes()}, {"peer", peers->peer_bytes()}}},
         {"peers", peers_json()},
+        {"charging", charging_json()},
         {"server",
          {{"connections", connections.load(std::memory_order_relaxed)},
           {"connections_refused", refused.load(std::memory_order_relaxed)},
@@ -539,6 +572,15 @@ struct NodeServer::Impl {
           {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
           {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)}}}};
     return r;
+  }
+
+  Json charging_json() const {
+    if (!charger) return nullptr;
+    ledger::CacheChargerStats c = charger->stats();
+    return Json{{"ledger", o.ledger->describe()},         {"admitted_chunks", c.admitted_chunks},
+                {"admitted_bytes", c.admitted_bytes},     {"refused_chunks", c.refused_chunks},
+                {"refused_bytes", c.refused_bytes},       {"freed_bytes", c.freed_bytes},
+                {"uncharged_chunks", c.uncharged_chunks}, {"flush_errors", c.flush_errors}};
   }
 
   Json peers_json() const {
@@ -817,6 +859,7 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
       return p->owner_index(key, index);
     };
   }
+  if (o.ledger) SLUICE_RETURN_IF_ERROR(impl->charge_cache());
   SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(peers), o.cache));
   // Chunk files are reached only through descriptors the daemon hands out: no other user
   // may walk the directory.

@@ -2,7 +2,8 @@
 """sluiced, the node daemon, against a real s3rver: eight processes reading one object fetch
 each chunk once; warm reads are handed off as descriptors; malformed and oversize frames
 leave it up; a uid in no team is refused; SIGTERM stops it cleanly; kill -9 mid-fill and a
-restart serve exact bytes. s3rver missing: SKIP.
+restart serve exact bytes; with a ledger, a team's nvme quota bounds what is kept of its
+data and the usage says so. s3rver missing: SKIP.
 
     /usr/bin/python3 tests/integration/sluiced_test.py build/bin/sluice build/bin/sluiced
 """
@@ -291,6 +292,36 @@ def test_sigterm_stops_cleanly_and_kill9_loses_nothing(s3, digest):
     assert b"embedded cache" in p.stderr and hashlib.sha256(p.stdout).hexdigest() == digest
 
 
+def test_a_teams_cache_quota_keeps_only_what_it_allows(s3, digest):
+    ledger = os.path.join(WORK, "ledger.db")
+    if os.path.exists(ledger):
+        os.remove(ledger)
+    sluice("team", "add", "vision", "--ledger", ledger)
+    sluice("project", "add", "vision-ds", "--team", "vision", "--location", "s3://test/ds", "--ledger", ledger)
+    sluice("quota", "set", "vision", "--tier", "nvme", "--hard-bytes", "10M", "--ledger", ledger)
+    d = Daemon(s3.endpoint, "--ledger", ledger)
+    try:
+        rep = json.loads(sluice("cache", "warm", "s3://test/ds/obj", "--daemon", SOCK, "--json",
+                                "--no-progress", "--endpoint-url", s3.endpoint).stdout)
+        assert rep["failed"] == 0, rep
+        p = cat("s3://test/ds/obj")  # every byte served, kept or not
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err
+        st = daemon_stat()
+        # 10 MiB: ten whole chunks, or nine and the short one
+        assert st["disk"]["chunks"] == 10 and st["disk"]["bytes"] <= 10 * MIB, st["disk"]
+        assert st["charging"]["refused_chunks"] >= CHUNKS - 10, st["charging"]
+        kept = st["disk"]["bytes"]
+    finally:
+        assert d.stop() == 0  # the last charges are committed as it stops
+    log = open(os.path.join(WORK, "sluiced.log")).read()
+    assert "not keeping chunks of project 'vision-ds' (team vision)" in log, log[-2000:]
+    by_kind = json.loads(sluice("usage", "--by", "kind", "--json", "--ledger", ledger).stdout)
+    assert [(u["kind"], u["bytes"]) for u in by_kind] == [("cache", kept)], by_kind
+    by_tier = json.loads(sluice("usage", "--by", "tier", "--json", "--ledger", ledger).stdout)
+    assert [(u["tier"], u["bytes"]) for u in by_tier] == [("nvme", kept)], by_tier
+
+
 def main():
     if not find_s3rver():
         print("SKIP: s3rver not found (npm install s3rver)")
@@ -317,7 +348,9 @@ def main():
                          ("a team proves access with its own credentials",
                           test_a_team_proves_access_with_its_own_credentials),
                          ("SIGTERM is clean, kill -9 loses nothing",
-                          test_sigterm_stops_cleanly_and_kill9_loses_nothing)]:
+                          test_sigterm_stops_cleanly_and_kill9_loses_nothing),
+                         ("a team's cache quota keeps only what it allows",
+                          test_a_teams_cache_quota_keeps_only_what_it_allows)]:
             shutil.rmtree(CACHE, ignore_errors=True)
             r.run(name, fn, s3, digest)
         r.finish()

@@ -170,6 +170,11 @@ bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
   std::printf("connections: %.0f served, %.0f refused; requests: %.0f, %.0f failed\n",
               n(sv["connections"]), n(sv["connections_refused"]), n(sv["requests"]),
               n(sv["request_errors"]));
+  if (const nlohmann::json& c = j["charging"]; c.is_object()) {
+    std::printf("charged to teams (%s): %s kept, %s freed; %.0f chunks not kept (quota)\n",
+                c.value("ledger", "").c_str(), format_size(n(c["admitted_bytes"])).c_str(),
+                format_size(n(c["freed_bytes"])).c_str(), n(c["refused_chunks"]));
+  }
   return true;
 }
 

@@ -32,6 +32,7 @@ struct Args {
   cli::AwsFlags aws;
   std::string socket, config;
   std::string peer_listen, peers, node_name, secret_file, objects_dir;
+  std::string ledger;
   unsigned peer_timeout_ms = 10000;
   unsigned access_ttl_s = 60;
   unsigned max_connections = 256, max_per_uid = 64;
@@ -154,6 +155,7 @@ Result<Json> apply_config(Args& a, const CLI::App& app) {
   SLUICE_RETURN_IF_ERROR(
       num("max_connections_per_uid", "--max-connections-per-uid", a.max_per_uid));
   SLUICE_RETURN_IF_ERROR(num("idle_timeout_s", "--idle-timeout", a.idle_s));
+  SLUICE_RETURN_IF_ERROR(str("ledger", "--ledger", a.ledger));
   SLUICE_RETURN_IF_ERROR(str("peer_listen", "--peer-listen", a.peer_listen));
   SLUICE_RETURN_IF_ERROR(str("peers", "--peers", a.peers));
   SLUICE_RETURN_IF_ERROR(str("node_name", "--node-name", a.node_name));
@@ -226,6 +228,15 @@ int run(Args& a, const CLI::App& app) {
   o.max_connections_per_uid = a.max_per_uid;
   o.idle_timeout = std::chrono::seconds(a.idle_s);
   o.log = log_line;
+  if (a.ledger.empty()) {
+    const char* env = std::getenv("SLUICE_LEDGER");
+    if (env) a.ledger = env;
+  }
+  if (!a.ledger.empty()) {
+    auto l = ledger::Ledger::open(a.ledger);
+    if (!l) return cli::report_error(l.error().with_context("--ledger"));
+    o.ledger = std::move(*l);
+  }
   if (Status p = configure_peers(a, o.peer); !p) return cli::report_error(p.error());
   if (o.peer.membership)
     o.peer.objects_directory = a.objects_dir.empty() ? home + "/peer-objects" : a.objects_dir;
@@ -242,10 +253,13 @@ int run(Args& a, const CLI::App& app) {
   ::signal(SIGPIPE, SIG_IGN);
 
   const std::string dir = o.cache.directory, socket = o.socket_path;
+  const std::string ledger_where = o.ledger ? o.ledger->describe() : "";
   auto server = node::NodeServer::open(std::move(o));
   if (!server) return cli::report_error(server.error());
   log_line("serving " + dir + " on " + socket + " (pid " + std::to_string(::getpid()) + ", " +
            (*server)->cache().stats().io_path + ")");
+  if (!ledger_where.empty())
+    log_line("charging chunks kept on NVMe to their teams in the ledger " + ledger_where);
   if ((*server)->peer_port() != 0)
     log_line("HTTP on port " + std::to_string((*server)->peer_port()) + ": /metrics" +
              (has_peers ? ", chunks for " + std::to_string(members - 1) + " peers" : ""));
@@ -292,6 +306,10 @@ int main(int argc, char** argv) {
       ->default_val(64);
   app.add_option("--idle-timeout", a.idle_s, "Seconds before an idle connection is closed")
       ->default_val(300);
+  app.add_option("--ledger", a.ledger,
+                 "Charge chunks kept on NVMe to the teams owning their objects' projects, "
+                 "within their nvme quotas (sqlite:///PATH or postgresql://...; docs/ledger.md). "
+                 "Default: $SLUICE_LEDGER when set, else nothing is charged");
   app.add_option("--peer-listen", a.peer_listen,
                  "HOST:PORT (IPv4) of the HTTP port: /metrics, and chunks for peer daemons");
   app.add_option("--peers", a.peers,

@@ -35,6 +35,9 @@
 //   and this daemon serves the chunks it owns to the others on its HTTP port, after
 //   checking the node secret's signature. Peer requests read through this daemon's cache
 //   with its own credentials and never go on to a third daemon.
+// - With a ledger (ServerOptions::ledger), every chunk kept on NVMe is charged to the team
+//   owning its object's project (tier nvme, kind cache; ledger/cache_charger.h), and a
+//   team past its quota gets its reads served without its chunks being kept.
 // - stop() may be called from any thread; serve() then returns after every connection
 //   has closed, and the cache's queued NVMe writes are finished when the server is
 //   destroyed.
@@ -50,6 +53,7 @@
 #include <vector>
 
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/ledger/ledger.h"
 #include "sluice/peer/membership.h"
 #include "sluice/peer/peer_store.h"
 #include "sluice/store/store.h"
@@ -105,6 +109,9 @@ struct ServerOptions {
   uint64_t max_inline_bytes = 8 << 20;  // inline bytes in one reply (at most 16 MiB)
   unsigned max_inline_reads = 32;
   PeerConfig peer;
+  // Charges the NVMe tier's chunks to teams (see the contract above); null: nothing is
+  // charged and every chunk may be kept.
+  std::shared_ptr<ledger::Ledger> ledger;
   // One line per refused caller and failed request; null: silent.
   std::function<void(std::string_view)> log;
 };

@@ -1,21 +1,28 @@
 // The ledger on both backends: SQLite (a temporary file) and a real PostgreSQL server that
 // the suite starts itself (tests/integration/pg_harness.py; SKIP with the reason where it
 // cannot run). Every test runs on both, each on a fresh database.
+#include <fcntl.h>
 #include <libpq-fe.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "sluice/ledger/cache_charger.h"
 #include "sluice/ledger/charging_store.h"
 #include "sluice/ledger/forecast.h"
+#include "sluice/ledger/gc.h"
 #include "sluice/ledger/ledger.h"
 #include "test_util.h"
 
@@ -477,6 +484,89 @@ TEST_P(LedgerTest, ChargingStoreChargesEveryWrite) {
   EXPECT_EQ(refused.error().code(), Code::kPermissionDenied);
 }
 
+// A node cache's chunks: charged to the team owning the object, within its nvme quota;
+// refused ones are not kept; freed ones uncharged; usage lands at each flush.
+TEST_P(LedgerTest, CacheChargerKeepsChunksWithinTheTeamsQuota) {
+  team_with_project("vision", "s3://b/vision");
+  constexpr int64_t kMiB = 1 << 20;
+  ASSERT_TRUE(ledger_->set_limits("vision", Tier::kNvme, Limits{.hard_bytes = 10 * kMiB}));
+  std::vector<std::string> logged;
+  std::mutex log_mu;
+  CacheChargerOptions co;
+  co.allowance_bytes = 4 * kMiB;
+  co.flush_interval = std::chrono::hours(1);  // flushed by hand below
+  co.refusal_memory = std::chrono::milliseconds(0);
+  co.log = [&](std::string_view l) {
+    std::lock_guard lock(log_mu);
+    logged.emplace_back(l);
+  };
+  auto c = CacheCharger::open(
+      ledger_, [](std::string_view key) { return "s3://b/" + std::string(key); }, co);
+  ASSERT_TRUE(c) << c.error().to_string();
+  CacheCharger& ch = **c;
+
+  // Eight threads race to keep 1 MiB chunks: exactly ten fit, never more.
+  std::atomic<int> kept{0}, refused{0};
+  std::vector<std::thread> fillers;
+  for (int t = 0; t < 8; ++t) {
+    fillers.emplace_back([&, t] {
+      for (int i = 0; i < 4; ++i) {
+        if (ch.admit("vision/shard-" + std::to_string(t * 4 + i), kMiB))
+          ++kept;
+        else
+          ++refused;
+      }
+    });
+  }
+  for (auto& f : fillers) f.join();
+  EXPECT_EQ(kept.load(), 10);
+  EXPECT_EQ(refused.load(), 22);
+  EXPECT_TRUE(ch.admit("other/x", kMiB));  // no project owns it: kept, not charged
+  CacheChargerStats st = ch.stats();
+  EXPECT_EQ(st.admitted_bytes, 10u * kMiB);
+  EXPECT_EQ(st.refused_chunks, 22u);
+  EXPECT_EQ(st.uncharged_chunks, 1u);
+  {
+    std::lock_guard lock(log_mu);
+    ASSERT_FALSE(logged.empty());  // once a minute per project, naming the team and limit
+    EXPECT_NE(logged[0].find("vision"), std::string::npos) << logged[0];
+    EXPECT_NE(logged[0].find("hard limit"), std::string::npos) << logged[0];
+    EXPECT_EQ(logged.size(), 1u);
+  }
+  ASSERT_TRUE(ch.flush());
+  Account a = account("vision", Tier::kNvme);
+  EXPECT_EQ(a.used_bytes, 10 * kMiB);
+  EXPECT_EQ(a.used_objects, 0);  // chunks are not objects
+  EXPECT_EQ(a.reserved_bytes, 0);
+  auto usage = ledger_->usage();
+  ASSERT_TRUE(usage);
+  bool found = false;
+  for (const Usage& u : *usage) {
+    if (u.project == "vision-p" && u.tier == Tier::kNvme && u.kind == Kind::kCache) {
+      found = true;
+      EXPECT_EQ(u.bytes, 10 * kMiB);
+    }
+  }
+  EXPECT_TRUE(found);
+
+  // Evicted chunks are uncharged, and make room for others.
+  ch.freed("vision/shard-0", kMiB);
+  ch.freed("vision/shard-1", kMiB);
+  EXPECT_TRUE(ch.admit("vision/shard-40", kMiB));
+  ASSERT_TRUE(ch.flush());
+  EXPECT_EQ(account("vision", Tier::kNvme).used_bytes, 9 * kMiB);
+  ch.freed("vision/shard-2", kMiB);
+  ASSERT_TRUE(ch.flush());  // with no reservation open: a plain uncharge
+  EXPECT_EQ(account("vision", Tier::kNvme).used_bytes, 8 * kMiB);
+
+  // What was admitted since the last flush is committed when the charger goes.
+  EXPECT_TRUE(ch.admit("vision/shard-41", kMiB));
+  c->reset();
+  a = account("vision", Tier::kNvme);
+  EXPECT_EQ(a.used_bytes, 9 * kMiB);
+  EXPECT_EQ(a.reserved_bytes, 0);
+}
+
 TEST(LedgerOpen, BadUrisAndUnreachableServers) {
   EXPECT_EQ(Ledger::open("mysql://x").error().code(), Code::kInvalidArgument);
   EXPECT_EQ(Ledger::open("sqlite://relative.db").error().code(), Code::kInvalidArgument);
@@ -710,6 +800,73 @@ TEST_P(LedgerTest, RulesPinsAndTrashRecords) {
   ASSERT_TRUE(ledger_->drop_trash("run1", "keep-p", "a"));
   ASSERT_TRUE(ledger_->remove_project("keep-p"));
   EXPECT_TRUE(ledger_->pins()->empty());
+}
+
+// The retention engine from the library: plan, a run into the trash, restore, a purge that
+// uncharges; pinned keys never go.
+TEST_P(LedgerTest, GcPlansTrashesRestoresAndPurges) {
+  const std::string root = dir_.file("proj");
+  std::filesystem::create_directories(root);
+  team_with_project("gc", "file://" + root);
+  auto put = [&](const std::string& name, int64_t age_s) {
+    std::FILE* f = std::fopen((root + "/" + name).c_str(), "w");
+    ASSERT_TRUE(f);
+    std::fputs("0123456789", f);
+    std::fclose(f);
+    int64_t when = g_now.load() / kSecond - age_s;
+    timespec ts[2] = {{when, 0}, {when, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, (root + "/" + name).c_str(), ts, 0), 0);
+  };
+  put("old-a", 300);
+  put("old-b", 200);
+  put("pinned-c", 250);
+  put("new-d", 100);
+  // The project (object tier, kind checkpoint) is charged for its four objects.
+  ChargeTarget charged{"gc-p", "gc", Tier::kObject, Kind::kCheckpoint};
+  ASSERT_TRUE(ledger_->charge(charged, 40, 4));
+  ASSERT_TRUE(ledger_->set_rule(RetentionRule{.project = "gc-p", .keep_last = 1}));
+  ASSERT_TRUE(ledger_->pin("gc-p", "pinned-"));
+  GcOptions o;
+  o.delay = std::chrono::hours(1);
+  auto plan = plan_gc(*ledger_, o);
+  ASSERT_TRUE(plan) << plan.error().to_string();
+  EXPECT_TRUE(plan->errors.empty());
+  std::set<std::string> going;
+  for (const GcUnit& u : plan->units)
+    if (u.decision.remove) going.insert(u.unit.name);
+  EXPECT_EQ(going, (std::set<std::string>{"old-a", "old-b"}));
+  o.project = "nope";
+  EXPECT_EQ(plan_gc(*ledger_, o).error().code(), Code::kNotFound);
+  o.project.clear();
+
+  int told = 0;
+  auto run = run_gc(*ledger_, o, [&](const GcUnit&) { ++told; });
+  ASSERT_TRUE(run) << run.error().to_string();
+  EXPECT_TRUE(run->errors.empty()) << run->errors.front();
+  EXPECT_EQ(run->trashed_units, 2);
+  EXPECT_EQ(told, 2);
+  EXPECT_EQ(run->purged_objects, 0);  // their delay has not passed
+  EXPECT_FALSE(std::filesystem::exists(root + "/old-a"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/.sluice-trash/" + run->run + "/old-a"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/pinned-c"));
+
+  auto back = restore_gc(*ledger_, run->run, o);
+  ASSERT_TRUE(back) << back.error().to_string();
+  EXPECT_EQ(back->restored, 2);
+  EXPECT_TRUE(std::filesystem::exists(root + "/old-a"));
+  EXPECT_TRUE(ledger_->trash()->empty());
+  EXPECT_EQ(restore_gc(*ledger_, run->run, o).error().code(), Code::kNotFound);
+
+  o.delay = std::chrono::seconds(0);  // trashed and purged in one run: uncharged
+  run = run_gc(*ledger_, o);
+  ASSERT_TRUE(run) << run.error().to_string();
+  EXPECT_EQ(run->trashed_units, 2);
+  EXPECT_EQ(run->purged_objects, 2);
+  EXPECT_EQ(run->purged_bytes, 20);
+  EXPECT_FALSE(std::filesystem::exists(root + "/.sluice-trash/" + run->run + "/old-a"));
+  Account a = account("gc", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 20);
+  EXPECT_EQ(a.used_objects, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LedgerTest, ::testing::Values("sqlite", "postgresql"),

@@ -38,8 +38,10 @@ std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
 // A daemon serving `root` (a directory of objects) from a cache in the temp directory.
 class Daemon {
  public:
-  explicit Daemon(const TempDir& dir, std::vector<TeamGrant> teams = {}) {
+  explicit Daemon(const TempDir& dir, std::vector<TeamGrant> teams = {},
+                  std::shared_ptr<ledger::Ledger> ledger = nullptr) {
     ServerOptions o;
+    o.ledger = std::move(ledger);
     o.socket_path = dir.file("sluiced.sock");
     o.cache.directory = dir.file("cache");
     o.cache.chunk_size = kChunk;
@@ -344,6 +346,53 @@ TEST(NodeServer, MalformedRequestsGetErrorsAndTheDaemonStaysUp) {
   ASSERT_TRUE(s);
   EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
   EXPECT_GT(d.server().stats().request_errors, 5u);
+}
+
+// Chunks kept on NVMe are charged to the team owning the object's project, within its
+// nvme quota: past it, reads still succeed but no more chunks are kept; evicted chunks are
+// uncharged, across a restart.
+TEST(NodeServer, CacheFillsAreChargedToTheTeamWithinItsQuota) {
+  Fixture fx(8 * kChunk);
+  auto opened = ledger::Ledger::open(fx.dir.file("ledger.db"));
+  ASSERT_TRUE(opened) << opened.error().to_string();
+  std::shared_ptr<ledger::Ledger> l(std::move(*opened));
+  ASSERT_TRUE(l->add_team("vision"));
+  ASSERT_TRUE(l->add_project(ledger::Project{.id = "vision-data",
+                                             .team = "vision",
+                                             .location = fx.root + "/set",
+                                             .tier = ledger::Tier::kObject,
+                                             .kind = ledger::Kind::kDataset}));
+  ASSERT_TRUE(l->set_limits("vision", ledger::Tier::kNvme,
+                            ledger::Limits{.hard_bytes = 3 * kChunk + 16384}));
+  auto nvme = [&] {
+    auto a = l->accounts("vision");
+    EXPECT_TRUE(a);
+    for (const ledger::Account& x : *a)
+      if (x.tier == ledger::Tier::kNvme) return x;
+    return ledger::Account{};
+  };
+  {
+    Daemon d(fx.dir, {}, l);
+    auto s = fx.open(d.socket());
+    ASSERT_TRUE(s);
+    EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
+    d.wait_for_disk(3);
+    EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);  // refused chunks: inline
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(d.server().cache().stats().disk.chunks, 3u);
+    EXPECT_TRUE(d.logged("team vision")) << "the refusal is logged";
+  }  // the charger flushes as the daemon goes
+  ledger::Account a = nvme();
+  EXPECT_EQ(a.used_bytes, static_cast<int64_t>(3 * kChunk));
+  EXPECT_EQ(a.reserved_bytes, 0);
+  {
+    Daemon d(fx.dir, {}, l);  // restarted: its chunks are still there, still charged
+    EXPECT_EQ(d.server().cache().stats().disk.chunks, 3u);
+    ASSERT_EQ(d.server().cache().evict("").value(), 3u);
+  }
+  a = nvme();
+  EXPECT_EQ(a.used_bytes, 0);
+  EXPECT_EQ(a.reserved_bytes, 0);
 }
 
 TEST(NodeServer, ASecondDaemonOnTheSameSocketIsRefused) {

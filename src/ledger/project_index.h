@@ -1,0 +1,55 @@
+// src/ledger/project_index.h: which project owns a location, from the ledger's project list
+// kept in memory. A location no project owns loads the list again (at most every few
+// seconds), so a project added meanwhile is found without asking the ledger on every write.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "sluice/ledger/ledger.h"
+
+namespace sluice::ledger {
+
+class ProjectIndex {
+ public:
+  explicit ProjectIndex(std::shared_ptr<Ledger> ledger) : ledger_(std::move(ledger)) {}
+
+  // Loads the projects now: a ledger that cannot be reached fails here.
+  Status load() {
+    SLUICE_ASSIGN_OR_RETURN(auto projects, ledger_->projects());
+    std::lock_guard lock(mu_);
+    projects_ = std::move(projects);
+    loaded_ = std::chrono::steady_clock::now();
+    return {};
+  }
+
+  // The project owning `location` (the longest project location it lies under), or
+  // nullopt when none does.
+  Result<std::optional<Project>> owner(std::string_view location) {
+    for (int pass = 0; pass < 2; ++pass) {
+      {
+        std::lock_guard lock(mu_);
+        if (const Project* p = Ledger::owner_of(projects_, location)) return *p;
+        if (pass == 1 || std::chrono::steady_clock::now() - loaded_ < kRefresh) break;
+      }
+      SLUICE_RETURN_IF_ERROR(load());  // a project added since
+    }
+    return std::optional<Project>{};
+  }
+
+  Ledger& ledger() { return *ledger_; }
+  const std::shared_ptr<Ledger>& shared() const { return ledger_; }
+
+ private:
+  static constexpr auto kRefresh = std::chrono::seconds(5);
+  std::shared_ptr<Ledger> ledger_;
+  std::mutex mu_;
+  std::vector<Project> projects_;
+  std::chrono::steady_clock::time_point loaded_{};
+};
+
+}  // namespace sluice::ledger

@@ -5,10 +5,13 @@
 // leader, takes everything queued behind it (up to kMaxBatch), runs it all in one database
 // transaction, and wakes the others with their results. Under load that turns N
 // transactions (and N log flushes, and N waits on a hot account row's lock) into one; with
-// one caller it costs nothing extra. Within a batch, reservations of one account are
+// one caller it costs nothing extra. A new leader first gathers the callers of the batch
+// that just ended (see run()), so the batches do not split into two alternating halves.
+// Within a batch, reservations of one account are
 // checked together with one statement, and one at a time only when together they do not fit.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -53,12 +56,21 @@ class Batcher {
   Status execute(const std::vector<BatchOp*>& batch);
   Status execute_pg(const std::vector<BatchOp*>& batch);
 
+  // How long a new leader waits for callers of the last batch to come back, at most.
+  std::chrono::nanoseconds gather_time() const;
+
   Db& db_;
   int64_t (*clock_)();
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<BatchOp*> queue_;  // waiting for a leader
   int leaders_ = 0;
+  // Callers inside run() now, and the most seen since the last batch began: how many a
+  // leader may expect to gather.
+  size_t callers_ = 0, peak_callers_ = 0;
+  bool gathering_ = false;  // a leader waits in gather_cv_ for more
+  std::condition_variable gather_cv_;
+  std::chrono::nanoseconds last_batch_time_{0};
 };
 
 }  // namespace sluice::ledger

@@ -2,7 +2,9 @@
 //
 // O_DIRECT needs buffers aligned to the device's block size, and freshly allocated memory
 // is slow to touch the first time (about 2 GiB/s on our machines), so sluice allocates
-// staging buffers once and recycles them. A BufferPool hands out move-only PooledBuffers
+// staging buffers once and recycles them. Buffers of 2 MiB or more are 2 MiB-aligned and
+// asked to be backed by transparent huge pages (MADV_HUGEPAGE; a no-op where the system
+// setting is "never"). A BufferPool hands out move-only PooledBuffers
 // that return themselves to the pool when destroyed.
 //
 // Thread safety: acquire and release may run concurrently from any thread. The pool must

@@ -39,6 +39,8 @@ struct CacheCharger::Impl {
   std::function<std::string(std::string_view)> location_of;
   CacheChargerOptions o;
 
+  std::mutex unowned_mu;  // guards unowned_logged
+  Clock::time_point unowned_logged{};
   std::mutex map_mu;
   std::map<std::string, std::unique_ptr<Allowance>, std::less<>> allowances;  // by project
 
@@ -50,13 +52,15 @@ struct CacheCharger::Impl {
   bool stopping = false;
   std::thread flusher;
 
-  void log(Allowance& a, const std::string& line) {
+  // Logs `line` unless a line went out at `last` less than a minute ago.
+  void log(Clock::time_point& last, const std::string& line) {
     if (!o.log) return;
     auto now = Clock::now();
-    if (a.logged != Clock::time_point{} && now - a.logged < kLogEvery) return;
-    a.logged = now;
+    if (last != Clock::time_point{} && now - last < kLogEvery) return;
+    last = now;
     o.log(line);
   }
+  void log(Allowance& a, const std::string& line) { log(a.logged, line); }
 
   // The allowance of the project owning `key`; null when no project does (or the key's
   // location is unknown). An error when the ledger cannot be asked.
@@ -101,8 +105,9 @@ struct CacheCharger::Impl {
     auto found = allowance_of(key);
     if (!found) {
       refuse(bytes);
-      if (o.log)
-        o.log("cache: not keeping a chunk of '" + std::string(key) +
+      std::lock_guard lock(unowned_mu);
+      log(unowned_logged,
+          "cache: not keeping a chunk of '" + std::string(key) +
               "' on NVMe: the ledger cannot say whose it is: " + found.error().message());
       return false;
     }

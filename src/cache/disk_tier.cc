@@ -618,7 +618,7 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
   // Charged first (the ledger may be slow: not under mu_); a chunk not kept after all is
   // uncharged below.
   const bool charged = options_.admit != nullptr;
-  if (charged && !options_.admit(chunk.key, on_disk(length))) return false;
+  if (charged && (contains(chunk.key) || !options_.admit(chunk.key, on_disk(length)))) return false;
   std::vector<Gone> gone;
   {
     std::lock_guard lock(mu_);

@@ -124,6 +124,7 @@ struct CacheCharger::Impl {
     }
     if (a.reservation.empty() || a.left < bytes) {
       if (Status s = settle_locked(a); !s) {
+        a.refused_until = now + o.refusal_memory;  // a ledger down is not asked per chunk
         refuse(bytes, &a);
         log(a, "cache: not keeping chunks of project '" + a.target.project +
                    "' on NVMe: " + s.error().message());

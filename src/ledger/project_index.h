@@ -19,11 +19,14 @@ class ProjectIndex {
   explicit ProjectIndex(std::shared_ptr<Ledger> ledger) : ledger_(std::move(ledger)) {}
 
   // Loads the projects now: a ledger that cannot be reached fails here.
+  // A failed load counts as a load for the refresh interval: a ledger that is down is not
+  // asked again for every location.
   Status load() {
-    SLUICE_ASSIGN_OR_RETURN(auto projects, ledger_->projects());
+    auto projects = ledger_->projects();
     std::lock_guard lock(mu_);
-    projects_ = std::move(projects);
     loaded_ = std::chrono::steady_clock::now();
+    if (!projects) return std::unexpected(projects.error());
+    projects_ = std::move(*projects);
     return {};
   }
 

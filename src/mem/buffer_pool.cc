@@ -20,12 +20,15 @@ Result<AlignedBuffer> AlignedBuffer::allocate(size_t size, size_t alignment) {
   // touch of memory is slow, a warm read through sluiced went from 0.27 to 0.17 s a GiB.
   const bool huge = size >= kHugePage;
   if (huge) alignment = std::max(alignment, kHugePage);
-  size_t rounded = (size + alignment - 1) / alignment * alignment;
+  // The size is rounded to 4 KiB only, and only its whole 2 MiB pages are marked: a 3 MiB
+  // buffer does not become 4 MiB of memory once touched.
+  const size_t unit = huge ? kDirectAlignment : alignment;
+  size_t rounded = (size + unit - 1) / unit * unit;
   void* p = nullptr;
   int rc = ::posix_memalign(&p, alignment, rounded);
   if (rc != 0)
     return fail_errno(rc, "allocate " + std::to_string(rounded) + "-byte aligned buffer");
-  if (huge) (void)::madvise(p, rounded, MADV_HUGEPAGE);
+  if (huge) (void)::madvise(p, rounded & ~(kHugePage - 1), MADV_HUGEPAGE);
   return AlignedBuffer(p, size, [](void* q) { std::free(q); });
 }
 

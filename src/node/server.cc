@@ -861,6 +861,9 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   }
   if (o.ledger) SLUICE_RETURN_IF_ERROR(impl->charge_cache());
   SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(peers), o.cache));
+  // The cache holds its own copies; these would keep the charger alive past `registry`.
+  o.cache.admit_chunk = nullptr;
+  o.cache.chunk_freed = nullptr;
   // Chunk files are reached only through descriptors the daemon hands out: no other user
   // may walk the directory.
   if (::chmod(o.cache.directory.c_str(), 0700) != 0)

@@ -45,7 +45,6 @@ class ProjectIndex {
   }
 
   Ledger& ledger() { return *ledger_; }
-  const std::shared_ptr<Ledger>& shared() const { return ledger_; }
 
  private:
   static constexpr auto kRefresh = std::chrono::seconds(5);

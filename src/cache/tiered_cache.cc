@@ -969,13 +969,15 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, false));
   if (offset >= info.size) return std::optional<ChunkExtent>();
   uint64_t index = offset / impl_->options.chunk_size;
-  std::optional<DiskTier::Entry> e =
-      impl_->disk->find(ChunkKey{impl_->store_id, info.key, info.etag, index});
+  const ChunkKey chunk{impl_->store_id, info.key, info.etag, index};
+  std::optional<DiskTier::Entry> e = impl_->disk->find(chunk);
   if (!e) return std::optional<ChunkExtent>();
   ChunkExtent x;
   x.path = impl_->disk->path_of(e->file_id);
   x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!x.fd.valid()) return std::optional<ChunkExtent>();  // evicted just now
+  // The caller reads it from there: a prefetched chunk is used (and frees its budget).
+  impl_->settle_prefetch(chunk.id(), true);
   x.file_offset = DiskTier::offset_of(e->file_id);
   x.length = e->length;
   x.object_offset = index * impl_->options.chunk_size;

@@ -177,6 +177,7 @@ class TieredCache : public store::Store, public ReadAhead {
   Status declare(std::span<const PlannedRead> order) override;
   uint64_t chunk_size() const override;
   // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
+  // The caller is taken to read it: a declared chunk counts as read (a prefetch hit).
   Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
 
   // Pins (or unpins) every cached chunk of keys under `prefix`, and chunks of them cached

@@ -300,6 +300,29 @@ TEST(TieredCache, SkippedPrefetchesAreWasteAndFreeTheBudget) {
   EXPECT_EQ(cache->stats().prefetch_hits, 1u);
 }
 
+// sluiced hands a chunk on NVMe to its reader (locate) instead of reading it: that is a
+// read of a prefetched chunk too, or the budget would stay held and prefetch would stop.
+TEST(TieredCache, APrefetchedChunkHandedOffByLocateIsAHitAndFreesTheBudget) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(4 * kChunk, 6)));
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  o.prefetch_bytes = 2 * kChunk;
+  auto cache = open_cache(b.open(), o);
+  std::vector<PlannedRead> order = {{"k", 0, 0}};
+  ASSERT_TRUE(cache->declare(order).has_value());
+  ASSERT_TRUE(eventually([&] { return cache->stats().disk.chunks == 2; }));
+  for (uint64_t i = 0; i < 2; ++i) {
+    auto x = cache->locate("k", i * kChunk);
+    ASSERT_TRUE(x.has_value() && x->has_value());
+  }
+  EXPECT_EQ(cache->stats().prefetch_hits, 2u);
+  // The two handed off no longer count against the budget: the next two are fetched.
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 4; }));
+  EXPECT_EQ(cache->stats().prefetch_wasted, 0u);
+}
+
 TEST(TieredCache, AChunkFileRemovedBehindTheCacheIsCachedAgain) {
   TempDir dir;
   Backing b;

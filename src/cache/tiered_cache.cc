@@ -137,6 +137,7 @@ struct TieredCache::Impl {
   // NVMe writes happen behind fills, on one thread, so a cold read does not wait for them.
   std::mutex wq_mu;
   std::condition_variable wq_cv;
+  std::condition_variable wq_room;              // a queued write finished
   std::deque<std::shared_ptr<const Chunk>> wq;  // guarded by wq_mu
   uint64_t wq_bytes = 0;                        // guarded by wq_mu
   bool stopping = false;                        // guarded by wq_mu
@@ -172,9 +173,15 @@ struct TieredCache::Impl {
   // Set once anything is declared, so reads without prefetch skip pf_mu. Relaxed is enough:
   // a read that misses the flag just leaves its chunk to be settled by a later read.
   std::atomic<bool> pf_active{false};
+  std::atomic<bool> pf_quit{false};  // set once, when the cache closes
   std::vector<std::thread> prefetchers;
 
   ~Impl() {
+    pf_quit = true;
+    {
+      std::lock_guard lock(wq_mu);  // a prefetcher waiting for write room sees pf_quit
+    }
+    wq_room.notify_all();
     {
       std::lock_guard lock(pf_mu);
       pf_stopping = true;
@@ -243,6 +250,7 @@ struct TieredCache::Impl {
       pf_ahead_chunks[key.id()] = Ahead{p.position, len, true};
       pf_ahead += len;
       lock.unlock();
+      wait_for_write_room(len);
       ChunkResult r = fill(p.info, key, len);  // offers the chunk to both tiers
       if (r) m.prefetched.add();
       lock.lock();
@@ -252,6 +260,19 @@ struct TieredCache::Impl {
         it->second.fetching = false;
       }
     }
+  }
+
+  // Without a RAM tier a prefetched chunk lives only in the NVMe write queue until it is
+  // written, and one the full queue refuses was fetched for nothing (and is fetched again
+  // when read). So a prefetcher waits while the queue is over half full: where the disk is
+  // slower than the network, the disk sets the pace.
+  void wait_for_write_room(uint64_t len) {
+    if (!disk || options.ram_bytes > 0) return;
+    std::unique_lock lock(wq_mu);
+    wq_room.wait(lock, [&] {
+      return stopping || pf_quit.load(std::memory_order_relaxed) ||
+             wq_bytes + round_up(len) <= options.disk_write_queue_bytes / 2;
+    });
   }
 
   void release_locked(ChunkId id) {
@@ -487,7 +508,32 @@ struct TieredCache::Impl {
       lock.lock();
       wq.pop_front();
       wq_bytes -= round_up(c->length);
+      wq_room.notify_all();
     }
+  }
+
+  // Drops the queued NVMe writes of chunks that `match`, so an evict is not undone by writes
+  // that were waiting; the one being written is waited for (the caller then drops it from
+  // the NVMe tier). Returns the writes dropped.
+  template <class Match>
+  uint64_t drop_queued(const Match& match) {
+    std::unique_lock lock(wq_mu);
+    uint64_t n = 0;
+    for (auto it = wq.empty() ? wq.end() : std::next(wq.begin()); it != wq.end();) {
+      if (match((*it)->key)) {
+        wq_bytes -= round_up((*it)->length);
+        it = wq.erase(it);
+        ++n;
+      } else {
+        ++it;
+      }
+    }
+    if (n > 0) wq_room.notify_all();
+    if (!wq.empty() && match(wq.front()->key)) {
+      const std::shared_ptr<const Chunk> writing = wq.front();
+      wq_room.wait(lock, [&] { return wq.empty() || wq.front() != writing; });
+    }
+    return n;
   }
 
   // Writes a chunk to NVMe unless its version was dropped meanwhile. Forget and learn change
@@ -1023,7 +1069,8 @@ Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
 
 Result<uint64_t> TieredCache::evict(std::string_view prefix) {
   auto match = key_under(impl_->store_id, std::string(prefix));
-  uint64_t n = impl_->ram->drop_if(match) + (impl_->disk ? impl_->disk->drop_if(match) : 0);
+  uint64_t n = impl_->ram->drop_if(match);
+  if (impl_->disk) n += impl_->drop_queued(match) + impl_->disk->drop_if(match);
   impl_->m.commanded.add(n);
   return n;
 }

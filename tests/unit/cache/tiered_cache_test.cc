@@ -12,9 +12,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -321,6 +324,87 @@ TEST(TieredCache, APrefetchedChunkHandedOffByLocateIsAHitAndFreesTheBudget) {
   // The two handed off no longer count against the budget: the next two are fetched.
   ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 4; }));
   EXPECT_EQ(cache->stats().prefetch_wasted, 0u);
+}
+
+// An evict also drops the NVMe writes still queued behind fills (they would bring the
+// chunks back a moment later), and waits for the one being written.
+TEST(TieredCache, EvictDropsQueuedWritesToo) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(4 * kChunk, 7)));
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> admitted{0};
+  // The writer stops at the first chunk it admits until the test lets it go on.
+  o.admit_chunk = [&](std::string_view, std::string_view, uint64_t) {
+    if (admitted.fetch_add(1) == 0) {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return release; });
+    }
+    return true;
+  };
+  auto cache = open_cache(b.open(), o);
+  // Into a buffer off 4 KiB alignment: the chunks go through the write queue (an aligned
+  // one would be written by the reader itself).
+  AlignedBuffer buf = AlignedBuffer::allocate(kChunk + 4096).value();
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto n = cache->read_full("k", i * kChunk, std::span(buf.data() + 8, kChunk));
+    ASSERT_TRUE(n.has_value() && *n == kChunk);
+  }
+  ASSERT_TRUE(eventually([&] { return admitted.load() == 1; }));
+  auto evicting = std::async(std::launch::async, [&] { return cache->evict("k"); });
+  EXPECT_EQ(evicting.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  auto n = evicting.get();
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(*n, 4u);  // three queued writes and the chunk that was being written
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(admitted.load(), 1);  // the three dropped were never written
+  EXPECT_EQ(cache->stats().disk.chunks, 0u);
+  EXPECT_EQ(read_range(*cache, "k", 0, kChunk), pattern(kChunk, 7));  // fetched again
+}
+
+// Without a RAM tier, prefetch waits for the NVMe write queue (under half full) rather
+// than fetch chunks the full queue would refuse and the reader would fetch again.
+TEST(TieredCache, PrefetchWithoutARamTierWaitsForTheDisk) {
+  TempDir dir;
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(16 * kChunk, 8)));
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  o.disk_write_queue_bytes = 4 * kChunk;
+  o.prefetch_bytes = 16 * kChunk;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  o.admit_chunk = [&](std::string_view, std::string_view, uint64_t) {  // a stuck disk
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    return true;
+  };
+  auto cache = open_cache(b.open(), o);
+  std::vector<PlannedRead> order = {{"k", 0, 0}};
+  ASSERT_TRUE(cache->declare(order).has_value());
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetched >= 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_LE(cache->stats().prefetched, 3u);  // one being written, two queued (half)
+  EXPECT_EQ(cache->stats().disk_writes_skipped, 0u);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(eventually([&] { return cache->stats().disk.chunks == 16; }));
+  EXPECT_EQ(cache->stats().disk_writes_skipped, 0u);
+  EXPECT_EQ(read_range(*cache, "k", 0, 16 * kChunk), pattern(16 * kChunk, 8));
+  EXPECT_EQ(cache->stats().misses, 16u);  // nothing fetched twice
 }
 
 TEST(TieredCache, AChunkFileRemovedBehindTheCacheIsCachedAgain) {

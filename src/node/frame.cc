@@ -6,8 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
-#include <xxhash.h>
+#include "sluice/core/hash.h"
 
 namespace sluice::node {
 
@@ -33,12 +32,11 @@ uint64_t get(const std::byte* p, int n) {
 
 uint64_t frame_checksum(const std::byte* head24, std::string_view json,
                         std::span<const std::byte> data) {
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
-  XXH3_64bits_update(&st, head24, 24);
-  XXH3_64bits_update(&st, json.data(), json.size());
-  XXH3_64bits_update(&st, data.data(), data.size());
-  return XXH3_64bits_digest(&st);
+  Xxh3Stream st;  // the vector path: a reply's inline data is up to 16 MiB
+  st.update(head24, 24);
+  st.update(json.data(), json.size());
+  st.update(data.data(), data.size());
+  return st.digest();
 }
 
 int ms_left(Clock::time_point deadline) {

@@ -11,12 +11,16 @@
 // Not thread-safe: one thread uses a channel at a time.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sluice/core/fd.h"
@@ -49,11 +53,54 @@ inline uint16_t response_type(FrameType request) {
   return static_cast<uint16_t>(request) | static_cast<uint16_t>(FrameType::kResponse);
 }
 
+// Bytes that grow without being zeroed: frame data is always overwritten whole (received
+// from the socket, or filled by the daemon's read), and zeroing up to 16 MiB a reply (as
+// std::vector does) cost a pass over memory on each side.
+class FrameBytes {
+ public:
+  FrameBytes() = default;
+  FrameBytes(FrameBytes&& o) noexcept
+      : p_(std::move(o.p_)), size_(std::exchange(o.size_, 0)), cap_(std::exchange(o.cap_, 0)) {}
+  FrameBytes& operator=(FrameBytes&& o) noexcept {
+    p_ = std::move(o.p_);
+    size_ = std::exchange(o.size_, 0);
+    cap_ = std::exchange(o.cap_, 0);
+    return *this;
+  }
+
+  std::byte* data() { return p_.get(); }
+  const std::byte* data() const { return p_.get(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::byte* begin() { return data(); }
+  std::byte* end() { return data() + size_; }
+  const std::byte* begin() const { return data(); }
+  const std::byte* end() const { return data() + size_; }
+
+  // Room for `n` bytes without moving them.
+  void reserve(size_t n) {
+    if (n <= cap_) return;
+    std::unique_ptr<std::byte[]> q(new std::byte[n]);  // default-initialised: not zeroed
+    if (size_ > 0) std::memcpy(q.get(), p_.get(), size_);
+    p_ = std::move(q);
+    cap_ = n;
+  }
+  // Keeps the first min(n, size()) bytes; the bytes added are not initialised.
+  void resize(size_t n) {
+    if (n > cap_) reserve(std::max(n, 2 * cap_));
+    size_ = n;
+  }
+
+ private:
+  std::unique_ptr<std::byte[]> p_;
+  size_t size_ = 0, cap_ = 0;
+};
+
 struct Frame {
   uint16_t type = 0;
   uint64_t request_id = 0;
   std::string json;
-  std::vector<std::byte> data;
+  FrameBytes data;
   std::vector<UniqueFd> fds;  // received, or to send
 };
 

@@ -1,7 +1,5 @@
 #include "object_space.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -9,6 +7,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+
+#include "sluice/core/hash.h"
 
 namespace sluice::node {
 
@@ -206,7 +206,7 @@ Result<ObjectReply> ObjectSpace::part(const peer::ObjectRequest& r,
   SLUICE_ASSIGN_OR_RETURN(uint64_t offset, number(r.a, "offset"));
   char sum[17];
   std::snprintf(sum, sizeof sum, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(body.data(), body.size())));
+                static_cast<unsigned long long>(xxh3_64(body.data(), body.size())));
   if (r.body_xxh3 != sum) return fail(Code::kInvalidArgument, "the part's body fails its checksum");
   std::shared_ptr<Upload> u;
   {

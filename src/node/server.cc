@@ -38,7 +38,7 @@ bool scheme_char(char c) {
 
 struct Reply {
   Json body = Json::object();
-  std::vector<std::byte> data;
+  FrameBytes data;
   std::vector<UniqueFd> fds;
 };
 
@@ -456,6 +456,7 @@ struct NodeServer::Impl {
     const uint64_t chunk = cache->options().chunk_size;
     const uint64_t max_inline = std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
     std::optional<SlotLease> slot;
+    bool reserved = false;
     for (uint64_t pos = offset; pos < end && r.fds.size() < kMaxFds;) {
       uint64_t start = pos / chunk * chunk;
       uint64_t chunk_end = std::min(info.size, start + chunk);
@@ -485,6 +486,10 @@ struct NodeServer::Impl {
         slot.emplace(inline_slots);
         if (!slot->held(o.frame_timeout))
           return fail(Code::kUnavailable, "daemon busy: every inline read slot is taken");
+      }
+      if (!reserved) {  // the inline bytes this reply can carry, allocated once
+        r.data.reserve(std::min<uint64_t>(max_inline, end - pos));
+        reserved = true;
       }
       size_t at = r.data.size();
       r.data.resize(at + take);

@@ -129,6 +129,23 @@ TEST(NodeRoot, NormalizesAndRefusesPathTricks) {
   EXPECT_TRUE(root_granted("anything://x", "*"));
 }
 
+TEST(NodeFrame, FrameBytesGrowKeepingWhatTheyHold) {
+  FrameBytes b;
+  EXPECT_TRUE(b.empty());
+  b.resize(3);
+  std::memcpy(b.data(), "abc", 3);
+  b.reserve(1 << 20);
+  b.resize(5000);  // past the first growth: the first bytes move with it
+  EXPECT_EQ(std::memcmp(b.data(), "abc", 3), 0);
+  EXPECT_EQ(b.size(), 5000u);
+  EXPECT_EQ(std::span(b).size(), 5000u);
+  b.resize(2);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(b.begin()), 2), "ab");
+  FrameBytes moved = std::move(b);
+  EXPECT_EQ(moved.size(), 2u);
+  EXPECT_TRUE(b.empty());  // NOLINT(bugprone-use-after-move): moved-from is empty
+}
+
 TEST(NodeFrame, HeadersAreCheckedBeforeAnythingIsAllocated) {
   Frame f;
   f.type = 3;

@@ -195,55 +195,87 @@ struct NodeStore::Impl {
 
   Json request(std::string_view key) const { return Json{{"root", root}, {"key", key}}; }
 
-  // A handed-off chunk being read into `out` through the data path: true once read and
-  // matching its checksum, false when the bytes do not match (the caller asks for them
-  // inline instead).
+  // Where a read's bytes go: host memory (dst.target null or a host target), or memory of a
+  // device target, which no read(2) can fill: there a handed-off chunk is read into one of
+  // the target's staging buffers, checked there and copied in, and inline bytes are copied
+  // from the reply.
+  static bool on_device(const io::Buffer& dst) {
+    return dst.target && dst.target->kind() == mem::MemoryKind::kDevice;
+  }
+
+  // A handed-off chunk being read into bytes [at, at + len) of the destination through the
+  // data path: true once read and matching its checksum, false when the bytes do not match
+  // (the caller asks for them inline instead).
   struct HandoffRead {
     std::future<Result<bool>> done;
-    std::span<std::byte> out;
+    uint64_t at = 0, len = 0;
   };
 
-  // Starts reading a handed-off chunk into `out` on the hand-off pool; the reads of one reply
-  // run together. `fd` stays open (in its reply) until every read of the reply is waited.
+  // Starts reading a handed-off chunk on the hand-off pool; the reads of one reply run
+  // together. `fd` stays open (in its reply) until every read of the reply is waited.
   Status start_handoff(const UniqueFd& fd, uint64_t file_offset, uint64_t xxh3,
-                       std::span<std::byte> out, std::deque<HandoffRead>& handoffs) {
+                       const io::Buffer& dst, uint64_t at, uint64_t len,
+                       std::deque<HandoffRead>& handoffs) {
     SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<io::Context> ctx, context());
+    const uint64_t staging_size = (client->daemon().chunk_size + 4095) / 4096 * 4096;
     auto task = std::make_shared<std::packaged_task<Result<bool>()>>(
-        [ctx, raw = fd.get(), file_offset, xxh3, out]() -> Result<bool> {
+        [ctx, raw = fd.get(), file_offset, xxh3, dst, at, len, staging_size]() -> Result<bool> {
           io::OpenOptions oo;
-          oo.compat = io::CompatMode::kOn;  // host memory: no cuFile
+          oo.compat = io::CompatMode::kOn;  // through memory this process checks: no cuFile
           // Reopening through /proc gives this process its own open file (and O_DIRECT) on
           // the chunk the daemon opened; the daemon's descriptor stays as it was.
           SLUICE_ASSIGN_OR_RETURN(
               io::FileHandle fh,
               io::FileHandle::open(ctx, "/proc/self/fd/" + std::to_string(raw), oo));
+          if (!on_device(dst)) {
+            std::byte* out = static_cast<std::byte*>(dst.ptr) + at;
+            SLUICE_ASSIGN_OR_RETURN(size_t n,
+                                    fh.read(io::Buffer::host(out, len), len, file_offset));
+            return n == len && xxh3_64(out, len) == xxh3;
+          }
+          // The bytes are checked in host memory before they reach the device: a chunk
+          // larger than the daemon's chunk size (a lying reply) never fits the buffer.
+          if (len > staging_size) return false;
+          SLUICE_ASSIGN_OR_RETURN(PooledBuffer stage, dst.target->staging(staging_size).acquire());
+          SLUICE_ASSIGN_OR_RETURN(size_t n,
+                                  fh.read(io::Buffer::host(stage.data(), len), len, file_offset));
+          if (n != len || xxh3_64(stage.data(), len) != xxh3) return false;
           SLUICE_ASSIGN_OR_RETURN(
-              size_t n, fh.read(io::Buffer::host(out.data(), out.size()), out.size(), file_offset));
-          if (n != out.size()) return false;
-          return xxh3_64(out.data(), out.size()) == xxh3;
+              uint64_t ticket,
+              dst.target->copy_to_target(static_cast<std::byte*>(dst.ptr) + at, stage.data(), len));
+          SLUICE_RETURN_IF_ERROR(dst.target->wait(ticket));  // before the buffer is reused
+          return true;
         });
-    handoffs.push_back(HandoffRead{task->get_future(), out});
+    handoffs.push_back(HandoffRead{task->get_future(), at, len});
     handoff_pool().post([task] { (*task)(); });
     return ok();
   }
 
   static Result<bool> finish_handoff(HandoffRead& h) { return h.done.get(); }
 
-  // One piece of a read reply at `cursor`: inline bytes are copied into dst now, a handed-off
-  // chunk's read is started (and appended to `handoffs`). Advances `cursor`.
+  // One piece of a read reply at `cursor`: inline bytes are copied into dst now (to a
+  // device: enqueued, with the copy's ticket in `last_copy`), a handed-off chunk's read is
+  // started (and appended to `handoffs`). Advances `cursor`.
   Status take_piece(std::string_view key, const Json& p, const Frame& f, uint64_t offset,
-                    std::span<std::byte> dst, uint64_t& cursor, std::deque<HandoffRead>& handoffs) {
+                    const io::Buffer& dst, uint64_t& cursor, std::deque<HandoffRead>& handoffs,
+                    std::optional<uint64_t>& last_copy) {
     SLUICE_ASSIGN_OR_RETURN(uint64_t at, get_u64(p, "offset"));
     SLUICE_ASSIGN_OR_RETURN(uint64_t len, get_u64(p, "length"));
-    if (at != cursor || len == 0 || len > offset + dst.size() - cursor)
+    if (at != cursor || len == 0 || len > offset + dst.size - cursor)
       return fail(Code::kCorruption,
                   "sluiced: a read reply out of order for '" + std::string(key) + "'");
-    std::span<std::byte> out = dst.subspan(cursor - offset, len);
+    const uint64_t within = cursor - offset;
     if (p.contains("data_offset")) {
       SLUICE_ASSIGN_OR_RETURN(uint64_t from, get_u64(p, "data_offset"));
       if (from > f.data.size() || len > f.data.size() - from)
         return fail(Code::kCorruption, "sluiced: a piece past the reply's data");
-      std::memcpy(out.data(), f.data.data() + from, len);
+      std::byte* out = static_cast<std::byte*>(dst.ptr) + within;
+      if (on_device(dst)) {
+        SLUICE_ASSIGN_OR_RETURN(last_copy,
+                                dst.target->copy_to_target(out, f.data.data() + from, len));
+      } else {
+        std::memcpy(out, f.data.data() + from, len);
+      }
       inline_bytes.fetch_add(len, std::memory_order_relaxed);
     } else {
       SLUICE_ASSIGN_OR_RETURN(uint64_t fd, get_u64(p, "fd"));
@@ -251,7 +283,8 @@ struct NodeStore::Impl {
       SLUICE_ASSIGN_OR_RETURN(uint64_t sum, get_u64(p, "xxh3"));
       if (fd >= f.fds.size())
         return fail(Code::kCorruption, "sluiced: a piece names a descriptor not sent");
-      SLUICE_RETURN_IF_ERROR(start_handoff(f.fds[fd], file_offset, sum, out, handoffs));
+      SLUICE_RETURN_IF_ERROR(
+          start_handoff(f.fds[fd], file_offset, sum, dst, within, len, handoffs));
     }
     cursor += len;
     return ok();
@@ -259,14 +292,14 @@ struct NodeStore::Impl {
 
   // One pass over [offset, offset + dst.size()) pinned to `etag` (learnt from the first
   // reply when empty). Returns the bytes read.
-  Result<size_t> read_pinned(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+  Result<size_t> read_pinned(std::string_view key, uint64_t offset, const io::Buffer& dst,
                              std::string& etag) {
     bool inline_only = false;
     uint64_t got = 0;
-    while (got < dst.size()) {
+    while (got < dst.size) {
       Json body = request(key);
       body["offset"] = offset + got;
-      body["length"] = dst.size() - got;
+      body["length"] = dst.size - got;
       if (!etag.empty()) body["if_match"] = etag;
       if (inline_only) body["inline_only"] = true;
       SLUICE_ASSIGN_OR_RETURN(Frame f, client->impl().call_frame(FrameType::kRead, body));
@@ -281,14 +314,17 @@ struct NodeStore::Impl {
       if (pieces->empty()) break;  // the object ends here
       uint64_t cursor = offset + got;
       std::deque<HandoffRead> handoffs;
+      std::optional<uint64_t> last_copy;  // inline bytes on their way to a device
       Status taken = ok();
       for (const Json& p : *pieces) {
-        taken = take_piece(key, p, f, offset, dst, cursor, handoffs);
+        taken = take_piece(key, p, f, offset, dst, cursor, handoffs, last_copy);
         if (!taken) break;
       }
-      // Every read started writes into dst and uses a descriptor of `f`: wait for all of
-      // them before anything returns (get() below may throw what a task stored).
+      // Every read started writes into dst and uses a descriptor of `f`, and every copy to a
+      // device reads `f`'s data: wait for all of them before anything returns (get() below
+      // may throw what a task stored).
       for (HandoffRead& h : handoffs) h.done.wait();
+      Status copied = last_copy ? dst.target->wait(*last_copy) : ok();
       std::optional<uint64_t> bad_at;  // where the first chunk that failed its check starts
       Status waited = ok();
       for (HandoffRead& h : handoffs) {
@@ -296,14 +332,15 @@ struct NodeStore::Impl {
         if (!good) {
           if (waited) waited = Status(std::unexpected(good.error()));
         } else if (!*good) {
-          if (!bad_at) bad_at = offset + static_cast<uint64_t>(h.out.data() - dst.data());
+          if (!bad_at) bad_at = offset + h.at;
         } else if (!bad_at) {
           handoff_chunks.fetch_add(1, std::memory_order_relaxed);
-          handoff_bytes.fetch_add(h.out.size(), std::memory_order_relaxed);
+          handoff_bytes.fetch_add(h.len, std::memory_order_relaxed);
         }
       }
       SLUICE_RETURN_IF_ERROR(taken);
       SLUICE_RETURN_IF_ERROR(waited);
+      SLUICE_RETURN_IF_ERROR(copied);
       if (bad_at) {
         retries.fetch_add(1, std::memory_order_relaxed);
         inline_only = true;  // the daemon's own read checks, drops and refetches it
@@ -342,7 +379,14 @@ Result<store::ObjectInfo> NodeStore::stat(std::string_view key) {
 
 Result<size_t> NodeStore::read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
                                const store::ReadOptions& options) {
+  return read_into(key, offset, io::Buffer::host(dst.data(), dst.size()), options);
+}
+
+Result<size_t> NodeStore::read_into(std::string_view key, uint64_t offset, const io::Buffer& dst,
+                                    const store::ReadOptions& options) {
   SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+  if (dst.size > 0 && !dst.ptr)
+    return fail(Code::kInvalidArgument, "read of '" + std::string(key) + "' into a null buffer");
   for (int attempt = 0;; ++attempt) {
     std::string etag = options.if_match;
     Result<size_t> r = impl_->read_pinned(key, offset, dst, etag);

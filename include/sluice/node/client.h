@@ -32,7 +32,8 @@
 
 namespace sluice::io {
 class Context;
-}
+struct Buffer;
+}  // namespace sluice::io
 
 namespace sluice::node {
 
@@ -73,6 +74,14 @@ class NodeStore final : public store::Store, public cache::ReadAhead {
   Result<store::ObjectInfo> stat(std::string_view key) override;
   Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
                       const store::ReadOptions& options = {}) override;
+  // As read, into host memory or memory of a device target (io::Buffer::on a CUDA or
+  // emulated-device allocation): a handed-off chunk is read with O_DIRECT into one of the
+  // target's staging buffers (page-locked for CUDA), checked against its XXH3 there, then
+  // copied to the device; inline bytes are copied from the reply. Never through cuFile,
+  // which would leave the bytes unchecked. Returns the bytes read (fewer only at the end
+  // of the object); every copy is complete when it returns.
+  Result<size_t> read_into(std::string_view key, uint64_t offset, const io::Buffer& dst,
+                           const store::ReadOptions& options = {});
   Result<std::unique_ptr<store::Writer>> create(std::string_view key,
                                                 const store::WriteOptions& options) override;
   Result<store::ListPage> list(const store::ListOptions& options) override;

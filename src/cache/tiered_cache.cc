@@ -140,7 +140,8 @@ struct TieredCache::Impl {
   std::condition_variable wq_room;              // a queued write finished
   std::deque<std::shared_ptr<const Chunk>> wq;  // guarded by wq_mu
   uint64_t wq_bytes = 0;                        // guarded by wq_mu
-  bool stopping = false;                        // guarded by wq_mu
+  uint64_t wq_reserved = 0;  // guarded by wq_mu; room prefetchers hold (wait_for_write_room)
+  bool stopping = false;     // guarded by wq_mu
   std::thread writer;
 
   // Prefetch of declared reads. Chunks wait in `pf_queue` in declared order; threads fetch
@@ -232,6 +233,7 @@ struct TieredCache::Impl {
       pf_cv.wait(lock, [&] {
         if (pf_stopping) return true;
         if (pf_queue.empty()) return false;
+        if (pf_queue.front().position < pf_passed) return true;  // skipped below, no budget
         uint64_t len = chunk_length(pf_queue.front().info.size, pf_queue.front().index);
         return pf_ahead == 0 || pf_ahead + len <= options.prefetch_bytes;
       });
@@ -250,8 +252,11 @@ struct TieredCache::Impl {
       pf_ahead_chunks[key.id()] = Ahead{p.position, len, true};
       pf_ahead += len;
       lock.unlock();
-      wait_for_write_room(len);
-      ChunkResult r = fill(p.info, key, len);  // offers the chunk to both tiers
+      ChunkResult r = fail(Code::kCancelled, "the cache is closing");
+      if (wait_for_write_room(len)) {
+        r = fill(p.info, key, len);  // offers the chunk to both tiers
+        release_write_room(len);
+      }
       if (r) m.prefetched.add();
       lock.lock();
       if (!r) {
@@ -264,15 +269,30 @@ struct TieredCache::Impl {
 
   // Without a RAM tier a prefetched chunk lives only in the NVMe write queue until it is
   // written, and one the full queue refuses was fetched for nothing (and is fetched again
-  // when read). So a prefetcher waits while the queue is over half full: where the disk is
-  // slower than the network, the disk sets the pace.
-  void wait_for_write_room(uint64_t len) {
-    if (!disk || options.ram_bytes > 0) return;
+  // when read). So a prefetcher reserves room in the queue's first half before it fetches,
+  // and waits for it: where the disk is slower than the network, the disk sets the pace. A
+  // chunk larger than half the queue goes when the queue is empty. false: the cache is
+  // closing (nothing reserved).
+  bool wait_for_write_room(uint64_t len) {
+    if (!disk || options.ram_bytes > 0) return true;
+    const uint64_t need = round_up(len);
     std::unique_lock lock(wq_mu);
     wq_room.wait(lock, [&] {
-      return stopping || pf_quit.load(std::memory_order_relaxed) ||
-             wq_bytes + round_up(len) <= options.disk_write_queue_bytes / 2;
+      return stopping || pf_quit.load(std::memory_order_relaxed) || wq_bytes + wq_reserved == 0 ||
+             wq_bytes + wq_reserved + need <= options.disk_write_queue_bytes / 2;
     });
+    if (stopping || pf_quit.load(std::memory_order_relaxed)) return false;
+    wq_reserved += need;
+    return true;
+  }
+  // After the fill: its chunk is queued (counted in wq_bytes) or was not kept.
+  void release_write_room(uint64_t len) {
+    if (!disk || options.ram_bytes > 0) return;
+    {
+      std::lock_guard lock(wq_mu);
+      wq_reserved -= round_up(len);
+    }
+    wq_room.notify_all();
   }
 
   void release_locked(ChunkId id) {
@@ -282,22 +302,29 @@ struct TieredCache::Impl {
     pf_ahead_chunks.erase(it);
   }
 
-  // A read of chunk `id` (served from a tier: `hit`) settles its prefetch, if any.
+  // A read of chunk `id` (served from a tier: `hit`) settles its prefetch, if any, and
+  // passes the declared chunks more than prefetch_reorder_chunks before it: those not
+  // fetched yet never will be, those fetched and never read are waste and free their
+  // budget (so an abandoned order cannot hold it, whoever reads next).
   void settle_prefetch(ChunkId id, bool hit) {
     if (!pf_active.load(std::memory_order_relaxed)) return;  // no prefetch declared
     {
       std::lock_guard lock(pf_mu);
+      std::optional<uint64_t> position;
       if (auto q = pf_queued.find(id); q != pf_queued.end())
-        pf_passed = std::max(pf_passed, q->second + 1);  // read before a prefetcher took it
-      auto it = pf_ahead_chunks.find(id);
-      if (it == pf_ahead_chunks.end()) return;
-      uint64_t position = it->second.position;
-      pf_passed = std::max(pf_passed, position + 1);
-      hit = hit || it->second.fetching;  // still being fetched: the read joins that fill
-      (hit ? m.prefetch_hits : m.prefetch_wasted).add();
-      release_locked(id);
+        position = q->second;  // read before a prefetcher took it
+      if (auto it = pf_ahead_chunks.find(id); it != pf_ahead_chunks.end()) {
+        position = std::min(position.value_or(it->second.position), it->second.position);
+        hit = hit || it->second.fetching;  // still being fetched: the read joins that fill
+        (hit ? m.prefetch_hits : m.prefetch_wasted).add();
+        release_locked(id);
+      }
+      if (!position) return;  // not declared
+      const uint64_t slack = options.prefetch_reorder_chunks;
+      const uint64_t passed = *position + 1 > slack ? *position + 1 - slack : 0;
+      pf_passed = std::max(pf_passed, passed);
       for (auto j = pf_ahead_chunks.begin(); j != pf_ahead_chunks.end();) {
-        if (j->second.position < position) {  // declared before this one and never read
+        if (j->second.position < passed) {  // declared well before this one and never read
           m.prefetch_wasted.add();
           pf_ahead -= j->second.bytes;
           j = pf_ahead_chunks.erase(j);
@@ -1009,7 +1036,8 @@ Status TieredCache::declare(std::span<const PlannedRead> order) {
   return ok();
 }
 
-Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset) {
+Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset,
+                                                       bool as_read) {
   SLUICE_RETURN_IF_ERROR(store::validate_key(key));
   if (!impl_->disk) return std::optional<ChunkExtent>();
   SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, false));
@@ -1023,7 +1051,7 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!x.fd.valid()) return std::optional<ChunkExtent>();  // evicted just now
   // The caller reads it from there: a prefetched chunk is used (and frees its budget).
-  impl_->settle_prefetch(chunk.id(), true);
+  if (as_read) impl_->settle_prefetch(chunk.id(), true);
   x.file_offset = DiskTier::offset_of(e->file_id);
   x.length = e->length;
   x.object_offset = index * impl_->options.chunk_size;

@@ -32,7 +32,9 @@ uint64_t get(const std::byte* p, int n) {
 
 uint64_t frame_checksum(const std::byte* head24, std::string_view json,
                         std::span<const std::byte> data) {
-  Xxh3Stream st;  // the vector path: a reply's inline data is up to 16 MiB
+  // The vector path (a reply's inline data is up to 16 MiB); one state per thread, reset.
+  thread_local Xxh3Stream st;
+  st.reset();
   st.update(head24, 24);
   st.update(json.data(), json.size());
   st.update(data.data(), data.size());

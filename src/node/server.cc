@@ -674,7 +674,8 @@ struct NodeServer::Impl {
     body.length = req.length;
     std::optional<cache::ChunkExtent> x;
     if (!req.verify && req.offset == 0 && req.length == length) {
-      SLUICE_ASSIGN_OR_RETURN(x, cache->locate(key, start));
+      // Not a read of this node's declared order: another node's.
+      SLUICE_ASSIGN_OR_RETURN(x, cache->locate(key, start, /*as_read=*/false));
     }
     if (x && x->etag == info.etag && x->length == length) {
       body.fd = std::move(x->fd);

@@ -609,7 +609,12 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
   // chunks are read straight into them, not through a bounce buffer and a copy (which cost
   // a quarter of cat's time on a RAM-backed device).
   if (auto* ahead = dynamic_cast<cache::ReadAhead*>(src); ahead && from < to) {
-    cache::PlannedRead whole{key, from, to - from};
+    // At most what one declaration may name (256 GiB at 4 MiB chunks): the rest is read
+    // without prefetch.
+    // (kMax - 1) chunks of bytes touch at most kMax chunks wherever they start.
+    const uint64_t most =
+        (cache::kMaxDeclaredChunks - 1) * std::max<uint64_t>(ahead->chunk_size(), 1);
+    cache::PlannedRead whole{key, from, std::min(to - from, most)};
     (void)ahead->declare(std::span(&whole, 1));  // advice only: a refusal costs prefetch
   }
   constexpr size_t kWindow = 32 << 20;
@@ -661,7 +666,10 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
   };
   // Reads write into bufs: every one started is waited for before they go away.
   auto fail_with = [&](const Error& e) {
-    for (Pending& p : pending) p.read.wait();
+    for (Pending& p : pending) {
+      // A deferred read has not started (and would run now if waited for).
+      if (p.read.wait_for(std::chrono::seconds(0)) != std::future_status::deferred) p.read.wait();
+    }
     return report_error(e);
   };
   fill_pipe();

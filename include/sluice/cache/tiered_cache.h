@@ -86,11 +86,16 @@ struct CacheOptions {
   // still looked up). For data known not to change.
   bool offline = false;
   // Bytes of NVMe writes queued behind fills (each chunk counted in whole 4 KiB pages); a
-  // fill finding the queue full skips the NVMe tier for that chunk rather than wait.
+  // fill finding the queue full skips the NVMe tier for that chunk rather than wait. Without
+  // a RAM tier, prefetch waits instead, for the queue to be under half full.
   uint64_t disk_write_queue_bytes = 256ULL << 20;
   // Prefetch of declared reads: bytes fetched ahead and not yet read, at most; threads.
   uint64_t prefetch_bytes = 256ULL << 20;
   unsigned prefetch_threads = 4;
+  // How far reads may run out of the declared order (readers with several reads in flight):
+  // a read passes the declared chunks more than this many before it (not prefetched any
+  // more; fetched and unread ones count as waste). 0: strictly in order.
+  uint64_t prefetch_reorder_chunks = 16;
   // The data path for the NVMe tier; null: one opened with defaults (io_uring where the
   // kernel has it, O_DIRECT where the file system allows it).
   std::shared_ptr<io::Context> io;
@@ -177,14 +182,19 @@ class TieredCache : public store::Store, public ReadAhead {
   Status declare(std::span<const PlannedRead> order) override;
   uint64_t chunk_size() const override;
   // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
-  // The caller is taken to read it: a declared chunk counts as read (a prefetch hit).
-  Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
+  // With `as_read`, the caller is taken to read it in the declared order: a declared chunk
+  // counts as read (a prefetch hit). A daemon serving another node passes false.
+  Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset,
+                                            bool as_read = true);
 
   // Pins (or unpins) every cached chunk of keys under `prefix`, and chunks of them cached
   // later: pinned chunks are never evicted. Pins persist in the cache directory (DIR/pins).
   // Returns the chunks pinned now.
   Result<uint64_t> pin(std::string_view prefix, bool pinned = true);
-  // Drops every cached chunk of keys under `prefix` (pinned ones too). Returns how many.
+  // Drops every cached chunk of keys under `prefix` (pinned ones too) and the NVMe writes
+  // queued for them, waiting for the one being written. Returns how many entries went (a
+  // chunk in RAM and on NVMe counts in each tier; a queued write counts once). May wait for
+  // the writer, which calls admit_chunk: the hooks must not call evict.
   Result<uint64_t> evict(std::string_view prefix);
   // Re-reads every NVMe chunk and checks its checksum; corrupt ones are dropped.
   Result<VerifyReport> verify();

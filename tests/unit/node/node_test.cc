@@ -201,6 +201,26 @@ TEST(NodeStore, ReadsAreExactAndWarmChunksAreHandedOff) {
   EXPECT_EQ(s->create("x", {}).error().code(), Code::kUnsupported);
 }
 
+// Flips the byte at `within` of every whole chunk in the daemon's segments (an object's
+// chunks share one, at kChunk steps). Returns how many.
+int flip_every_chunk(const std::string& chunks_dir, uint64_t within) {
+  int flipped = 0;
+  for (const auto& e : fs::recursive_directory_iterator(chunks_dir)) {
+    if (!e.is_regular_file()) continue;
+    std::FILE* f = std::fopen(e.path().c_str(), "r+b");
+    if (!f) continue;
+    for (uint64_t at = 0; at + kChunk <= e.file_size(); at += kChunk) {
+      std::fseek(f, static_cast<long>(at + within), SEEK_SET);
+      int c = std::fgetc(f);
+      std::fseek(f, static_cast<long>(at + within), SEEK_SET);
+      std::fputc(0x5a ^ c, f);
+      ++flipped;
+    }
+    std::fclose(f);
+  }
+  return flipped;
+}
+
 // Device memory (the emulated device: its addresses fault if touched, only its copies fill
 // them) through the daemon: cold chunks inline, warm ones handed off and read into staging
 // buffers, checked and copied; a corrupt chunk is caught before it reaches the device.
@@ -232,17 +252,7 @@ TEST(NodeStore, ReadsIntoDeviceMemoryAreExactAndChecked) {
   EXPECT_EQ(device_read(*s, *dev, fx.data.size() - 10, 100).size(), 10u);
   // One byte flipped in every chunk on disk: each fails its check in the staging buffer and
   // is asked for again as bytes, which makes the daemon drop and refetch it.
-  for (const auto& e : fs::recursive_directory_iterator(fx.dir.file("cache/chunks"))) {
-    if (!e.is_regular_file()) continue;
-    std::FILE* f = std::fopen(e.path().c_str(), "r+b");
-    for (uint64_t at = 0; at + kChunk <= e.file_size(); at += kChunk) {
-      std::fseek(f, static_cast<long>(at + 100), SEEK_SET);
-      int c = std::fgetc(f);
-      std::fseek(f, static_cast<long>(at + 100), SEEK_SET);
-      std::fputc(0x33 ^ c, f);
-    }
-    std::fclose(f);
-  }
+  ASSERT_GT(flip_every_chunk(fx.dir.file("cache/chunks"), 100), 0);
   EXPECT_EQ(device_read(*s, *dev, 0, fx.data.size()), fx.data);
   EXPECT_GE(s->read_stats().checksum_retries, 1u);
   // Host memory through the same call is a plain read.
@@ -276,21 +286,7 @@ TEST(NodeStore, AChunkCorruptOnDiskIsDetectedAndRefetched) {
   auto s = fx.open(d.socket());
   ASSERT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
   d.wait_for_disk(9);
-  int corrupted = 0;
-  // Every whole chunk in the segments (an object's chunks share one, at kChunk steps).
-  for (const auto& e : fs::recursive_directory_iterator(fx.dir.file("cache/chunks"))) {
-    if (!e.is_regular_file()) continue;
-    std::FILE* f = std::fopen(e.path().c_str(), "r+b");
-    for (uint64_t at = 0; at + kChunk <= e.file_size(); at += kChunk) {
-      std::fseek(f, static_cast<long>(at + 4096), SEEK_SET);
-      int c = std::fgetc(f);
-      std::fseek(f, static_cast<long>(at + 4096), SEEK_SET);
-      std::fputc(0x5a ^ c, f);
-      ++corrupted;
-    }
-    std::fclose(f);
-  }
-  ASSERT_GT(corrupted, 0);
+  ASSERT_GT(flip_every_chunk(fx.dir.file("cache/chunks"), 4096), 0);
   EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
   EXPECT_GE(s->read_stats().checksum_retries, 1u);
   EXPECT_GE(d.server().cache().stats().checksum_failures, 1u);

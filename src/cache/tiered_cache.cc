@@ -27,6 +27,20 @@
 namespace sluice::cache {
 
 namespace {
+thread_local bool t_undeclared = false;
+}  // namespace
+
+UndeclaredReads::UndeclaredReads() : previous_(t_undeclared) {
+  t_undeclared = true;
+}
+UndeclaredReads::~UndeclaredReads() {
+  t_undeclared = previous_;
+}
+bool UndeclaredReads::active() {
+  return t_undeclared;
+}
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 using ChunkResult = Result<std::shared_ptr<const Chunk>>;
@@ -308,6 +322,7 @@ struct TieredCache::Impl {
   // budget (so an abandoned order cannot hold it, whoever reads next).
   void settle_prefetch(ChunkId id, bool hit) {
     if (!pf_active.load(std::memory_order_relaxed)) return;  // no prefetch declared
+    if (UndeclaredReads::active()) return;                   // another node's read
     {
       std::lock_guard lock(pf_mu);
       std::optional<uint64_t> position;
@@ -1036,8 +1051,7 @@ Status TieredCache::declare(std::span<const PlannedRead> order) {
   return ok();
 }
 
-Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset,
-                                                       bool as_read) {
+Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset) {
   SLUICE_RETURN_IF_ERROR(store::validate_key(key));
   if (!impl_->disk) return std::optional<ChunkExtent>();
   SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, false));
@@ -1051,7 +1065,7 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!x.fd.valid()) return std::optional<ChunkExtent>();  // evicted just now
   // The caller reads it from there: a prefetched chunk is used (and frees its budget).
-  if (as_read) impl_->settle_prefetch(chunk.id(), true);
+  impl_->settle_prefetch(chunk.id(), true);
   x.file_offset = DiskTier::offset_of(e->file_id);
   x.length = e->length;
   x.object_offset = index * impl_->options.chunk_size;

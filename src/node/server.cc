@@ -655,6 +655,7 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(std::string attached, router->attach(root));
     const std::string key = attached + "/" + req.key;
     peer::ServingPeer serving;
+    cache::UndeclaredReads undeclared;  // another node's read, not this node's declared order
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
     if (info.etag != req.etag)
       return fail(Code::kConflict,
@@ -674,8 +675,7 @@ struct NodeServer::Impl {
     body.length = req.length;
     std::optional<cache::ChunkExtent> x;
     if (!req.verify && req.offset == 0 && req.length == length) {
-      // Not a read of this node's declared order: another node's.
-      SLUICE_ASSIGN_OR_RETURN(x, cache->locate(key, start, /*as_read=*/false));
+      SLUICE_ASSIGN_OR_RETURN(x, cache->locate(key, start));
     }
     if (x && x->etag == info.etag && x->length == length) {
       body.fd = std::move(x->fd);

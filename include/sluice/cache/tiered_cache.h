@@ -159,6 +159,21 @@ struct VerifyReport {
   std::vector<std::string> corrupt;  // "key chunk N: why"; each one was dropped
 };
 
+// While alive, reads (and hand-offs) on this thread are not reads of the declared order: a
+// daemon serving another node's request. They neither settle a prefetch nor pass declared
+// chunks.
+class UndeclaredReads {
+ public:
+  UndeclaredReads();
+  ~UndeclaredReads();
+  UndeclaredReads(const UndeclaredReads&) = delete;
+  UndeclaredReads& operator=(const UndeclaredReads&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 class TieredCache : public store::Store, public ReadAhead {
  public:
   static Result<std::unique_ptr<TieredCache>> open(std::unique_ptr<store::Store> backing,
@@ -182,10 +197,8 @@ class TieredCache : public store::Store, public ReadAhead {
   Status declare(std::span<const PlannedRead> order) override;
   uint64_t chunk_size() const override;
   // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
-  // With `as_read`, the caller is taken to read it in the declared order: a declared chunk
-  // counts as read (a prefetch hit). A daemon serving another node passes false.
-  Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset,
-                                            bool as_read = true);
+  // The caller is taken to read it: a declared chunk counts as read (a prefetch hit).
+  Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
 
   // Pins (or unpins) every cached chunk of keys under `prefix`, and chunks of them cached
   // later: pinned chunks are never evicted. Pins persist in the cache directory (DIR/pins).

@@ -328,6 +328,28 @@ TEST(TieredCache, APrefetchedChunkHandedOffByLocateIsAHitAndFreesTheBudget) {
   EXPECT_EQ(cache->stats().prefetch_wasted, 0u);
 }
 
+// Another node's read (a daemon serving a peer) is not a read of this node's order.
+TEST(TieredCache, UndeclaredReadsLeaveTheDeclaredOrderAlone) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(4 * kChunk, 11)));
+  CacheOptions o = small_options();
+  o.prefetch_bytes = 2 * kChunk;
+  auto cache = open_cache(b.open(), o);
+  std::vector<PlannedRead> order = {{"k", 0, 0}};
+  ASSERT_TRUE(cache->declare(order).has_value());
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 2; }));
+  {
+    UndeclaredReads peer;
+    read_range(*cache, "k", 0, kChunk);
+    read_range(*cache, "k", kChunk, kChunk);
+  }
+  EXPECT_EQ(cache->stats().prefetch_hits, 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cache->stats().prefetched, 2u);  // the budget is still the reader's
+  read_range(*cache, "k", 0, kChunk);
+  EXPECT_EQ(cache->stats().prefetch_hits, 1u);
+}
+
 // A reader that declares and goes away (a killed job, `cat | head`) must not hold the
 // prefetch budget from the next one: reading far past its chunks releases them.
 TEST(TieredCache, AnAbandonedDeclarationDoesNotStallTheNextReader) {

@@ -328,6 +328,47 @@ TEST(TieredCache, APrefetchedChunkHandedOffByLocateIsAHitAndFreesTheBudget) {
   EXPECT_EQ(cache->stats().prefetch_wasted, 0u);
 }
 
+// Evicts racing prefetch, write-behind and readers (no RAM tier: everything goes through
+// the write queue): every read exact, nothing hangs, the queue's room is all given back.
+TEST(TieredCache, EvictRacingPrefetchAndReadersStaysExact) {
+  TempDir dir;
+  Backing b;
+  const auto want = pattern(32 * kChunk, 12);
+  ASSERT_TRUE(b.open()->put("k", want));
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  o.disk_write_queue_bytes = 8 * kChunk;
+  o.prefetch_bytes = 8 * kChunk;
+  auto cache = open_cache(b.open(), o);
+  std::atomic<bool> done{false};
+  std::thread evictor([&] {
+    while (!done.load()) {
+      EXPECT_TRUE(cache->evict("k").has_value());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::vector<std::thread> readers;
+  std::atomic<int> exact{0};
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&, t] {
+      // Off 4 KiB alignment on one reader: through the queue; aligned on the other.
+      AlignedBuffer buf = AlignedBuffer::allocate(32 * kChunk + 4096).value();
+      std::byte* at = buf.data() + (t == 0 ? 8 : 0);
+      for (int round = 0; round < 5; ++round) {
+        std::vector<PlannedRead> order = {{"k", 0, 0}};
+        EXPECT_TRUE(cache->declare(order).has_value());
+        auto n = cache->read_full("k", 0, std::span(at, 32 * kChunk));
+        if (n && *n == want.size() && std::equal(want.begin(), want.end(), at)) ++exact;
+      }
+    });
+  }
+  for (std::thread& r : readers) r.join();
+  done = true;
+  evictor.join();
+  EXPECT_EQ(exact.load(), 10);
+  EXPECT_EQ(read_range(*cache, "k", 0, want.size()), want);
+}
+
 // Another node's read (a daemon serving a peer) is not a read of this node's order.
 TEST(TieredCache, UndeclaredReadsLeaveTheDeclaredOrderAlone) {
   Backing b;

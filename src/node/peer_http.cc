@@ -37,9 +37,10 @@ unsigned http_status(Code c) {
   }
 }
 
-// Owns a response body until MHD is done with it.
-void free_bytes(void* cls) {
-  delete static_cast<std::vector<std::byte>*>(cls);
+// Owns a response body (a T) until MHD is done with it.
+template <class T>
+void free_body(void* cls) {
+  delete static_cast<T*>(cls);
 }
 
 MHD_Result queue_text(MHD_Connection* c, unsigned status, std::string text,
@@ -47,7 +48,7 @@ MHD_Result queue_text(MHD_Connection* c, unsigned status, std::string text,
   auto* body = new std::vector<std::byte>(text.size());
   std::memcpy(body->data(), text.data(), text.size());
   MHD_Response* r = MHD_create_response_from_buffer_with_free_callback_cls(
-      body->size(), body->data(), &free_bytes, body);
+      body->size(), body->data(), &free_body<std::vector<std::byte>>, body);
   if (!r) {
     delete body;
     return MHD_NO;
@@ -120,9 +121,9 @@ struct PeerHttpServer::Impl {
       r = MHD_create_response_from_fd_at_offset64(body->length, fd, body->file_offset);
       if (!r) ::close(fd);
     } else {
-      auto* bytes = new std::vector<std::byte>(std::move(body->bytes));
+      auto* bytes = new FrameBytes(std::move(body->bytes));
       r = MHD_create_response_from_buffer_with_free_callback_cls(bytes->size(), bytes->data(),
-                                                                 &free_bytes, bytes);
+                                                                 &free_body<FrameBytes>, bytes);
       if (!r) delete bytes;
     }
     if (!r) return MHD_NO;

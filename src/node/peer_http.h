@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "node/frame.h"
 #include "node/object_space.h"
 #include "sluice/core/fd.h"
 #include "sluice/core/status.h"
@@ -25,7 +26,7 @@ namespace sluice::node {
 struct ChunkBody {
   UniqueFd fd;  // valid: send [file_offset, file_offset + length) of this file
   uint64_t file_offset = 0;
-  std::vector<std::byte> bytes;  // otherwise: these bytes
+  FrameBytes bytes;  // otherwise: these bytes (filled whole before sending, never zeroed)
   uint64_t length = 0;
   uint64_t xxh3 = 0;  // of the bytes sent
   std::string etag;

@@ -3,6 +3,7 @@
 // store, and only the failures that say the peer is unwell mark it down.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -73,12 +74,12 @@ class ScriptedPeer {
     node::ChunkBody b;
     b.etag = r.etag;
     uint64_t at = r.index * kChunk + r.offset;
-    b.bytes.assign(object_.begin() + static_cast<ptrdiff_t>(at),
-                   object_.begin() + static_cast<ptrdiff_t>(at + r.length));
+    b.bytes.resize(r.length);
+    std::copy_n(object_.begin() + static_cast<ptrdiff_t>(at), r.length, b.bytes.begin());
     b.length = r.length;
     b.xxh3 = XXH3_64bits(b.bytes.data(), b.bytes.size());
-    if (m == Mode::kShort) b.bytes.pop_back(), b.length -= 1;
-    if (m == Mode::kBadSum && !r.verify) b.bytes[0] ^= std::byte{1};
+    if (m == Mode::kShort) b.bytes.resize(b.bytes.size() - 1), b.length -= 1;
+    if (m == Mode::kBadSum && !r.verify) b.bytes.data()[0] ^= std::byte{1};
     b.reply_signature = sign_chunk_reply(sig, b.etag, b.length, b.xxh3,
                                          m == Mode::kForged ? "not the secret at all" : kSecret);
     return b;

@@ -21,24 +21,11 @@
 #include "cache/ram_tier.h"
 #include "sluice/core/fd.h"
 #include "sluice/io/file_handle.h"
+#include "sluice/store/serving_peer.h"
 #include "sluice/store/wrapper.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::cache {
-
-namespace {
-thread_local bool t_undeclared = false;
-}  // namespace
-
-UndeclaredReads::UndeclaredReads() : previous_(t_undeclared) {
-  t_undeclared = true;
-}
-UndeclaredReads::~UndeclaredReads() {
-  t_undeclared = previous_;
-}
-bool UndeclaredReads::active() {
-  return t_undeclared;
-}
 
 namespace {
 
@@ -322,7 +309,7 @@ struct TieredCache::Impl {
   // budget (so an abandoned order cannot hold it, whoever reads next).
   void settle_prefetch(ChunkId id, bool hit) {
     if (!pf_active.load(std::memory_order_relaxed)) return;  // no prefetch declared
-    if (UndeclaredReads::active()) return;                   // another node's read
+    if (store::ServingPeer::active()) return;                // another node's read
     {
       std::lock_guard lock(pf_mu);
       std::optional<uint64_t> position;

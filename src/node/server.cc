@@ -26,6 +26,7 @@
 #include "node/wire.h"
 #include "sluice/core/hash.h"
 #include "sluice/ledger/cache_charger.h"
+#include "sluice/store/serving_peer.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::node {
@@ -654,8 +655,7 @@ struct NodeServer::Impl {
                                           "' is not this node's: do the peer lists differ?");
     SLUICE_ASSIGN_OR_RETURN(std::string attached, router->attach(root));
     const std::string key = attached + "/" + req.key;
-    peer::ServingPeer serving;
-    cache::UndeclaredReads undeclared;  // another node's read, not this node's declared order
+    store::ServingPeer serving;  // not sent on to a peer, not this node's declared order
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
     if (info.etag != req.etag)
       return fail(Code::kConflict,

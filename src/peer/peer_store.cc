@@ -18,13 +18,12 @@
 
 #include "signing.h"
 #include "sluice/core/hash.h"
+#include "sluice/store/serving_peer.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::peer {
 
 namespace {
-
-thread_local bool t_serving_peer = false;
 
 // Fields joined by newlines: verify_chunk_request refuses control characters in them
 // first, so the boundaries between fields are fixed.
@@ -36,16 +35,6 @@ std::string canonical(const ChunkRequest& r) {
 }
 
 }  // namespace
-
-ServingPeer::ServingPeer() : previous_(t_serving_peer) {
-  t_serving_peer = true;
-}
-ServingPeer::~ServingPeer() {
-  t_serving_peer = previous_;
-}
-bool ServingPeer::active() {
-  return t_serving_peer;
-}
 
 std::string sign_chunk_request(const ChunkRequest& r, std::string_view secret) {
   return hmac_hex(secret, canonical(r));
@@ -368,7 +357,7 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
   Impl& i = *impl_;
   size_t slash = key.find('/');
   std::optional<std::string> root;
-  if (!ServingPeer::active() && i.peers.size() > 1 && !options.if_match.empty() &&
+  if (!store::ServingPeer::active() && i.peers.size() > 1 && !options.if_match.empty() &&
       slash != std::string_view::npos && i.o.root_of && i.o.chunk_size > 0)
     root = i.o.root_of(key.substr(0, slash));
   if (!root) return i.from_backing(key, offset, dst, options, target());

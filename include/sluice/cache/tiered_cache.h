@@ -159,21 +159,6 @@ struct VerifyReport {
   std::vector<std::string> corrupt;  // "key chunk N: why"; each one was dropped
 };
 
-// While alive, reads (and hand-offs) on this thread are not reads of the declared order: a
-// daemon serving another node's request. They neither settle a prefetch nor pass declared
-// chunks.
-class UndeclaredReads {
- public:
-  UndeclaredReads();
-  ~UndeclaredReads();
-  UndeclaredReads(const UndeclaredReads&) = delete;
-  UndeclaredReads& operator=(const UndeclaredReads&) = delete;
-  static bool active();
-
- private:
-  bool previous_;
-};
-
 class TieredCache : public store::Store, public ReadAhead {
  public:
   static Result<std::unique_ptr<TieredCache>> open(std::unique_ptr<store::Store> backing,

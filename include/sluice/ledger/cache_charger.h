@@ -26,11 +26,11 @@
 //   admitted since the last flush is committed (the usage grows by it, less what was
 //   freed), and the rest of the allowance is released. So the ledger's usage trails the
 //   cache by at most one interval, and the team's quota is never passed: every kept chunk
-//   lay inside a reservation. A daemon killed between two flushes
-//   loses the charges of that interval (its reservation expires on its own), and since the
-//   cache does not record which chunks were charged, those chunks are uncharged again when
-//   they leave: the usage ends short by up to twice what was admitted meanwhile (docs/
-//   ledger.md lists every such drift). `sluice usage reconcile` does not recount caches.
+//   lay inside a reservation. A daemon killed between two flushes loses the charges of
+//   that interval (its reservation expires on its own), and since the cache does not
+//   record which chunks were charged, those chunks are uncharged again when they leave:
+//   the usage ends short by up to twice what was admitted meanwhile (docs/ledger.md lists
+//   every such drift). `sluice usage reconcile` does not recount caches.
 // Thread-safe.
 #pragma once
 

@@ -17,7 +17,7 @@
 // Contract:
 // - Reads without options.if_match (an unpinned version) go to the backing store: a peer
 //   is only asked for a version the reader has pinned.
-// - While a thread serves a peer's request (ServingPeer in scope), its reads never go to
+// - While a thread serves a peer's request (store::ServingPeer in scope), its reads never go to
 //   another peer, so daemons that disagree on the membership cannot bounce a chunk around.
 // - Thread-safe. Writes, lists, stats and removes go straight to the backing store.
 #pragma once
@@ -82,19 +82,6 @@ class PeerStore final : public store::StoreWrapper {
 
  private:
   std::unique_ptr<Impl> impl_;
-};
-
-// While alive, reads on this thread through any PeerStore skip the peers.
-class ServingPeer {
- public:
-  ServingPeer();
-  ~ServingPeer();
-  ServingPeer(const ServingPeer&) = delete;
-  ServingPeer& operator=(const ServingPeer&) = delete;
-  static bool active();
-
- private:
-  bool previous_;
 };
 
 // What a chunk request names (the fields the signature covers).

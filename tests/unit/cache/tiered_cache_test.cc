@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "cache/chunk.h"
+#include "sluice/store/serving_peer.h"
 #include "sluice/store/wrapper.h"
 #include "sluice/testing/fault_store.h"
 #include "test_util.h"
@@ -370,7 +371,7 @@ TEST(TieredCache, EvictRacingPrefetchAndReadersStaysExact) {
 }
 
 // Another node's read (a daemon serving a peer) is not a read of this node's order.
-TEST(TieredCache, UndeclaredReadsLeaveTheDeclaredOrderAlone) {
+TEST(TieredCache, ReadsServingAPeerLeaveTheDeclaredOrderAlone) {
   Backing b;
   ASSERT_TRUE(b.open()->put("k", pattern(4 * kChunk, 11)));
   CacheOptions o = small_options();
@@ -380,7 +381,7 @@ TEST(TieredCache, UndeclaredReadsLeaveTheDeclaredOrderAlone) {
   ASSERT_TRUE(cache->declare(order).has_value());
   ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 2; }));
   {
-    UndeclaredReads peer;
+    store::ServingPeer peer;
     read_range(*cache, "k", 0, kChunk);
     read_range(*cache, "k", kChunk, kChunk);
   }

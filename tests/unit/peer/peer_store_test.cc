@@ -13,6 +13,7 @@
 
 #include "node/peer_http.h"
 #include "sluice/peer/peer_store.h"
+#include "sluice/store/serving_peer.h"
 #include "sluice/store/store.h"
 
 namespace sluice::peer {
@@ -184,7 +185,7 @@ TEST(PeerStore, UnpinnedReadsAndUnknownRootsUseTheBackingStore) {
   EXPECT_EQ(f.peer.asked.load(), 0);
   EXPECT_EQ(out, f.object);
   {
-    ServingPeer serving;  // a thread serving a peer never asks another
+    store::ServingPeer serving;  // a thread serving a peer never asks another
     store::ReadOptions ro;
     ro.if_match = f.etag;
     ASSERT_TRUE(f.store->read_full("r00t/obj", 0, out, ro));

@@ -602,23 +602,31 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
 }
 
 Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane) {
+  SLUICE_ASSIGN_OR_RETURN(std::optional<Pending> p, begin(chunk, pinned, lane));
+  if (!p) return false;
+  Status written = put_bytes(*p, chunk.bytes);
+  return finish(std::move(*p), std::move(written), chunk.xxh3);
+}
+
+Result<std::optional<DiskTier::Pending>> DiskTier::begin(const ChunkView& chunk, bool pinned,
+                                                         uint64_t lane) {
   const uint64_t length = chunk.bytes.size();
   if (chunk.key.store.size() > kMaxStoreId || chunk.key.key.size() > kMaxKey ||
       chunk.key.etag.size() > kMaxEtag || chunk.key.etag.empty() ||
       !store::validate_key(chunk.key.key))
-    return false;  // its record could not be read back: kept in RAM only
+    return std::nullopt;  // its record could not be read back: kept in RAM only
   ChunkId id = chunk.key.id();
   Entry e;
   e.key = chunk.key;
   e.length = length;
-  e.xxh3 = chunk.xxh3;
   e.object_size = chunk.object_size;
   e.object_mtime_ns = chunk.object_mtime_ns;
   e.pinned = pinned;
   // Charged first (the ledger may be slow: not under mu_); a chunk not kept after all is
   // uncharged below.
   const bool charged = options_.admit != nullptr;
-  if (charged && (contains(chunk.key) || !options_.admit(chunk.key, on_disk(length)))) return false;
+  if (charged && (contains(chunk.key) || !options_.admit(chunk.key, on_disk(length))))
+    return std::nullopt;
   std::vector<Gone> gone;
   {
     std::lock_guard lock(mu_);
@@ -638,28 +646,39 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
   discard(gone);
   if (e.file_id == 0) {
     if (charged && options_.freed) options_.freed(chunk.key, on_disk(length));
-    return false;
+    return std::nullopt;
   }
+  return Pending{std::move(e)};
+}
 
+Status DiskTier::put_bytes(const Pending& p, std::span<const std::byte> bytes) {
+  const uint64_t length = p.entry.length;
+  if (bytes.size() != length) return fail(Code::kInternal, "cache chunk write of the wrong size");
+  const std::string path = path_of(p.entry.file_id);
+  io::OpenOptions oo;
+  oo.write = oo.create = true;  // a segment is appended to, never truncated
+  oo.compat = io::CompatMode::kOn;
+  auto fh = io::FileHandle::open(options_.io, path, oo);
+  if (!fh && fh.error().code() == Code::kNotFound) {  // its fan-out directory is missing
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    fh = io::FileHandle::open(options_.io, path, oo);
+  }
+  if (!fh) return std::unexpected(fh.error());
+  SLUICE_ASSIGN_OR_RETURN(size_t n, fh->write(io::Buffer::host(bytes.data(), length), length,
+                                              offset_of(p.entry.file_id)));
+  if (n != length) return fail(Code::kIoError, "short write of " + path);
+  return ok();
+}
+
+Result<bool> DiskTier::finish(Pending p, Status written, uint64_t xxh3) {
+  Entry& e = p.entry;
+  e.xxh3 = xxh3;
+  const ChunkId id = e.key.id();
   const std::string path = path_of(e.file_id);
   const uint64_t at = offset_of(e.file_id);
-  auto written = [&]() -> Status {
-    io::OpenOptions oo;
-    oo.write = oo.create = true;  // a segment is appended to, never truncated
-    oo.compat = io::CompatMode::kOn;
-    auto fh = io::FileHandle::open(options_.io, path, oo);
-    if (!fh && fh.error().code() == Code::kNotFound) {  // its fan-out directory is missing
-      std::error_code ec;
-      std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-      fh = io::FileHandle::open(options_.io, path, oo);
-    }
-    if (!fh) return std::unexpected(fh.error());
-    SLUICE_ASSIGN_OR_RETURN(size_t n,
-                            fh->write(io::Buffer::host(chunk.bytes.data(), length), length, at));
-    if (n != length) return fail(Code::kIoError, "short write of " + path);
-    return ok();
-  }();
-  gone.clear();  // those evictions are discarded already
+  const uint64_t length = e.length;
+  std::vector<Gone> gone;
   bool still_ours = false, segment_dead = false;
   // The log's lock first (the documented order), held until the add record is appended: a
   // thread that evicts the chunk once it is ready records its removal after this add, so
@@ -670,6 +689,7 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
     auto it = entries_.find(id);
     still_ours = it != entries_.end() && it->second.file_id == e.file_id;
     if (still_ours && written) {
+      it->second.xxh3 = xxh3;
       it->second.ready = true;
     } else if (still_ours) {
       forget_locked(id, gone);  // freed below, with a remove record for an id never added
@@ -688,7 +708,7 @@ Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane)
       free_pages(path, at, on_disk(length));
     }
     if (!written)
-      return std::unexpected(written.error().with_context("caching '" + chunk.key.key + "'"));
+      return std::unexpected(written.error().with_context("caching '" + e.key.key + "'"));
     return false;
   }
   e.ready = true;

@@ -81,6 +81,19 @@ class DiskTier {
   // their appends take turns on the segment's inode lock (an extending write holds it).
   Result<bool> write(const ChunkView& chunk, bool pinned, uint64_t lane = 0);
 
+  // `write` in steps, for bytes that arrive over time (a download written as it lands):
+  // `begin` admits and places the chunk (its view's bytes are only measured; nullopt: not
+  // kept), `put_bytes` writes its bytes (again, to replace them), and `finish` records it with the
+  // checksum of what the last `put_bytes` wrote, or gives its place back when `written` failed.
+  // Until finished the chunk holds its room and is invisible to readers. Every begun chunk
+  // must be finished, once.
+  struct Pending {
+    Entry entry;
+  };
+  Result<std::optional<Pending>> begin(const ChunkView& chunk, bool pinned, uint64_t lane = 0);
+  Status put_bytes(const Pending& p, std::span<const std::byte> bytes);
+  Result<bool> finish(Pending p, Status written, uint64_t xxh3);
+
   size_t drop_if(const std::function<bool(const ChunkKey&)>& match);
   size_t pin_if(const std::function<bool(const ChunkKey&)>& match, bool pinned);
   void declare(std::span<const ChunkId> order);

@@ -799,11 +799,73 @@ struct TieredCache::Impl {
     return disk && options.ram_bytes == 0 && reinterpret_cast<uintptr_t>(bytes.data()) % 4096 == 0;
   }
 
+  // A chunk of a run written to NVMe while the run's backing read still streams in.
+  struct Early {
+    std::optional<DiskTier::Pending> pending;
+    bool begun = false;
+    Status put = ok();
+    uint64_t xxh3 = 0;  // of the bytes the last put wrote
+  };
+
+  // Writes the chunks of a run whose bytes have landed (the backing read's on_landed):
+  // without it every chunk of a run waited for the whole run, and since parallel reads of
+  // one server tend to finish together, the disk then sat idle through the downloads and
+  // the downloads through the disk writes. A retried request lands again from its start,
+  // and its chunks are written again. Nothing is recorded here: fill_run finishes each
+  // chunk once the read has succeeded and its bytes still match what was written.
+  void write_landed(const store::ObjectInfo& info, std::vector<Claim>& run,
+                    std::span<const std::byte> out, std::vector<Early>& early, uint64_t start,
+                    uint64_t end, size_t& next, bool& restarted) {
+    uint64_t pos = 0;
+    for (size_t i = 0; i < next; ++i) pos += run[i].length;
+    if (end < start + pos) {  // a retry: the bytes written so far arrive again
+      next = 0;
+      pos = 0;
+      restarted = true;
+    }
+    for (; next < run.size() && start + pos + run[next].length <= end; ++next) {
+      Claim& c = run[next];
+      Early& e = early[next];
+      std::span<const std::byte> bytes = out.subspan(pos, c.length);
+      pos += c.length;
+      if (!e.begun) {
+        e.begun = true;
+        if (!current_version(c.key)) continue;
+        auto p = disk->begin(ChunkView{c.key, bytes, 0, info.size, info.mtime_ns},
+                             pinned(c.key.key), this_threads_lane());
+        if (p) e.pending = std::move(*p);
+      }
+      if (!e.pending) continue;
+      e.xxh3 = checksum(bytes);
+      e.put = disk->put_bytes(*e.pending, bytes);
+    }
+  }
+
+  // Records (or gives back) a chunk written early, once its read has ended: kept only
+  // when the read succeeded and the bytes on disk are the ones it returned. Those are
+  // hashed again only after a retry: within one request a landed byte never changes.
+  void finish_early(const Claim& c, Early& e, std::span<const std::byte> bytes, bool read_ok,
+                    bool restarted, const store::ObjectInfo& info) {
+    uint64_t xxh3 = !read_ok ? 0 : e.pending && !restarted ? e.xxh3 : checksum(bytes);
+    bool keep = read_ok && e.put && xxh3 == e.xxh3;
+    if (e.pending) {
+      auto w = disk->finish(std::move(*e.pending), keep ? ok() : fail(Code::kCancelled, "not kept"),
+                            e.xxh3);
+      e.pending.reset();
+      if (keep && w && *w && !current_version(c.key))  // dropped meanwhile: drop it now
+        (void)disk->drop_if([&](const ChunkKey& k) { return k == c.key; });
+      if (keep) return;
+    }
+    if (read_ok)  // never begun, or what was written is not what was read: write it now
+      store_on_disk(ChunkView{c.key, bytes, xxh3, info.size, info.mtime_ns}, this_threads_lane());
+  }
+
   // One backing read for a claimed run, straight into `out` (no bounce); then each chunk is
-  // written to NVMe from there (write_through) or copied out for the tiers, and handed to
-  // whoever waits for it (null when written through: waiters look in the tiers again).
-  // `split` is the reader's ReadOptions::split: a reader that keeps its own reads in
-  // parallel (cp's parts) gets one backing request per run, as it would without the cache.
+  // written to NVMe from there (write_through, as its bytes land where the backing read
+  // streams) or copied out for the tiers, and handed to whoever waits for it (null when
+  // written through: waiters look in the tiers again). `split` is the reader's
+  // ReadOptions::split: a reader that keeps its own reads in parallel (cp's parts) gets one
+  // backing request per run, as it would without the cache.
   Status fill_run(const store::ObjectInfo& info, std::vector<Claim>& run, std::span<std::byte> out,
                   bool split) {
     uint64_t t0 = telemetry::now_ns();
@@ -812,20 +874,27 @@ struct TieredCache::Impl {
     ro.if_match = info.etag;
     ro.object_size = info.size;
     ro.split = split;
+    const bool through = write_through(out);
+    std::vector<Early> early(through ? run.size() : 0);
+    size_t next = 0;
+    bool restarted = false;
+    if (through)
+      ro.on_landed = [&](uint64_t end) {
+        write_landed(info, run, out, early, start, end, next, restarted);
+      };
     auto n = backing->read_full(info.key, start, out, ro);
     Status s = !n                 ? Status(std::unexpected(n.error()))
                : *n != out.size() ? Status(ended_early(info, start + *n))
                                   : ok();
     uint64_t pos = 0;
-    for (Claim& c : run) {
+    for (size_t i = 0; i < run.size(); ++i) {
+      Claim& c = run[i];
       std::span<const std::byte> bytes = out.subspan(pos, c.length);
       ChunkResult r = std::shared_ptr<const Chunk>();  // null: waiters look in the tiers
+      if (through) finish_early(c, early[i], bytes, bool(s), restarted, info);
       if (!s) {
         r = std::unexpected(s.error());
-      } else if (write_through(bytes)) {
-        store_on_disk(ChunkView{c.key, bytes, checksum(bytes), info.size, info.mtime_ns},
-                      this_threads_lane());
-      } else {
+      } else if (!through) {
         r = copy_chunk(c.key, bytes, info);
         if (r) {
           (void)ram->offer(*r, pinned(c.key.key));  // the tiers decide whether to keep it

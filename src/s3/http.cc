@@ -64,6 +64,7 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     }
     std::memcpy(t->req->sink.data() + r.sink_bytes, data, len);
     r.sink_bytes += len;
+    if (t->req->on_sink) t->req->on_sink(r.sink_bytes);
     return len;
   }
   t->resp->body.append(data, len);

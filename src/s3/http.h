@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -32,6 +33,8 @@ struct HttpRequest {
   HeaderList headers;
   std::span<const std::byte> body;  // request body (PUT, POST)
   std::span<std::byte> sink;        // where a 2xx response body goes, if not empty
+  // Told after each piece of a 2xx body lands in the sink, with the bytes in it so far.
+  std::function<void(size_t)> on_sink;
 };
 
 struct HttpResponse {

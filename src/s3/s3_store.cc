@@ -56,6 +56,7 @@ struct S3Request {
   // A ranged GET that starts at or past the end gets 416; with this set, send() returns
   // that response instead of an error (the read is simply at the end).
   bool range_past_end_ok = false;
+  std::function<void(size_t)> on_sink = {};  // HttpRequest::on_sink
 };
 
 std::string xml_escape(std::string_view s) {
@@ -215,6 +216,7 @@ class S3Store : public store::Store {
     h.url = scheme_ + "://" + host_ + path + (query.empty() ? "" : "?" + query);
     h.body = r.body;
     h.sink = r.sink;
+    h.on_sink = r.on_sink;
     std::string what = r.method + " " + (r.key.empty() ? "s3://" + loc_.bucket : object_uri(r.key));
 
     const auto started = std::chrono::steady_clock::now();
@@ -380,8 +382,9 @@ class S3Store : public store::Store {
   // Content-Range total are compared too.
   Result<size_t> get_range(const std::string& fk, uint64_t offset, std::span<std::byte> dst,
                            const std::string& if_match, std::optional<uint64_t> object_size,
-                           std::string* etag) {
+                           std::string* etag, std::function<void(size_t)> on_sink = {}) {
     S3Request r{kGet, "GET", fk, {}, {}, {}, dst};
+    r.on_sink = std::move(on_sink);
     r.headers.emplace_back(
         "Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + dst.size() - 1));
     if (!if_match.empty()) r.headers.emplace_back("If-Match", if_match);
@@ -427,8 +430,9 @@ class S3Store : public store::Store {
   // A whole object of known size with one plain GET: one response is one version, so the
   // ETag is checked on the response rather than sent as If-Match.
   Result<size_t> get_whole(const std::string& fk, uint64_t size, std::span<std::byte> dst,
-                           const std::string& if_match) {
+                           const std::string& if_match, std::function<void(size_t)> on_sink) {
     S3Request r{kGet, "GET", fk, {}, {}, {}, dst.first(size)};
+    r.on_sink = std::move(on_sink);
     std::string what = "GET " + object_uri(fk);
     r.check = [&](const HttpResponse& h) -> std::optional<Error> {
       std::string cl = h.header("content-length");
@@ -460,15 +464,19 @@ class S3Store : public store::Store {
     if (dst.empty()) return size_t{0};
     std::string fk = full_key(key);
     const size_t part = options.split ? opts_.part_size : dst.size();
+    // ReadOptions::on_landed, for a read that is one request.
+    std::function<void(size_t)> landed;
+    if (options.on_landed && dst.size() <= part)
+      landed = [&options, offset](size_t n) { options.on_landed(offset + n); };
     if (offset == 0 && options.object_size && *options.object_size <= dst.size() &&
         *options.object_size <= part)
-      return get_whole(fk, *options.object_size, dst, options.if_match);
+      return get_whole(fk, *options.object_size, dst, options.if_match, std::move(landed));
     if (options.object_size && offset >= *options.object_size) return size_t{0};
     std::string etag = options.if_match;
     size_t first_len = std::min(dst.size(), part);
     SLUICE_ASSIGN_OR_RETURN(size_t first,
                             get_range(fk, offset, dst.first(first_len), etag, options.object_size,
-                                      etag.empty() ? &etag : nullptr));
+                                      etag.empty() ? &etag : nullptr, std::move(landed)));
     if (first < first_len || dst.size() == first_len) return first;
     // The rest in parallel, every part pinned to the first part's ETag.
     std::vector<std::future<Result<size_t>>> futs;

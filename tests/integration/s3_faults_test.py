@@ -523,10 +523,10 @@ class Ctx:
     def seed_big(self, key):
         put_direct(self.s3, key, self.big)
 
-    def cp(self, proxy, src, dst, *extra, timeout=60):
+    def cp(self, proxy, src, dst, *extra, timeout=60, env=None):
         t0 = time.monotonic()
         r = sluice(self.binary, "cp", src, dst, "--json", "--no-progress", "--part-size", PART, *extra,
-                   endpoint=proxy.endpoint, timeout=timeout)
+                   endpoint=proxy.endpoint, timeout=timeout, env=env)
         r.elapsed = time.monotonic() - t0
         r.summary = None
         lines = r.stdout.strip().splitlines()
@@ -711,6 +711,57 @@ def test_download_replaced_mid_read_if_match_ignored(ctx):
         assert_failed_cleanly(r, f"s3://{BUCKET}/{key}", d)
         assert "ETag" in r.stderr and "conflict" in r.stderr, describe(r)
         assert retries(r) == 0, "a changed ETag must not be retried: " + describe(r)
+
+
+def verify_cache(ctx, home):
+    r = sluice(ctx.binary, "cache", "verify", "--json", env={"SLUICE_HOME": home})
+    assert r.returncode == 0, describe(r)
+    rep = json.loads(r.stdout)
+    assert rep["corrupt"] == [], rep
+    return rep
+
+
+def test_download_through_the_cache_reset_mid_body(ctx):
+    # cp --cache writes chunks to NVMe while their GET still streams: bodies cut off and
+    # retried must leave only the right bytes cached, and a second copy reads no GET.
+    key = "dl-cache-reset.bin"
+    ctx.seed_big(key)
+    home = ctx.fresh_dir("home-" + key)
+    env = {"SLUICE_HOME": home}
+    rules = [first_n(2, ("reset", 0.6), where("get")), first_n(1, ("truncate", 0.8), where("get"))]
+    d, d2 = ctx.fresh_dir(key), ctx.fresh_dir(key + "-again")
+    with FaultProxy(ctx.s3, rules) as p:  # one endpoint: the cache is keyed by it
+        r = ctx.cp(p, f"s3://{BUCKET}/{key}", os.path.join(d, key), "--cache", env=env)
+        assert_download_ok(r, os.path.join(d, key), ctx.big)
+        assert len(p.faults()) == 3 and retries(r) >= 3, describe(r)
+        assert verify_cache(ctx, home)["chunks"] == BIG // (4 * MiB)
+        gets = len(p.seen("get"))
+        r = ctx.cp(p, f"s3://{BUCKET}/{key}", os.path.join(d2, key), "--cache", env=env)
+        assert_download_ok(r, os.path.join(d2, key), ctx.big)
+        assert len(p.seen("get")) == gets, f"read again from the server: {p.seen('get')[gets:]}"
+
+
+def test_download_through_the_cache_replaced_mid_read_if_match_ignored(ctx):
+    # The object changes after the first GET, on a server that ignores If-Match: the copy
+    # fails, no chunk of the new bytes is kept under the old version, and the next copy
+    # gets the new object whole.
+    key = "dl-cache-swap.bin"
+    ctx.seed_big(key)
+    new = bytes(b ^ 0xFF for b in ctx.big[:MiB]) + ctx.big[MiB:]
+    home = ctx.fresh_dir("home-" + key)
+    env = {"SLUICE_HOME": home}
+    d = ctx.fresh_dir(key)
+    swap = SwapAfterFirstRangedGet(key, new)
+    with FaultProxy(ctx.s3, [], swap, enforce_if_match=False) as p:  # one endpoint, one cache key
+        r = ctx.cp(p, f"s3://{BUCKET}/{key}", os.path.join(d, key), "--cache", env=env)
+        assert swap.done, "the object was never swapped"
+        assert r.returncode != 0 and "ETag" in r.stderr and "conflict" in r.stderr, describe(r)
+        assert os.listdir(d) == [], f"left behind in {d}: {os.listdir(d)}"
+        verify_cache(ctx, home)
+        r = ctx.cp(p, f"s3://{BUCKET}/{key}", os.path.join(d, key), "--cache", "--revalidate-ms", "0",
+                   env=env)
+        assert_download_ok(r, os.path.join(d, key), new)
+    verify_cache(ctx, home)
 
 
 def test_download_head_size_disagrees_with_get(ctx):
@@ -1069,6 +1120,8 @@ TESTS = [
     test_download_dropped_keepalive,
     test_download_object_replaced_mid_read,
     test_download_replaced_mid_read_if_match_ignored,
+    test_download_through_the_cache_reset_mid_body,
+    test_download_through_the_cache_replaced_mid_read_if_match_ignored,
     test_download_head_size_disagrees_with_get,
     test_download_stalled_server_abandoned,
     test_download_interrupted_cleans_up,

@@ -77,6 +77,12 @@ struct ReadOptions {
   // false: send one request per read, where a backend would otherwise split a large read
   // into parallel requests (s3://); for callers that keep their own reads in parallel.
   bool split = true;
+  // Told, on the reading thread, as the bytes of a read arrive in order: the bytes from
+  // the read's offset up to object offset `end` are in its buffer now (not yet checked:
+  // the read may still fail). A retried request starts again, with a lower `end`. Only a
+  // read a backend does as one streamed request calls it (s3:// with split = false); other
+  // reads never do, so it can hurry work along but not replace the read's result.
+  std::function<void(uint64_t end)> on_landed;
 };
 
 struct WriteOptions {

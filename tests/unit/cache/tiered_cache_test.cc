@@ -197,6 +197,143 @@ TEST(TieredCache, WithoutARamTierAlignedReadsWriteChunksThroughBeforeReturning) 
   EXPECT_TRUE(rep->corrupt.empty());
 }
 
+// A backing store that streams a read in pieces and tells ReadOptions::on_landed after
+// each, as s3:// does for one request; it can start again after `retry_after` bytes (the
+// first attempt's bytes inverted: a torn or wrong response), or fail after `fail_after`.
+class Streaming : public store::StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  uint64_t piece = 16 << 10;
+  uint64_t retry_after = 0, fail_after = 0;  // 0: never
+  std::function<void(uint64_t end)> watch;   // called after each on_landed
+
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options) override {
+    auto land = [&](size_t to) {
+      if (options.on_landed) options.on_landed(offset + to);
+      if (watch) watch(offset + to);
+    };
+    SLUICE_ASSIGN_OR_RETURN(size_t n, target().read(key, offset, dst, options));
+    if (retry_after) {  // the wrong bytes first, landed piece by piece, then a retry
+      size_t to = 0;
+      while (to < std::min<uint64_t>(retry_after, n)) {
+        size_t from = to;
+        to = std::min<size_t>(n, to + piece);
+        for (size_t i = from; i < to; ++i) dst[i] = ~dst[i];
+        land(to);
+      }
+      for (size_t i = 0; i < to; ++i) dst[i] = ~dst[i];
+    }
+    for (size_t to = std::min<size_t>(n, piece);; to = std::min<size_t>(n, to + piece)) {
+      if (fail_after && to > fail_after) return fail(Code::kUnavailable, "reset mid-body");
+      land(to);
+      if (to == n) break;
+    }
+    return n;
+  }
+};
+
+uint64_t chunk_file_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (auto& e : fs::recursive_directory_iterator(fs::path(dir) / "chunks")) {
+    struct stat st;
+    if (e.is_regular_file() && ::stat(e.path().c_str(), &st) == 0) total += st.st_blocks * 512;
+  }
+  return total;
+}
+
+TEST(TieredCache, WrittenThroughChunksGoToNvmeAsTheirBytesLand) {
+  // A run's chunks are written while its backing read still streams, and recorded (readable)
+  // only once the read has succeeded.
+  TempDir dir;
+  Backing b;
+  const uint64_t size = 8 * kChunk;
+  ASSERT_TRUE(b.open()->put("k", pattern(size, 3)));
+  auto streaming = std::make_unique<Streaming>(b.open());
+  Streaming* st = streaming.get();
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  auto cache = open_cache(std::move(streaming), o);
+  uint64_t on_disk_before_the_end = 0;
+  size_t recorded_before_the_end = 0;
+  st->watch = [&](uint64_t end) {
+    if (end == size - st->piece) {
+      on_disk_before_the_end = chunk_file_bytes(dir.path());
+      recorded_before_the_end = cache->chunks("").size();
+    }
+  };
+  AlignedBuffer out = AlignedBuffer::allocate(size).value();
+  store::ReadOptions ro;
+  ro.split = false;  // one run, one backing read
+  auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 3).begin()));
+  EXPECT_EQ(on_disk_before_the_end, 7 * kChunk);  // every chunk but the last written
+  EXPECT_EQ(recorded_before_the_end, 0u);         // and none readable yet
+  EXPECT_EQ(cache->chunks("").size(), 8u);
+  auto rep = cache->verify();
+  ASSERT_TRUE(rep.has_value());
+  EXPECT_EQ(rep->chunks, 8u);
+  EXPECT_TRUE(rep->corrupt.empty());
+}
+
+TEST(TieredCache, ARetriedStreamRewritesWhatItWroteEarly) {
+  // The first attempt lands wrong bytes for three chunks, which are written early; the
+  // retry lands the right ones. Only the right ones are kept and served.
+  TempDir dir;
+  Backing b;
+  const uint64_t size = 8 * kChunk;
+  ASSERT_TRUE(b.open()->put("k", pattern(size, 4)));
+  auto streaming = std::make_unique<Streaming>(b.open());
+  streaming->retry_after = 3 * kChunk + 100;
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  o.revalidate_after = std::chrono::hours(1);
+  auto cache = open_cache(std::move(streaming), o);
+  AlignedBuffer out = AlignedBuffer::allocate(size).value();
+  store::ReadOptions ro;
+  ro.split = false;
+  auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 4).begin()));
+  auto rep = cache->verify();
+  ASSERT_TRUE(rep.has_value());
+  EXPECT_EQ(rep->chunks, 8u);
+  EXPECT_TRUE(rep->corrupt.empty());
+  // Served from NVMe now: the same right bytes.
+  const uint64_t misses = cache->stats().misses;
+  EXPECT_EQ(read_range(*cache, "k", 0, size), pattern(size, 4));
+  EXPECT_EQ(cache->stats().misses, misses);
+}
+
+TEST(TieredCache, AStreamThatFailsKeepsNothingItWroteEarly) {
+  TempDir dir;
+  Backing b;
+  const uint64_t size = 8 * kChunk;
+  ASSERT_TRUE(b.open()->put("k", pattern(size, 5)));
+  auto streaming = std::make_unique<Streaming>(b.open());
+  Streaming* st = streaming.get();
+  st->fail_after = 5 * kChunk + 1;  // five chunks landed and written, then a reset
+  CacheOptions o = small_options(dir.path());
+  o.ram_bytes = 0;
+  o.revalidate_after = std::chrono::hours(1);
+  auto cache = open_cache(std::move(streaming), o);
+  AlignedBuffer out = AlignedBuffer::allocate(size).value();
+  store::ReadOptions ro;
+  ro.split = false;
+  auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  ASSERT_FALSE(n.has_value());
+  EXPECT_EQ(n.error().code(), Code::kUnavailable);
+  EXPECT_TRUE(cache->chunks("").empty());
+  EXPECT_EQ(cache->stats().disk.bytes, 0u);     // their room given back
+  EXPECT_EQ(chunk_file_bytes(dir.path()), 0u);  // and their pages
+  st->fail_after = 0;
+  n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 5).begin()));
+  EXPECT_EQ(cache->chunks("").size(), 8u);
+}
+
 TEST(TieredCache, AReaderThatKeepsItsOwnReadsInParallelIsNotSplitBehindIt) {
   // cp reads parts with split = false; through the cache the backing read of a run must
   // say so too, or an S3 store cuts each part into smaller requests, the first one alone.

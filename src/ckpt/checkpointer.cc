@@ -473,6 +473,13 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
     if (local_tier(t))
       SLUICE_RETURN_IF_ERROR(
           check_free_space(t, r.bytes, "step " + std::to_string(step) + " of series " + o_.series));
+    // The shard, its record and (rank 0) the manifest, against the tier's quota.
+    if (Status q = t.store->can_write(shard_key(o_.series, step, o_.rank, r.save_id), r.bytes,
+                                      o_.rank == 0 ? 3 : 2);
+        !q)
+      return std::unexpected(q.error().with_context("checkpoint tier " + t.name + ", step " +
+                                                    std::to_string(step) + " of series " +
+                                                    o_.series));
     auto st = t.store->stat(manifest_key(o_.series, step));
     if (st)
       return fail(Code::kAlreadyExists, "step " + std::to_string(step) + " of series " + o_.series +

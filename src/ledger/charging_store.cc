@@ -178,10 +178,7 @@ class ChargingStore final : public store::StoreWrapper {
                         ? std::max<int64_t>(0, static_cast<int64_t>(*options.size_hint) - credit)
                         : 0;
     auto reservation = ledger_->reserve(*target, bytes, old_size ? 0 : 1);
-    if (!reservation)
-      return std::unexpected(reservation.error().with_context("cannot write " + root_ + "/" +
-                                                              std::string(key) + " (project '" +
-                                                              target->project + "')"));
+    if (!reservation) return refused(reservation.error(), key, *target);
     auto inner = StoreWrapper::create(key, options);
     if (!inner) {
       (void)ledger_->release(*reservation);
@@ -190,6 +187,19 @@ class ChargingStore final : public store::StoreWrapper {
     return std::make_unique<ChargingWriter>(std::move(*inner), ledger_, std::move(*target),
                                             std::move(*reservation), bytes, old_size,
                                             options_.min_growth);
+  }
+
+  // Asks the ledger by reserving what a write would, and releasing it at once.
+  Status can_write(std::string_view key, uint64_t bytes, uint64_t objects) override {
+    SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_RETURN_IF_ERROR(StoreWrapper::can_write(key, bytes, objects));
+    SLUICE_ASSIGN_OR_RETURN(auto target, target_of(key));
+    if (!target) return {};
+    auto reservation =
+        ledger_->reserve(*target, static_cast<int64_t>(bytes), static_cast<int64_t>(objects));
+    if (!reservation) return refused(reservation.error(), key, *target);
+    (void)ledger_->release(*reservation);  // expires on its own if this fails
+    return {};
   }
 
   Status remove(std::string_view key) override {
@@ -221,6 +231,12 @@ class ChargingStore final : public store::StoreWrapper {
   }
 
  private:
+  std::unexpected<Error> refused(const Error& e, std::string_view key,
+                                 const ChargeTarget& target) const {
+    return std::unexpected(e.with_context("cannot write " + root_ + "/" + std::string(key) +
+                                          " (project '" + target.project + "')"));
+  }
+
   // The charge target of a key, or nullopt when no project owns it (and that is allowed).
   Result<std::optional<ChargeTarget>> target_of(std::string_view key) {
     std::string location = root_ + "/" + std::string(key);

@@ -55,6 +55,10 @@ Result<size_t> Store::read_full(std::string_view key, uint64_t offset, std::span
   return done;
 }
 
+Status Store::can_write(std::string_view, uint64_t, uint64_t) {
+  return ok();
+}
+
 Status Store::remove_many(std::span<const std::string> keys) {
   for (const std::string& k : keys) {
     auto st = remove(k);

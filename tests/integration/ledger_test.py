@@ -256,6 +256,15 @@ def t_ckpt_and_dataset_pack_are_charged(env):
     expect_fail(r, "quota_exceeded", "team 'ml'")
     ls = json.loads(env.run("ckpt", "ls", "--series", "s", "--from", tier, "--json").stdout)
     assert [c["step"] for c in ls] == [2], ls
+    # Over quota on a later tier: refused before the first tier gets a byte.
+    free = env.path("free-tier")
+    r = env.run("ckpt", "save", "--series", "s", "--step", "3", "--to", free, "--to", tier, state,
+                check=False)
+    expect_fail(r, "quota_exceeded", "team 'ml'", "checkpoint tier", "step 3")
+    ls = json.loads(env.run("ckpt", "ls", "--series", "s", "--from", free, "--json").stdout)
+    assert ls == [], ls
+    left = [os.path.join(dp, f) for dp, _, fs in os.walk(free) for f in fs]
+    assert left == [], left
     recount_agrees()
     env.run("quota", "set", "ml", "--tier", "nvme", "--hard-bytes", "none")
     imgs = env.path("imgs")

@@ -146,6 +146,11 @@ class Store {
   // the server (an S3 endpoint). Caches and catalogs name what they keep by it, so a
   // bucket of the same name on another server never shares their entries.
   virtual std::string identity() const { return uri(); }
+  // Whether `objects` new objects holding `bytes` could be written under `key` now: ok, or
+  // the error creating them would give (QuotaExceeded from a charging store). A check, not
+  // a reservation: another writer may take the room first. A store with no limit of its
+  // own to ask says ok (free space is the caller's to check where it can).
+  virtual Status can_write(std::string_view key, uint64_t bytes, uint64_t objects);
 
   // Conveniences built on the methods above.
   Status put(std::string_view key, std::span<const std::byte> data,

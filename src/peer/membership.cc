@@ -34,20 +34,36 @@ Result<Membership> Membership::make(std::vector<Member> members, std::string_vie
   return m;
 }
 
+uint64_t Membership::score(size_t member, std::string_view key) const {
+  return XXH3_64bits_withSeed(key.data(), key.size(), seeds_[member]);
+}
+
 const Member& Membership::owner(std::string_view chunk_id) const {
   size_t best = members_.size();
   uint64_t best_score = 0;
   for (size_t i = 0; i < members_.size(); ++i) {
     if (!members_[i].owns) continue;
-    uint64_t score = XXH3_64bits_withSeed(chunk_id.data(), chunk_id.size(), seeds_[i]);
+    uint64_t sc = score(i, chunk_id);
     // Ties (astronomically rare) go to the smaller name, so every daemon agrees.
-    if (best == members_.size() || score > best_score ||
-        (score == best_score && members_[i].name < members_[best].name)) {
+    if (best == members_.size() || sc > best_score ||
+        (sc == best_score && members_[i].name < members_[best].name)) {
       best = i;
-      best_score = score;
+      best_score = sc;
     }
   }
   return members_[best];
+}
+
+std::vector<const Member*> Membership::ranked(std::string_view key) const {
+  std::vector<std::pair<uint64_t, const Member*>> scored;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (members_[i].owns) scored.emplace_back(score(i, key), &members_[i]);
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second->name < b.second->name;
+  });
+  std::vector<const Member*> out;
+  for (const auto& [s, m] : scored) out.push_back(m);
+  return out;
 }
 
 namespace {

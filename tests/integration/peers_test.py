@@ -71,13 +71,17 @@ class Job:
                 [SLUICED, "--socket", self.sock(i), "--cache-dir", os.path.join(self.dir, f"cache{i}"),
                  "--chunk-size", "1M", "--cache-ram", "0", "--endpoint-url", endpoint,
                  "--peer-listen", f"127.0.0.1:{self.ports[i]}", "--peers", self.peers,
-                 "--node-name", f"n{i}", "--node-secret-file", self.secret, "--peer-timeout-ms", "5000"],
+                 "--node-name", f"n{i}", "--node-secret-file", self.secret, "--peer-timeout-ms", "5000",
+                 "--objects-dir", self.objects(i)],
                 env=env(), stdout=log, stderr=log))
         for i in range(n):
             self.wait_up(i)
 
     def sock(self, i):
         return os.path.join(self.dir, f"n{i}.sock")
+
+    def objects(self, i):
+        return os.path.join(self.dir, f"objects{i}")
 
     def wait_up(self, i):
         deadline = time.monotonic() + 20
@@ -391,6 +395,65 @@ def test_checkpoints_on_a_peer_survive_the_loss_of_the_node(s3):
         job.close()
 
 
+def test_a_peer_tier_chosen_from_the_membership(s3):
+    """peer://FOLDER/: the copy goes to another member (never this node), the same one for
+    the series whoever asks; any member restores it; with that member down the next save
+    goes to the next one."""
+    job = Job(s3.endpoint, 3, "ckpt-auto")
+    try:
+        src = os.path.join(job.dir, "state")
+        os.makedirs(src)
+        data = random.randbytes(3 * MIB + 7)
+        with open(os.path.join(src, "model.bin"), "wb") as f:
+            f.write(data)
+        auth = ["--peers", job.peers, "--node-secret-file", job.secret]
+
+        def holders(step):
+            return [i for i in range(3) if os.path.exists(
+                os.path.join(job.objects(i), "ckpt", "m", f"step-{step:012d}"))]
+
+        p = sluice("ckpt", "save", "--series", "m", "--step", "1", "--to", "peer://ckpt/",
+                   "--node-name", "n0", "--json", *auth, src)
+        assert json.loads(p.stdout)["tiers"][0]["state"] == "committed", p.stdout
+        held = holders(1)
+        assert len(held) == 1 and held != [0], held
+        for me in ("n0", "n1", "n2"):  # any node finds it (a replacement node, say)
+            out = os.path.join(job.dir, "out-" + me)
+            sluice("ckpt", "restore", "--series", "m", "--from", "peer://ckpt/", "--to", out,
+                   "--node-name", me, *auth)
+            with open(os.path.join(out, "model.bin"), "rb") as f:
+                assert f.read() == data, me
+        # The node holding it saves too: its copy goes elsewhere, never to itself.
+        h = held[0]
+        sluice("ckpt", "save", "--series", "m", "--step", "2", "--to", "peer://ckpt/",
+               "--node-name", f"n{h}", *auth, src)
+        assert h not in holders(2) and len(holders(2)) == 1, holders(2)
+        # The first choice down: n0's next save goes to the other member.
+        job.procs[h].kill()
+        job.procs[h].wait()
+        p = sluice("ckpt", "save", "--series", "m", "--step", "3", "--to", "peer://ckpt/",
+                   "--node-name", "n0", "--json", *auth, src)
+        assert json.loads(p.stdout)["tiers"][0]["state"] == "committed", p.stdout
+        assert holders(3) and h not in holders(3) and 0 not in holders(3), holders(3)
+        out = os.path.join(job.dir, "out3")
+        sluice("ckpt", "restore", "--series", "m", "--step", "3", "--from", "peer://ckpt/", "--to", out,
+               "--node-name", "n0", *auth)
+        with open(os.path.join(out, "model.bin"), "rb") as f:
+            assert f.read() == data
+        # Bad settings: clear errors.
+        for extra, words in ((["--node-secret-file", job.secret], b"--peers"),
+                             (["--peers", job.peers], b"--node-secret-file"),
+                             (["--peers", job.peers, "--node-secret-file", job.secret, "--node-name", "zz"],
+                              b"not in the membership"),
+                             (["--peers", job.peers, "--node-secret-file", job.secret, "--world", "2",
+                               "--rank", "1", "--run-id", "r"], b"multi-rank")):
+            p = sluice("ckpt", "save", "--series", "m", "--step", "9", "--to", "peer://ckpt/", *extra, src,
+                       check=False)
+            assert p.returncode != 0 and words in p.stderr, (extra, p.stderr)
+    finally:
+        job.close()
+
+
 def test_bad_peer_settings_are_refused():
     d = os.path.join(WORK, "settings")
     os.makedirs(d)
@@ -460,6 +523,7 @@ def main():
               test_a_corrupt_chunk_on_the_owner_is_checked_and_refetched, s3, digest)
         r.run("checkpoints on a peer survive the loss of the node",
               test_checkpoints_on_a_peer_survive_the_loss_of_the_node, s3)
+        r.run("a peer tier chosen from the membership", test_a_peer_tier_chosen_from_the_membership, s3)
         r.run("bad peer settings refused", test_bad_peer_settings_are_refused)
         r.finish()
     finally:

@@ -40,7 +40,9 @@ struct CkptArgs {
   AwsFlags aws;
   unsigned rank = 0, world = 1;
   std::string run_id;
-  std::string node_name, secret_file;  // for sluiced:// tiers
+  std::string node_name, secret_file;  // for sluiced:// and peer:// tiers
+  std::string peers;                   // for peer:// tiers: a host list file, or "slurm"
+  uint16_t peer_port = 0;              // with --peers slurm
   std::string require = "all";         // save: which tiers must commit
   int only_rank = -1;                  // restore --rank
   int tier = -1;                       // verify --tier
@@ -64,6 +66,65 @@ Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
   return *v;
 }
 
+// peer://FOLDER/ tiers, as sluiced://MEMBER@HOST:PORT/FOLDER/ of the members that keep
+// the series' copies (docs/ckpt.md). The membership's order for the series is the same on
+// every node: a write goes to the first member other than this node (the next one when it
+// does not answer), so the copy is on one of the first three members, which reads try in
+// turn (this node among them: a replacement node may be the one that kept the copy).
+// Other tiers pass through.
+Result<std::vector<std::string>> resolve_peer_tiers(const CkptArgs& a,
+                                                    std::vector<std::string> uris,
+                                                    const store::StoreOptions& so, bool writes) {
+  std::vector<std::string> out;
+  for (std::string& uri : uris) {
+    if (!uri.starts_with("peer://")) {
+      out.push_back(std::move(uri));
+      continue;
+    }
+    auto refuse = [&](const std::string& why) {
+      return fail(Code::kInvalidArgument, "tier " + uri + ": " + why);
+    };
+    if (a.peers.empty()) return refuse("a peer:// tier needs --peers FILE (or --peers slurm)");
+    if (a.series.empty()) return refuse("a peer:// tier needs --series");
+    if (a.world > 1)
+      return refuse(
+          "the ranks of a multi-rank save would choose different peers; name one "
+          "with sluiced://MEMBER@HOST:PORT/FOLDER/");
+    SLUICE_ASSIGN_OR_RETURN(std::vector<peer::Member> members, load_members(a.peers, a.peer_port));
+    const std::string self = a.node_name.empty() ? short_host_name() : a.node_name;
+    SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(members), self));
+    std::vector<const peer::Member*> order = m.ranked(a.series);
+    if (order.size() > 3) order.resize(3);
+    auto uri_of = [&](const peer::Member* x) {
+      return "sluiced://" + x->name + "@" + x->address() + "/" + uri.substr(7);
+    };
+    if (!writes) {
+      for (const peer::Member* x : order) out.push_back(uri_of(x));
+      continue;
+    }
+    std::vector<std::string> picks;
+    for (const peer::Member* x : order)
+      if (!m.is_self(*x) && picks.size() < 2) picks.push_back(uri_of(x));
+    if (picks.empty())
+      return refuse("no member of --peers " + a.peers + " but this node ('" + self +
+                    "') keeps copies");
+    std::string pick = picks.front();
+    for (const std::string& p : picks) {  // a peer that does not answer passes its turn
+      auto s = store::open_store(p, so);
+      if (s) {
+        auto st = (*s)->stat(a.series + "/.probe");
+        if (!st &&
+            (st.error().code() == Code::kUnavailable || st.error().code() == Code::kTimedOut))
+          continue;
+      }
+      pick = p;
+      break;
+    }
+    out.push_back(pick);
+  }
+  return out;
+}
+
 // `writes`: the command writes new copies (save, sync), so a missing local tier is
 // created; the others refuse it, so a mistyped path is an error, not an empty tier.
 Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
@@ -71,11 +132,13 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
                                                               uint64_t staging, bool writes,
                                                               bool charge = false) {
   SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
-  if (std::any_of(a.tiers.begin(), a.tiers.end(),
-                  [](const std::string& t) { return t.starts_with("sluiced://"); })) {
+  if (std::any_of(a.tiers.begin(), a.tiers.end(), [](const std::string& t) {
+        return t.starts_with("sluiced://") || t.starts_with("peer://");
+      })) {
     // A peer daemon's object space: this node signs as a member of the job.
     if (a.secret_file.empty())
-      return fail(Code::kInvalidArgument, "a sluiced:// tier needs --node-secret-file FILE");
+      return fail(Code::kInvalidArgument,
+                  "a sluiced:// or peer:// tier needs --node-secret-file FILE");
     peer::register_object_scheme();
     peer::ObjectStoreOptions po;
     po.node = a.node_name.empty() ? short_host_name() : a.node_name;
@@ -87,7 +150,8 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   o.rank = a.rank;
   o.world = a.world;
   o.run_id = a.run_id;
-  std::vector<std::string> uris = a.tiers;
+  SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> uris,
+                          resolve_peer_tiers(a, a.tiers, so, writes));
   if (uris.empty()) uris.push_back(home + "/ckpt");
   for (const auto& uri : uris) {
     // The default tier is sluice's own directory: made on first use by any command.
@@ -645,29 +709,39 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
       "verify, restore, gc");
   ck->require_subcommand(1);
   const std::string def_tier = home + "/ckpt";
-  auto common = [&](CLI::App* c, const char* tier_flag, const char* tier_help) {
-    // One value per --to/--from: a path after it is an input, not another tier.
-    c->add_option(tier_flag, a.tiers, tier_help)->default_str(def_tier)->allow_extra_args(false);
+  // Where the tiers are: S3 settings, and this node's place among the job's daemons.
+  auto location_flags = [&](CLI::App* c) {
     c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
     c->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
     c->add_option("--region", a.aws.region, "Region for s3:// tiers");
     c->add_option("--node-name", a.node_name,
-                  "This node's member name, for sluiced://MEMBER@HOST:PORT/ tiers (default: the "
+                  "This node's member name, for sluiced:// and peer:// tiers (default: the "
                   "short host name)");
     c->add_option("--node-secret-file", a.secret_file,
-                  "The job's node secret (mode 600), for sluiced:// tiers");
+                  "The job's node secret (mode 600), for sluiced:// and peer:// tiers");
+    c->add_option("--peers", a.peers,
+                  "For peer://FOLDER/ tiers: the job's daemons, a host list file ('NAME "
+                  "HOST:PORT' a line, as sluiced --peers) or 'slurm' (SLURM_JOB_NODELIST)");
+    c->add_option("--peer-port", a.peer_port, "With --peers slurm: the members' peer port");
+  };
+  auto common = [&](CLI::App* c, const char* tier_flag, const char* tier_help) {
+    // One value per --to/--from: a path after it is an input, not another tier.
+    c->add_option(tier_flag, a.tiers, tier_help)->default_str(def_tier)->allow_extra_args(false);
+    location_flags(c);
     c->add_option("--chunk-size", a.chunk, "Checksum granularity (a multiple of 4K)")
         ->default_str("4M");
     c->add_flag("--json", a.json, "Print the result as JSON");
   };
   const char* from_help =
-      "A tier to read, nearest first (repeatable): a directory, file://, s3://bucket/prefix";
+      "A tier to read, nearest first (repeatable): a directory, file://, s3://bucket/prefix, "
+      "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (this rank's peer from --peers)";
   auto* save = ck->add_subcommand("save", "Save files or directories as one checkpoint step");
   save->add_option("--series", a.series, "The checkpoint series (A-Z a-z 0-9 . _ -)")->required();
   save->add_option("--step", a.step, "The step number")->required();
   save->add_option("PATH", a.paths, "Files or directories to save")->required();
   common(save, "--to",
-         "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix");
+         "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix, "
+         "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (this rank's peer from --peers)");
   save->add_option("--rank", a.rank, "This process's rank (each rank saves its own files)");
   save->add_option("--run-id", a.run_id,
                    "With --world above 1: an id every rank of this run shares (a job id and "
@@ -721,12 +795,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
                       "Only this rank's files (default: every rank; "
                       "with several, each under rank-N/)");
   restore->add_flag("--force", a.force, "Replace files that exist");
-  restore->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
-  restore->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
-  restore->add_option("--region", a.aws.region, "Region for s3:// tiers");
-  restore->add_option("--node-name", a.node_name, "This node's member name, for sluiced:// tiers");
-  restore->add_option("--node-secret-file", a.secret_file,
-                      "The job's node secret (mode 600), for sluiced:// tiers");
+  location_flags(restore);
   restore->add_flag("--json", a.json, "Print the result as JSON");
   restore->callback([interruptible, home] { interruptible(run_restore, home); });
 

@@ -56,6 +56,22 @@ Result<std::string> read_secret(const std::string& path) {
   return secret;
 }
 
+Result<std::vector<peer::Member>> load_members(const std::string& spec, uint16_t slurm_port) {
+  if (spec != "slurm") {
+    SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(spec, "peers file"));
+    return peer::parse_host_list(text, spec);
+  }
+  const char* list = std::getenv("SLURM_JOB_NODELIST");
+  if (!list || !*list)
+    return fail(Code::kInvalidArgument, "--peers slurm: SLURM_JOB_NODELIST is not set");
+  if (slurm_port == 0)
+    return fail(Code::kInvalidArgument, "--peers slurm: no port for the members (--peer-port)");
+  SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> names, peer::expand_hostlist(list));
+  std::vector<peer::Member> members;
+  for (std::string& n : names) members.push_back(peer::Member{n, n, slurm_port});
+  return members;
+}
+
 std::string short_host_name() {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);

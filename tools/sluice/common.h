@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sluice/core/status.h"
+#include "sluice/peer/membership.h"
 
 namespace sluice::cli {
 
@@ -21,5 +23,8 @@ Result<std::string> read_secret(const std::string& path);
 std::string format_utc(int64_t ns, const char* format);
 // This host's name up to the first dot: the default member name of a node.
 std::string short_host_name();
+// The job's daemons, as --peers names them: a host list file, or "slurm"
+// (SLURM_JOB_NODELIST, each member listening on `slurm_port`; 0: refused, there is none).
+Result<std::vector<peer::Member>> load_members(const std::string& spec, uint16_t slurm_port);
 
 }  // namespace sluice::cli

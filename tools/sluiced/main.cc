@@ -184,17 +184,7 @@ Status configure_peers(const Args& a, node::PeerConfig& p) {
   p.port = static_cast<uint16_t>(port);
   p.timeout = std::chrono::milliseconds(a.peer_timeout_ms);
   if (a.peers.empty()) return ok();  // /metrics only
-  std::vector<peer::Member> members;
-  if (a.peers == "slurm") {
-    const char* list = std::getenv("SLURM_JOB_NODELIST");
-    if (!list || !*list)
-      return fail(Code::kInvalidArgument, "--peers slurm: SLURM_JOB_NODELIST is not set");
-    SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> names, peer::expand_hostlist(list));
-    for (std::string& n : names) members.push_back(peer::Member{n, n, p.port});
-  } else {
-    SLUICE_ASSIGN_OR_RETURN(std::string text, cli::read_small_file(a.peers, "peers file"));
-    SLUICE_ASSIGN_OR_RETURN(members, peer::parse_host_list(text, a.peers));
-  }
+  SLUICE_ASSIGN_OR_RETURN(std::vector<peer::Member> members, cli::load_members(a.peers, p.port));
   std::string self = a.node_name.empty() ? cli::short_host_name() : a.node_name;
   SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(members), self));
   p.membership = std::make_shared<const peer::Membership>(std::move(m));

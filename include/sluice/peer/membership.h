@@ -42,12 +42,18 @@ class Membership {
 
   // The member that owns `chunk_id` (never fails: a membership has at least one member).
   const Member& owner(std::string_view chunk_id) const;
+  // Every member that owns chunks, best first for `key` (owner(key) first): the order
+  // depends only on the names and the key, so every node computes the same one. A node's
+  // copies of something (a checkpoint rank's peer copy) go to the first member other than
+  // itself; a replacement node under another name finds them among the first two.
+  std::vector<const Member*> ranked(std::string_view key) const;
   const Member& self() const { return members_[self_]; }
   bool is_self(const Member& m) const { return &m == &members_[self_]; }
   const std::vector<Member>& members() const { return members_; }
 
  private:
   Membership() = default;
+  uint64_t score(size_t member, std::string_view key) const;
   std::vector<Member> members_;
   std::vector<uint64_t> seeds_;  // XXH3-64 of each member's name
   size_t self_ = 0;

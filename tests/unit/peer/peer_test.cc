@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "sluice/peer/membership.h"
@@ -38,6 +39,32 @@ TEST(Membership, EveryDaemonComputesTheSameOwnerAndTheLoadIsSpread) {
   }
   EXPECT_TRUE(a.is_self(a.self()));
   EXPECT_EQ(a.self().name, "n0");
+}
+
+TEST(Membership, RankedIsTheSameOrderEverywhereAndStartsWithTheOwner) {
+  auto a = Membership::make(members(5), "n0").value();
+  auto b = Membership::make(members(5), "n4").value();
+  std::map<std::string, int> first;
+  for (int i = 0; i < 500; ++i) {
+    std::vector<const Member*> ra = a.ranked(chunk(i)), rb = b.ranked(chunk(i));
+    ASSERT_EQ(ra.size(), 5u);
+    ASSERT_EQ(rb.size(), 5u);
+    EXPECT_EQ(ra.front()->name, a.owner(chunk(i)).name);
+    for (size_t k = 0; k < ra.size(); ++k) EXPECT_EQ(ra[k]->name, rb[k]->name);
+    std::set<std::string> names;
+    for (const Member* m : ra) names.insert(m->name);
+    EXPECT_EQ(names.size(), 5u);  // each member once
+    ++first[ra.front()->name];
+  }
+  EXPECT_EQ(first.size(), 5u);  // every member comes first for some keys
+  // Fetch-only members are never ranked.
+  auto ms = members(3);
+  ms[1].owns = false;
+  auto c = Membership::make(ms, "n1").value();
+  for (int i = 0; i < 50; ++i) {
+    for (const Member* m : c.ranked(chunk(i))) EXPECT_NE(m->name, "n1");
+    EXPECT_EQ(c.ranked(chunk(i)).size(), 2u);
+  }
 }
 
 TEST(Membership, AJoinMovesOnlyTheChunksTheNewcomerTakes) {

@@ -604,8 +604,8 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
 Result<bool> DiskTier::write(const ChunkView& chunk, bool pinned, uint64_t lane) {
   SLUICE_ASSIGN_OR_RETURN(std::optional<Pending> p, begin(chunk, pinned, lane));
   if (!p) return false;
-  Status written = put_bytes(*p, chunk.bytes);
-  return finish(std::move(*p), std::move(written), chunk.xxh3);
+  Status written = put_bytes(*p, chunk.bytes, chunk.xxh3);
+  return finish(std::move(*p), std::move(written));
 }
 
 Result<std::optional<DiskTier::Pending>> DiskTier::begin(const ChunkView& chunk, bool pinned,
@@ -648,12 +648,17 @@ Result<std::optional<DiskTier::Pending>> DiskTier::begin(const ChunkView& chunk,
     if (charged && options_.freed) options_.freed(chunk.key, on_disk(length));
     return std::nullopt;
   }
-  return Pending{std::move(e)};
+  return Pending(std::move(e));
 }
 
-Status DiskTier::put_bytes(const Pending& p, std::span<const std::byte> bytes) {
+Status DiskTier::put_bytes(Pending& p, std::span<const std::byte> bytes,
+                           std::optional<uint64_t> xxh3) {
   const uint64_t length = p.entry.length;
-  if (bytes.size() != length) return fail(Code::kInternal, "cache chunk write of the wrong size");
+  if (bytes.size() != length)
+    return fail(Code::kInternal, "cache chunk " + std::to_string(p.entry.key.index) + " of '" +
+                                     p.entry.key.key + "': " + std::to_string(bytes.size()) +
+                                     " bytes to write into a place for " + std::to_string(length));
+  p.entry.xxh3 = xxh3 ? *xxh3 : checksum(bytes);
   const std::string path = path_of(p.entry.file_id);
   io::OpenOptions oo;
   oo.write = oo.create = true;  // a segment is appended to, never truncated
@@ -671,9 +676,9 @@ Status DiskTier::put_bytes(const Pending& p, std::span<const std::byte> bytes) {
   return ok();
 }
 
-Result<bool> DiskTier::finish(Pending p, Status written, uint64_t xxh3) {
-  Entry& e = p.entry;
-  e.xxh3 = xxh3;
+Result<bool> DiskTier::finish(Pending&& p, Status written) {
+  Entry e = std::move(p.entry);
+  const uint64_t xxh3 = e.xxh3;
   const ChunkId id = e.key.id();
   const std::string path = path_of(e.file_id);
   const uint64_t at = offset_of(e.file_id);

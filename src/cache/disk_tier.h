@@ -83,16 +83,24 @@ class DiskTier {
 
   // `write` in steps, for bytes that arrive over time (a download written as it lands):
   // `begin` admits and places the chunk (its view's bytes are only measured; nullopt: not
-  // kept), `put_bytes` writes its bytes (again, to replace them), and `finish` records it with the
-  // checksum of what the last `put_bytes` wrote, or gives its place back when `written` failed.
-  // Until finished the chunk holds its room and is invisible to readers. Every begun chunk
-  // must be finished, once.
+  // kept), `put_bytes` writes its bytes (again, to replace them) and keeps their checksum
+  // (`xxh3` when the caller has it, else computed), and `finish` records the chunk with the
+  // checksum of what the last `put_bytes` wrote, or gives its place back when `written`
+  // failed. Until finished the chunk holds its room and is invisible to readers; it may be
+  // evicted meanwhile (finish then frees it). Every begun chunk must be finished, once:
+  // a Pending can only be moved, and `finish` takes it.
   struct Pending {
-    Entry entry;
+    Entry entry;  // entry.xxh3: of the bytes the last put_bytes wrote
+    Pending(Entry e) : entry(std::move(e)) {}
+    Pending(Pending&&) = default;
+    Pending& operator=(Pending&&) = default;
+    Pending(const Pending&) = delete;
+    Pending& operator=(const Pending&) = delete;
   };
   Result<std::optional<Pending>> begin(const ChunkView& chunk, bool pinned, uint64_t lane = 0);
-  Status put_bytes(const Pending& p, std::span<const std::byte> bytes);
-  Result<bool> finish(Pending p, Status written, uint64_t xxh3);
+  Status put_bytes(Pending& p, std::span<const std::byte> bytes,
+                   std::optional<uint64_t> xxh3 = std::nullopt);
+  Result<bool> finish(Pending&& p, Status written);
 
   size_t drop_if(const std::function<bool(const ChunkKey&)>& match);
   size_t pin_if(const std::function<bool(const ChunkKey&)>& match, bool pinned);

@@ -801,27 +801,23 @@ struct TieredCache::Impl {
 
   // A chunk of a run written to NVMe while the run's backing read still streams in.
   struct Early {
+    bool begun = false;  // admission asked (once): a refusal is final for this fill
     std::optional<DiskTier::Pending> pending;
-    bool begun = false;
     Status put = ok();
-    uint64_t xxh3 = 0;  // of the bytes the last put wrote
   };
 
   // Writes the chunks of a run whose bytes have landed (the backing read's on_landed):
   // without it every chunk of a run waited for the whole run, and since parallel reads of
   // one server tend to finish together, the disk then sat idle through the downloads and
-  // the downloads through the disk writes. A retried request lands again from its start,
-  // and its chunks are written again. Nothing is recorded here: fill_run finishes each
-  // chunk once the read has succeeded and its bytes still match what was written.
+  // the downloads through the disk writes. A retry that lands from its start again is
+  // written again; nothing is recorded here: fill_run finishes each chunk once the read has
+  // succeeded, after checking that what was written is what the read returned.
   void write_landed(const store::ObjectInfo& info, std::vector<Claim>& run,
                     std::span<const std::byte> out, std::vector<Early>& early, uint64_t start,
-                    uint64_t end, size_t& next, bool& restarted) {
-    uint64_t pos = 0;
-    for (size_t i = 0; i < next; ++i) pos += run[i].length;
+                    uint64_t end, size_t& next, uint64_t& pos) {
     if (end < start + pos) {  // a retry: the bytes written so far arrive again
       next = 0;
       pos = 0;
-      restarted = true;
     }
     for (; next < run.size() && start + pos + run[next].length <= end; ++next) {
       Claim& c = run[next];
@@ -833,31 +829,37 @@ struct TieredCache::Impl {
         if (!current_version(c.key)) continue;
         auto p = disk->begin(ChunkView{c.key, bytes, 0, info.size, info.mtime_ns},
                              pinned(c.key.key), this_threads_lane());
-        if (p) e.pending = std::move(*p);
+        if (p && *p) e.pending = std::move(*p);
+        if (!p || !*p) m.disk_skipped.add();
       }
-      if (!e.pending) continue;
-      e.xxh3 = checksum(bytes);
-      e.put = disk->put_bytes(*e.pending, bytes);
+      if (e.pending) e.put = disk->put_bytes(*e.pending, bytes);
     }
   }
 
-  // Records (or gives back) a chunk written early, once its read has ended: kept only
-  // when the read succeeded and the bytes on disk are the ones it returned. Those are
-  // hashed again only after a retry: within one request a landed byte never changes.
+  // Records (or gives back) a chunk of a run once its read has ended. The bytes the read
+  // returned are hashed here whatever happened while it streamed: a chunk written early
+  // whose bytes differ (a retry not seen as one) is written again in its place first.
   void finish_early(const Claim& c, Early& e, std::span<const std::byte> bytes, bool read_ok,
-                    bool restarted, const store::ObjectInfo& info) {
-    uint64_t xxh3 = !read_ok ? 0 : e.pending && !restarted ? e.xxh3 : checksum(bytes);
-    bool keep = read_ok && e.put && xxh3 == e.xxh3;
-    if (e.pending) {
-      auto w = disk->finish(std::move(*e.pending), keep ? ok() : fail(Code::kCancelled, "not kept"),
-                            e.xxh3);
+                    const store::ObjectInfo& info) {
+    if (!read_ok || (e.begun && !e.pending)) {  // failed, or refused at admission
+      if (e.pending)
+        (void)disk->finish(std::move(*e.pending), fail(Code::kCancelled, "read failed"));
       e.pending.reset();
-      if (keep && w && *w && !current_version(c.key))  // dropped meanwhile: drop it now
-        (void)disk->drop_if([&](const ChunkKey& k) { return k == c.key; });
-      if (keep) return;
+      return;
     }
-    if (read_ok)  // never begun, or what was written is not what was read: write it now
+    const uint64_t xxh3 = checksum(bytes);
+    if (!e.pending) {  // never landed early (a backend that does not stream)
       store_on_disk(ChunkView{c.key, bytes, xxh3, info.size, info.mtime_ns}, this_threads_lane());
+      return;
+    }
+    if (!e.put || e.pending->entry.xxh3 != xxh3) e.put = disk->put_bytes(*e.pending, bytes, xxh3);
+    auto w = disk->finish(std::move(*e.pending), std::move(e.put));
+    e.pending.reset();
+    if (!w || !*w) {
+      m.disk_skipped.add();
+    } else if (!current_version(c.key)) {  // dropped meanwhile: drop it now
+      (void)disk->drop_if([&](const ChunkKey& k) { return k == c.key; });
+    }
   }
 
   // One backing read for a claimed run, straight into `out` (no bounce); then each chunk is
@@ -874,13 +876,14 @@ struct TieredCache::Impl {
     ro.if_match = info.etag;
     ro.object_size = info.size;
     ro.split = split;
-    const bool through = write_through(out);
+    // A run starts 4 KiB-aligned; so does every chunk of it when chunks are whole pages.
+    const bool through = write_through(out) && options.chunk_size % 4096 == 0;
     std::vector<Early> early(through ? run.size() : 0);
     size_t next = 0;
-    bool restarted = false;
+    uint64_t landed_pos = 0;
     if (through)
       ro.on_landed = [&](uint64_t end) {
-        write_landed(info, run, out, early, start, end, next, restarted);
+        write_landed(info, run, out, early, start, end, next, landed_pos);
       };
     auto n = backing->read_full(info.key, start, out, ro);
     Status s = !n                 ? Status(std::unexpected(n.error()))
@@ -891,10 +894,15 @@ struct TieredCache::Impl {
       Claim& c = run[i];
       std::span<const std::byte> bytes = out.subspan(pos, c.length);
       ChunkResult r = std::shared_ptr<const Chunk>();  // null: waiters look in the tiers
-      if (through) finish_early(c, early[i], bytes, bool(s), restarted, info);
+      if (through) {
+        finish_early(c, early[i], bytes, bool(s), info);
+      } else if (s && write_through(bytes)) {  // a chunk size that is not whole pages
+        store_on_disk(ChunkView{c.key, bytes, checksum(bytes), info.size, info.mtime_ns},
+                      this_threads_lane());
+      }
       if (!s) {
         r = std::unexpected(s.error());
-      } else if (!through) {
+      } else if (!through && !write_through(bytes)) {
         r = copy_chunk(c.key, bytes, info);
         if (r) {
           (void)ram->offer(*r, pinned(c.key.key));  // the tiers decide whether to keep it

@@ -361,6 +361,10 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
       slash != std::string_view::npos && i.o.root_of && i.o.chunk_size > 0)
     root = i.o.root_of(key.substr(0, slash));
   if (!root) return i.from_backing(key, offset, dst, options, target());
+  // Split across peers: the backing store's progress on one segment says nothing of the
+  // read as a whole (ReadOptions::on_landed).
+  store::ReadOptions sub = options;
+  sub.on_landed = nullptr;
 
   std::vector<Impl::Segment> segs = i.plan(key, offset, dst);
   const std::string_view key_in_root = key.substr(slash + 1);
@@ -410,7 +414,7 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
       i.note_error(*sg.owner, got.error(), Impl::blames_peer(got.error()));
     }
     if (short_read || !first_error) continue;  // only waiting for fetches still running
-    Result<size_t> n = i.from_backing(key, sg.offset, sg.out, options, target());
+    Result<size_t> n = i.from_backing(key, sg.offset, sg.out, sub, target());
     if (!n) {
       first_error = Status(std::unexpected(n.error()));
       continue;

@@ -64,7 +64,13 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     }
     std::memcpy(t->req->sink.data() + r.sink_bytes, data, len);
     r.sink_bytes += len;
-    if (t->req->on_sink) t->req->on_sink(r.sink_bytes);
+    if (t->req->on_sink) {
+      try {
+        t->req->on_sink(r.sink_bytes);
+      } catch (...) {  // never through libcurl's C frames: the transfer fails instead
+        return 0;
+      }
+    }
     return len;
   }
   t->resp->body.append(data, len);

@@ -79,9 +79,13 @@ struct ReadOptions {
   bool split = true;
   // Told, on the reading thread, as the bytes of a read arrive in order: the bytes from
   // the read's offset up to object offset `end` are in its buffer now (not yet checked:
-  // the read may still fail). A retried request starts again, with a lower `end`. Only a
-  // read a backend does as one streamed request calls it (s3:// with split = false); other
-  // reads never do, so it can hurry work along but not replace the read's result.
+  // the read may still fail, and a retried request lands them again, usually with a
+  // lower `end` first). Only a read a backend does as one streamed request calls it
+  // (s3:// when the read is one GET); others never do, so it can hurry work along (write
+  // what has landed) but never replace checking the read's result. Never called at once
+  // from two threads, nor after the read returns; it must not throw, and while it runs
+  // the transfer waits. A wrapper that splits a read, or reads into other memory, must
+  // clear it for its own sub-reads.
   std::function<void(uint64_t end)> on_landed;
 };
 

@@ -268,7 +268,7 @@ TEST(TieredCache, WrittenThroughChunksGoToNvmeAsTheirBytesLand) {
   auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
   ASSERT_TRUE(n.has_value()) << n.error().to_string();
   EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 3).begin()));
-  EXPECT_EQ(on_disk_before_the_end, 7 * kChunk);  // every chunk but the last written
+  EXPECT_GE(on_disk_before_the_end, 7 * kChunk);  // every chunk but the last written
   EXPECT_EQ(recorded_before_the_end, 0u);         // and none readable yet
   EXPECT_EQ(cache->chunks("").size(), 8u);
   auto rep = cache->verify();
@@ -278,32 +278,77 @@ TEST(TieredCache, WrittenThroughChunksGoToNvmeAsTheirBytesLand) {
 }
 
 TEST(TieredCache, ARetriedStreamRewritesWhatItWroteEarly) {
-  // The first attempt lands wrong bytes for three chunks, which are written early; the
-  // retry lands the right ones. Only the right ones are kept and served.
+  // The first attempt lands wrong bytes for some chunks, which are written early; the retry
+  // lands the right ones. Only the right ones are kept and served, also when the retry's
+  // first piece is so large that the restart is not seen as one (pieces of 1 and 2 chunks).
+  for (uint64_t piece : {uint64_t{16} << 10, kChunk, 2 * kChunk}) {
+    for (uint64_t wrong : {kChunk + 100, 3 * kChunk + 100}) {
+      SCOPED_TRACE("piece " + std::to_string(piece) + ", wrong " + std::to_string(wrong));
+      TempDir dir;
+      Backing b;
+      const uint64_t size = 8 * kChunk;
+      ASSERT_TRUE(b.open()->put("k", pattern(size, 4)));
+      auto streaming = std::make_unique<Streaming>(b.open());
+      streaming->piece = piece;
+      streaming->retry_after = wrong;
+      CacheOptions o = small_options(dir.path());
+      o.ram_bytes = 0;
+      o.revalidate_after = std::chrono::hours(1);
+      auto cache = open_cache(std::move(streaming), o);
+      AlignedBuffer out = AlignedBuffer::allocate(size).value();
+      store::ReadOptions ro;
+      ro.split = false;
+      auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+      ASSERT_TRUE(n.has_value()) << n.error().to_string();
+      EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 4).begin()));
+      auto rep = cache->verify();
+      ASSERT_TRUE(rep.has_value());
+      EXPECT_EQ(rep->chunks, 8u);
+      EXPECT_TRUE(rep->corrupt.empty());
+      // Served from NVMe now: the same right bytes.
+      const uint64_t misses = cache->stats().misses;
+      EXPECT_EQ(read_range(*cache, "k", 0, size), pattern(size, 4));
+      EXPECT_EQ(cache->stats().misses, misses);
+      EXPECT_EQ(chunk_file_bytes(dir.path()), size);  // each chunk once, nothing left over
+    }
+  }
+}
+
+TEST(TieredCache, EvictWhileChunksAreWrittenEarlyLeavesNothingBehind) {
+  // An evict in the middle of a streamed fill drops the chunks written so far but not yet
+  // recorded: they are never recorded, their pages are freed, the read is still exact.
   TempDir dir;
   Backing b;
   const uint64_t size = 8 * kChunk;
-  ASSERT_TRUE(b.open()->put("k", pattern(size, 4)));
+  ASSERT_TRUE(b.open()->put("k", pattern(size, 6)));
   auto streaming = std::make_unique<Streaming>(b.open());
-  streaming->retry_after = 3 * kChunk + 100;
+  Streaming* st = streaming.get();
   CacheOptions o = small_options(dir.path());
   o.ram_bytes = 0;
   o.revalidate_after = std::chrono::hours(1);
   auto cache = open_cache(std::move(streaming), o);
+  bool evicted = false;
+  st->watch = [&](uint64_t end) {
+    if (!evicted && end >= 4 * kChunk + 1) {
+      evicted = true;
+      auto e = cache->evict("");
+      EXPECT_TRUE(e.has_value());
+    }
+  };
   AlignedBuffer out = AlignedBuffer::allocate(size).value();
   store::ReadOptions ro;
   ro.split = false;
   auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
   ASSERT_TRUE(n.has_value()) << n.error().to_string();
-  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 4).begin()));
+  EXPECT_TRUE(evicted);
+  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 6).begin()));
   auto rep = cache->verify();
   ASSERT_TRUE(rep.has_value());
-  EXPECT_EQ(rep->chunks, 8u);
   EXPECT_TRUE(rep->corrupt.empty());
-  // Served from NVMe now: the same right bytes.
-  const uint64_t misses = cache->stats().misses;
-  EXPECT_EQ(read_range(*cache, "k", 0, size), pattern(size, 4));
-  EXPECT_EQ(cache->stats().misses, misses);
+  EXPECT_LE(rep->chunks, 4u);  // at most those begun after the evict
+  EXPECT_EQ(chunk_file_bytes(dir.path()), rep->chunks * kChunk);
+  st->watch = nullptr;
+  EXPECT_EQ(read_range(*cache, "k", 0, size), pattern(size, 6));
 }
 
 TEST(TieredCache, AStreamThatFailsKeepsNothingItWroteEarly) {

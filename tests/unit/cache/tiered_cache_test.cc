@@ -242,36 +242,57 @@ uint64_t chunk_file_bytes(const std::string& dir) {
   return total;
 }
 
+// A cache without a RAM tier (so fills are written through) over a Streaming store that
+// holds `chunks` chunks of pattern(seed) under "k".
+struct StreamedFill {
+  TempDir dir;
+  Backing b;
+  Streaming* streaming = nullptr;
+  std::unique_ptr<TieredCache> cache;
+  uint64_t size;
+  uint32_t seed;
+  AlignedBuffer out;
+
+  StreamedFill(uint64_t chunks, uint32_t seed_) : size(chunks * kChunk), seed(seed_) {
+    EXPECT_TRUE(b.open()->put("k", pattern(size, seed)));
+    auto s = std::make_unique<Streaming>(b.open());
+    streaming = s.get();
+    CacheOptions o = small_options(dir.path());
+    o.ram_bytes = 0;
+    o.revalidate_after = std::chrono::hours(1);
+    cache = open_cache(std::move(s), o);
+    out = AlignedBuffer::allocate(size).value();
+  }
+  // The whole object in one backing read (one run), as cp's parts ask.
+  Result<size_t> read() {
+    store::ReadOptions ro;
+    ro.split = false;
+    return cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  }
+  bool exact() const {
+    return std::equal(out.data(), out.data() + size, pattern(size, seed).begin());
+  }
+};
+
 TEST(TieredCache, WrittenThroughChunksGoToNvmeAsTheirBytesLand) {
   // A run's chunks are written while its backing read still streams, and recorded (readable)
   // only once the read has succeeded.
-  TempDir dir;
-  Backing b;
-  const uint64_t size = 8 * kChunk;
-  ASSERT_TRUE(b.open()->put("k", pattern(size, 3)));
-  auto streaming = std::make_unique<Streaming>(b.open());
-  Streaming* st = streaming.get();
-  CacheOptions o = small_options(dir.path());
-  o.ram_bytes = 0;
-  auto cache = open_cache(std::move(streaming), o);
+  StreamedFill f(8, 3);
   uint64_t on_disk_before_the_end = 0;
   size_t recorded_before_the_end = 0;
-  st->watch = [&](uint64_t end) {
-    if (end == size - st->piece) {
-      on_disk_before_the_end = chunk_file_bytes(dir.path());
-      recorded_before_the_end = cache->chunks("").size();
+  f.streaming->watch = [&](uint64_t end) {
+    if (end == f.size - f.streaming->piece) {
+      on_disk_before_the_end = chunk_file_bytes(f.dir.path());
+      recorded_before_the_end = f.cache->chunks("").size();
     }
   };
-  AlignedBuffer out = AlignedBuffer::allocate(size).value();
-  store::ReadOptions ro;
-  ro.split = false;  // one run, one backing read
-  auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  auto n = f.read();
   ASSERT_TRUE(n.has_value()) << n.error().to_string();
-  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 3).begin()));
+  EXPECT_TRUE(f.exact());
   EXPECT_GE(on_disk_before_the_end, 7 * kChunk);  // every chunk but the last written
   EXPECT_EQ(recorded_before_the_end, 0u);         // and none readable yet
-  EXPECT_EQ(cache->chunks("").size(), 8u);
-  auto rep = cache->verify();
+  EXPECT_EQ(f.cache->chunks("").size(), 8u);
+  auto rep = f.cache->verify();
   ASSERT_TRUE(rep.has_value());
   EXPECT_EQ(rep->chunks, 8u);
   EXPECT_TRUE(rep->corrupt.empty());
@@ -284,32 +305,21 @@ TEST(TieredCache, ARetriedStreamRewritesWhatItWroteEarly) {
   for (uint64_t piece : {uint64_t{16} << 10, kChunk, 2 * kChunk}) {
     for (uint64_t wrong : {kChunk + 100, 3 * kChunk + 100}) {
       SCOPED_TRACE("piece " + std::to_string(piece) + ", wrong " + std::to_string(wrong));
-      TempDir dir;
-      Backing b;
-      const uint64_t size = 8 * kChunk;
-      ASSERT_TRUE(b.open()->put("k", pattern(size, 4)));
-      auto streaming = std::make_unique<Streaming>(b.open());
-      streaming->piece = piece;
-      streaming->retry_after = wrong;
-      CacheOptions o = small_options(dir.path());
-      o.ram_bytes = 0;
-      o.revalidate_after = std::chrono::hours(1);
-      auto cache = open_cache(std::move(streaming), o);
-      AlignedBuffer out = AlignedBuffer::allocate(size).value();
-      store::ReadOptions ro;
-      ro.split = false;
-      auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+      StreamedFill f(8, 4);
+      f.streaming->piece = piece;
+      f.streaming->retry_after = wrong;
+      auto n = f.read();
       ASSERT_TRUE(n.has_value()) << n.error().to_string();
-      EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 4).begin()));
-      auto rep = cache->verify();
+      EXPECT_TRUE(f.exact());
+      auto rep = f.cache->verify();
       ASSERT_TRUE(rep.has_value());
       EXPECT_EQ(rep->chunks, 8u);
       EXPECT_TRUE(rep->corrupt.empty());
       // Served from NVMe now: the same right bytes.
-      const uint64_t misses = cache->stats().misses;
-      EXPECT_EQ(read_range(*cache, "k", 0, size), pattern(size, 4));
-      EXPECT_EQ(cache->stats().misses, misses);
-      EXPECT_EQ(chunk_file_bytes(dir.path()), size);  // each chunk once, nothing left over
+      const uint64_t misses = f.cache->stats().misses;
+      EXPECT_EQ(read_range(*f.cache, "k", 0, f.size), pattern(f.size, 4));
+      EXPECT_EQ(f.cache->stats().misses, misses);
+      EXPECT_EQ(chunk_file_bytes(f.dir.path()), f.size);  // each chunk once, nothing left over
     }
   }
 }
@@ -317,66 +327,41 @@ TEST(TieredCache, ARetriedStreamRewritesWhatItWroteEarly) {
 TEST(TieredCache, EvictWhileChunksAreWrittenEarlyLeavesNothingBehind) {
   // An evict in the middle of a streamed fill drops the chunks written so far but not yet
   // recorded: they are never recorded, their pages are freed, the read is still exact.
-  TempDir dir;
-  Backing b;
-  const uint64_t size = 8 * kChunk;
-  ASSERT_TRUE(b.open()->put("k", pattern(size, 6)));
-  auto streaming = std::make_unique<Streaming>(b.open());
-  Streaming* st = streaming.get();
-  CacheOptions o = small_options(dir.path());
-  o.ram_bytes = 0;
-  o.revalidate_after = std::chrono::hours(1);
-  auto cache = open_cache(std::move(streaming), o);
+  StreamedFill f(8, 6);
   bool evicted = false;
-  st->watch = [&](uint64_t end) {
+  f.streaming->watch = [&](uint64_t end) {
     if (!evicted && end >= 4 * kChunk + 1) {
       evicted = true;
-      auto e = cache->evict("");
-      EXPECT_TRUE(e.has_value());
+      EXPECT_TRUE(f.cache->evict("").has_value());
     }
   };
-  AlignedBuffer out = AlignedBuffer::allocate(size).value();
-  store::ReadOptions ro;
-  ro.split = false;
-  auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  auto n = f.read();
   ASSERT_TRUE(n.has_value()) << n.error().to_string();
   EXPECT_TRUE(evicted);
-  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 6).begin()));
-  auto rep = cache->verify();
+  EXPECT_TRUE(f.exact());
+  auto rep = f.cache->verify();
   ASSERT_TRUE(rep.has_value());
   EXPECT_TRUE(rep->corrupt.empty());
   EXPECT_LE(rep->chunks, 4u);  // at most those begun after the evict
-  EXPECT_EQ(chunk_file_bytes(dir.path()), rep->chunks * kChunk);
-  st->watch = nullptr;
-  EXPECT_EQ(read_range(*cache, "k", 0, size), pattern(size, 6));
+  EXPECT_EQ(chunk_file_bytes(f.dir.path()), rep->chunks * kChunk);
+  f.streaming->watch = nullptr;
+  EXPECT_EQ(read_range(*f.cache, "k", 0, f.size), pattern(f.size, 6));
 }
 
 TEST(TieredCache, AStreamThatFailsKeepsNothingItWroteEarly) {
-  TempDir dir;
-  Backing b;
-  const uint64_t size = 8 * kChunk;
-  ASSERT_TRUE(b.open()->put("k", pattern(size, 5)));
-  auto streaming = std::make_unique<Streaming>(b.open());
-  Streaming* st = streaming.get();
-  st->fail_after = 5 * kChunk + 1;  // five chunks landed and written, then a reset
-  CacheOptions o = small_options(dir.path());
-  o.ram_bytes = 0;
-  o.revalidate_after = std::chrono::hours(1);
-  auto cache = open_cache(std::move(streaming), o);
-  AlignedBuffer out = AlignedBuffer::allocate(size).value();
-  store::ReadOptions ro;
-  ro.split = false;
-  auto n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  StreamedFill f(8, 5);
+  f.streaming->fail_after = 5 * kChunk + 1;  // five chunks landed and written, then a reset
+  auto n = f.read();
   ASSERT_FALSE(n.has_value());
   EXPECT_EQ(n.error().code(), Code::kUnavailable);
-  EXPECT_TRUE(cache->chunks("").empty());
-  EXPECT_EQ(cache->stats().disk.bytes, 0u);     // their room given back
-  EXPECT_EQ(chunk_file_bytes(dir.path()), 0u);  // and their pages
-  st->fail_after = 0;
-  n = cache->read_full("k", 0, std::span<std::byte>(out.data(), size), ro);
+  EXPECT_TRUE(f.cache->chunks("").empty());
+  EXPECT_EQ(f.cache->stats().disk.bytes, 0u);     // their room given back
+  EXPECT_EQ(chunk_file_bytes(f.dir.path()), 0u);  // and their pages
+  f.streaming->fail_after = 0;
+  n = f.read();
   ASSERT_TRUE(n.has_value()) << n.error().to_string();
-  EXPECT_TRUE(std::equal(out.data(), out.data() + size, pattern(size, 5).begin()));
-  EXPECT_EQ(cache->chunks("").size(), 8u);
+  EXPECT_TRUE(f.exact());
+  EXPECT_EQ(f.cache->chunks("").size(), 8u);
 }
 
 TEST(TieredCache, AReaderThatKeepsItsOwnReadsInParallelIsNotSplitBehindIt) {

@@ -307,9 +307,10 @@ struct TieredCache::Impl {
   // passes the declared chunks more than prefetch_reorder_chunks before it: those not
   // fetched yet never will be, those fetched and never read are waste and free their
   // budget (so an abandoned order cannot hold it, whoever reads next).
-  void settle_prefetch(ChunkId id, bool hit) {
+  void settle_prefetch(const ChunkKey& key, bool hit) {
     if (!pf_active.load(std::memory_order_relaxed)) return;  // no prefetch declared
     if (store::ServingPeer::active()) return;                // another node's read
+    const ChunkId id = key.id();
     {
       std::lock_guard lock(pf_mu);
       std::optional<uint64_t> position;
@@ -317,7 +318,9 @@ struct TieredCache::Impl {
         position = q->second;  // read before a prefetcher took it
       if (auto it = pf_ahead_chunks.find(id); it != pf_ahead_chunks.end()) {
         position = std::min(position.value_or(it->second.position), it->second.position);
-        hit = hit || it->second.fetching;  // still being fetched: the read joins that fill
+        // Still being fetched: the read joins that fill. Fetched between the reader's miss
+        // and now: the fill offered it to the tiers first, and the read takes it there.
+        hit = hit || it->second.fetching || ram->contains(key) || (disk && disk->contains(key));
         (hit ? m.prefetch_hits : m.prefetch_wasted).add();
         release_locked(id);
       }
@@ -940,7 +943,7 @@ struct TieredCache::Impl {
       std::span<std::byte> out = dst.subspan(pos - offset, take);
       ChunkKey key{store_id, info.key, info.etag, index};
       SLUICE_ASSIGN_OR_RETURN(bool done, from_tiers(info, key, length, within, out));
-      settle_prefetch(key.id(), done);
+      settle_prefetch(key, done);
       if (!done && take == length) {
         std::vector<Claim> run = claim_run(info, index, offset + n);
         if (!run.empty()) {
@@ -1129,7 +1132,7 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!x.fd.valid()) return std::optional<ChunkExtent>();  // evicted just now
   // The caller reads it from there: a prefetched chunk is used (and frees its budget).
-  impl_->settle_prefetch(chunk.id(), true);
+  impl_->settle_prefetch(chunk, true);
   x.file_offset = DiskTier::offset_of(e->file_id);
   x.length = e->length;
   x.object_offset = index * impl_->options.chunk_size;

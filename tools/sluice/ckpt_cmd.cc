@@ -734,14 +734,14 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   };
   const char* from_help =
       "A tier to read, nearest first (repeatable): a directory, file://, s3://bucket/prefix, "
-      "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (this rank's peer from --peers)";
+      "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)";
   auto* save = ck->add_subcommand("save", "Save files or directories as one checkpoint step");
   save->add_option("--series", a.series, "The checkpoint series (A-Z a-z 0-9 . _ -)")->required();
   save->add_option("--step", a.step, "The step number")->required();
   save->add_option("PATH", a.paths, "Files or directories to save")->required();
   common(save, "--to",
          "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix, "
-         "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (this rank's peer from --peers)");
+         "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)");
   save->add_option("--rank", a.rank, "This process's rank (each rank saves its own files)");
   save->add_option("--run-id", a.run_id,
                    "With --world above 1: an id every rank of this run shares (a job id and "

@@ -440,6 +440,8 @@ def test_a_peer_tier_chosen_from_the_membership(s3):
                "--node-name", "n0", *auth)
         with open(os.path.join(out, "model.bin"), "rb") as f:
             assert f.read() == data
+        p = sluice("ckpt", "ls", "--from", "peer://ckpt/", "--node-name", "n0", *auth, check=False)
+        assert p.returncode != 0 and b"chosen per series" in p.stderr, p.stderr
         # Bad settings: clear errors.
         for extra, words in ((["--node-secret-file", job.secret], b"--peers"),
                              (["--peers", job.peers], b"--node-secret-file"),

@@ -389,6 +389,12 @@ int run_save(const CkptArgs& a, const std::string& home) {
 int run_ls(const CkptArgs& a, const std::string& home) {
   if (a.series.empty()) {
     // Every series on the tiers: the first component of keys that look like a step's.
+    if (std::any_of(a.tiers.begin(), a.tiers.end(),
+                    [](const std::string& t) { return t.starts_with("peer://"); }))
+      return report_error(Error(Code::kInvalidArgument,
+                                "ckpt ls of every series cannot read a peer:// tier: its peer "
+                                "is chosen per series (give --series, or name the peer with "
+                                "sluiced://MEMBER@HOST:PORT/FOLDER/)"));
     std::set<std::string> names;
     CkptArgs any = a;
     any.series = "x";

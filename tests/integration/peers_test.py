@@ -83,6 +83,15 @@ class Job:
     def objects(self, i):
         return os.path.join(self.dir, f"objects{i}")
 
+    def state(self, size):
+        """A checkpoint's files: DIR/state/model.bin of `size` random bytes; returns both."""
+        src = os.path.join(self.dir, "state")
+        os.makedirs(src)
+        data = random.randbytes(size)
+        with open(os.path.join(src, "model.bin"), "wb") as f:
+            f.write(data)
+        return src, data
+
     def wait_up(self, i):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -357,11 +366,7 @@ def test_a_corrupt_chunk_on_the_owner_is_checked_and_refetched(s3, digest):
 def test_checkpoints_on_a_peer_survive_the_loss_of_the_node(s3):
     job = Job(s3.endpoint, 2, "ckpt")
     try:
-        src = os.path.join(job.dir, "state")
-        os.makedirs(src)
-        data = random.randbytes(9 * MIB + 5)
-        with open(os.path.join(src, "model.bin"), "wb") as f:
-            f.write(data)
+        src, data = job.state(9 * MIB + 5)
         local, durable = os.path.join(job.dir, "local"), os.path.join(job.dir, "durable")
         peer = f"sluiced://n1@127.0.0.1:{job.ports[1]}/ckpt/"
         me = ["--node-name", "n0", "--node-secret-file", job.secret]
@@ -401,11 +406,7 @@ def test_a_peer_tier_chosen_from_the_membership(s3):
     goes to the next one."""
     job = Job(s3.endpoint, 3, "ckpt-auto")
     try:
-        src = os.path.join(job.dir, "state")
-        os.makedirs(src)
-        data = random.randbytes(3 * MIB + 7)
-        with open(os.path.join(src, "model.bin"), "wb") as f:
-            f.write(data)
+        src, data = job.state(3 * MIB + 7)
         auth = ["--peers", job.peers, "--node-secret-file", job.secret]
 
         def holders(step):

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -26,8 +27,61 @@ struct NodeClient::Impl {
   std::chrono::milliseconds timeout;
   DaemonInfo info;
   std::atomic<uint64_t> next_id{1};
+
+  // A connection, and the reply window the daemon mapped for it (reads only).
+  struct Conn {
+    std::unique_ptr<FrameChannel> ch;
+    std::optional<Window> window;
+    bool window_asked = false;  // once per connection: a refusal is not asked again
+  };
   std::mutex mu;
-  std::vector<std::unique_ptr<FrameChannel>> idle;  // guarded by mu
+  std::vector<Conn> idle;  // guarded by mu
+
+  // A reply that still holds its connection: the pieces of a read reply may name bytes of
+  // the connection's window, which the next request on it overwrites. The connection goes
+  // back to the pool when this is destroyed.
+  class Held {
+   public:
+    Held(Impl* owner, Conn c, Frame f) : frame(std::move(f)), owner_(owner), c_(std::move(c)) {}
+    Held(Held&& o) noexcept
+        : frame(std::move(o.frame)),
+          owner_(std::exchange(o.owner_, nullptr)),
+          c_(std::move(o.c_)) {}
+    Held(const Held&) = delete;
+    Held& operator=(Held&&) = delete;
+    ~Held() {
+      if (owner_) owner_->release(std::move(c_));
+    }
+    std::span<const std::byte> window() const {
+      return c_.window ? c_.window->bytes() : std::span<const std::byte>();
+    }
+    Frame frame;
+
+   private:
+    Impl* owner_;
+    Conn c_;
+  };
+
+  void release(Conn c) {
+    std::lock_guard lock(mu);
+    idle.push_back(std::move(c));
+  }
+
+  // A pooled connection (first attempt only), else a new one; `pooled` says which.
+  Result<Conn> take(bool reuse, bool& pooled) {
+    {
+      std::lock_guard lock(mu);
+      if (!idle.empty() && reuse) {
+        Conn c = std::move(idle.back());
+        idle.pop_back();
+        pooled = true;
+        return c;
+      }
+    }
+    pooled = false;
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<FrameChannel> ch, dial());
+    return Conn{std::move(ch), std::nullopt, false};
+  }
 
   Result<std::unique_ptr<FrameChannel>> dial() const {
     UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -68,34 +122,56 @@ struct NodeClient::Impl {
   }
 
   // Sends on a pooled connection (or a new one); a pooled connection the daemon closed
-  // meanwhile is replaced once.
-  Result<Frame> exchange(uint16_t type, std::string json) {
+  // meanwhile is replaced once. With window_bytes, a READ asks the connection's reply
+  // window first (once per connection) and, where the daemon mapped one, has its inline
+  // bytes written there ("window": true) instead of into the reply.
+  Result<Held> exchange_held(uint16_t type, const std::function<std::string(bool window)>& json,
+                             uint64_t window_bytes = 0) {
     Frame req;
     req.type = type;
-    req.request_id = next_id.fetch_add(1, std::memory_order_relaxed);
-    req.json = std::move(json);
     for (int attempt = 0;; ++attempt) {
-      std::unique_ptr<FrameChannel> ch;
-      {
-        std::lock_guard lock(mu);
-        if (!idle.empty() && attempt == 0) {
-          ch = std::move(idle.back());
-          idle.pop_back();
-        }
-      }
-      bool pooled = ch != nullptr;
-      if (!ch) {
-        SLUICE_ASSIGN_OR_RETURN(ch, dial());
-      }
-      Result<Frame> r = exchange_on(*ch, req);
+      bool pooled = false;
+      SLUICE_ASSIGN_OR_RETURN(Conn c, take(attempt == 0, pooled));
+      Result<Frame> r = send_on(c, req, json, window_bytes);
       if (!r) {
         if (pooled) continue;  // every request is idempotent: retry on a new connection
-        return r;
+        return std::unexpected(r.error());
       }
-      std::lock_guard lock(mu);
-      idle.push_back(std::move(ch));
-      return r;
+      return Held(this, std::move(c), std::move(*r));
     }
+  }
+
+  Result<Frame> send_on(Conn& c, Frame& req, const std::function<std::string(bool window)>& json,
+                        uint64_t window_bytes) {
+    if (window_bytes > 0 && !c.window_asked) SLUICE_RETURN_IF_ERROR(ask_window(c, window_bytes));
+    req.request_id = next_id.fetch_add(1, std::memory_order_relaxed);
+    req.json = json(c.window.has_value());
+    return exchange_on(*c.ch, req);
+  }
+
+  Result<Frame> exchange(uint16_t type, std::string json) {
+    SLUICE_ASSIGN_OR_RETURN(Held h, exchange_held(type, [&](bool) { return json; }));
+    return std::move(h.frame);
+  }
+
+  // Asks the daemon to map a reply window for `c`. A refusal (a daemon before windows, or
+  // one whose window memory is taken) or a window that fails its checks leaves `c` without
+  // one; only a broken connection is an error.
+  Status ask_window(Conn& c, uint64_t bytes) {
+    c.window_asked = true;
+    Frame req;
+    req.type = static_cast<uint16_t>(FrameType::kWindow);
+    req.request_id = next_id.fetch_add(1, std::memory_order_relaxed);
+    req.json = Json{{"bytes", bytes}}.dump();
+    SLUICE_ASSIGN_OR_RETURN(Frame f, exchange_on(*c.ch, req));
+    if (f.type == static_cast<uint16_t>(FrameType::kError) || f.fds.size() != 1) return ok();
+    auto j = parse_body(f.json);
+    if (!j) return ok();
+    auto mapped = get_u64(*j, "bytes");
+    if (!mapped || *mapped == 0 || *mapped > kMaxDataBytes) return ok();
+    auto w = Window::map(std::move(f.fds[0]), *mapped);
+    if (w) c.window = std::move(*w);
+    return ok();
   }
 
   Result<Frame> call_frame(FrameType type, const Json& body) {
@@ -256,8 +332,9 @@ struct NodeStore::Impl {
   // One piece of a read reply at `cursor`: inline bytes are copied into dst now (to a
   // device: enqueued, with the copy's ticket in `last_copy`), a handed-off chunk's read is
   // started (and appended to `handoffs`). Advances `cursor`.
-  Status take_piece(std::string_view key, const Json& p, const Frame& f, uint64_t offset,
-                    const io::Buffer& dst, uint64_t& cursor, std::deque<HandoffRead>& handoffs,
+  Status take_piece(std::string_view key, const Json& p, const Frame& f,
+                    std::span<const std::byte> window, uint64_t offset, const io::Buffer& dst,
+                    uint64_t& cursor, std::deque<HandoffRead>& handoffs,
                     std::optional<uint64_t>& last_copy) {
     SLUICE_ASSIGN_OR_RETURN(uint64_t at, get_u64(p, "offset"));
     SLUICE_ASSIGN_OR_RETURN(uint64_t len, get_u64(p, "length"));
@@ -265,16 +342,21 @@ struct NodeStore::Impl {
       return fail(Code::kCorruption,
                   "sluiced: a read reply out of order for '" + std::string(key) + "'");
     const uint64_t within = cursor - offset;
-    if (p.contains("data_offset")) {
-      SLUICE_ASSIGN_OR_RETURN(uint64_t from, get_u64(p, "data_offset"));
-      if (from > f.data.size() || len > f.data.size() - from)
-        return fail(Code::kCorruption, "sluiced: a piece past the reply's data");
+    const bool in_window = p.contains("window_offset");
+    if (in_window || p.contains("data_offset")) {
+      std::span<const std::byte> from_bytes(f.data.data(), f.data.size());
+      if (in_window) from_bytes = window;
+      SLUICE_ASSIGN_OR_RETURN(uint64_t from,
+                              get_u64(p, in_window ? "window_offset" : "data_offset"));
+      if (from > from_bytes.size() || len > from_bytes.size() - from)
+        return fail(Code::kCorruption, in_window ? "sluiced: a piece past the reply window"
+                                                 : "sluiced: a piece past the reply's data");
       std::byte* out = static_cast<std::byte*>(dst.ptr) + within;
       if (on_device(dst)) {
         SLUICE_ASSIGN_OR_RETURN(last_copy,
-                                dst.target->copy_to_target(out, f.data.data() + from, len));
+                                dst.target->copy_to_target(out, from_bytes.data() + from, len));
       } else {
-        std::memcpy(out, f.data.data() + from, len);
+        std::memcpy(out, from_bytes.data() + from, len);
       }
       inline_bytes.fetch_add(len, std::memory_order_relaxed);
     } else {
@@ -302,7 +384,20 @@ struct NodeStore::Impl {
       body["length"] = dst.size - got;
       if (!etag.empty()) body["if_match"] = etag;
       if (inline_only) body["inline_only"] = true;
-      SLUICE_ASSIGN_OR_RETURN(Frame f, client->impl().call_frame(FrameType::kRead, body));
+      // The reply holds its connection until the loop's turn ends: its pieces may lie in
+      // the connection's window.
+      SLUICE_ASSIGN_OR_RETURN(NodeClient::Impl::Held held,
+                              client->impl().exchange_held(
+                                  static_cast<uint16_t>(FrameType::kRead),
+                                  [&](bool window) {
+                                    body["window"] = window;
+                                    return body.dump(-1, ' ', false,
+                                                     Json::error_handler_t::replace);
+                                  },
+                                  options.window_bytes));
+      const Frame& f = held.frame;
+      if (f.type == static_cast<uint16_t>(FrameType::kError))
+        return std::unexpected(error_of(f, "sluiced"));
       SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
       SLUICE_ASSIGN_OR_RETURN(std::string version, get_string(j, "etag"));
       if (etag.empty()) etag = version;
@@ -317,7 +412,7 @@ struct NodeStore::Impl {
       std::optional<uint64_t> last_copy;  // inline bytes on their way to a device
       Status taken = ok();
       for (const Json& p : *pieces) {
-        taken = take_piece(key, p, f, offset, dst, cursor, handoffs, last_copy);
+        taken = take_piece(key, p, f, held.window(), offset, dst, cursor, handoffs, last_copy);
         if (!taken) break;
       }
       // Every read started writes into dst and uses a descriptor of `f`, and every copy to a

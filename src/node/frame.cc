@@ -1,7 +1,11 @@
 #include "node/frame.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -221,6 +225,49 @@ Result<std::optional<Frame>> FrameChannel::receive(std::chrono::milliseconds idl
     return fail(Code::kInvalidArgument, "frame: more descriptors than a frame may carry");
   if (!verify(h, raw, f)) return fail(Code::kCorruption, "frame: checksum mismatch");
   return std::optional<Frame>(std::move(f));
+}
+
+Result<Window> Window::create(size_t bytes) {
+  if (bytes == 0 || bytes % 4096 != 0)
+    return fail(Code::kInvalidArgument, "a window is a whole number of pages");
+  UniqueFd fd(::memfd_create("sluiced-window", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return fail_errno(errno, "memfd_create for a reply window");
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
+    return fail_errno(errno, "sizing a reply window");
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return fail_errno(errno, "mapping a reply window");
+  Window w(std::move(fd), static_cast<std::byte*>(p), bytes);
+  // After the writable mapping above: F_SEAL_FUTURE_WRITE refuses every later one.
+  if (::fcntl(w.fd_.get(), F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0)
+    return fail_errno(errno, "sealing a reply window");
+  return w;
+}
+
+Result<Window> Window::map(UniqueFd fd, size_t bytes) {
+  int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) return fail_errno(errno, "the daemon's reply window");
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "the daemon's reply window");
+  if (!(seals & F_SEAL_SHRINK) || bytes == 0 || static_cast<uint64_t>(st.st_size) < bytes)
+    return fail(Code::kCorruption, "sluiced: a reply window that is not sealed or too small");
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return fail_errno(errno, "mapping the daemon's reply window");
+  return Window(std::move(fd), static_cast<std::byte*>(p), bytes);
+}
+
+Window& Window::operator=(Window&& o) noexcept {
+  if (this != &o) {
+    if (p_) ::munmap(p_, size_);
+    fd_ = std::move(o.fd_);
+    p_ = std::exchange(o.p_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+Window::~Window() {
+  if (p_) ::munmap(p_, size_);
 }
 
 }  // namespace sluice::node

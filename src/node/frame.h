@@ -45,6 +45,7 @@ enum class FrameType : uint16_t {
   kPin = 7,
   kChunks = 8,
   kDeclare = 9,
+  kWindow = 10,
   kResponse = 0x8000,  // or'ed with the request's type
   kError = 0xFFFF,
 };
@@ -141,6 +142,39 @@ class FrameChannel {
   Status read_exact(std::span<std::byte> dst, std::chrono::steady_clock::time_point deadline,
                     std::vector<UniqueFd>* fds, bool* closed_at_start);
   UniqueFd fd_;
+};
+
+// A connection's shared-memory reply window (WINDOW in docs/formats/node-protocol.md): a
+// sealed memfd the daemon writes a connection's inline read bytes into and the client maps
+// read-only, so those bytes cross no socket. The seals (no shrink, no grow, no writable
+// mapping or write(2) after the daemon's own) mean the client can neither change what the
+// daemon wrote (which the daemon's cache may be writing to NVMe from) nor make the daemon's
+// writes fault. Move-only; unmaps when destroyed.
+class Window {
+ public:
+  // The daemon's side: `bytes` (a whole number of pages) of fresh memory, mapped writable.
+  static Result<Window> create(size_t bytes);
+  // The client's side: maps a window it was sent, read-only, after checking that it is
+  // sealed against shrinking and holds at least `bytes`.
+  static Result<Window> map(UniqueFd fd, size_t bytes);
+
+  Window(Window&& o) noexcept
+      : fd_(std::move(o.fd_)), p_(std::exchange(o.p_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Window& operator=(Window&& o) noexcept;
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+  ~Window();
+
+  std::span<std::byte> writable() { return {p_, size_}; }  // the daemon's side only
+  std::span<const std::byte> bytes() const { return {p_, size_}; }
+  size_t size() const { return size_; }
+  const UniqueFd& fd() const { return fd_; }
+
+ private:
+  Window(UniqueFd fd, std::byte* p, size_t size) : fd_(std::move(fd)), p_(p), size_(size) {}
+  UniqueFd fd_;
+  std::byte* p_ = nullptr;
+  size_t size_ = 0;
 };
 
 }  // namespace sluice::node

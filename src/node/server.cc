@@ -3,6 +3,7 @@
 // docs/formats/node-protocol.md for the frames.
 #include "sluice/node/server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -141,7 +142,8 @@ struct NodeServer::Impl {
 
   // Counters: relaxed, they are only reported.
   std::atomic<uint64_t> connections{0}, refused{0}, requests{0}, errors{0};
-  std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0};
+  std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0}, window_bytes{0};
+  std::atomic<uint64_t> windows_mapped{0};  // the bytes of every connection's reply window
 
   // Teams with their own credentials: each root opened with them, for prove_access.
   std::map<const TeamGrant*, std::unique_ptr<RouterStore>> team_routers;  // made at open
@@ -253,8 +255,43 @@ struct NodeServer::Impl {
     }
   }
 
+  // A connection's reply window (WINDOW), counted against max_window_bytes while it lives.
+  class WindowLease {
+   public:
+    explicit WindowLease(std::atomic<uint64_t>& mapped) : mapped_(mapped) {}
+    ~WindowLease() { reset(); }
+    WindowLease(const WindowLease&) = delete;
+    WindowLease& operator=(const WindowLease&) = delete;
+    Window* get() { return w_ ? &*w_ : nullptr; }
+    void reset() {
+      if (w_) mapped_.fetch_sub(w_->size(), std::memory_order_relaxed);
+      w_.reset();
+    }
+    // Replaces the window with a new one of `bytes`, if the budget `limit` has room.
+    Result<Window*> replace(uint64_t bytes, uint64_t limit) {
+      reset();
+      uint64_t now = mapped_.load(std::memory_order_relaxed);
+      do {
+        if (now + bytes > limit)
+          return fail(Code::kUnavailable, "every reply window's memory is taken; read without one");
+      } while (!mapped_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+      auto w = Window::create(bytes);
+      if (!w) {
+        mapped_.fetch_sub(bytes, std::memory_order_relaxed);
+        return std::unexpected(w.error());
+      }
+      w_ = std::move(*w);
+      return &*w_;
+    }
+
+   private:
+    std::atomic<uint64_t>& mapped_;
+    std::optional<Window> w_;
+  };
+
   void serve_connection(Conn& c, Caller caller, UniqueFd fd) {
     std::optional<FrameChannel> ch(std::in_place, std::move(fd));
+    WindowLease window(windows_mapped);
     for (;;) {
       auto fr = ch->receive(o.idle_timeout, o.frame_timeout, /*max_data=*/0);
       if (!fr) {
@@ -270,7 +307,7 @@ struct NodeServer::Impl {
       requests.fetch_add(1, std::memory_order_relaxed);
       const Frame& req = **fr;
       Frame resp;
-      Result<Reply> r = dispatch(caller, req);
+      Result<Reply> r = dispatch(caller, req, window);
       if (r) {
         resp.type = static_cast<uint16_t>(req.type | static_cast<uint16_t>(FrameType::kResponse));
         resp.request_id = req.request_id;
@@ -289,13 +326,14 @@ struct NodeServer::Impl {
       }
       if (!ch->send(resp, o.frame_timeout)) break;
     }
+    window.reset();
     std::lock_guard lock(mu);
     ch.reset();  // closes the socket under mu, so stop() never shuts down a reused number
     c.done = true;
     if (--per_uid[caller.uid] == 0) per_uid.erase(caller.uid);
   }
 
-  Result<Reply> dispatch(const Caller& caller, const Frame& req) {
+  Result<Reply> dispatch(const Caller& caller, const Frame& req, WindowLease& window) {
     SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(req.json));
     if (!req.fds.empty()) return fail(Code::kInvalidArgument, "requests carry no descriptors");
     try {
@@ -305,7 +343,9 @@ struct NodeServer::Impl {
         case FrameType::kStat:
           return stat(caller, j);
         case FrameType::kRead:
-          return read(caller, j);
+          return read(caller, j, window.get());
+        case FrameType::kWindow:
+          return map_window(j, window);
         case FrameType::kList:
           return list(caller, j);
         case FrameType::kCacheStat:
@@ -439,14 +479,37 @@ struct NodeServer::Impl {
     return r;
   }
 
+  // A window of the size asked for (at most max_inline_bytes, whole pages) for this
+  // connection's inline read bytes, replacing any it had; its descriptor is the reply's one.
+  Result<Reply> map_window(const Json& j, WindowLease& lease) {
+    SLUICE_ASSIGN_OR_RETURN(uint64_t want, get_u64(j, "bytes"));
+    const uint64_t most = std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
+    uint64_t bytes =
+        (std::clamp<uint64_t>(want, 4096, std::max<uint64_t>(most, 4096)) + 4095) / 4096 * 4096;
+    SLUICE_ASSIGN_OR_RETURN(Window * w, lease.replace(bytes, o.max_window_bytes));
+    UniqueFd copy(::fcntl(w->fd().get(), F_DUPFD_CLOEXEC, 0));
+    if (!copy.valid()) {
+      lease.reset();
+      return fail_errno(errno, "passing a reply window");
+    }
+    Reply r;
+    r.body = {{"bytes", bytes}};
+    r.fds.push_back(std::move(copy));
+    return r;
+  }
+
   // A read answers a prefix of the range asked for: whole chunks that lie on NVMe as
-  // descriptors, the rest inline up to max_inline_bytes. The client asks again for the rest.
-  Result<Reply> read(const Caller& caller, const Json& j) {
+  // descriptors, the rest inline up to max_inline_bytes, in the reply's data or (with
+  // "window": true) in the connection's reply window. The client asks again for the rest.
+  Result<Reply> read(const Caller& caller, const Json& j, Window* window) {
     SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
     SLUICE_ASSIGN_OR_RETURN(uint64_t offset, get_u64(j, "offset"));
     SLUICE_ASSIGN_OR_RETURN(uint64_t length, get_u64(j, "length"));
     SLUICE_ASSIGN_OR_RETURN(std::string if_match, get_string_or(j, "if_match", ""));
     SLUICE_ASSIGN_OR_RETURN(bool inline_only, get_bool_or(j, "inline_only", false));
+    SLUICE_ASSIGN_OR_RETURN(bool to_window, get_bool_or(j, "window", false));
+    if (to_window && !window)
+      return fail(Code::kInvalidArgument, "a read into a window on a connection that mapped none");
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
     if (!if_match.empty() && if_match != info.etag)
       return fail(Code::kConflict,
@@ -455,7 +518,9 @@ struct NodeServer::Impl {
     r.body = {{"size", info.size}, {"etag", info.etag}, {"pieces", Json::array()}};
     uint64_t end = offset >= info.size ? offset : offset + std::min(length, info.size - offset);
     const uint64_t chunk = cache->options().chunk_size;
-    const uint64_t max_inline = std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
+    const uint64_t max_inline =
+        to_window ? window->size() : std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
+    uint64_t inline_used = 0;  // bytes of r.data or of the window
     std::optional<SlotLease> slot;
     bool reserved = false;
     for (uint64_t pos = offset; pos < end && r.fds.size() < kMaxFds;) {
@@ -479,8 +544,8 @@ struct NodeServer::Impl {
         }
       }
       uint64_t take = std::min(chunk_end, end) - pos;
-      if (r.data.size() + take > max_inline) {
-        if (!r.data.empty() || !r.fds.empty()) break;  // the client asks for the rest
+      if (inline_used + take > max_inline) {
+        if (inline_used > 0 || !r.fds.empty()) break;  // the client asks for the rest
         take = max_inline;
       }
       if (!slot) {
@@ -488,21 +553,29 @@ struct NodeServer::Impl {
         if (!slot->held(o.frame_timeout))
           return fail(Code::kUnavailable, "daemon busy: every inline read slot is taken");
       }
-      if (!reserved) {  // the inline bytes this reply can carry, allocated once
+      if (!reserved && !to_window) {  // the inline bytes this reply can carry, allocated once
         r.data.reserve(std::min<uint64_t>(max_inline, end - pos));
         reserved = true;
       }
-      size_t at = r.data.size();
-      r.data.resize(at + take);
+      const uint64_t at = inline_used;
+      std::span<std::byte> into;
+      if (to_window) {
+        into = window->writable().subspan(at, take);
+      } else {
+        r.data.resize(at + take);
+        into = std::span(r.data).subspan(at);
+      }
       store::ReadOptions ro;
       ro.if_match = info.etag;
-      SLUICE_ASSIGN_OR_RETURN(size_t n,
-                              cache->read_full(key, pos, std::span(r.data).subspan(at), ro));
+      SLUICE_ASSIGN_OR_RETURN(size_t n, cache->read_full(key, pos, into, ro));
       if (n != take)
         return fail(Code::kCorruption, "'" + unrouted(key) + "': " + std::to_string(n) +
                                            " bytes at offset " + std::to_string(pos) +
                                            " where the object holds " + std::to_string(take));
-      r.body["pieces"].push_back({{"offset", pos}, {"length", take}, {"data_offset", at}});
+      inline_used += take;
+      if (to_window) window_bytes.fetch_add(take, std::memory_order_relaxed);
+      r.body["pieces"].push_back(
+          {{"offset", pos}, {"length", take}, {to_window ? "window_offset" : "data_offset", at}});
       team_bytes.at(caller.team)->add(take);
       inline_bytes.fetch_add(take, std::memory_order_relaxed);
       pos += take;
@@ -576,7 +649,9 @@ struct NodeServer::Impl {
           {"request_errors", errors.load(std::memory_order_relaxed)},
           {"handoff_chunks", handoff_chunks.load(std::memory_order_relaxed)},
           {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
-          {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)}}}};
+          {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)},
+          {"window_bytes", window_bytes.load(std::memory_order_relaxed)},
+          {"windows_mapped_bytes", windows_mapped.load(std::memory_order_relaxed)}}}};
     return r;
   }
 
@@ -967,8 +1042,8 @@ void NodeServer::stop() {
 ServerStats NodeServer::stats() const {
   const Impl& i = *impl_;
   auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  return ServerStats{r(i.connections),    r(i.refused),       r(i.requests),    r(i.errors),
-                     r(i.handoff_chunks), r(i.handoff_bytes), r(i.inline_bytes)};
+  return ServerStats{r(i.connections),    r(i.refused),       r(i.requests),     r(i.errors),
+                     r(i.handoff_chunks), r(i.handoff_bytes), r(i.inline_bytes), r(i.window_bytes)};
 }
 
 cache::TieredCache& NodeServer::cache() {

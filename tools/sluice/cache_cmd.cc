@@ -165,10 +165,12 @@ bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
                 n(t["chunks"]), n(t["hits"]), format_size(n(t["hit_bytes"])).c_str());
   }
   const nlohmann::json& sv = j["server"];
-  std::printf("misses: %.0f chunks (%s from the sources); hand-offs: %.0f chunks (%s), inline %s\n",
-              n(j["misses"]), format_size(n(j["miss_bytes"])).c_str(), n(sv["handoff_chunks"]),
-              format_size(n(sv["handoff_bytes"])).c_str(),
-              format_size(n(sv["inline_bytes"])).c_str());
+  std::printf(
+      "misses: %.0f chunks (%s from the sources); hand-offs: %.0f chunks (%s), inline %s (%s "
+      "through reply windows)\n",
+      n(j["misses"]), format_size(n(j["miss_bytes"])).c_str(), n(sv["handoff_chunks"]),
+      format_size(n(sv["handoff_bytes"])).c_str(), format_size(n(sv["inline_bytes"])).c_str(),
+      format_size(n(sv["window_bytes"])).c_str());
   std::printf("connections: %.0f served, %.0f refused; requests: %.0f, %.0f failed\n",
               n(sv["connections"]), n(sv["connections_refused"]), n(sv["requests"]),
               n(sv["request_errors"]));

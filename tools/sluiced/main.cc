@@ -19,6 +19,7 @@
 #include "aws_config.h"
 #include "cache_flags.h"
 #include "common.h"
+#include "sizes.h"
 #include "sluice/node/server.h"
 #include "sluice/s3/store.h"
 
@@ -37,6 +38,7 @@ struct Args {
   unsigned access_ttl_s = 60;
   unsigned max_connections = 256, max_per_uid = 64;
   unsigned idle_s = 300;
+  std::string window_memory = "512M";
 };
 
 void log_line(std::string_view line) {
@@ -155,6 +157,7 @@ Result<Json> apply_config(Args& a, const CLI::App& app) {
   SLUICE_RETURN_IF_ERROR(
       num("max_connections_per_uid", "--max-connections-per-uid", a.max_per_uid));
   SLUICE_RETURN_IF_ERROR(num("idle_timeout_s", "--idle-timeout", a.idle_s));
+  SLUICE_RETURN_IF_ERROR(str("window_memory", "--window-memory", a.window_memory));
   SLUICE_RETURN_IF_ERROR(str("ledger", "--ledger", a.ledger));
   SLUICE_RETURN_IF_ERROR(str("peer_listen", "--peer-listen", a.peer_listen));
   SLUICE_RETURN_IF_ERROR(str("peers", "--peers", a.peers));
@@ -217,6 +220,9 @@ int run(Args& a, const CLI::App& app) {
   o.max_connections = a.max_connections;
   o.max_connections_per_uid = a.max_per_uid;
   o.idle_timeout = std::chrono::seconds(a.idle_s);
+  auto windows = cli::parse_size(a.window_memory);
+  if (!windows) return cli::report_error(windows.error().with_context("--window-memory"));
+  o.max_window_bytes = *windows;
   o.log = log_line;
   if (a.ledger.empty()) {
     const char* env = std::getenv("SLUICE_LEDGER");
@@ -296,6 +302,11 @@ int main(int argc, char** argv) {
       ->default_val(64);
   app.add_option("--idle-timeout", a.idle_s, "Seconds before an idle connection is closed")
       ->default_val(300);
+  app.add_option("--window-memory", a.window_memory,
+                 "Shared-memory reply windows of all connections together (one per reading "
+                 "connection, 8 MiB; bytes not handed off as descriptors go there instead of "
+                 "through the socket); past it, replies carry the bytes")
+      ->default_val("512M");
   app.add_option("--ledger", a.ledger,
                  "Charge chunks kept on NVMe to the teams owning their objects' projects, "
                  "within their nvme quotas (sqlite:///PATH or postgresql://...; docs/ledger.md). "

@@ -44,6 +44,10 @@ struct NodeOptions {
   // threads of the store read and check handed-off chunks at once (a reply carries up to 64).
   std::shared_ptr<io::Context> io;
   unsigned handoff_parallel = 4;
+  // Bytes of the shared-memory reply window each connection asks the daemon for: inline
+  // read bytes are then written there by the daemon and copied out by the reader, instead
+  // of crossing the socket. 0: no window (the bytes come in the reply frames).
+  uint64_t window_bytes = 8 << 20;
   // For node+ URIs: where no daemon answers, open the embedded cache (cache+<uri>, with
   // the CacheOptions of the store options) and call on_fallback with the reason. false:
   // Unavailable.

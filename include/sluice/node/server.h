@@ -26,7 +26,8 @@
 //   stops the daemon.
 // - Bounded: at most max_connections at once (max_connections_per_uid for one uid), a frame
 //   must arrive within frame_timeout once begun, an idle connection is closed after
-//   idle_timeout, and at most max_inline_reads inline replies are buffered at once.
+//   idle_timeout, at most max_inline_reads inline replies are buffered at once, and reply
+//   windows hold at most max_window_bytes.
 // - One daemon per socket and per cache directory: open() fails Unavailable where another
 //   answers on the socket or holds the directory. A socket left by a dead daemon is
 //   replaced.
@@ -108,6 +109,10 @@ struct ServerOptions {
   uint64_t handoff_min_bytes = 256 << 10;
   uint64_t max_inline_bytes = 8 << 20;  // inline bytes in one reply (at most 16 MiB)
   unsigned max_inline_reads = 32;
+  // Shared-memory reply windows (one per connection that asks, max_inline_bytes each),
+  // all connections together; past it a WINDOW request is refused and the client's inline
+  // bytes come in the reply frames.
+  uint64_t max_window_bytes = 512 << 20;
   PeerConfig peer;
   // Charges the NVMe tier's chunks to teams (see the contract above); null: nothing is
   // charged and every chunk may be kept.
@@ -119,6 +124,7 @@ struct ServerOptions {
 struct ServerStats {
   uint64_t connections = 0, connections_refused = 0, requests = 0, request_errors = 0;
   uint64_t handoff_chunks = 0, handoff_bytes = 0, inline_bytes = 0;
+  uint64_t window_bytes = 0;  // of inline_bytes, those written into a reply window
 };
 
 class NodeServer {

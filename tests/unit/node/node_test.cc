@@ -4,9 +4,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -41,7 +45,8 @@ std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
 class Daemon {
  public:
   explicit Daemon(const TempDir& dir, std::vector<TeamGrant> teams = {},
-                  std::shared_ptr<ledger::Ledger> ledger = nullptr) {
+                  std::shared_ptr<ledger::Ledger> ledger = nullptr,
+                  const std::function<void(ServerOptions&)>& tune = {}) {
     ServerOptions o;
     o.ledger = std::move(ledger);
     o.socket_path = dir.file("sluiced.sock");
@@ -50,6 +55,7 @@ class Daemon {
     o.cache.ram_bytes = 0;  // every hit comes from NVMe: the hand-off path
     o.cache.disk_bytes = 256 << 20;
     o.teams = std::move(teams);
+    if (tune) tune(o);
     o.log = [this](std::string_view line) {
       std::lock_guard lock(mu_);
       log_.emplace_back(line);
@@ -199,6 +205,68 @@ TEST(NodeStore, ReadsAreExactAndWarmChunksAreHandedOff) {
   EXPECT_EQ((*listed)[0].key, "set/obj");
   EXPECT_EQ(s->stat("set/missing").error().code(), Code::kNotFound);
   EXPECT_EQ(s->create("x", {}).error().code(), Code::kUnsupported);
+}
+
+// Inline bytes come through the connection's reply window by default, as bytes in the
+// reply frames where the client asks for none or the daemon's window memory is taken.
+TEST(NodeStore, InlineBytesComeThroughTheReplyWindow) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  auto s = fx.open(d.socket());
+  ASSERT_TRUE(s);
+  EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);  // cold: all inline
+  ServerStats st = d.server().stats();
+  EXPECT_EQ(st.window_bytes, fx.data.size());
+  EXPECT_EQ(st.inline_bytes, fx.data.size());
+  // Reads larger than the window (8 MiB) in several replies, and odd ranges, exact.
+  for (auto [off, len] : {std::pair<uint64_t, size_t>{3, fx.data.size() - 3}, {kChunk + 1, 5}}) {
+    std::vector<std::byte> out(len);
+    ASSERT_EQ(s->read_full("set/obj", off, out).value(), len);
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), fx.data.begin() + off));
+  }
+  NodeOptions o;
+  o.socket = d.socket();
+  o.window_bytes = 0;
+  auto plain = NodeStore::open(fx.root, o).value();
+  const uint64_t before = d.server().stats().window_bytes;
+  std::vector<std::byte> out(5000);
+  ASSERT_EQ(plain->read_full("set/obj", 100, out).value(), out.size());
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), fx.data.begin() + 100));
+  EXPECT_EQ(d.server().stats().window_bytes, before);
+  // No window memory left: the daemon refuses WINDOW and the reads still succeed.
+  TempDir other;
+  Daemon tight(other, {}, nullptr, [](ServerOptions& so) { so.max_window_bytes = 0; });
+  auto t = fx.open(tight.socket());
+  EXPECT_EQ(read_all(*t, "set/obj", fx.data.size()), fx.data);
+  EXPECT_EQ(tight.server().stats().window_bytes, 0u);
+  EXPECT_EQ(tight.server().stats().inline_bytes, fx.data.size());
+}
+
+// The client can read a window but not write, resize or remap it writable; the client's
+// side refuses a window that is not sealed or smaller than said.
+TEST(NodeFrame, AReplyWindowIsReadOnlyAndFixedForTheClient) {
+  auto w = Window::create(1 << 20);
+  ASSERT_TRUE(w) << w.error().to_string();
+  std::memset(w->writable().data(), 0x5a, 1 << 20);
+  UniqueFd fd(::fcntl(w->fd().get(), F_DUPFD_CLOEXEC, 0));
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0), MAP_FAILED);
+  const char x = 1;
+  EXPECT_EQ(::pwrite(fd.get(), &x, 1, 0), -1);
+  EXPECT_NE(::ftruncate(fd.get(), 4096), 0);
+  EXPECT_NE(::ftruncate(fd.get(), 4 << 20), 0);
+  EXPECT_NE(::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), 0);
+  UniqueFd too(::fcntl(w->fd().get(), F_DUPFD_CLOEXEC, 0));
+  EXPECT_EQ(Window::map(std::move(too), 2 << 20).error().code(), Code::kCorruption);
+  auto seen = Window::map(std::move(fd), 1 << 20);
+  ASSERT_TRUE(seen) << seen.error().to_string();
+  EXPECT_EQ(seen->bytes()[12345], std::byte{0x5a});
+  w->writable()[12345] = std::byte{7};  // the daemon's later writes are seen
+  EXPECT_EQ(seen->bytes()[12345], std::byte{7});
+  EXPECT_NE(::mprotect(const_cast<std::byte*>(seen->bytes().data()), 4096, PROT_WRITE), 0);
+  UniqueFd unsealed(::memfd_create("plain", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(unsealed.get(), 1 << 20), 0);
+  EXPECT_EQ(Window::map(std::move(unsealed), 1 << 20).error().code(), Code::kCorruption);
+  EXPECT_FALSE(Window::create(1000));
 }
 
 // Flips the byte at `within` of every whole chunk in the daemon's segments (an object's
@@ -398,6 +466,14 @@ TEST(NodeServer, MalformedRequestsGetErrorsAndTheDaemonStaysUp) {
                 .find("unsigned"),
             std::string::npos);
   EXPECT_NE(send_raw(d.socket(), frame_bytes(777, "{}")).find("unknown request type"),
+            std::string::npos);
+  EXPECT_NE(
+      send_raw(d.socket(),
+               frame_bytes(3, R"({"root":")" + r +
+                                  R"(","key":"set/obj","offset":0,"length":1,"window":true})"))
+          .find("mapped none"),
+      std::string::npos);
+  EXPECT_NE(send_raw(d.socket(), frame_bytes(10, R"({"bytes":"big"})")).find("unsigned"),
             std::string::npos);
   // A small fuzz loop: every byte of a valid request flipped in turn, some at random.
   auto valid =

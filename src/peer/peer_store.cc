@@ -215,8 +215,9 @@ struct PeerStore::Impl {
     }
   }
 
-  // One GET of bytes [r.offset, r.offset + out.size()) of a chunk from `p`, checked.
-  Status get(Peer& p, ChunkRequest r, std::span<std::byte> out) {
+  // One GET of bytes [r.offset, r.offset + out.size()) of a chunk from `p`, checked;
+  // returns their XXH3-64 (computed here, equal to the owner's).
+  Result<uint64_t> get(Peer& p, ChunkRequest r, std::span<std::byte> out) {
     const Member& peer = *p.member;
     r.time = std::time(nullptr);
     const std::string signature = sign_chunk_request(r, o.secret);
@@ -276,13 +277,14 @@ struct PeerStore::Impl {
       return fail(Code::kConflict, where + ": etag " + sink.etag + ", not " + r.etag);
     if (xxh3_64(out.data(), out.size()) != said)
       return fail(Code::kCorruption, where + ": the chunk failed its XXH3 check");
-    return ok();
+    return said;
   }
 
   // A chunk's bytes [within, within + out.size()) from `p`, within the per-peer limit; a
   // reply that fails its XXH3 is asked for once more through the owner's checks.
-  Status fetch(Peer& p, const std::string& root, std::string_view key, const std::string& etag,
-               uint64_t index, uint64_t within, std::span<std::byte> out) {
+  Result<uint64_t> fetch(Peer& p, const std::string& root, std::string_view key,
+                         const std::string& etag, uint64_t index, uint64_t within,
+                         std::span<std::byte> out) {
     if (!p.slots.try_acquire_for(o.timeout))
       return fail(Code::kCancelled, "peer " + p.member->name + ": every fetch slot busy");
     ChunkRequest r{o.membership->self().name,
@@ -294,7 +296,7 @@ struct PeerStore::Impl {
                    within,
                    out.size()};
     if (m_in_flight) m_in_flight->add(1);
-    Status s = get(p, r, out);
+    Result<uint64_t> s = get(p, r, out);
     if (!s && s.error().code() == Code::kCorruption) {
       r.verify = true;
       s = get(p, r, out);
@@ -370,7 +372,7 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
   const std::string_view key_in_root = key.substr(slash + 1);
   // Peer segments run on up to `parallel` threads while this one reads the backing
   // store's. Fetches are waited for in segment order, so launched - waited are running.
-  std::vector<std::future<Status>> asked(segs.size());
+  std::vector<std::future<Result<uint64_t>>> asked(segs.size());
   std::vector<size_t> order;
   for (size_t s = 0; s < segs.size(); ++s) {
     if (segs[s].owner) order.push_back(s);
@@ -400,10 +402,12 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
   for (size_t s = 0; s < segs.size(); ++s) {
     Impl::Segment& sg = segs[s];
     if (sg.owner) {
-      Status got = asked[s].get();
+      Result<uint64_t> got = asked[s].get();
       ++waited;
       launch();
       if (got) {
+        // The whole read came from one peer: its bytes' hash is known (ReadOptions::xxh3).
+        if (options.xxh3 && segs.size() == 1) *options.xxh3 = *got;
         sg.owner->chunks.fetch_add(1, std::memory_order_relaxed);
         sg.owner->bytes.fetch_add(sg.out.size(), std::memory_order_relaxed);
         i.fetched.fetch_add(sg.out.size(), std::memory_order_relaxed);

@@ -87,6 +87,11 @@ struct ReadOptions {
   // the transfer waits. A wrapper that splits a read, or reads into other memory, must
   // clear it for its own sub-reads.
   std::function<void(uint64_t end)> on_landed;
+  // Where a backend that computed the XXH3-64 of exactly the bytes the read returned (to
+  // check them: a chunk from a peer) puts it, so the caller need not hash them again; left
+  // as it was by every other read. A wrapper that reads into other memory or splits the
+  // read must clear it for its sub-reads.
+  std::optional<uint64_t>* xxh3 = nullptr;
 };
 
 struct WriteOptions {

@@ -138,6 +138,28 @@ TEST(PeerStore, ChunksComeFromTheirOwner) {
   EXPECT_EQ(f.state().errors, 0u);
 }
 
+// A read answered by one peer's reply says its bytes' XXH3 (the caller need not hash them
+// again); a read of several chunks, or one the backing store answered, says none.
+TEST(PeerStore, AReadOfOnePeerReplyGivesItsChecksum) {
+  Fixture f;
+  store::ReadOptions ro;
+  ro.if_match = f.etag;
+  std::optional<uint64_t> sum;
+  ro.xxh3 = &sum;
+  std::vector<std::byte> out(kChunk);
+  ASSERT_EQ(f.store->read_full("r00t/obj", kChunk, out, ro).value(), kChunk);
+  ASSERT_TRUE(sum);
+  EXPECT_EQ(*sum, XXH3_64bits(f.object.data() + kChunk, kChunk));
+  sum.reset();
+  std::vector<std::byte> two(2 * kChunk);
+  ASSERT_EQ(f.store->read_full("r00t/obj", 0, two, ro).value(), two.size());
+  EXPECT_FALSE(sum);
+  f.peer.mode = Mode::kNotFound;
+  ASSERT_EQ(f.store->read_full("r00t/obj", kChunk, out, ro).value(), kChunk);
+  EXPECT_FALSE(sum);
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), f.object.begin() + kChunk));
+}
+
 TEST(PeerStore, AnswersAboutTheObjectFallBackWithoutBlamingThePeer) {
   for (Mode m : {Mode::kNotFound, Mode::kChanged, Mode::kMisdirected}) {
     Fixture f;

@@ -6,8 +6,9 @@ size (target <= 1.05), the bytes that came from peers, and the wall time of the 
 reader. A count, not a timing: it does not depend on the machine's noise.
 
 Case peer: a fetch-only daemon reads --size from the daemon that owns every chunk (held on
-its NVMe, sent with sendfile) through to a reader on its node, against iperf3 on loopback,
-interleaved, --rounds rounds, median ratio (target >= 0.8).
+its NVMe, sent with sendfile) through to a reader on its node, against iperf3 on loopback
+(target >= 0.8) and against fio writing as much to the same disk (the fetching daemon keeps
+every chunk it fetches on NVMe), interleaved, --rounds rounds, median ratios.
 
     bench/peers_compare.py [--size 256M] [--daemons 2,4,8] [--cases fanout,peer]
                            [--rounds 5] [--markdown]
@@ -137,6 +138,16 @@ def peer_case(work, endpoint, size, rounds, rows):
                 sys.exit(f"peers_compare: the asker did not fetch everything from its peer: {before} -> {after}")
             return size / secs / (1 << 30)
 
+        def disk_write():
+            # What the fetching daemon's disk writes (it keeps every fetched chunk on NVMe):
+            # 4 MiB O_DIRECT writes, 4 at once, as its writer lanes do, beside its cache.
+            path = os.path.join(d, "fio-write")
+            out = subprocess.run(["fio", "--name=anchor", f"--filename={path}", "--size", str(size),
+                                  "--bs=4M", "--rw=write", "--direct=1", "--ioengine=io_uring", "--iodepth=4",
+                                  "--output-format=json"], capture_output=True, text=True, check=True)
+            os.unlink(path)
+            return json.loads(out.stdout)["jobs"][0]["write"]["bw_bytes"] / (1 << 30)
+
         def loopback():
             out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(iperf_port), "-n", str(size), "-J"],
                                  capture_output=True, text=True)
@@ -144,10 +155,10 @@ def peer_case(work, endpoint, size, rounds, rows):
 
         res = []
         for r in range(rounds):
-            order = [("sluiced", via_peer), ("iperf3", loopback)]
+            order = [("sluiced", via_peer), ("iperf3", loopback), ("fio", disk_write)]
             got = {k: f() for k, f in (order if r % 2 == 0 else order[::-1])}
-            print(f"  peer fetch round {r + 1}: sluiced {got['sluiced']:.3f} GiB/s, iperf3 {got['iperf3']:.3f}",
-                  file=sys.stderr)
+            print(f"  peer fetch round {r + 1}: sluiced {got['sluiced']:.3f} GiB/s, iperf3 {got['iperf3']:.3f}, "
+                  f"fio write {got['fio']:.3f}", file=sys.stderr)
             res.append(got)
         med = statistics.median
         ratios = [x["sluiced"] / x["iperf3"] for x in res]
@@ -155,6 +166,12 @@ def peer_case(work, endpoint, size, rounds, rows):
                      f"{size >> 20} MiB", f"{med(x['sluiced'] for x in res):.3f} GiB/s",
                      f"{med(x['iperf3'] for x in res):.3f} GiB/s", "iperf3", f"{med(ratios):.2f}",
                      f"{min(ratios):.2f}-{max(ratios):.2f}"])
+        # The fetching daemon writes every byte to its disk: that disk's own write rate is
+        # the other ceiling of this chain.
+        ratios = [x["sluiced"] / x["fio"] for x in res]
+        rows.append(["same, against the fetching node's disk writes", f"{size >> 20} MiB",
+                     f"{med(x['sluiced'] for x in res):.3f} GiB/s", f"{med(x['fio'] for x in res):.3f} GiB/s",
+                     "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}"])
     finally:
         iperf_server.terminate()
         iperf_server.wait(10)

@@ -768,7 +768,7 @@ struct TieredCache::Impl {
       ChunkKey key{store_id, info.key, info.etag, i};
       if (flights.contains(key.id())) break;
       // The first chunk too: its fill may have ended since the caller looked.
-      if (ram->contains(key) || (disk && (disk->contains(key) || queued(key)))) break;
+      if (resident_now(key)) break;
       Claim c{std::move(key), length, {}};
       flights.emplace(c.key.id(),
                       std::make_shared<Flight>(Flight{c.key, c.promise.get_future().share()}));
@@ -965,6 +965,60 @@ struct TieredCache::Impl {
     return static_cast<size_t>(n);
   }
 
+  // Whether a tier (or the NVMe write queue) holds the chunk now.
+  bool resident_now(const ChunkKey& key) {
+    return ram->contains(key) || (disk && (disk->contains(key) || queued(key)));
+  }
+
+  // TieredCache::warm for one version: whole chunks from the one holding `offset`.
+  Result<TieredCache::Warmed> warm_version(const store::ObjectInfo& info, uint64_t offset,
+                                           uint64_t length) {
+    TieredCache::Warmed w{info, 0, 0};
+    if (offset >= info.size || length == 0) {
+      w.end = std::min(offset, info.size);
+      return w;
+    }
+    const uint64_t cs = options.chunk_size;
+    const uint64_t last = (offset + std::min(length, info.size - offset) - 1) / cs;
+    w.end = std::min(info.size, (last + 1) * cs);
+    AlignedBuffer scratch;  // one run's bytes: 4 KiB-aligned, so NVMe writes go from it
+    for (uint64_t index = offset / cs; index <= last;) {
+      const uint64_t len = chunk_length(info.size, index);
+      ChunkKey key{store_id, info.key, info.etag, index};
+      if (resident_now(key)) {
+        ++index;
+        continue;
+      }
+      std::vector<Claim> run = claim_run(info, index, w.end);
+      if (run.empty()) {  // being read by someone else (or just arrived): wait for it
+        SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> c, fill(info, key, len));
+        ++index;
+        continue;
+      }
+      uint64_t bytes = 0;
+      for (const Claim& c : run) bytes += c.length;
+      if (scratch.size() < bytes) {
+        scratch = AlignedBuffer();  // the old run's memory goes before the new one comes
+        auto b = AlignedBuffer::allocate(bytes);
+        if (!b) {
+          for (Claim& c : run) {
+            {
+              std::lock_guard lock(flight_mu);
+              flights.erase(c.key.id());
+            }
+            c.promise.set_value(std::unexpected(b.error()));
+          }
+          return std::unexpected(b.error());
+        }
+        scratch = std::move(*b);
+      }
+      SLUICE_RETURN_IF_ERROR(fill_run(info, run, std::span(scratch.data(), bytes), true));
+      w.fetched += bytes;
+      index += run.size();
+    }
+    return w;
+  }
+
   // Seeds what the cache knows of objects from the NVMe tier's records, unchecked.
   void restore_meta() {
     if (!disk) return;
@@ -1057,6 +1111,18 @@ Result<size_t> TieredCache::read(std::string_view key, uint64_t offset, std::spa
     if (!r && r.error().code() == Code::kConflict && attempt == 0 && options.if_match.empty()) {
       continue;
     }
+    return r;
+  }
+}
+
+Result<TieredCache::Warmed> TieredCache::warm(std::string_view key, uint64_t offset,
+                                              uint64_t length) {
+  SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+  for (int attempt = 0;; ++attempt) {
+    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, attempt > 0));
+    Result<Warmed> r = impl_->warm_version(info, offset, length);
+    // The object changed under the warm: start over once on the version there now.
+    if (!r && r.error().code() == Code::kConflict && attempt == 0) continue;
     return r;
   }
 }

@@ -221,6 +221,30 @@ Result<uint64_t> NodeClient::evict(const std::string& root, const std::string& p
   return get_u64(j, "chunks");
 }
 
+Result<NodeClient::Warmed> NodeClient::warm(const std::string& root, const std::string& key,
+                                            uint64_t offset, uint64_t length) {
+  Warmed w;
+  w.end = offset;
+  for (;;) {
+    SLUICE_ASSIGN_OR_RETURN(
+        Frame f, impl_->call_frame(
+                     FrameType::kWarm,
+                     Json{{"root", root}, {"key", key}, {"offset", w.end}, {"length", length}}));
+    SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+    SLUICE_ASSIGN_OR_RETURN(w.size, get_u64(j, "size"));
+    SLUICE_ASSIGN_OR_RETURN(w.etag, get_string(j, "etag"));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t end, get_u64(j, "end"));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t fetched, get_u64(j, "fetched"));
+    w.fetched += fetched;
+    if (end <= w.end) break;  // the object ends here
+    const uint64_t done = end - w.end;
+    w.end = end;
+    if (done >= length || end >= w.size) break;
+    length -= done;
+  }
+  return w;
+}
+
 Result<uint64_t> NodeClient::pin(const std::string& root, const std::string& prefix, bool pinned) {
   SLUICE_ASSIGN_OR_RETURN(
       Frame f, impl_->call_frame(FrameType::kPin,

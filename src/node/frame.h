@@ -46,6 +46,7 @@ enum class FrameType : uint16_t {
   kChunks = 8,
   kDeclare = 9,
   kWindow = 10,
+  kWarm = 11,
   kResponse = 0x8000,  // or'ed with the request's type
   kError = 0xFFFF,
 };

@@ -346,6 +346,8 @@ struct NodeServer::Impl {
           return read(caller, j, window.get());
         case FrameType::kWindow:
           return map_window(j, window);
+        case FrameType::kWarm:
+          return warm(caller, j);
         case FrameType::kList:
           return list(caller, j);
         case FrameType::kCacheStat:
@@ -476,6 +478,20 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
     Reply r;
     r.body = info_json(info);
+    return r;
+  }
+
+  // Makes a range of an object resident in the cache, at most kMaxWarmBytes of it a
+  // request (the client asks again from "end"); no byte goes to the client.
+  static constexpr uint64_t kMaxWarmBytes = 64 << 20;
+  Result<Reply> warm(const Caller& caller, const Json& j) {
+    SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t offset, get_u64_or(j, "offset", 0));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t length, get_u64_or(j, "length", kMaxWarmBytes));
+    SLUICE_ASSIGN_OR_RETURN(cache::TieredCache::Warmed w,
+                            cache->warm(key, offset, std::min(length, kMaxWarmBytes)));
+    Reply r;
+    r.body = {{"size", w.info.size}, {"etag", w.info.etag}, {"end", w.end}, {"fetched", w.fetched}};
     return r;
   }
 

@@ -117,6 +117,8 @@ def test_cache_commands_act_through_the_daemon(s3, digest):
         again = json.loads(sluice("cache", "warm", "s3://test/ds/obj", "--daemon", SOCK, "--json",
                                   "--no-progress", "--endpoint-url", s3.endpoint).stdout)
         assert again["fetched_bytes"] == 0 and again["already_cached_bytes"] == OBJ_BYTES, again
+        server = daemon_stat()["server"]
+        assert server["inline_bytes"] == 0 and server["handoff_bytes"] == 0, server  # no byte to the CLI
         # ls, pin, evict: the daemon's chunks, not the directory's lock error.
         ls = json.loads(sluice("cache", "ls", "s3://test/ds/obj", "--daemon", SOCK, "--json").stdout)
         assert len(ls) == CHUNKS and all(c["store"] == "s3://test" and c["key"] == "ds/obj" for c in ls), ls[:2]

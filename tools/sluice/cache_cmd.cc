@@ -23,6 +23,7 @@
 #include "sluice/mem/buffer_pool.h"
 #include "sluice/node/client.h"
 #include "sluice/s3/store.h"
+#include "sluice/store/wrapper.h"
 #include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
@@ -431,6 +432,29 @@ Result<std::vector<xfer::CopyItem>> list_file_items(const std::string& file,
   return items;
 }
 
+// The daemon's cache as a copy source whose reads make their range resident there and carry
+// no byte back (NodeClient::warm): copied into the discard store, it warms with copy_all's
+// parts, jobs, progress and cancellation. What a read leaves in its buffer is not the
+// object's bytes; nothing but the discard store may receive them.
+class WarmingSource final : public store::StoreWrapper {
+ public:
+  WarmingSource(std::shared_ptr<node::NodeStore> s, std::string root)
+      : StoreWrapper(s), node_(std::move(s)), root_(std::move(root)) {}
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options) override {
+    SLUICE_ASSIGN_OR_RETURN(node::NodeClient::Warmed w,
+                            node_->client().warm(root_, std::string(key), offset, dst.size()));
+    if (!options.if_match.empty() && w.etag != options.if_match)
+      return fail(Code::kConflict, "'" + std::string(key) + "' changed during the warm");
+    return offset >= w.size ? size_t{0}
+                            : static_cast<size_t>(std::min<uint64_t>(dst.size(), w.size - offset));
+  }
+
+ private:
+  std::shared_ptr<node::NodeStore> node_;
+  std::string root_;
+};
+
 int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& cancel) {
   std::string first = a.target;
   if (first.empty() && !a.list_file.empty()) {
@@ -459,7 +483,7 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     no.fallback = false;
     auto ns = node::NodeStore::open(named->store_uri, no);
     if (!ns) return report_error(ns.error());
-    via_daemon = std::move(*ns);
+    via_daemon = std::make_unique<WarmingSource>(std::move(*ns), named->store_uri);
     src = via_daemon.get();
     key = named->key;
     node::NodeClient* client = d->get();

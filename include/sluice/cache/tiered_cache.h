@@ -185,6 +185,18 @@ class TieredCache : public store::Store, public ReadAhead {
   // The caller is taken to read it: a declared chunk counts as read (a prefetch hit).
   Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
 
+  // Makes the chunks holding [offset, offset + length) of `key` resident, as a read of them
+  // would (the tiers decide what they keep), without copying a cached byte anywhere:
+  // chunks a tier already holds are skipped, missing ones fetched in runs, one in flight
+  // waited for. For `sluice cache warm` through the daemon, which would otherwise carry
+  // every byte to a process that drops it.
+  struct Warmed {
+    store::ObjectInfo info;  // the version warmed
+    uint64_t end = 0;        // where the chunks warmed end (the object's size at most)
+    uint64_t fetched = 0;    // bytes read from the backing store for it
+  };
+  Result<Warmed> warm(std::string_view key, uint64_t offset, uint64_t length);
+
   // Pins (or unpins) every cached chunk of keys under `prefix`, and chunks of them cached
   // later: pinned chunks are never evicted. Pins persist in the cache directory (DIR/pins).
   // Returns the chunks pinned now.

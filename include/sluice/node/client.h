@@ -127,6 +127,16 @@ class NodeClient {
   // (docs/formats/node-protocol.md).
   Result<std::string> cache_stat();
 
+  // Makes bytes [offset, offset + length) of `key` in `root` resident in the daemon's
+  // cache (whole chunks; the tiers decide what they keep) without carrying any of them
+  // here: one WARM request per 64 MiB. `end` is where the warmed chunks end.
+  struct Warmed {
+    uint64_t size = 0, end = 0, fetched = 0;  // fetched: bytes the daemon read from the source
+    std::string etag;
+  };
+  Result<Warmed> warm(const std::string& root, const std::string& key, uint64_t offset,
+                      uint64_t length);
+
   // Drops (evict) or pins / unpins (pin) every cached chunk under `prefix` of `root`, as
   // the caller's team may: the number of chunks.
   Result<uint64_t> evict(const std::string& root, const std::string& prefix);

@@ -242,6 +242,33 @@ TEST(NodeStore, InlineBytesComeThroughTheReplyWindow) {
   EXPECT_EQ(tight.server().stats().inline_bytes, fx.data.size());
 }
 
+// WARM makes chunks resident without a byte going to the client: each fetched once, a
+// second warm fetches nothing, and reads after it are all hits.
+TEST(NodeClient, WarmFillsTheCacheAndCarriesNoBytes) {
+  Fixture fx;
+  Daemon d(fx.dir);
+  auto s = fx.open(d.socket());
+  ASSERT_TRUE(s);
+  auto w = s->client().warm(fx.root, "set/obj", kChunk + 5, 2 * kChunk);
+  ASSERT_TRUE(w) << w.error().to_string();
+  EXPECT_EQ(w->end, 4 * kChunk);  // chunks 1, 2 and 3, whole
+  EXPECT_EQ(w->fetched, 3 * kChunk);
+  EXPECT_EQ(w->size, fx.data.size());
+  w = s->client().warm(fx.root, "set/obj", 0, UINT64_MAX);  // in 64 MiB requests, to the end
+  ASSERT_TRUE(w) << w.error().to_string();
+  EXPECT_EQ(w->end, fx.data.size());
+  EXPECT_EQ(w->fetched, fx.data.size() - 3 * kChunk);
+  EXPECT_EQ(d.server().cache().stats().misses, 9u);
+  EXPECT_EQ(s->client().warm(fx.root, "set/obj", 0, UINT64_MAX).value().fetched, 0u);
+  EXPECT_EQ(s->client().warm(fx.root, "set/obj", fx.data.size() + 1, 10).value().fetched, 0u);
+  ServerStats st = d.server().stats();
+  EXPECT_EQ(st.inline_bytes + st.handoff_bytes, 0u);
+  EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
+  EXPECT_EQ(d.server().cache().stats().misses, 9u);
+  EXPECT_EQ(s->client().warm(fx.root, "set/missing", 0, 1).error().code(), Code::kNotFound);
+  EXPECT_EQ(s->client().warm(fx.root, "set/../obj", 0, 1).error().code(), Code::kInvalidArgument);
+}
+
 // The client can read a window but not write, resize or remap it writable; the client's
 // side refuses a window that is not sealed or smaller than said.
 TEST(NodeFrame, AReplyWindowIsReadOnlyAndFixedForTheClient) {

@@ -185,7 +185,9 @@ void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& 
 
 Status Copier::copy_parts(const CopyItem& item, const store::ObjectInfo& info,
                           store::Writer& writer) {
-  const uint64_t part = options_.part_size ? options_.part_size : part_size_for(info.size);
+  uint64_t part = options_.part_size ? options_.part_size : part_size_for(info.size);
+  if (!options_.part_size && options_.part_align > 1 && part % options_.part_align != 0)
+    part = (part / options_.part_align + 1) * options_.part_align;
   Arrivals arrivals;
   std::map<uint64_t, std::unique_ptr<Part>> waiting;  // arrived, not yet appended (in order)
   uint64_t next = 0;                                  // offset of the next part to start

@@ -92,6 +92,21 @@ def test_cp_through_the_cache_counts_where_bytes_came_from():
     assert open(out, "rb").read() == objs[f"{d}/big.bin"]
 
 
+def test_cp_through_a_cache_that_keeps_little_fetches_each_byte_once():
+    # 72 MiB: cp's part size would be 9 MiB, so parts would share the 4 MiB chunks at their
+    # edges, and a cache too small to keep them would fetch those twice.
+    fresh_cache()
+    src = os.path.join(WORK, "parts", "obj.bin")
+    data = random.randbytes(72 * MIB + 5)
+    write(src, data)
+    out = os.path.join(WORK, "parts-out.bin")
+    rep = js("cp", "--cache", src, out, "--cache-size", "8M")
+    assert rep["cache"]["miss_bytes"] == len(data), rep["cache"]
+    assert open(out, "rb").read() == data
+    shutil.rmtree(os.path.dirname(src))
+    os.remove(out)
+
+
 def test_warm_pin_evict_ls():
     fresh_cache()
     d, objs = local_data()

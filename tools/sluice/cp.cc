@@ -13,6 +13,7 @@
 #include "ledger_cmd.h"
 #include "location.h"
 #include "sizes.h"
+#include "sluice/cache/read_ahead.h"
 #include "sluice/node/client.h"
 #include "sluice/store/store.h"
 #include "sluice/telemetry/registry.h"
@@ -219,6 +220,9 @@ Result<CpSummary> run_cp(const CpOptions& o) {
                        .part_size = o.part_size,
                        .durable = o.fsync,
                        .cancel = o.cancel};
+  // Through a cache, parts start on its chunk bounds: no chunk is read by two parts.
+  if (auto* chunked = dynamic_cast<cache::ReadAhead*>(src_store.get()))
+    co.part_align = chunked->chunk_size();
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -52,6 +52,10 @@ struct CopyOptions {
   unsigned jobs = 16;
   // Bytes per part read; 0 chooses from the object's size (part_size_for).
   uint64_t part_size = 0;
+  // With part_size 0: the chosen part size is rounded up to a multiple of this, so parts
+  // start on the source's chunk bounds (a cache's chunk size). A part that ends inside a
+  // chunk shares it with the next, which reads it again where the cache cannot keep it.
+  uint64_t part_align = 0;
   // The most bytes of part buffers held at once; fewer parts are read in parallel when
   // concurrency * part_size would exceed it. One part is always allowed.
   // 256 MiB: on s3rver and RGW here, more bytes in flight bought no speed, and each new

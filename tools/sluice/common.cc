@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -20,7 +21,8 @@ std::string sluice_home() {
 }
 
 int report_error(const Error& e) {
-  std::fprintf(stderr, "sluice: error: %s\n", e.to_string().c_str());
+  // The program's own name: sluiced's errors say "sluiced: error".
+  std::fprintf(stderr, "%s: error: %s\n", program_invocation_short_name, e.to_string().c_str());
   return e.code() == Code::kInvalidArgument ? 2 : 1;
 }
 

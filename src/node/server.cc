@@ -107,6 +107,17 @@ Result<std::string> normalize_root(std::string_view uri) {
   return std::string(scheme) + "://" + (absolute ? "/" : "") + std::string(rest);
 }
 
+// "file://" and the absolute path a file root's directory resolves to (no symlink, no "."
+// or ".."); nullopt when it does not resolve (missing, unreadable).
+std::optional<std::string> real_file_root(std::string_view root) {
+  std::string path(root.substr(7));
+  char* real = ::realpath(path.c_str(), nullptr);
+  if (!real) return std::nullopt;
+  std::string r = std::string("file://") + real;
+  std::free(real);
+  return r;
+}
+
 bool root_granted(std::string_view root, std::string_view grant) {
   if (grant == "*") return true;
   while (grant.ends_with('/') && !grant.ends_with(":///")) grant.remove_suffix(1);
@@ -130,6 +141,8 @@ struct NodeServer::Impl {
   std::shared_ptr<ledger::CacheCharger> charger;
   std::unique_ptr<cache::TieredCache> cache;
   std::map<const TeamGrant*, telemetry::Counter*> team_bytes;  // made at open, read-only after
+  std::vector<std::string> own_dirs;         // file:// URIs of the cache's (and objects') directory
+  const TeamGrant* implicit_team = nullptr;  // the team made when none was configured
   telemetry::Counter* served_to_peers = nullptr;
   telemetry::Counter* peer_refused = nullptr;
   std::atomic<int64_t> last_peer_log_ns{0};  // relaxed: only spaces out log lines
@@ -368,18 +381,41 @@ struct NodeServer::Impl {
   }
 
   // The root a request names, checked against the caller's team; returns its id.
+  // A file root is checked, and opened, as the directory its path resolves to: a symlink
+  // in it (one the caller made) would otherwise lead a granted path anywhere the daemon may
+  // read. The daemon's own directories are never roots.
   Result<std::string> root_id(const Caller& caller, const Json& j) {
     SLUICE_ASSIGN_OR_RETURN(std::string raw, get_string(j, "root"));
     SLUICE_ASSIGN_OR_RETURN(std::string root, normalize_root(raw));
+    if (root.starts_with("file://")) {
+      std::optional<std::string> real = real_file_root(root);
+      if (!real) {
+        const int err = errno;
+        if (err == ENOENT || err == ENOTDIR)
+          return fail(Code::kNotFound, "root '" + root + "': no such directory");
+        return fail_errno(err, "root '" + root + "'");
+      }
+      root = std::move(*real);
+      for (const std::string& own : own_dirs) {
+        if (root_granted(root, own) || root_granted(own, root))
+          return fail(Code::kPermissionDenied,
+                      "root '" + root + "' holds or is inside the daemon's own directory");
+      }
+    }
     if (!may_read(*caller.team, root))
       return fail(Code::kPermissionDenied,
                   "team " + caller.team->name + " may not read root '" + root + "'");
     return router->attach(root);
   }
 
-  static bool may_read(const TeamGrant& team, std::string_view root) {
-    return std::any_of(team.roots.begin(), team.roots.end(),
-                       [&](const std::string& g) { return root_granted(root, g); });
+  // "*" is every object-store root; a file root is granted by its path ("file:///": all),
+  // but for the team made when none is configured (the daemon's own uid, to which "*" gives
+  // every file root the daemon may read: no more than that uid may read itself).
+  bool may_read(const TeamGrant& team, std::string_view root) const {
+    const bool file = root.starts_with("file://");
+    return std::any_of(team.roots.begin(), team.roots.end(), [&](const std::string& g) {
+      return (g != "*" || !file || &team == implicit_team) && root_granted(root, g);
+    });
   }
 
   // "<root id>/<prefix>" of a request's root and optional prefix.
@@ -900,7 +936,8 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
     return fail(Code::kInvalidArgument,
                 "sluiced: socket path '" + options.socket_path + "' is empty or longer than " +
                     std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
-  if (options.teams.empty()) {
+  const bool implicit_team = options.teams.empty();
+  if (implicit_team) {  // the daemon's own uid: everything it may read itself
     options.teams.push_back(TeamGrant{"default", {static_cast<uint32_t>(::getuid())}, {"*"}});
   }
   for (TeamGrant& t : options.teams) {
@@ -908,13 +945,21 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
       if (g == "*") continue;
       auto n = normalize_root(g);
       if (!n) return std::unexpected(n.error().with_context("team " + t.name));
-      g = *n + (g.ends_with('/') ? "/" : "");
+      // A file grant names the directory its path resolves to now, as requests' roots do.
+      std::optional<std::string> real =
+          n->starts_with("file://") ? real_file_root(*n) : std::nullopt;
+      g = real.value_or(*n) + (g.ends_with('/') && !real.value_or(*n).ends_with('/') ? "/" : "");
     }
+    if (t.credentials) t.credentials->no_symlinked_root = true;
   }
+  // File roots are opened at the path their grant was checked against, which holds no
+  // symlink: one swapped in later cannot lead the store elsewhere.
+  options.stores.no_symlinked_root = true;
   SLUICE_RETURN_IF_ERROR(claim_socket_path(options.socket_path));
 
   auto impl = std::make_unique<Impl>(std::move(options));
   ServerOptions& o = impl->o;
+  if (implicit_team) impl->implicit_team = &o.teams.front();
   if (o.cache.store_id.empty()) o.cache.store_id = "sluiced";
   o.cache.registry = &impl->registry;
   for (const TeamGrant& t : o.teams) {
@@ -1004,6 +1049,10 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
       ho.secret = o.peer.secret;
     }
     SLUICE_ASSIGN_OR_RETURN(impl->http, PeerHttpServer::start(std::move(ho)));
+  }
+  for (const std::string& dir : {o.cache.directory, o.peer.objects_directory}) {
+    auto real = dir.empty() ? std::nullopt : real_file_root("file://" + dir);
+    if (real) impl->own_dirs.push_back(*real);
   }
   return std::unique_ptr<NodeServer>(new NodeServer(std::move(impl)));
 }

@@ -590,6 +590,42 @@ void PosixWriter::abort() {
 
 }  // namespace
 
+Result<std::unique_ptr<Store>> make_posix_store_without_symlinks(std::string root) {
+  if (!root.starts_with('/'))
+    return fail(Code::kInvalidArgument, "store directory '" + root + "' is not an absolute path");
+  long fd = -1;
+#if SLUICE_HAVE_OPENAT2
+  struct open_how how = {};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  do {
+    fd = ::syscall(SYS_openat2, AT_FDCWD, root.c_str(), &how, sizeof how);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0 && errno != ENOSYS && errno != EPERM) {
+    if (errno == ELOOP)
+      return fail(Code::kPermissionDenied,
+                  "store directory '" + root + "': a component of its path is a symlink");
+    return fail_errno(errno, "open store directory '" + root + "'");
+  }
+#endif
+  if (fd < 0) {  // no openat2: each component opened without following a symlink
+    UniqueFd slash(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!slash.valid()) return fail_errno(errno, "open /");
+    std::string rest = root.substr(1);
+    while (rest.ends_with('/')) rest.pop_back();
+    fd = rest.empty() ? ::dup(slash.get()) : open_beneath(slash.get(), rest, O_PATH | O_DIRECTORY);
+    if (fd < 0) {
+      if (-fd == ELOOP)
+        return fail(Code::kPermissionDenied,
+                    "store directory '" + root + "': a component of its path is a symlink");
+      return fail_errno(static_cast<int>(-fd), "open store directory '" + root + "'");
+    }
+  }
+  auto store = std::make_unique<PosixStore>(std::move(root), Fd(static_cast<int>(fd)));
+  store->reap();
+  return std::unique_ptr<Store>(std::move(store));
+}
+
 std::unique_ptr<Store> make_posix_store(std::string root) {
   int fd = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   // open_store checked the directory; if it vanished since, every call reports it.

@@ -22,6 +22,7 @@ Result<std::unique_ptr<Store>> open_file(std::string_view uri, const StoreOption
   if (ec) return fail_errno(ec.value(), "create store directory '" + path + "'");
   if (!std::filesystem::is_directory(path, ec))
     return fail(Code::kInvalidArgument, "store path '" + path + "' is not a directory");
+  if (options.no_symlinked_root) return make_posix_store_without_symlinks(path);
   return make_posix_store(path);
 }
 

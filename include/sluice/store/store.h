@@ -200,6 +200,11 @@ struct StoreOptions {
   // file://: create the directory when it is missing. false, for commands that only read:
   // a missing directory is NotFound, so a mistyped path is an error, not a new directory.
   bool create = true;
+  // file://: refuse a root directory whose path has a symlink in any component (it is
+  // opened with openat2 RESOLVE_NO_SYMLINKS). For a caller that checked a grant against
+  // that exact path (sluiced): a component swapped for a symlink after the check cannot
+  // lead the store elsewhere.
+  bool no_symlinked_root = false;
   BackendOptions backend;
 };
 
@@ -222,6 +227,9 @@ void register_scheme(std::string scheme, StoreFactory factory);
 std::vector<std::string> registered_schemes();
 
 std::unique_ptr<Store> make_posix_store(std::string root);
+// The same, refusing (PermissionDenied) a root whose absolute path holds a symlink in any
+// component (StoreOptions::no_symlinked_root).
+Result<std::unique_ptr<Store>> make_posix_store_without_symlinks(std::string root);
 // A fresh, private memory store.
 std::unique_ptr<Store> make_memory_store(std::string name = "anonymous");
 // The process-wide memory store called `name` (what mem://NAME opens).

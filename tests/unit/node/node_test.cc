@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <thread>
@@ -385,6 +386,39 @@ TEST(NodeStore, AChunkCorruptOnDiskIsDetectedAndRefetched) {
   EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
   EXPECT_GE(s->read_stats().checksum_retries, 1u);
   EXPECT_GE(d.server().cache().stats().checksum_failures, 1u);
+}
+
+// A file root is checked as the directory it resolves to: a symlink the caller planted in
+// a granted directory leads nowhere else. "*" grants a configured team no file root; the
+// daemon's own directory is never a root, whatever the grant.
+TEST(NodeServer, FileRootsAreGrantedByTheDirectoryTheyResolveTo) {
+  Fixture fx;
+  fs::create_directories(fx.dir.file("granted"));
+  fs::create_directories(fx.dir.file("secret"));
+  std::ofstream(fx.dir.file("secret/file")) << "not for you";
+  ::symlink(fx.dir.file("secret").c_str(), fx.dir.file("granted/e").c_str());
+  std::ofstream(fx.dir.file("granted/mine")) << "yours";
+  const uint32_t me = static_cast<uint32_t>(::getuid());
+  TempDir other;
+  Daemon d(other, {TeamGrant{"t", {me}, {"file://" + fx.dir.file("granted"), "*"}}});
+  NodeOptions o;
+  o.socket = d.socket();
+  auto via_link = NodeStore::open("file://" + fx.dir.file("granted/e"), o).value();
+  std::vector<std::byte> out(64);
+  EXPECT_EQ(via_link->read("file", 0, out).error().code(), Code::kPermissionDenied);
+  EXPECT_EQ(
+      via_link->client().warm("file://" + fx.dir.file("granted/e"), "file", 0, 1).error().code(),
+      Code::kPermissionDenied);
+  auto granted = NodeStore::open("file://" + fx.dir.file("granted"), o).value();
+  EXPECT_EQ(granted->read("mine", 0, out).value(), 5u);
+  auto star = NodeStore::open(fx.root, o).value();  // "*" is no file root
+  EXPECT_EQ(star->read("set/obj", 0, out).error().code(), Code::kPermissionDenied);
+  // The implicit team reads every file root, but not the daemon's directory.
+  Daemon plain(fx.dir);
+  o.socket = plain.socket();
+  auto own = NodeStore::open("file://" + fx.dir.file("cache"), o).value();
+  EXPECT_EQ(own->read("index.log", 0, out).error().code(), Code::kPermissionDenied);
+  EXPECT_EQ(NodeStore::open(fx.root, o).value()->read("set/obj", 0, out).value(), out.size());
 }
 
 TEST(NodeServer, AUidInNoTeamIsRefusedAndLogged) {

@@ -61,6 +61,27 @@ TEST(PosixStore, SymlinksCannotEscapeTheRoot) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("outside/planted")));
 }
 
+// no_symlinked_root: a root whose path holds a symlink anywhere is refused (sluiced checks
+// grants against the resolved path, and opens exactly that).
+TEST(PosixStore, ARootWithASymlinkInItsPathIsRefusedWhenAsked) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("real/sub"));
+  ::symlink(dir.file("real").c_str(), dir.file("alias").c_str());
+  StoreOptions strict;
+  strict.no_symlinked_root = true;
+  EXPECT_EQ(open_store("file://" + dir.file("alias/sub"), strict).error().code(),
+            Code::kPermissionDenied);
+  EXPECT_EQ(open_store("file://" + dir.file("alias"), strict).error().code(),
+            Code::kPermissionDenied);
+  char* real = ::realpath(dir.file("real/sub").c_str(), nullptr);
+  ASSERT_NE(real, nullptr);
+  auto s = open_store(std::string("file://") + real, strict);
+  std::free(real);
+  ASSERT_TRUE(s) << s.error().to_string();
+  EXPECT_TRUE((*s)->put("x", as_bytes("y")));
+  EXPECT_TRUE(open_store("file://" + dir.file("alias/sub")));  // without the option: followed
+}
+
 TEST(PosixStore, TemporaryFilesAreNeverListedOrWritable) {
   TempDir dir;
   auto store = open_store(dir.path()).value();

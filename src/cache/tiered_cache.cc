@@ -873,8 +873,10 @@ struct TieredCache::Impl {
   // written through: waiters look in the tiers again). `split` is the reader's
   // ReadOptions::split: a reader that keeps its own reads in parallel (cp's parts) gets one
   // backing request per run, as it would without the cache.
+  // `to_disk`: written through to NVMe even with a RAM tier (a warm: the point is NVMe, and
+  // the write queue would drop what it has no room for).
   Status fill_run(const store::ObjectInfo& info, std::vector<Claim>& run, std::span<std::byte> out,
-                  bool split) {
+                  bool split, bool to_disk = false) {
     uint64_t t0 = telemetry::now_ns();
     uint64_t start = run.front().key.index * options.chunk_size;
     store::ReadOptions ro;
@@ -882,7 +884,9 @@ struct TieredCache::Impl {
     ro.object_size = info.size;
     ro.split = split;
     // A run starts 4 KiB-aligned; so does every chunk of it when chunks are whole pages.
-    const bool through = write_through(out) && options.chunk_size % 4096 == 0;
+    const bool through = (to_disk ? disk && reinterpret_cast<uintptr_t>(out.data()) % 4096 == 0
+                                  : write_through(out)) &&
+                         options.chunk_size % 4096 == 0;
     std::vector<Early> early(through ? run.size() : 0);
     size_t next = 0;
     uint64_t landed_pos = 0;
@@ -1012,7 +1016,8 @@ struct TieredCache::Impl {
         }
         scratch = std::move(*b);
       }
-      SLUICE_RETURN_IF_ERROR(fill_run(info, run, std::span(scratch.data(), bytes), true));
+      SLUICE_RETURN_IF_ERROR(
+          fill_run(info, run, std::span(scratch.data(), bytes), true, /*to_disk=*/true));
       w.fetched += bytes;
       index += run.size();
     }

@@ -149,6 +149,8 @@ struct NodeServer::Impl {
   UniqueFd listen_fd, stop_fd;
   std::counting_semaphore<4096> inline_slots;
 
+  struct WindowPool;
+  std::unique_ptr<WindowPool> windows = std::make_unique<WindowPool>();  // reply windows
   std::mutex mu;
   std::list<Conn> conns;              // guarded by mu
   std::map<uid_t, unsigned> per_uid;  // live connections by uid; guarded by mu
@@ -156,7 +158,6 @@ struct NodeServer::Impl {
   // Counters: relaxed, they are only reported.
   std::atomic<uint64_t> connections{0}, refused{0}, requests{0}, errors{0};
   std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0}, window_bytes{0};
-  std::atomic<uint64_t> windows_mapped{0};  // the bytes of every connection's reply window
 
   // Teams with their own credentials: each root opened with them, for prove_access.
   std::map<const TeamGrant*, std::unique_ptr<RouterStore>> team_routers;  // made at open
@@ -175,7 +176,7 @@ struct NodeServer::Impl {
       : o(std::move(opts)), inline_slots(std::clamp<unsigned>(o.max_inline_reads, 1, 4096)) {}
 
   void log(const std::string& line) const {
-    if (o.log) o.log(line);
+    if (o.log) o.log(clipped(line));
   }
 
   // Charges the NVMe tier's chunks to the teams owning their objects (ServerOptions::ledger):
@@ -268,43 +269,74 @@ struct NodeServer::Impl {
     }
   }
 
-  // A connection's reply window (WINDOW), counted against max_window_bytes while it lives.
+  // Reply windows (WINDOW), one size (max_inline_bytes). A window is never freed: a client
+  // may keep its descriptor after the connection ends, so freeing it would not give the
+  // memory back, and windows made anew for each connection would grow without bound. When
+  // a connection ends its window goes back to its uid's idle list, for that uid's next
+  // connection (the same uid, so the same team: what a kept descriptor shows of it later
+  // is bytes that uid may read). Windows made, all uids together, stay within
+  // max_window_bytes, and one uid's within half of it.
+  struct WindowPool {
+    std::mutex mu;
+    std::map<uid_t, std::vector<std::unique_ptr<Window>>> idle;  // guarded by mu
+    std::map<uid_t, uint64_t> made_by_uid;                       // bytes; guarded by mu
+    uint64_t made = 0;                                           // bytes; guarded by mu
+  };
+
+  uint64_t windows_made() {
+    std::lock_guard lock(windows->mu);
+    return windows->made;
+  }
+
+  uint64_t window_size() const {
+    return (std::clamp<uint64_t>(o.max_inline_bytes, 4096, kMaxDataBytes) + 4095) / 4096 * 4096;
+  }
+
+  // A connection's window while it lives; back to the pool when the connection ends.
   class WindowLease {
    public:
-    explicit WindowLease(std::atomic<uint64_t>& mapped) : mapped_(mapped) {}
-    ~WindowLease() { reset(); }
+    WindowLease(Impl& server, uid_t uid) : server_(server), uid_(uid) {}
+    ~WindowLease() {
+      if (!w_) return;
+      std::lock_guard lock(server_.windows->mu);
+      server_.windows->idle[uid_].push_back(std::move(w_));
+    }
     WindowLease(const WindowLease&) = delete;
     WindowLease& operator=(const WindowLease&) = delete;
-    Window* get() { return w_ ? &*w_ : nullptr; }
-    void reset() {
-      if (w_) mapped_.fetch_sub(w_->size(), std::memory_order_relaxed);
-      w_.reset();
-    }
-    // Replaces the window with a new one of `bytes`, if the budget `limit` has room.
-    Result<Window*> replace(uint64_t bytes, uint64_t limit) {
-      reset();
-      uint64_t now = mapped_.load(std::memory_order_relaxed);
-      do {
-        if (now + bytes > limit)
+    Window* get() { return w_.get(); }
+    // The connection's window: the one it has, an idle one of its uid, or a new one.
+    Result<Window*> take() {
+      if (w_) return w_.get();
+      const uint64_t size = server_.window_size();
+      {
+        std::lock_guard lock(server_.windows->mu);
+        auto& idle = server_.windows->idle[uid_];
+        if (!idle.empty()) {
+          w_ = std::move(idle.back());
+          idle.pop_back();
+          return w_.get();
+        }
+        const uint64_t limit = server_.o.max_window_bytes;
+        if (server_.windows->made + size > limit ||
+            server_.windows->made_by_uid[uid_] + size > limit / 2)
           return fail(Code::kUnavailable, "every reply window's memory is taken; read without one");
-      } while (!mapped_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
-      auto w = Window::create(bytes);
-      if (!w) {
-        mapped_.fetch_sub(bytes, std::memory_order_relaxed);
-        return std::unexpected(w.error());
+        server_.windows->made += size;  // made, whether or not the memfd comes: never freed
+        server_.windows->made_by_uid[uid_] += size;
       }
-      w_ = std::move(*w);
-      return &*w_;
+      SLUICE_ASSIGN_OR_RETURN(Window w, Window::create(size));
+      w_ = std::make_unique<Window>(std::move(w));
+      return w_.get();
     }
 
    private:
-    std::atomic<uint64_t>& mapped_;
-    std::optional<Window> w_;
+    Impl& server_;
+    const uid_t uid_;
+    std::unique_ptr<Window> w_;
   };
 
   void serve_connection(Conn& c, Caller caller, UniqueFd fd) {
     std::optional<FrameChannel> ch(std::in_place, std::move(fd));
-    WindowLease window(windows_mapped);
+    WindowLease window(*this, caller.uid);
     for (;;) {
       auto fr = ch->receive(o.idle_timeout, o.frame_timeout, /*max_data=*/0);
       if (!fr) {
@@ -339,7 +371,6 @@ struct NodeServer::Impl {
       }
       if (!ch->send(resp, o.frame_timeout)) break;
     }
-    window.reset();
     std::lock_guard lock(mu);
     ch.reset();  // closes the socket under mu, so stop() never shuts down a reused number
     c.done = true;
@@ -517,35 +548,34 @@ struct NodeServer::Impl {
     return r;
   }
 
-  // Makes a range of an object resident in the cache, at most kMaxWarmBytes of it a
-  // request (the client asks again from "end"); no byte goes to the client.
-  static constexpr uint64_t kMaxWarmBytes = 64 << 20;
+  // Makes a range of an object resident in the cache, at most max_inline_bytes of it a
+  // request (the client asks again from "end"); no byte goes to the client. A warm holds
+  // an inline read slot (its run is read into memory of about that size).
   Result<Reply> warm(const Caller& caller, const Json& j) {
     SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
+    const uint64_t most = std::clamp<uint64_t>(o.max_inline_bytes, 1, kMaxDataBytes);
     SLUICE_ASSIGN_OR_RETURN(uint64_t offset, get_u64_or(j, "offset", 0));
-    SLUICE_ASSIGN_OR_RETURN(uint64_t length, get_u64_or(j, "length", kMaxWarmBytes));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t length, get_u64_or(j, "length", most));
+    SlotLease slot(inline_slots);
+    if (!slot.held(o.frame_timeout))
+      return fail(Code::kUnavailable, "daemon busy: every inline read slot is taken");
     SLUICE_ASSIGN_OR_RETURN(cache::TieredCache::Warmed w,
-                            cache->warm(key, offset, std::min(length, kMaxWarmBytes)));
+                            cache->warm(key, offset, std::min(length, most)));
     Reply r;
     r.body = {{"size", w.info.size}, {"etag", w.info.etag}, {"end", w.end}, {"fetched", w.fetched}};
     return r;
   }
 
-  // A window of the size asked for (at most max_inline_bytes, whole pages) for this
-  // connection's inline read bytes, replacing any it had; its descriptor is the reply's one.
+  // The connection's reply window (see WindowPool; the size asked for is advice: every
+  // window is max_inline_bytes); its descriptor is the reply's one.
   Result<Reply> map_window(const Json& j, WindowLease& lease) {
     SLUICE_ASSIGN_OR_RETURN(uint64_t want, get_u64(j, "bytes"));
-    const uint64_t most = std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
-    uint64_t bytes =
-        (std::clamp<uint64_t>(want, 4096, std::max<uint64_t>(most, 4096)) + 4095) / 4096 * 4096;
-    SLUICE_ASSIGN_OR_RETURN(Window * w, lease.replace(bytes, o.max_window_bytes));
+    (void)want;
+    SLUICE_ASSIGN_OR_RETURN(Window * w, lease.take());
     UniqueFd copy(::fcntl(w->fd().get(), F_DUPFD_CLOEXEC, 0));
-    if (!copy.valid()) {
-      lease.reset();
-      return fail_errno(errno, "passing a reply window");
-    }
+    if (!copy.valid()) return fail_errno(errno, "passing a reply window");
     Reply r;
-    r.body = {{"bytes", bytes}};
+    r.body = {{"bytes", w->size()}};
     r.fds.push_back(std::move(copy));
     return r;
   }
@@ -703,7 +733,7 @@ struct NodeServer::Impl {
           {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
           {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)},
           {"window_bytes", window_bytes.load(std::memory_order_relaxed)},
-          {"windows_mapped_bytes", windows_mapped.load(std::memory_order_relaxed)}}}};
+          {"windows_bytes", windows_made()}}}};
     return r;
   }
 

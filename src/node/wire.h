@@ -20,7 +20,7 @@ using Json = nlohmann::json;
 inline Result<Json> parse_body(std::string_view text) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
-    return fail(Code::kInvalidArgument, "request body is not a JSON object");
+    return fail(Code::kInvalidArgument, "request body is not a JSON object (in UTF-8)");
   return j;
 }
 
@@ -59,13 +59,25 @@ inline Result<bool> get_bool_or(const Json& j, std::string_view name, bool fallb
   return it->get<bool>();
 }
 
+// At most this much of an error's message goes into a frame or a log line: a message that
+// quotes a request (a key of up to 1 MiB) must not make the reply too large to send.
+inline constexpr size_t kMaxMessageBytes = 4096;
+
+inline std::string clipped(std::string m) {
+  if (m.size() > kMaxMessageBytes) {
+    m.resize(kMaxMessageBytes);
+    m += "... (" + std::to_string(m.size()) + " bytes shown)";
+  }
+  return m;
+}
+
 inline Frame error_frame(uint64_t request_id, const Error& e) {
   Frame f;
   f.type = static_cast<uint16_t>(FrameType::kError);
   f.request_id = request_id;
   f.json = Json{{"code", static_cast<int>(e.code())},
                 {"code_name", std::string(code_name(e.code()))},
-                {"message", e.message()}}
+                {"message", clipped(e.message())}}
                .dump(-1, ' ', false, Json::error_handler_t::replace);
   return f;
 }

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "node/frame.h"
 #include "sluice/io/file_handle.h"
@@ -234,6 +235,20 @@ TEST(NodeStore, InlineBytesComeThroughTheReplyWindow) {
   ASSERT_EQ(plain->read_full("set/obj", 100, out).value(), out.size());
   EXPECT_TRUE(std::equal(out.begin(), out.end(), fx.data.begin() + 100));
   EXPECT_EQ(d.server().stats().window_bytes, before);
+  // Windows are reused by the uid's later connections, never made anew for each: a client
+  // that keeps a window's descriptor after its connection cannot make the daemon's grow.
+  auto windows = [&] {
+    return nlohmann::json::parse(s->client().cache_stat().value())["server"]["windows_bytes"]
+        .get<uint64_t>();
+  };
+  uint64_t made = 0;
+  for (int i = 0; i < 6; ++i) {  // `s` keeps its own connection (and window) meanwhile
+    auto again = fx.open(d.socket());
+    ASSERT_EQ(again->read_full("set/obj", 100, out).value(), out.size());
+    if (i == 0) made = windows();
+  }
+  EXPECT_GT(made, 0u);
+  EXPECT_EQ(windows(), made);
   // No window memory left: the daemon refuses WINDOW and the reads still succeed.
   TempDir other;
   Daemon tight(other, {}, nullptr, [](ServerOptions& so) { so.max_window_bytes = 0; });
@@ -241,6 +256,16 @@ TEST(NodeStore, InlineBytesComeThroughTheReplyWindow) {
   EXPECT_EQ(read_all(*t, "set/obj", fx.data.size()), fx.data);
   EXPECT_EQ(tight.server().stats().window_bytes, 0u);
   EXPECT_EQ(tight.server().stats().inline_bytes, fx.data.size());
+  // One uid holds at most half of the windows' memory (here one window of two).
+  TempDir third;
+  Daemon two(third, {}, nullptr, [](ServerOptions& so) { so.max_window_bytes = 16 << 20; });
+  auto a = fx.open(two.socket());
+  auto b = fx.open(two.socket());
+  std::vector<std::byte> part(5000);
+  ASSERT_EQ(a->read_full("set/obj", 0, part).value(), part.size());
+  ASSERT_EQ(b->read_full("set/obj", 0, part).value(), part.size());  // without a window
+  EXPECT_EQ(two.server().stats().window_bytes, part.size());
+  EXPECT_EQ(two.server().stats().inline_bytes, 2 * part.size());
 }
 
 // WARM makes chunks resident without a byte going to the client: each fetched once, a
@@ -266,6 +291,16 @@ TEST(NodeClient, WarmFillsTheCacheAndCarriesNoBytes) {
   EXPECT_EQ(st.inline_bytes + st.handoff_bytes, 0u);
   EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()), fx.data);
   EXPECT_EQ(d.server().cache().stats().misses, 9u);
+  // With a RAM tier too, a warm writes its chunks to NVMe before it answers (the write
+  // queue, one chunk here, would drop most).
+  TempDir other;
+  Daemon ram(other, {}, nullptr, [](ServerOptions& so) {
+    so.cache.ram_bytes = 64 << 20;
+    so.cache.disk_write_queue_bytes = kChunk;
+  });
+  auto r = fx.open(ram.socket());
+  ASSERT_EQ(r->client().warm(fx.root, "set/obj", 0, UINT64_MAX).value().fetched, fx.data.size());
+  EXPECT_EQ(ram.server().cache().stats().disk.chunks, 9u);
   EXPECT_EQ(s->client().warm(fx.root, "set/missing", 0, 1).error().code(), Code::kNotFound);
   EXPECT_EQ(s->client().warm(fx.root, "set/../obj", 0, 1).error().code(), Code::kInvalidArgument);
 }
@@ -535,6 +570,13 @@ TEST(NodeServer, MalformedRequestsGetErrorsAndTheDaemonStaysUp) {
           .find("mapped none"),
       std::string::npos);
   EXPECT_NE(send_raw(d.socket(), frame_bytes(10, R"({"bytes":"big"})")).find("unsigned"),
+            std::string::npos);
+  // A key near the frame limit is refused with a reply (its echo clipped), not a closed
+  // connection.
+  EXPECT_NE(send_raw(d.socket(),
+                     frame_bytes(3, R"({"root":")" + r + R"(","key":")" + std::string(900000, 'k') +
+                                        R"(","offset":0,"length":1})"))
+                .find("bytes shown"),
             std::string::npos);
   // A small fuzz loop: every byte of a valid request flipped in turn, some at random.
   auto valid =

@@ -428,15 +428,40 @@ struct NodeServer::Impl {
       }
       root = std::move(*real);
       for (const std::string& own : own_dirs) {
-        if (root_granted(root, own) || root_granted(own, root))
+        if (root_granted(root, own))
           return fail(Code::kPermissionDenied,
-                      "root '" + root + "' holds or is inside the daemon's own directory");
+                      "root '" + root + "' is inside the daemon's own directory");
       }
     }
     if (!may_read(*caller.team, root))
       return fail(Code::kPermissionDenied,
                   "team " + caller.team->name + " may not read root '" + root + "'");
     return router->attach(root);
+  }
+
+  // A key (or prefix) of a file root that holds one of the daemon's directories must not
+  // lead into it: checked on the path it resolves to (the part that exists).
+  Status outside_own_dirs(const std::string& id, std::string_view key) const {
+    std::optional<std::string> root = router->root_of(id);
+    if (!root || !root->starts_with("file://")) return ok();
+    for (const std::string& own : own_dirs) {
+      if (!root_granted(own, *root)) continue;  // not inside this root
+      std::string path = root->substr(7);
+      if (!path.ends_with('/')) path += '/';
+      path += key;
+      // Where the longest leading part of the path that exists resolves to (what does not
+      // exist cannot be read).
+      std::optional<std::string> real;
+      while (!(real = real_file_root("file://" + path))) {
+        const size_t slash = path.rfind('/');
+        if (slash == 0 || slash == std::string::npos) break;
+        path.resize(slash);
+      }
+      if (real && root_granted(*real, own))
+        return fail(Code::kPermissionDenied,
+                    "'" + std::string(key) + "' is inside the daemon's own directory");
+    }
+    return ok();
   }
 
   // "*" is every object-store root; a file root is granted by its path ("file:///": all),
@@ -454,6 +479,7 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
     SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
     SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
+    SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, prefix));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, prefix, /*listing=*/true));
     return id + "/" + prefix;
   }
@@ -468,6 +494,7 @@ struct NodeServer::Impl {
   // the key is valid and the team may read it.
   Result<std::string> routed(const Caller& caller, const std::string& id, const std::string& key) {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
+    SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, key));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
     return id + "/" + key;
   }

@@ -453,6 +453,11 @@ TEST(NodeServer, FileRootsAreGrantedByTheDirectoryTheyResolveTo) {
   o.socket = plain.socket();
   auto own = NodeStore::open("file://" + fx.dir.file("cache"), o).value();
   EXPECT_EQ(own->read("index.log", 0, out).error().code(), Code::kPermissionDenied);
+  auto above = NodeStore::open("file://" + fx.dir.path(), o).value();  // holds the cache
+  EXPECT_EQ(above->read("cache/index.log", 0, out).error().code(), Code::kPermissionDenied);
+  ::symlink(fx.dir.file("cache").c_str(), fx.dir.file("data/c").c_str());
+  EXPECT_EQ(above->read("data/c/index.log", 0, out).error().code(), Code::kPermissionDenied);
+  EXPECT_EQ(above->read("data/set/obj", 0, out).value(), out.size());
   EXPECT_EQ(NodeStore::open(fx.root, o).value()->read("set/obj", 0, out).value(), out.size());
 }
 

@@ -55,6 +55,9 @@ struct NodeClient::Impl {
     std::span<const std::byte> window() const {
       return c_.window ? c_.window->bytes() : std::span<const std::byte>();
     }
+    // The window's generation now (0 without one): compared, after the bytes are copied
+    // out, with the one the reply named.
+    uint64_t window_generation() const { return c_.window ? c_.window->generation() : 0; }
     Frame frame;
 
    private:
@@ -143,7 +146,9 @@ struct NodeClient::Impl {
 
   Result<Frame> send_on(Conn& c, Frame& req, const std::function<std::string(bool window)>& json,
                         uint64_t window_bytes) {
-    if (window_bytes > 0 && !c.window_asked) SLUICE_RETURN_IF_ERROR(ask_window(c, window_bytes));
+    // Asked only of a daemon that said it maps windows: an older one would log each refusal.
+    if (window_bytes > 0 && info.windows && !c.window_asked)
+      SLUICE_RETURN_IF_ERROR(ask_window(c, window_bytes));
     req.request_id = next_id.fetch_add(1, std::memory_order_relaxed);
     req.json = json(c.window.has_value());
     return exchange_on(*c.ch, req);
@@ -207,6 +212,7 @@ Result<std::unique_ptr<NodeClient>> NodeClient::connect(std::string socket,
   SLUICE_ASSIGN_OR_RETURN(d.chunk_size, get_u64(j, "chunk_size"));
   SLUICE_ASSIGN_OR_RETURN(uint64_t pid, get_u64_or(j, "pid", 0));
   d.pid = static_cast<int64_t>(pid);
+  SLUICE_ASSIGN_OR_RETURN(d.windows, get_bool_or(j, "windows", false));
   return std::unique_ptr<NodeClient>(new NodeClient(std::move(impl)));
 }
 
@@ -402,6 +408,7 @@ struct NodeStore::Impl {
                              std::string& etag) {
     bool inline_only = false;
     uint64_t got = 0;
+    int reused = 0;  // replies whose window passed to another connection meanwhile
     while (got < dst.size) {
       Json body = request(key);
       body["offset"] = offset + got;
@@ -460,6 +467,16 @@ struct NodeStore::Impl {
       SLUICE_RETURN_IF_ERROR(taken);
       SLUICE_RETURN_IF_ERROR(waited);
       SLUICE_RETURN_IF_ERROR(copied);
+      // The window passed to another connection while its bytes were copied (this process
+      // stalled past its connection's end): the copy may hold that one's bytes. Asked
+      // again, on a new connection (the daemon closed this one).
+      if (auto g = j.find("window_generation"); g != j.end()) {
+        if (!g->is_number_unsigned() || g->get<uint64_t>() != held.window_generation()) {
+          if (++reused >= 3)
+            return fail(Code::kCorruption, "sluiced: the reply window changed under every read");
+          continue;
+        }
+      }
       if (bad_at) {
         retries.fetch_add(1, std::memory_order_relaxed);
         inline_only = true;  // the daemon's own read checks, drops and refetches it

@@ -1,10 +1,12 @@
 #include "node/frame.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -230,7 +232,15 @@ Result<std::optional<Frame>> FrameChannel::receive(std::chrono::milliseconds idl
 Result<Window> Window::create(size_t bytes) {
   if (bytes == 0 || bytes % 4096 != 0)
     return fail(Code::kInvalidArgument, "a window is a whole number of pages");
-  UniqueFd fd(::memfd_create("sluiced-window", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (bytes <= kHeaderBytes)
+    return fail(Code::kInvalidArgument, "a window holds a header page and at least one more");
+  unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+#ifdef MFD_NOEXEC_SEAL
+  flags |= MFD_NOEXEC_SEAL;  // what vm.memfd_noexec=2 requires; older kernels say EINVAL
+#endif
+  UniqueFd fd(::memfd_create("sluiced-window", flags));
+  if (!fd.valid() && errno == EINVAL)
+    fd.reset(::memfd_create("sluiced-window", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return fail_errno(errno, "memfd_create for a reply window");
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
     return fail_errno(errno, "sizing a reply window");
@@ -249,11 +259,24 @@ Result<Window> Window::map(UniqueFd fd, size_t bytes) {
   if (seals < 0) return fail_errno(errno, "the daemon's reply window");
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "the daemon's reply window");
-  if (!(seals & F_SEAL_SHRINK) || bytes == 0 || static_cast<uint64_t>(st.st_size) < bytes)
-    return fail(Code::kCorruption, "sluiced: a reply window that is not sealed or too small");
+  // tmpfs (shmem): a hugetlbfs memfd could fault when its pool runs dry.
+  struct statfs fs {};
+  if (::fstatfs(fd.get(), &fs) != 0) return fail_errno(errno, "the daemon's reply window");
+  if (!(seals & F_SEAL_SHRINK) || fs.f_type != TMPFS_MAGIC || bytes <= kHeaderBytes ||
+      static_cast<uint64_t>(st.st_size) < bytes)
+    return fail(Code::kCorruption,
+                "sluiced: a reply window that is not sealed shmem, or too small");
   void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return fail_errno(errno, "mapping the daemon's reply window");
   return Window(std::move(fd), static_cast<std::byte*>(p), bytes);
+}
+
+uint64_t Window::generation() const {
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(p_), __ATOMIC_ACQUIRE);
+}
+
+void Window::set_generation(uint64_t g) {
+  __atomic_store_n(reinterpret_cast<uint64_t*>(p_), g, __ATOMIC_RELEASE);
 }
 
 Window& Window::operator=(Window&& o) noexcept {

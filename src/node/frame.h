@@ -151,8 +151,16 @@ class FrameChannel {
 // mapping or write(2) after the daemon's own) mean the client can neither change what the
 // daemon wrote (which the daemon's cache may be writing to NVMe from) nor make the daemon's
 // writes fault. Move-only; unmaps when destroyed.
+//
+// The first page is the window's header: a little-endian u64 at offset 0, its generation,
+// which the daemon changes each time the window passes to another connection (windows are
+// reused, see server.cc). Reply bytes start at kHeaderBytes; a client checks after copying
+// them that the generation is still the one the reply named, so bytes a reused window got
+// meanwhile (a client stalled past its connection's end) are never taken for its own.
 class Window {
  public:
+  static constexpr size_t kHeaderBytes = 4096;
+
   // The daemon's side: `bytes` (a whole number of pages) of fresh memory, mapped writable.
   static Result<Window> create(size_t bytes);
   // The client's side: maps a window it was sent, read-only, after checking that it is
@@ -168,6 +176,8 @@ class Window {
 
   std::span<std::byte> writable() { return {p_, size_}; }  // the daemon's side only
   std::span<const std::byte> bytes() const { return {p_, size_}; }
+  uint64_t generation() const;
+  void set_generation(uint64_t g);  // the daemon's side only
   size_t size() const { return size_; }
   const UniqueFd& fd() const { return fd_; }
 

@@ -269,7 +269,8 @@ struct NodeServer::Impl {
     }
   }
 
-  // Reply windows (WINDOW), one size (max_inline_bytes). A window is never freed: a client
+  // Reply windows (WINDOW), one size (a header page and max_inline_bytes). A window is
+  // never freed: a client
   // may keep its descriptor after the connection ends, so freeing it would not give the
   // memory back, and windows made anew for each connection would grow without bound. When
   // a connection ends its window goes back to its uid's idle list, for that uid's next
@@ -281,6 +282,7 @@ struct NodeServer::Impl {
     std::map<uid_t, std::vector<std::unique_ptr<Window>>> idle;  // guarded by mu
     std::map<uid_t, uint64_t> made_by_uid;                       // bytes; guarded by mu
     uint64_t made = 0;                                           // bytes; guarded by mu
+    uint64_t generations = 0;  // the last generation given to a window; guarded by mu
   };
 
   uint64_t windows_made() {
@@ -288,8 +290,10 @@ struct NodeServer::Impl {
     return windows->made;
   }
 
+  // The header page and max_inline_bytes in whole pages (at least one).
   uint64_t window_size() const {
-    return (std::clamp<uint64_t>(o.max_inline_bytes, 4096, kMaxDataBytes) + 4095) / 4096 * 4096;
+    return Window::kHeaderBytes +
+           std::clamp<uint64_t>(o.max_inline_bytes, 4096, kMaxDataBytes) / 4096 * 4096;
   }
 
   // A connection's window while it lives; back to the pool when the connection ends.
@@ -314,6 +318,7 @@ struct NodeServer::Impl {
         if (!idle.empty()) {
           w_ = std::move(idle.back());
           idle.pop_back();
+          w_->set_generation(++server_.windows->generations);  // before any byte of ours
           return w_.get();
         }
         const uint64_t limit = server_.o.max_window_bytes;
@@ -325,6 +330,8 @@ struct NodeServer::Impl {
       }
       SLUICE_ASSIGN_OR_RETURN(Window w, Window::create(size));
       w_ = std::make_unique<Window>(std::move(w));
+      std::lock_guard lock(server_.windows->mu);
+      w_->set_generation(++server_.windows->generations);
       return w_.get();
     }
 
@@ -563,7 +570,8 @@ struct NodeServer::Impl {
               {"uid", caller.uid},
               {"pid", ::getpid()},
               {"chunk_size", cache->options().chunk_size},
-              {"directory", cache->options().directory}};
+              {"directory", cache->options().directory},
+              {"windows", true}};
     return r;
   }
 
@@ -627,8 +635,9 @@ struct NodeServer::Impl {
     r.body = {{"size", info.size}, {"etag", info.etag}, {"pieces", Json::array()}};
     uint64_t end = offset >= info.size ? offset : offset + std::min(length, info.size - offset);
     const uint64_t chunk = cache->options().chunk_size;
-    const uint64_t max_inline =
-        to_window ? window->size() : std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
+    const uint64_t max_inline = to_window ? window->size() - Window::kHeaderBytes
+                                          : std::min<uint64_t>(o.max_inline_bytes, kMaxDataBytes);
+    if (to_window) r.body["window_generation"] = window->generation();
     uint64_t inline_used = 0;  // bytes of r.data or of the window
     std::optional<SlotLease> slot;
     bool reserved = false;
@@ -669,7 +678,7 @@ struct NodeServer::Impl {
       const uint64_t at = inline_used;
       std::span<std::byte> into;
       if (to_window) {
-        into = window->writable().subspan(at, take);
+        into = window->writable().subspan(Window::kHeaderBytes + at, take);
       } else {
         r.data.resize(at + take);
         into = std::span(r.data).subspan(at);
@@ -683,8 +692,10 @@ struct NodeServer::Impl {
                                            " where the object holds " + std::to_string(take));
       inline_used += take;
       if (to_window) window_bytes.fetch_add(take, std::memory_order_relaxed);
-      r.body["pieces"].push_back(
-          {{"offset", pos}, {"length", take}, {to_window ? "window_offset" : "data_offset", at}});
+      r.body["pieces"].push_back({{"offset", pos},
+                                  {"length", take},
+                                  {to_window ? "window_offset" : "data_offset",
+                                   to_window ? Window::kHeaderBytes + at : at}});
       team_bytes.at(caller.team)->add(take);
       inline_bytes.fetch_add(take, std::memory_order_relaxed);
       pos += take;

@@ -159,13 +159,13 @@ bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
               socket.c_str(), j.value("directory", "").c_str(), j.value("policy", "").c_str(),
               j.value("io_path", "").c_str());
   for (const char* tier : {"ram", "disk"}) {
-    const nlohmann::json& t = j[tier];
+    nlohmann::json& t = j[tier];
     std::printf("%s tier: %s of %s in %.0f chunks; %.0f hits (%s)\n",
                 std::string_view(tier) == "ram" ? "RAM" : "NVMe",
                 format_size(n(t["bytes"])).c_str(), format_size(n(t["capacity"])).c_str(),
                 n(t["chunks"]), n(t["hits"]), format_size(n(t["hit_bytes"])).c_str());
   }
-  const nlohmann::json& sv = j["server"];
+  nlohmann::json& sv = j["server"];  // not const: a field an older daemon lacks reads as null
   std::printf(
       "misses: %.0f chunks (%s from the sources); hand-offs: %.0f chunks (%s), inline %s (%s "
       "through reply windows)\n",

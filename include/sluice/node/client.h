@@ -66,6 +66,7 @@ struct DaemonInfo {
   std::string team, directory;
   uint64_t chunk_size = 0;
   int64_t pid = 0;
+  bool windows = false;  // it maps reply windows (WINDOW)
 };
 
 class NodeClient;

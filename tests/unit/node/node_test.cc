@@ -258,7 +258,8 @@ TEST(NodeStore, InlineBytesComeThroughTheReplyWindow) {
   EXPECT_EQ(tight.server().stats().inline_bytes, fx.data.size());
   // One uid holds at most half of the windows' memory (here one window of two).
   TempDir third;
-  Daemon two(third, {}, nullptr, [](ServerOptions& so) { so.max_window_bytes = 16 << 20; });
+  Daemon two(third, {}, nullptr,
+             [](ServerOptions& so) { so.max_window_bytes = 2 * ((8 << 20) + 4096); });
   auto a = fx.open(two.socket());
   auto b = fx.open(two.socket());
   std::vector<std::byte> part(5000);
@@ -309,6 +310,8 @@ TEST(NodeClient, WarmFillsTheCacheAndCarriesNoBytes) {
 // side refuses a window that is not sealed or smaller than said.
 TEST(NodeFrame, AReplyWindowIsReadOnlyAndFixedForTheClient) {
   auto w = Window::create(1 << 20);
+  if (!w && w.error().code() != Code::kInvalidArgument)  // no memfd seals on this kernel
+    GTEST_SKIP() << "SKIP: no sealed memfd here: " << w.error().to_string();
   ASSERT_TRUE(w) << w.error().to_string();
   std::memset(w->writable().data(), 0x5a, 1 << 20);
   UniqueFd fd(::fcntl(w->fd().get(), F_DUPFD_CLOEXEC, 0));
@@ -326,6 +329,8 @@ TEST(NodeFrame, AReplyWindowIsReadOnlyAndFixedForTheClient) {
   w->writable()[12345] = std::byte{7};  // the daemon's later writes are seen
   EXPECT_EQ(seen->bytes()[12345], std::byte{7});
   EXPECT_NE(::mprotect(const_cast<std::byte*>(seen->bytes().data()), 4096, PROT_WRITE), 0);
+  w->set_generation(41);  // the daemon passes the window on: the client sees it
+  EXPECT_EQ(seen->generation(), 41u);
   UniqueFd unsealed(::memfd_create("plain", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(unsealed.get(), 1 << 20), 0);
   EXPECT_EQ(Window::map(std::move(unsealed), 1 << 20).error().code(), Code::kCorruption);

@@ -125,12 +125,12 @@ def peer_case(work, endpoint, size, rounds, rows):
             time.sleep(0.05)
         time.sleep(0.5)
 
-        def via_peer():
+        def via_peer(command=None):
             subprocess.run([f"{BIN}/sluice", "cache", "evict", "s3://test/bench/", "--daemon", socks[1]],
                            check=True, env=env(work), capture_output=True)
             before = stat(work, socks[1])["bytes_from"]
             t0 = time.perf_counter()
-            subprocess.run(cat + [socks[1], "s3://test/bench/fan"], check=True, env=env(work),
+            subprocess.run(command or cat + [socks[1], "s3://test/bench/fan"], check=True, env=env(work),
                            stdout=subprocess.DEVNULL)
             secs = time.perf_counter() - t0
             after = stat(work, socks[1])["bytes_from"]
@@ -154,22 +154,34 @@ def peer_case(work, endpoint, size, rounds, rows):
             return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / (1 << 30)
 
         res = []
+        # Daemon to daemon only: the fetching daemon fills its cache (WARM), no reader.
+        warm = [f"{BIN}/sluice", "cache", "warm", "s3://test/bench/fan", "--daemon", socks[1], "--no-progress"]
         for r in range(rounds):
-            order = [("sluiced", via_peer), ("iperf3", loopback), ("fio", disk_write)]
+            order = [("sluiced", via_peer), ("iperf3", loopback), ("fio", disk_write),
+                     ("warm", lambda: via_peer(warm))]
             got = {k: f() for k, f in (order if r % 2 == 0 else order[::-1])}
-            print(f"  peer fetch round {r + 1}: sluiced {got['sluiced']:.3f} GiB/s, iperf3 {got['iperf3']:.3f}, "
-                  f"fio write {got['fio']:.3f}", file=sys.stderr)
+            print(f"  peer fetch round {r + 1}: sluiced {got['sluiced']:.3f} GiB/s, daemon to daemon "
+                  f"{got['warm']:.3f}, iperf3 {got['iperf3']:.3f}, fio write {got['fio']:.3f}", file=sys.stderr)
             res.append(got)
         med = statistics.median
         ratios = [x["sluiced"] / x["iperf3"] for x in res]
-        rows.append(["peer fetch to a reader (fd: NVMe -> sendfile -> HTTP -> cache -> inline)",
+        rows.append(["peer fetch to a reader (NVMe -> sendfile -> HTTP -> cache -> window)",
                      f"{size >> 20} MiB", f"{med(x['sluiced'] for x in res):.3f} GiB/s",
+                     f"{med(x['iperf3'] for x in res):.3f} GiB/s", "iperf3", f"{med(ratios):.2f}",
+                     f"{min(ratios):.2f}-{max(ratios):.2f}"])
+        ratios = [x["warm"] / x["iperf3"] for x in res]
+        rows.append(["peer fetch daemon to daemon (cache warm through the fetching daemon)",
+                     f"{size >> 20} MiB", f"{med(x['warm'] for x in res):.3f} GiB/s",
                      f"{med(x['iperf3'] for x in res):.3f} GiB/s", "iperf3", f"{med(ratios):.2f}",
                      f"{min(ratios):.2f}-{max(ratios):.2f}"])
         # The fetching daemon writes every byte to its disk: that disk's own write rate is
         # the other ceiling of this chain.
+        ratios = [x["warm"] / x["fio"] for x in res]
+        rows.append(["daemon to daemon, against the fetching node's disk writes", f"{size >> 20} MiB",
+                     f"{med(x['warm'] for x in res):.3f} GiB/s", f"{med(x['fio'] for x in res):.3f} GiB/s",
+                     "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}"])
         ratios = [x["sluiced"] / x["fio"] for x in res]
-        rows.append(["same, against the fetching node's disk writes", f"{size >> 20} MiB",
+        rows.append(["to a reader, against the fetching node's disk writes", f"{size >> 20} MiB",
                      f"{med(x['sluiced'] for x in res):.3f} GiB/s", f"{med(x['fio'] for x in res):.3f} GiB/s",
                      "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}"])
     finally:

@@ -270,13 +270,12 @@ struct NodeServer::Impl {
   }
 
   // Reply windows (WINDOW), one size (a header page and max_inline_bytes). A window is
-  // never freed: a client
-  // may keep its descriptor after the connection ends, so freeing it would not give the
-  // memory back, and windows made anew for each connection would grow without bound. When
-  // a connection ends its window goes back to its uid's idle list, for that uid's next
-  // connection (the same uid, so the same team: what a kept descriptor shows of it later
-  // is bytes that uid may read). Windows made, all uids together, stay within
-  // max_window_bytes, and one uid's within half of it.
+  // never freed: a client may keep its descriptor after the connection ends, so freeing it
+  // would not give the memory back, and windows made anew for each connection would grow
+  // without bound. When a connection ends its window goes back to its uid's idle list, for
+  // that uid's next connection (the same uid, so the same team: what a kept descriptor
+  // shows of it later is bytes that uid may read), with a new generation. Windows made, all
+  // uids together, stay within max_window_bytes, and one uid's within half of it.
   struct WindowPool {
     std::mutex mu;
     std::map<uid_t, std::vector<std::unique_ptr<Window>>> idle;  // guarded by mu
@@ -602,7 +601,7 @@ struct NodeServer::Impl {
   }
 
   // The connection's reply window (see WindowPool; the size asked for is advice: every
-  // window is max_inline_bytes); its descriptor is the reply's one.
+  // window is window_size()); its descriptor is the reply's one.
   Result<Reply> map_window(const Json& j, WindowLease& lease) {
     SLUICE_ASSIGN_OR_RETURN(uint64_t want, get_u64(j, "bytes"));
     (void)want;

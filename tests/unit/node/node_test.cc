@@ -555,6 +555,20 @@ TEST(NodeServer, MalformedRequestsGetErrorsAndTheDaemonStaysUp) {
   Daemon d(fx.dir);
   auto garbage = random_bytes(100, 3);
   EXPECT_NE(send_raw(d.socket(), garbage).find("bad magic"), std::string::npos);
+  // A frame announcing more data than a request may carry, its data still coming: the
+  // error frame stays readable after the daemon closes (a client whose send failed must
+  // still read it).
+  Frame big;
+  big.type = 3;
+  big.request_id = 9;
+  big.json = "{}";
+  big.data.resize(4 << 20);
+  std::memset(big.data.data(), 7, big.data.size());
+  std::vector<std::byte> oversize;
+  for (std::byte b : encode_header(big)) oversize.push_back(b);
+  for (char c : big.json) oversize.push_back(std::byte(c));
+  oversize.resize(oversize.size() + big.data.size(), std::byte{7});
+  EXPECT_NE(send_raw(d.socket(), oversize).find("data"), std::string::npos);
   auto header = frame_bytes(3, "{}");
   header.resize(20);  // truncated mid-header: closed without a reply to parse
   send_raw(d.socket(), header);

@@ -296,8 +296,10 @@ int daemon_ls(const CacheArgs& a, node::NodeClient& d) {
                      {"tiers", where},
                      {"pinned", c.value("pinned", false)}});
     } else {
-      std::printf("%-5s %10lu %s/%s chunk %lu%s\n", where.c_str(),
-                  static_cast<unsigned long>(c.value("length", 0ul)), printable(root).c_str(),
+      // "file:///" + "/" + "tmp/x" would print four slashes.
+      const char* sep = root.ends_with('/') ? "" : "/";
+      std::printf("%-5s %10lu %s%s%s chunk %lu%s\n", where.c_str(),
+                  static_cast<unsigned long>(c.value("length", 0ul)), printable(root).c_str(), sep,
                   printable(key).c_str(), static_cast<unsigned long>(c.value("index", 0ul)),
                   c.value("pinned", false) ? " pinned" : "");
     }

@@ -996,6 +996,7 @@ struct TieredCache::Impl {
       std::vector<Claim> run = claim_run(info, index, w.end);
       if (run.empty()) {  // being read by someone else (or just arrived): wait for it
         SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> c, fill(info, key, len));
+        if (!resident_now(key)) w.not_kept += len;
         ++index;
         continue;
       }
@@ -1019,6 +1020,9 @@ struct TieredCache::Impl {
       SLUICE_RETURN_IF_ERROR(
           fill_run(info, run, std::span(scratch.data(), bytes), true, /*to_disk=*/true));
       w.fetched += bytes;
+      for (const Claim& c : run) {
+        if (!resident_now(c.key)) w.not_kept += c.length;
+      }
       index += run.size();
     }
     return w;

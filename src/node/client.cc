@@ -241,7 +241,9 @@ Result<NodeClient::Warmed> NodeClient::warm(const std::string& root, const std::
     SLUICE_ASSIGN_OR_RETURN(w.etag, get_string(j, "etag"));
     SLUICE_ASSIGN_OR_RETURN(uint64_t end, get_u64(j, "end"));
     SLUICE_ASSIGN_OR_RETURN(uint64_t fetched, get_u64(j, "fetched"));
+    SLUICE_ASSIGN_OR_RETURN(uint64_t not_kept, get_u64_or(j, "not_kept", 0));
     w.fetched += fetched;
+    w.not_kept += not_kept;
     if (end <= w.end) break;  // the object ends here
     const uint64_t done = end - w.end;
     w.end = end;

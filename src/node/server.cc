@@ -596,7 +596,11 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(cache::TieredCache::Warmed w,
                             cache->warm(key, offset, std::min(length, most)));
     Reply r;
-    r.body = {{"size", w.info.size}, {"etag", w.info.etag}, {"end", w.end}, {"fetched", w.fetched}};
+    r.body = {{"size", w.info.size},
+              {"etag", w.info.etag},
+              {"end", w.end},
+              {"fetched", w.fetched},
+              {"not_kept", w.not_kept}};
     return r;
   }
 

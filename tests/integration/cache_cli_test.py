@@ -105,6 +105,13 @@ def test_cp_through_a_cache_that_keeps_little_fetches_each_byte_once():
     assert open(out, "rb").read() == data
     shutil.rmtree(os.path.dirname(src))
     os.remove(out)
+    # A warm into a cache that cannot keep it says how much it could not keep and exits 1.
+    write(src, data[:20 * MIB])
+    p = run("cache", "warm", src, "--cache-size", "8M", "--json", "--no-progress", check=False)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 1 and rep["failed"] == 0 and rep["not_kept_bytes"] > 0, (p.returncode, rep)
+    assert b"could not be kept" in p.stderr, p.stderr
+    shutil.rmtree(os.path.dirname(src))
 
 
 def test_warm_pin_evict_ls():

@@ -303,9 +303,13 @@ def test_a_teams_cache_quota_keeps_only_what_it_allows(s3, digest):
     sluice("quota", "set", "vision", "--tier", "nvme", "--hard-bytes", "10M", "--ledger", ledger)
     d = Daemon(s3.endpoint, "--ledger", ledger)
     try:
-        rep = json.loads(sluice("cache", "warm", "s3://test/ds/obj", "--daemon", SOCK, "--json",
-                                "--no-progress", "--endpoint-url", s3.endpoint).stdout)
+        # Past the quota the warm cannot keep the chunks: it says so and does not exit 0.
+        p = sluice("cache", "warm", "s3://test/ds/obj", "--daemon", SOCK, "--json", "--no-progress",
+                   "--endpoint-url", s3.endpoint, check=False)
+        rep = json.loads(p.stdout)
         assert rep["failed"] == 0, rep
+        assert p.returncode == 1 and rep["not_kept_bytes"] >= 14 * MIB, (p.returncode, rep)
+        assert b"could not be kept" in p.stderr, p.stderr
         p = cat("s3://test/ds/obj")  # every byte served, kept or not
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err

@@ -434,27 +434,35 @@ Result<std::vector<xfer::CopyItem>> list_file_items(const std::string& file,
   return items;
 }
 
-// The daemon's cache as a copy source whose reads make their range resident there and carry
-// no byte back (NodeClient::warm): copied into the discard store, it warms with copy_all's
-// parts, jobs, progress and cancellation. What a read leaves in its buffer is not the
-// object's bytes; nothing but the discard store may receive them.
+// A cache (the daemon's, or the embedded one) as a copy source whose reads make their range
+// resident and carry no byte back (TieredCache::warm, NodeClient::warm): copied into the
+// discard store, it warms with copy_all's parts, jobs, progress and cancellation. What a
+// read leaves in its buffer is not the object's bytes; nothing but the discard store may
+// receive them. Counts what the warms fetched and what the cache could not keep.
 class WarmingSource final : public store::StoreWrapper {
  public:
-  WarmingSource(std::shared_ptr<node::NodeStore> s, std::string root)
-      : StoreWrapper(s), node_(std::move(s)), root_(std::move(root)) {}
+  struct Warmed {
+    uint64_t size = 0, fetched = 0, not_kept = 0;
+    std::string etag;
+  };
+  using WarmFn =
+      std::function<Result<Warmed>(const std::string& key, uint64_t offset, uint64_t length)>;
+  WarmingSource(std::shared_ptr<store::Store> lister, WarmFn warm)
+      : StoreWrapper(std::move(lister)), warm_(std::move(warm)) {}
   Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
                       const store::ReadOptions& options) override {
-    SLUICE_ASSIGN_OR_RETURN(node::NodeClient::Warmed w,
-                            node_->client().warm(root_, std::string(key), offset, dst.size()));
+    SLUICE_ASSIGN_OR_RETURN(Warmed w, warm_(std::string(key), offset, dst.size()));
+    fetched.fetch_add(w.fetched, std::memory_order_relaxed);
+    not_kept.fetch_add(w.not_kept, std::memory_order_relaxed);
     if (!options.if_match.empty() && w.etag != options.if_match)
       return fail(Code::kConflict, "'" + std::string(key) + "' changed during the warm");
     return offset >= w.size ? size_t{0}
                             : static_cast<size_t>(std::min<uint64_t>(dst.size(), w.size - offset));
   }
+  std::atomic<uint64_t> fetched{0}, not_kept{0};  // relaxed: read once the copy is over
 
  private:
-  std::shared_ptr<node::NodeStore> node_;
-  std::string root_;
+  WarmFn warm_;
 };
 
 int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& cancel) {
@@ -471,12 +479,9 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
   // Through the running daemon (its cache fills), else the embedded cache.
   auto d = running_daemon(a, home);
   if (!d) return report_error(d.error());
-  std::unique_ptr<store::Store> via_daemon;
   std::optional<Target> t;
-  store::Store* src = nullptr;
+  std::unique_ptr<WarmingSource> src;
   std::string key;
-  // Bytes the cache has read from the source so far; nullopt: the daemon did not say.
-  std::function<std::optional<uint64_t>()> fetched_so_far;
   if (*d) {
     auto named = name_in_store(first);
     if (!named) return report_error(named.error());
@@ -485,24 +490,31 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     no.fallback = false;
     auto ns = node::NodeStore::open(named->store_uri, no);
     if (!ns) return report_error(ns.error());
-    via_daemon = std::make_unique<WarmingSource>(std::move(*ns), named->store_uri);
-    src = via_daemon.get();
+    std::shared_ptr<node::NodeStore> node = std::move(*ns);
+    src = std::make_unique<WarmingSource>(
+        node,
+        [node, root = named->store_uri](const std::string& k, uint64_t off,
+                                        uint64_t len) -> Result<WarmingSource::Warmed> {
+          SLUICE_ASSIGN_OR_RETURN(node::NodeClient::Warmed w,
+                                  node->client().warm(root, k, off, len));
+          return WarmingSource::Warmed{w.size, w.fetched, w.not_kept, w.etag};
+        });
     key = named->key;
-    node::NodeClient* client = d->get();
-    fetched_so_far = [client]() -> std::optional<uint64_t> {
-      auto j = reply_json(client->cache_stat());
-      if (!j || !(*j)["miss_bytes"].is_number_unsigned()) return std::nullopt;
-      return (*j)["miss_bytes"].get<uint64_t>();
-    };
   } else {
     auto opened = open_target(first, a, home);
     if (!opened) return report_error(opened.error());
     t = std::move(*opened);
-    src = t->cache.get();
+    cache::TieredCache* cache = t->cache.get();
+    // Not owned: `t` holds the cache past the copy.
+    std::shared_ptr<store::Store> lister(cache, [](store::Store*) {});
+    src = std::make_unique<WarmingSource>(
+        lister,
+        [cache](const std::string& k, uint64_t off, uint64_t len) -> Result<WarmingSource::Warmed> {
+          SLUICE_ASSIGN_OR_RETURN(cache::TieredCache::Warmed w, cache->warm(k, off, len));
+          return WarmingSource::Warmed{w.info.size, w.fetched, w.not_kept, w.info.etag};
+        });
     key = t->key;
-    fetched_so_far = [&t] { return std::optional<uint64_t>(t->cache->stats().miss_bytes); };
   }
-  const std::optional<uint64_t> fetched_before = fetched_so_far();
   std::vector<xfer::CopyItem> items;
   if (!a.list_file.empty()) {
     auto loc = parse_location(first);
@@ -540,12 +552,8 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     std::fprintf(stderr, "sluice: cache warm %s: %s\n", f.src_key.c_str(),
                  f.error.to_string().c_str());
   }
-  // Through a daemon, other readers' fetches meanwhile count here too; a count the daemon
-  // did not give is taken as all fetched.
-  const std::optional<uint64_t> fetched_after = fetched_so_far();
-  uint64_t fetched = fetched_before && fetched_after && *fetched_after >= *fetched_before
-                         ? *fetched_after - *fetched_before
-                         : rep.bytes;
+  const uint64_t fetched = src->fetched.load(std::memory_order_relaxed);
+  const uint64_t not_kept = src->not_kept.load(std::memory_order_relaxed);
   uint64_t hit = rep.bytes > fetched ? rep.bytes - fetched : 0;
   if (a.json) {
     std::printf("%s\n", nlohmann::json({{"objects", rep.objects},
@@ -553,6 +561,7 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
                                         {"seconds", rep.seconds},
                                         {"already_cached_bytes", hit},
                                         {"fetched_bytes", fetched},
+                                        {"not_kept_bytes", not_kept},
                                         {"failed", rep.failures.size()},
                                         {"cancelled", rep.cancelled}})
                             .dump()
@@ -568,7 +577,15 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
                     : (", " + std::to_string(rep.failures.size()) + " FAILED").c_str(),
                 rep.cancelled ? ", INTERRUPTED" : "");
   }
-  return rep.cancelled ? cancel.exit_code() : rep.failures.empty() ? 0 : 1;
+  // A warm that could not keep what it fetched did not do its job: said, and not exit 0.
+  if (not_kept > 0)
+    std::fprintf(stderr,
+                 "sluice: cache warm: %s of it could not be kept (the object changed, or the cache "
+                 "is too small, its disk full, its chunks pinned, the team over quota); reads of "
+                 "it will fetch again\n",
+                 format_size(static_cast<double>(not_kept)).c_str());
+  if (rep.cancelled) return cancel.exit_code();
+  return rep.failures.empty() && not_kept == 0 ? 0 : 1;
 }
 
 // "A-B" (inclusive, as HTTP and curl -r), "A-" (to the end), or "-N" (the last N bytes).

@@ -194,6 +194,7 @@ class TieredCache : public store::Store, public ReadAhead {
     store::ObjectInfo info;  // the version warmed
     uint64_t end = 0;        // where the chunks warmed end (the object's size at most)
     uint64_t fetched = 0;    // bytes read from the backing store for it
+    uint64_t not_kept = 0;   // bytes of its chunks no tier kept (full of pinned chunks, a quota)
   };
   Result<Warmed> warm(std::string_view key, uint64_t offset, uint64_t length);
 

@@ -133,6 +133,7 @@ class NodeClient {
   // here: one WARM request per 64 MiB. `end` is where the warmed chunks end.
   struct Warmed {
     uint64_t size = 0, end = 0, fetched = 0;  // fetched: bytes the daemon read from the source
+    uint64_t not_kept = 0;                    // bytes of chunks the daemon's cache could not keep
     std::string etag;
   };
   Result<Warmed> warm(const std::string& root, const std::string& key, uint64_t offset,

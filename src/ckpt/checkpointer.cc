@@ -10,6 +10,8 @@
 // published somewhere, so a failed first tier can be retried on the next from memory.
 #include "sluice/ckpt/checkpointer.h"
 
+#include "sluice/ckpt/live.h"
+
 #include <sys/statvfs.h>
 #include <algorithm>
 #include <atomic>
@@ -247,22 +249,6 @@ void remove_empty_step_dirs(const std::string& series_dir, std::string_view seri
   }
 }
 
-// A record or manifest from a tier: untrusted, so its size is checked before it is read.
-Result<std::string> read_document(store::Store& s, const std::string& key) {
-  SLUICE_ASSIGN_OR_RETURN(auto info, s.stat(key));
-  if (info.size > kMaxDocumentBytes)
-    return fail(Code::kCorruption, key + " in " + s.uri() + " has " + std::to_string(info.size) +
-                                       " bytes; a checkpoint document has at most " +
-                                       std::to_string(kMaxDocumentBytes));
-  std::string text(info.size, '\0');
-  store::ReadOptions ro;
-  ro.if_match = info.etag;
-  SLUICE_ASSIGN_OR_RETURN(size_t n,
-                          s.read_full(key, 0, std::as_writable_bytes(std::span(text)), ro));
-  text.resize(n);
-  return text;
-}
-
 Status check_free_space(const Tier& t, uint64_t need, std::string_view what) {
   struct statvfs sv;
   if (::statvfs(t.local_dir.c_str(), &sv) != 0)
@@ -357,6 +343,7 @@ class CheckpointerImpl final : public Checkpointer {
       helpers_.push_back(std::make_unique<CopyHelper>());
     stage_thread_ = std::thread([this] { stage_loop(); });
     repl_thread_ = std::thread([this] { replicate_loop(); });
+    lease_thread_ = std::thread([this] { lease_loop(); });
   }
 
   ~CheckpointerImpl() override {
@@ -368,6 +355,7 @@ class CheckpointerImpl final : public Checkpointer {
     }
     stage_thread_.join();
     repl_thread_.join();
+    lease_thread_.join();
   }
 
   const CheckpointerOptions& options() const override { return o_; }
@@ -407,14 +395,23 @@ class CheckpointerImpl final : public Checkpointer {
   // committed there. (Shards of other attempts are left alone: a concurrent save may own
   // them; gc removes them once stale.)
   Status check_not_committed(const Tier& tier, uint64_t step);
-  Status wait_for_commit(size_t i, uint64_t step);
+  // Waits until rank 0 committed the step on tier i, whole and naming this rank's shard of
+  // save `save_id`.
+  Status wait_for_commit(size_t i, uint64_t step, const std::string& save_id);
   Status gc_tier(size_t i, GcReport& report);
   void finish(SaveJob& job);
+  // The job's marker on tier i (live.h): written now, then rewritten by the lease thread
+  // until finish() removes it. Best effort: a tier that cannot take it fails on its own.
+  void hold_step(const SaveJob& job, size_t i);
+  void lease_loop();
 
   // Reads a shard's bytes [off, off + dst.size()) from tier i.
   Status read_shard(size_t i, const std::string& key, uint64_t off, std::span<std::byte> dst,
                     ShardFiles& files);
-  Result<Manifest> manifest_on(size_t i, uint64_t step);
+  // The manifest of a step that is whole on tier i (ckpt::read_whole_step); `sizes` is a
+  // listing of that tier's objects under the step, taken here when null.
+  Result<Manifest> manifest_on(size_t i, uint64_t step,
+                               const std::map<std::string, uint64_t>* sizes = nullptr);
   // Reads one chunk from the first tier in `holds` where it is intact; returns that tier.
   // `why` collects the failures of earlier tiers.
   Result<size_t> read_chunk(uint64_t step, const ShardRecord& shard, const TensorEntry& tensor,
@@ -432,7 +429,8 @@ class CheckpointerImpl final : public Checkpointer {
   std::set<uint64_t> active_steps_;                        // guarded by mu_
   size_t active_ = 0;                                      // guarded by mu_
   bool stopping_ = false;                                  // guarded by mu_
-  std::thread stage_thread_, repl_thread_;
+  std::set<std::pair<size_t, std::string>> live_;          // (tier, marker key); by mu_
+  std::thread stage_thread_, repl_thread_, lease_thread_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -660,6 +658,7 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
   ChunkHasher hasher(tensors, o_.chunk_size);
 
   SLUICE_RETURN_IF_ERROR(check_not_committed(tier, job.step));
+  hold_step(job, i);
   store::WriteOptions wo;
   wo.size_hint = total;
   wo.overwrite = false;  // another save of the step publishing first wins; this one fails
@@ -757,6 +756,7 @@ void CheckpointerImpl::replicate_loop() {
       co.cancel = o_.cancel;
       co.on_progress = [&](const xfer::CopyProgress& p) { job->handle->written(i, p.bytes_done); };
       Status cleared = check_not_committed(o_.tiers[i], job->step);
+      if (cleared) hold_step(*job, i);
       Result<store::ObjectInfo> copied =
           cleared ? xfer::copy(*o_.tiers[src].store, key, *o_.tiers[i].store, key, co)
                   : Result<store::ObjectInfo>(std::unexpected(cleared.error()));
@@ -779,10 +779,40 @@ void CheckpointerImpl::replicate_loop() {
 }
 
 void CheckpointerImpl::finish(SaveJob& job) {
+  const std::string key = live_key(o_.series, job.step, o_.rank, job.record.save_id);
+  std::vector<size_t> held;
+  {
+    std::lock_guard lk(mu_);
+    for (size_t i = 0; i < o_.tiers.size(); ++i)
+      if (live_.erase({i, key})) held.push_back(i);
+  }
+  for (size_t i : held) (void)o_.tiers[i].store->remove(key);  // gc takes a stale one
   std::lock_guard lk(mu_);
   active_steps_.erase(job.step);
   --active_;
   cv_.notify_all();
+}
+
+void CheckpointerImpl::hold_step(const SaveJob& job, size_t i) {
+  const std::string key = live_key(o_.series, job.step, o_.rank, job.record.save_id);
+  const std::string text = live_text();
+  (void)o_.tiers[i].store->put(key, std::as_bytes(std::span(text)));
+  std::lock_guard lk(mu_);
+  live_.insert({i, key});
+}
+
+void CheckpointerImpl::lease_loop() {
+  const std::string text = live_text();
+  std::unique_lock lk(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lk, kLiveRefresh, [&] { return stopping_; });
+    if (stopping_) break;
+    const auto markers = live_;
+    lk.unlock();
+    for (const auto& [i, key] : markers)
+      (void)o_.tiers[i].store->put(key, std::as_bytes(std::span(text)));
+    lk.lock();
+  }
 }
 
 Status CheckpointerImpl::check_not_committed(const Tier& tier, uint64_t step) {
@@ -810,7 +840,7 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
   const std::string text = encode_record(rec);
   SLUICE_RETURN_IF_ERROR(
       tier.store->put(record_key(o_.series, job.step, o_.rank), std::as_bytes(std::span(text))));
-  if (o_.rank != 0) return wait_for_commit(i, job.step);
+  if (o_.rank != 0) return wait_for_commit(i, job.step, rec.save_id);
 
   // Rank 0 commits once every rank's record is there and names the shard now published.
   Manifest m;
@@ -866,25 +896,53 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
+  // The manifest may only name what is there now: a shard or record removed while rank 0
+  // waited (a gc in another process, an operator) must fail the commit, not be named.
+  for (const ShardRecord& sh : m.shards) {
+    const std::string sk = shard_key(o_.series, job.step, sh.rank, sh.save_id);
+    auto now = tier.store->stat(sk);
+    if (!now || now->size != sh.bytes || (!sh.etag.empty() && now->etag != sh.etag))
+      return fail(Code::kConflict, "step " + std::to_string(job.step) + " on tier " + tier.name +
+                                       ": shard " + sk + " of rank " + std::to_string(sh.rank) +
+                                       " was removed or replaced before the commit; nothing "
+                                       "was committed");
+  }
   const std::string text_m = encode_manifest(m);
+  const std::string mkey = manifest_key(o_.series, job.step);
   store::WriteOptions wo;
   wo.overwrite = false;
-  auto st =
-      tier.store->put(manifest_key(o_.series, job.step), std::as_bytes(std::span(text_m)), wo);
+  auto st = tier.store->put(mkey, std::as_bytes(std::span(text_m)), wo);
   if (!st && st.error().code() == Code::kAlreadyExists)
     return fail(Code::kAlreadyExists, "step " + std::to_string(job.step) + " of series " +
                                           o_.series + " was committed on tier " + tier.name +
                                           " by another save");
-  return st;
+  if (!st) return st;
+  // And is whole once written (a removal racing the write above): else it is taken back.
+  if (auto whole = manifest_on(i, job.step); !whole) {
+    (void)tier.store->remove(mkey);
+    return fail(Code::kConflict, "step " + std::to_string(job.step) + " on tier " + tier.name +
+                                     " was not whole once committed, so the commit was taken "
+                                     "back: " + whole.error().message());
+  }
+  return ok();
 }
 
-Status CheckpointerImpl::wait_for_commit(size_t i, uint64_t step) {
+Status CheckpointerImpl::wait_for_commit(size_t i, uint64_t step, const std::string& save_id) {
   const auto deadline = Clock::now() + o_.commit_timeout;
   auto pause = std::chrono::milliseconds(20);
   const std::string key = manifest_key(o_.series, step);
   for (;;) {
     auto st = o_.tiers[i].store->stat(key);
-    if (st) return ok();
+    if (st) {
+      // Committed: and whole, naming this rank's shard as published (else nothing restores).
+      SLUICE_ASSIGN_OR_RETURN(Manifest m, manifest_on(i, step));
+      if (m.shards.size() != o_.world || m.shards[o_.rank].save_id != save_id)
+        return fail(Code::kConflict, "step " + std::to_string(step) + " on tier " +
+                                         o_.tiers[i].name +
+                                         " was committed by another save, without this rank's "
+                                         "shard");
+      return ok();
+    }
     if (st.error().code() != Code::kNotFound) return std::unexpected(st.error());
     if (Clock::now() >= deadline)
       return fail(Code::kTimedOut, "step " + std::to_string(step) + " on tier " + o_.tiers[i].name +
@@ -917,14 +975,16 @@ Status CheckpointerImpl::read_shard(size_t i, const std::string& key, uint64_t o
   return ok();
 }
 
-Result<Manifest> CheckpointerImpl::manifest_on(size_t i, uint64_t step) {
-  const std::string key = manifest_key(o_.series, step);
-  SLUICE_ASSIGN_OR_RETURN(std::string text, read_document(*o_.tiers[i].store, key));
-  SLUICE_ASSIGN_OR_RETURN(Manifest m, decode_manifest(text, key + " on tier " + o_.tiers[i].name));
-  if (m.series != o_.series || m.step != step)
-    return fail(Code::kCorruption,
-                key + " on tier " + o_.tiers[i].name + " describes another series or step");
-  return m;
+Result<Manifest> CheckpointerImpl::manifest_on(size_t i, uint64_t step,
+                                                const std::map<std::string, uint64_t>* sizes) {
+  const Tier& tier = o_.tiers[i];
+  std::map<std::string, uint64_t> listed;
+  if (!sizes) {
+    SLUICE_ASSIGN_OR_RETURN(auto objs, tier.store->list_all(step_prefix(o_.series, step)));
+    for (const auto& obj : objs) listed[obj.key] = obj.size;
+    sizes = &listed;
+  }
+  return read_whole_step(*tier.store, o_.series, step, *sizes, "tier " + tier.name);
 }
 
 Result<Manifest> CheckpointerImpl::manifest(uint64_t step) {
@@ -949,31 +1009,37 @@ Result<std::vector<StepInfo>> CheckpointerImpl::list() {
       continue;
     }
     ++listed;
+    std::map<std::string, uint64_t> sizes;
+    std::vector<uint64_t> with_manifest;
     for (const auto& obj : *objs) {
+      sizes[obj.key] = obj.size;
       uint64_t step = 0;
       std::string leaf;
-      if (!parse_step_key(o_.series, obj.key, step, leaf) || leaf != "manifest.json") continue;
+      if (parse_step_key(o_.series, obj.key, step, leaf) && leaf == "manifest.json")
+        with_manifest.push_back(step);
+    }
+    // Only a whole copy counts: a damaged manifest or a lost shard is not a checkpoint here.
+    for (uint64_t step : with_manifest) {
+      auto m = manifest_on(i, step, &sizes);
+      if (!m) continue;
       StepInfo& s = steps[step];
-      s.step = step;
+      if (s.tiers.empty()) {
+        s.step = step;
+        s.bytes = m->bytes();
+        s.created_ns = m->created_ns;
+      }
       s.tiers.push_back(o_.tiers[i].name);
     }
   }
   if (listed == 0 && unreachable) return std::unexpected(*unreachable);
   std::vector<StepInfo> out;
-  for (auto& [step, s] : steps) {
-    if (auto m = manifest(step)) {
-      s.bytes = m->bytes();
-      s.created_ns = m->created_ns;
-    }
-    out.push_back(std::move(s));
-  }
+  for (auto& [step, s] : steps) out.push_back(std::move(s));
   return out;
 }
 
 Result<uint64_t> CheckpointerImpl::latest() {
   SLUICE_ASSIGN_OR_RETURN(auto steps, list());
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
-    if (manifest(it->step)) return it->step;
+  if (!steps.empty()) return steps.back().step;
   return fail(Code::kNotFound, "series " + o_.series + " has no committed checkpoint on " +
                                    std::to_string(o_.tiers.size()) + " tier(s)");
 }
@@ -1182,24 +1248,44 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
   const Tier& tier = o_.tiers[i];
   SLUICE_ASSIGN_OR_RETURN(auto objs, tier.store->list_all(o_.series + "/step-"));
   struct StepObjects {
+    bool has_manifest = false;
     bool committed = false;
     int64_t newest_ns = 0;
     std::vector<std::string> keys;
     std::vector<store::ObjectInfo> shards;
+    std::vector<store::ObjectInfo> markers;  // of saves under way, or stale ones
+    bool live = false;                       // a marker holds the step
     size_t records = 0;
   };
   std::map<uint64_t, StepObjects> steps;
+  std::map<std::string, uint64_t> sizes;
   for (const auto& obj : objs) {
     uint64_t step = 0;
     std::string leaf;
     if (!parse_step_key(o_.series, obj.key, step, leaf)) continue;
     StepObjects& s = steps[step];
-    if (leaf == "manifest.json") s.committed = true;
+    if (leaf == "manifest.json") s.has_manifest = true;
     if (leaf.ends_with(".shard")) s.shards.push_back(obj);
     if (leaf.ends_with(".json") && leaf != "manifest.json") ++s.records;
+    if (is_live_leaf(leaf)) s.markers.push_back(obj);
     s.newest_ns = std::max(s.newest_ns, obj.mtime_ns);
     s.keys.push_back(obj.key);
+    sizes[obj.key] = obj.size;
   }
+  // A step a save is still writing or committing (here or in another process) is left
+  // alone whatever the grace: its marker holds it (live.h).
+  const int64_t now = now_ns();
+  for (auto& [step, s] : steps)
+    for (const auto& mk : s.markers) {
+      auto text = mk.size <= 512 ? tier.store->get(mk.key) : Result<std::vector<std::byte>>{};
+      std::string_view view;
+      if (text) view = {reinterpret_cast<const char*>(text->data()), text->size()};
+      if (live_marker_holds(view, mk.mtime_ns, now)) s.live = true;
+    }
+  // Only a whole copy is a checkpoint (read_whole_step): a step whose manifest is damaged or
+  // whose shard is lost or truncated is not counted towards keep_last and never stands in
+  // for the newest one; it is removed like an unfinished save once past the grace.
+  for (auto& [step, s] : steps) s.committed = s.has_manifest && manifest_on(i, step, &sizes);
   std::set<uint64_t> active;
   {
     std::lock_guard lk(mu_);
@@ -1210,12 +1296,8 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     if (s.committed) committed.push_back(step);
   const Retention& r = tier.retention;
   std::set<uint64_t> keep;
-  // The newest checkpoint that restores is never removed: the newest manifest that decodes
-  // (a damaged newer one does not count), and every newer step with it.
-  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
-    keep.insert(*it);
-    if (manifest_on(i, *it)) break;
-  }
+  // The newest checkpoint that restores is never removed.
+  if (!committed.empty()) keep.insert(committed.back());
   for (size_t k = 0; k < committed.size(); ++k) {
     bool in_last = r.keep_last == 0 || committed.size() - k <= r.keep_last;
     bool every = r.keep_every && committed[k] % r.keep_every == 0;
@@ -1224,11 +1306,19 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
   const int64_t cutoff =
       now_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(o_.incomplete_grace).count();
   for (auto& [step, s] : steps) {
-    if (active.count(step)) continue;
+    if (active.count(step) || s.live) continue;
+    if (s.committed && keep.count(step)) {
+      // Markers left by a killed save of a step that got committed all the same.
+      for (const auto& mk : s.markers) {
+        auto rm = tier.store->remove(mk.key);
+        if (!rm && rm.error().code() != Code::kNotFound) return rm;
+        ++report.objects_removed;
+      }
+    }
     if (s.committed && keep.count(step) && s.shards.size() > s.records) {
       // A kept checkpoint with more shards than ranks: the others are of attempts that lost
       // the race to commit, or crashed; once stale they go.
-      auto m = manifest_on(i, step);
+      auto m = manifest_on(i, step, &sizes);
       if (!m) continue;
       std::set<std::string> named;
       for (const auto& sh : m->shards)
@@ -1242,16 +1332,18 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
       continue;
     }
     if (s.committed ? keep.count(step) != 0 : s.newest_ns > cutoff) continue;
-    if (s.committed) {
+    if (s.has_manifest) {
       // The manifest goes first: a half-removed checkpoint is no longer listed.
       SLUICE_RETURN_IF_ERROR(tier.store->remove(manifest_key(o_.series, step)));
       std::erase(s.keys, manifest_key(o_.series, step));
+    }
+    if (s.committed) {
       report.removed_steps.push_back(step);
     } else {
       report.removed_incomplete.push_back(step);
     }
     SLUICE_RETURN_IF_ERROR(tier.store->remove_many(s.keys));
-    report.objects_removed += s.keys.size() + (s.committed ? 1 : 0);
+    report.objects_removed += s.keys.size() + (s.has_manifest ? 1 : 0);
   }
   if (local_tier(tier))
     remove_empty_step_dirs(tier.local_dir + "/" + o_.series, o_.series, active,

@@ -1,6 +1,8 @@
 // Checkpoint records and manifests: JSON, checked as untrusted input on the way in.
 #include "sluice/ckpt/manifest.h"
 
+#include "sluice/store/store.h"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -242,6 +244,44 @@ bool parse_step_key(std::string_view series, std::string_view key, uint64_t& ste
   if (ec != std::errc() || p != key.data() + 12) return false;
   leaf = std::string(key.substr(13));
   return true;
+}
+
+Result<std::string> read_document(store::Store& s, const std::string& key) {
+  SLUICE_ASSIGN_OR_RETURN(auto info, s.stat(key));
+  if (info.size > kMaxDocumentBytes)
+    return fail(Code::kCorruption, key + " in " + s.uri() + " has " + std::to_string(info.size) +
+                                       " bytes; a checkpoint document has at most " +
+                                       std::to_string(kMaxDocumentBytes));
+  std::string text(info.size, '\0');
+  store::ReadOptions ro;
+  ro.if_match = info.etag;
+  SLUICE_ASSIGN_OR_RETURN(size_t n,
+                          s.read_full(key, 0, std::as_writable_bytes(std::span(text)), ro));
+  text.resize(n);
+  return text;
+}
+
+Result<Manifest> read_whole_step(store::Store& tier, std::string_view series, uint64_t step,
+                                 const std::map<std::string, uint64_t>& sizes,
+                                 std::string_view where) {
+  const std::string key = manifest_key(series, step);
+  const std::string at = key + " on " + std::string(where);
+  SLUICE_ASSIGN_OR_RETURN(std::string text, read_document(tier, key));
+  SLUICE_ASSIGN_OR_RETURN(Manifest m, decode_manifest(text, at));
+  if (m.series != series || m.step != step)
+    return fail(Code::kCorruption, at + " describes another series or step");
+  for (const auto& sh : m.shards) {
+    const std::string sk = shard_key(series, step, sh.rank, sh.save_id);
+    auto it = sizes.find(sk);
+    if (it == sizes.end())
+      return fail(Code::kCorruption, "step " + std::to_string(step) + " on " + std::string(where) +
+                                         ": shard " + sk + " named by its manifest is missing");
+    if (it->second != sh.bytes)
+      return fail(Code::kCorruption, "step " + std::to_string(step) + " on " + std::string(where) +
+                                         ": shard " + sk + " has " + std::to_string(it->second) +
+                                         " bytes, its manifest says " + std::to_string(sh.bytes));
+  }
+  return m;
 }
 
 bool valid_utf8(std::string_view s) {

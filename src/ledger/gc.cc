@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "sluice/ckpt/live.h"
 #include "sluice/ckpt/manifest.h"
 #include "sluice/ledger/reconcile.h"
 #include "sluice/xfer/copy.h"
@@ -39,21 +40,20 @@ std::string step_of(const std::string& key) {
   return ckpt::step_prefix(key.substr(0, slash), step);
 }
 
-// Whether a step's manifest decodes and every shard it names is there at its size: only
-// such a step counts as complete (and the newest of them is never removed). A step with a
-// torn manifest or a lost shard is handled like an unfinished save.
-bool intact(store::Store& st, const std::string& series, uint64_t step,
-            const std::map<std::string, uint64_t>& sizes) {
-  auto text = st.get(ckpt::manifest_key(series, step));
-  if (!text) return false;
-  std::string_view view(reinterpret_cast<const char*>(text->data()), text->size());
-  auto m = ckpt::decode_manifest(view, ckpt::manifest_key(series, step));
-  if (!m || m->step != step) return false;
-  for (const auto& shard : m->shards) {
-    auto it = sizes.find(ckpt::shard_key(series, step, shard.rank, shard.save_id));
-    if (it == sizes.end() || it->second != shard.bytes) return false;
+// Whether one of a step's keys is the marker of a save under way (ckpt/live.h).
+bool held_by_live_save(store::Store& st, const std::vector<std::string>& keys,
+                       const std::vector<store::ObjectInfo>& listing, int64_t now) {
+  for (const auto& key : keys) {
+    if (!ckpt::is_live_leaf(key.substr(key.rfind('/') + 1))) continue;
+    auto it = std::find_if(listing.begin(), listing.end(),
+                           [&](const store::ObjectInfo& o) { return o.key == key; });
+    if (it == listing.end()) continue;
+    auto text = it->size <= 512 ? st.get(key) : Result<std::vector<std::byte>>{};
+    std::string_view view;
+    if (text) view = {reinterpret_cast<const char*>(text->data()), text->size()};
+    if (ckpt::live_marker_holds(view, it->mtime_ns, now)) return true;
   }
-  return true;
+  return false;
 }
 
 // The units of one project under its rules: the steps of each series with a rule, then
@@ -88,8 +88,10 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
     }
     std::vector<RetentionUnit> units;
     for (auto& [step, u] : steps) {
+      // A step a save is still writing or committing is not retention's to judge yet.
+      if (held_by_live_save(*st, u.keys, listing, now)) continue;
       u.complete = !u.keys.empty() && u.keys.front() == ckpt::manifest_key(r.series, step) &&
-                   intact(*st, r.series, step, sizes);
+                   ckpt::read_whole_step(*st, r.series, step, sizes, p.id).has_value();
       units.push_back(std::move(u));
     }
     auto decisions = apply_retention(r, units, pins, now, o.grace);

@@ -13,11 +13,16 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "sluice/core/status.h"
+
+namespace sluice::store {
+class Store;
+}
 
 namespace sluice::ckpt {
 
@@ -86,6 +91,22 @@ std::string encode_record(const ShardRecord& r);
 Result<ShardRecord> decode_record(std::string_view text, std::string_view where);
 std::string encode_manifest(const Manifest& m);
 Result<Manifest> decode_manifest(std::string_view text, std::string_view where);
+
+// A record or manifest from a tier: untrusted, so its size is checked (at most
+// kMaxDocumentBytes, else Corruption) before it is read, and the read is pinned to the etag
+// it was stat'ed with.
+Result<std::string> read_document(store::Store& tier, const std::string& key);
+
+// The one rule for what counts as a checkpoint on a tier: its manifest reads, decodes and
+// describes `step` of `series`, and every shard it names is in `sizes` (key -> size, from a
+// listing of that tier) at the size the manifest records. list, latest, restore, retention
+// (the Checkpointer's and the ledger's gc) and `ckpt ls` all use it, so a step with a damaged
+// manifest or a lost or truncated shard is never listed, restored, or kept in place of an
+// older whole one. Returns the manifest, or NotFound / Corruption naming the tier (`where`)
+// and what is missing.
+Result<Manifest> read_whole_step(store::Store& tier, std::string_view series, uint64_t step,
+                                 const std::map<std::string, uint64_t>& sizes,
+                                 std::string_view where);
 
 // Lays tensors of the given sizes end to end at aligned offsets; returns the shard's size.
 uint64_t layout(std::vector<TensorEntry>& tensors);

@@ -262,8 +262,8 @@ Result<uint64_t> NodeClient::pin(const std::string& root, const std::string& pre
 }
 
 Result<std::string> NodeClient::chunks(const std::string& root, const std::string& prefix) {
-  Json body = Json::object();
-  if (!root.empty()) body = Json{{"root", root}, {"prefix", prefix}};
+  Json body = Json{{"prefix", prefix}};
+  if (!root.empty()) body["root"] = root;
   SLUICE_ASSIGN_OR_RETURN(Frame f, impl_->call_frame(FrameType::kChunks, body));
   return std::move(f.json);
 }

@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -52,6 +53,8 @@ struct Caller {
   const TeamGrant* team = nullptr;
   uid_t uid = 0;
   pid_t pid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups at connect (SO_PEERGROUPS)
   std::string describe() const {
     return "uid " + std::to_string(uid) + " pid " + std::to_string(pid) +
            (team ? " (team " + team->name + ")" : "");
@@ -65,6 +68,40 @@ Status check_prefix(std::string_view prefix) {
     return prefix.empty() ? ok() : fail(Code::kInvalidArgument, "prefix '/' is not relative");
   return store::validate_key(p);
 }
+
+// Acts as a caller on this thread, for opening local files: the thread's fsuid, fsgid and
+// supplementary groups become the caller's, and are the daemon's again when it ends. Raw
+// system calls, which change the calling thread only (glibc's setgroups and setfsuid
+// wrappers may change every thread of the process). `acting()` is false when the daemon
+// may not take the caller's identity (it runs unprivileged as another uid): then no file
+// is opened for that caller.
+class AsCaller {
+ public:
+  explicit AsCaller(const Caller& c) {
+    saved_groups_.resize(static_cast<size_t>(std::max(0, ::getgroups(0, nullptr))));
+    if (!saved_groups_.empty() &&
+        ::getgroups(static_cast<int>(saved_groups_.size()), saved_groups_.data()) < 0)
+      saved_groups_.clear();
+    ::syscall(SYS_setgroups, c.groups.size(), c.groups.data());
+    ::syscall(SYS_setfsgid, c.gid);
+    ::syscall(SYS_setfsuid, c.uid);
+    // setfsuid(-1) fails and returns the current fsuid: the way to read it back.
+    acting_ = static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == c.uid &&
+              static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == c.gid;
+  }
+  ~AsCaller() {
+    ::syscall(SYS_setfsuid, ::geteuid());
+    ::syscall(SYS_setfsgid, ::getegid());
+    ::syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data());
+  }
+  AsCaller(const AsCaller&) = delete;
+  AsCaller& operator=(const AsCaller&) = delete;
+  bool acting() const { return acting_; }
+
+ private:
+  std::vector<gid_t> saved_groups_;
+  bool acting_ = false;
+};
 
 }  // namespace
 
@@ -225,7 +262,21 @@ struct NodeServer::Impl {
     if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
       caller.uid = cred.uid;
       caller.pid = cred.pid;
+      caller.gid = cred.gid;
       caller.team = team_of(cred.uid);
+      // The caller's supplementary groups as they were at connect; none if unknown (local
+      // files are then opened with fewer rights, never more).
+      std::vector<gid_t> groups(64);
+      for (int tries = 0; tries < 4; ++tries) {
+        socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+        if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) == 0) {
+          groups.resize(glen / sizeof(gid_t));
+          caller.groups = std::move(groups);
+          break;
+        }
+        if (errno != ERANGE) break;
+        groups.resize(glen / sizeof(gid_t) + 1);
+      }
     }
     std::optional<Error> refusal;
     std::lock_guard lock(mu);
@@ -487,6 +538,7 @@ struct NodeServer::Impl {
     SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
     SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, prefix));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, prefix, /*listing=*/true));
+    SLUICE_RETURN_IF_ERROR(prove_file_access(caller, id, prefix, /*listing=*/true));
     return id + "/" + prefix;
   }
 
@@ -502,7 +554,47 @@ struct NodeServer::Impl {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
     SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, key));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
+    SLUICE_RETURN_IF_ERROR(prove_file_access(caller, id, key, /*listing=*/false));
     return id + "/" + key;
+  }
+
+  // A local file is served only to a caller who may open it: on every request (a cached
+  // chunk included), the file (listing: the folder of the prefix) is opened as the caller,
+  // with the caller's uid, gid and groups, so its modes and every folder above it decide,
+  // never the daemon's own rights. A missing file is left to the request to report.
+  Status prove_file_access(const Caller& caller, const std::string& id, std::string_view key,
+                           bool listing) const {
+    std::optional<std::string> root = router->root_of(id);
+    if (!root || !root->starts_with("file://")) return ok();
+    std::string path = root->substr(7);
+    if (!path.ends_with('/')) path += '/';
+    int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+    if (listing) {
+      key = key.substr(0, key.rfind('/') == std::string_view::npos ? 0 : key.rfind('/'));
+      flags |= O_DIRECTORY;
+    }
+    path += key;
+    int err = 0;
+    {
+      AsCaller as(caller);
+      if (!as.acting()) {
+        if (caller.uid == ::geteuid()) return ok();  // the daemon's own uid: its own rights
+        return fail(Code::kPermissionDenied,
+                    "sluiced cannot act as uid " + std::to_string(caller.uid) +
+                        " to check its access to '" + path +
+                        "' (run it as root to serve local files to other users)");
+      }
+      UniqueFd fd(::open(path.c_str(), flags));
+      if (!fd.valid()) err = errno;
+    }
+    if (err == 0 || err == ENOENT || (listing && err == ENOTDIR)) return ok();
+    if (err == EACCES || err == EPERM) {
+      Error e(Code::kPermissionDenied,
+              caller.describe() + " may not " + (listing ? "list '" : "read '") + path + "'");
+      log("refused " + caller.describe() + ": " + e.message());
+      return std::unexpected(e);
+    }
+    return fail_errno(err, "'" + path + "' as " + caller.describe());
   }
 
   // A team with credentials of its own proves with them that it may read `key` (listing:
@@ -730,9 +822,14 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(uint64_t max_keys, get_u64_or(j, "max_keys", 500));
     lo.max_keys = static_cast<size_t>(std::clamp<uint64_t>(max_keys, 1, 500));  // fits a frame
     SLUICE_ASSIGN_OR_RETURN(store::ListPage page, cache->list(lo));
+    const std::string id = lo.prefix.substr(0, lo.prefix.find('/'));
     Reply r;
     r.body = {{"objects", Json::array()}, {"next", page.next_token}};
-    for (const store::ObjectInfo& i : page.objects) r.body["objects"].push_back(info_json(i));
+    for (const store::ObjectInfo& i : page.objects) {
+      // Local files the caller may not open (in a folder closed to it) are not named.
+      if (!prove_file_access(caller, id, unrouted(i.key), /*listing=*/false)) continue;
+      r.body["objects"].push_back(info_json(i));
+    }
     return r;
   }
 
@@ -952,16 +1049,27 @@ struct NodeServer::Impl {
   // Cached chunks of one root under a prefix, or of every root the team may read.
   Result<Reply> chunks(const Caller& caller, const Json& j) {
     std::string prefix;
+    std::string want;  // without a root: the prefix every root's keys must start with
     if (j.contains("root")) {
       SLUICE_ASSIGN_OR_RETURN(prefix, routed_prefix(caller, j));
+    } else {
+      SLUICE_ASSIGN_OR_RETURN(want, get_string_or(j, "prefix", ""));
+      SLUICE_RETURN_IF_ERROR(check_prefix(want));
     }
     constexpr size_t kMaxEntries = 4000;  // keeps the reply within a frame
     Reply r;
     r.body = {{"chunks", Json::array()}, {"truncated", false}};
+    std::map<std::string, bool> openable;
     for (const cache::CachedChunk& c : cache->chunks(prefix)) {
       size_t slash = c.key.find('/');
       std::optional<std::string> root = router->root_of(std::string_view(c.key).substr(0, slash));
       if (!root || !may_read(*caller.team, *root)) continue;
+      if (!unrouted(c.key).starts_with(want)) continue;
+      auto [seen, fresh] = openable.try_emplace(c.key, false);
+      if (fresh)  // one open per file, however many of its chunks are cached
+        seen->second = prove_file_access(caller, c.key.substr(0, slash), unrouted(c.key), false)
+                           .has_value();
+      if (!seen->second) continue;
       if (r.body["chunks"].size() == kMaxEntries) {
         r.body["truncated"] = true;
         break;

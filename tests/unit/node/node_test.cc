@@ -1,6 +1,8 @@
 // The node daemon's service and client in one process: a NodeServer on a socket in a temp
 // directory, a file:// root, NodeStores (each with its own connections) reading through it.
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -464,6 +466,69 @@ TEST(NodeServer, FileRootsAreGrantedByTheDirectoryTheyResolveTo) {
   EXPECT_EQ(above->read("data/c/index.log", 0, out).error().code(), Code::kPermissionDenied);
   EXPECT_EQ(above->read("data/set/obj", 0, out).value(), out.size());
   EXPECT_EQ(NodeStore::open(fx.root, o).value()->read("set/obj", 0, out).value(), out.size());
+}
+
+// Defect 2 of the hostile test: a daemon run as root served local files with its own rights.
+// A second uid in a team granted the whole file system reads only what it may open itself,
+// though root has cached every byte first.
+TEST(NodeServer, LocalFilesAreOpenedWithTheCallersRights) {
+  if (::geteuid() != 0) GTEST_SKIP() << "SKIP: needs root to run a client as uid 65534";
+  TempDir dir;
+  fs::permissions(dir.path(), fs::perms::owner_all | fs::perms::group_read |
+                                  fs::perms::group_exec | fs::perms::others_read |
+                                  fs::perms::others_exec);
+  fs::create_directories(dir.file("data/closed"));
+  std::ofstream(dir.file("data/open")) << "for everyone";
+  std::ofstream(dir.file("data/secret")) << "root's only";
+  std::ofstream(dir.file("data/closed/file")) << "behind a closed folder";
+  ::chmod(dir.file("data/secret").c_str(), 0600);
+  ::chmod(dir.file("data/closed").c_str(), 0700);
+  TempDir state;
+  fs::permissions(state.path(), fs::perms::owner_all | fs::perms::others_exec);
+  Daemon d(state, {TeamGrant{"all", {0, 65534}, {"file:///"}}});
+  ::chmod(d.socket().c_str(), 0666);
+  const std::string root = "file://" + dir.file("data");
+  NodeOptions o;
+  o.socket = d.socket();
+  {
+    auto mine = NodeStore::open(root, o).value();
+    std::vector<std::byte> out(64);
+    for (const char* k : {"open", "secret", "closed/file"}) ASSERT_TRUE(mine->read(k, 0, out)) << k;
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child: uid and gid 65534, no groups; each failed expectation is one exit bit.
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+        ::setresuid(65534, 65534, 65534) != 0)
+      ::_exit(100);
+    auto s = NodeStore::open(root, o);
+    if (!s) ::_exit(101);
+    std::vector<std::byte> out(64);
+    int bad = 0;
+    if (!(*s)->read("open", 0, out)) bad |= 1;
+    auto r = (*s)->read("secret", 0, out);
+    if (r || r.error().code() != Code::kPermissionDenied) bad |= 2;
+    r = (*s)->read("closed/file", 0, out);
+    if (r || r.error().code() != Code::kPermissionDenied) bad |= 4;
+    auto st = (*s)->stat("secret");
+    if (st || st.error().code() != Code::kPermissionDenied) bad |= 8;
+    auto listed = (*s)->list_all("");
+    if (!listed) bad |= 16;
+    for (const auto& obj : listed.value_or(std::vector<store::ObjectInfo>{}))
+      if (obj.key != "open") bad |= 32;
+    auto chunks = (*s)->client().chunks("", "");
+    if (!chunks || chunks->find("secret") != std::string::npos ||
+        chunks->find("closed") != std::string::npos)
+      bad |= 64;
+    ::_exit(bad);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "bits: 1 open, 2 secret, 4 closed, 8 stat, 16 list, "
+                                       "32 listed too much, 64 chunks; 100/101 set-up";
+  EXPECT_TRUE(d.logged("may not read"));
 }
 
 TEST(NodeServer, AUidInNoTeamIsRefusedAndLogged) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/executor.h"
+#include "sluice/core/hash.h"
 #include "sluice/cache/read_ahead.h"
 #include "sluice/mem/buffer_pool.h"
 #include "sluice/stream/dataset.h"
@@ -273,6 +274,14 @@ struct Loader::Impl {
                         (p.window ? "shuffle window " + std::to_string(p.window) : "no shuffle") +
                         ", not " +
                         (window ? "shuffle window " + std::to_string(window) : "no shuffle"));
+      // A v1 token has no checksum: one cut short in its last field (the window) would
+      // still parse, so it must name the window this loader would use itself.
+      if (!p.checked && p.window != window)
+        return fail(Code::kInvalidArgument,
+                    "loader: the v1 resume token names shuffle window " +
+                        std::to_string(p.window) + ", this read uses " + std::to_string(window) +
+                        ": pass --shuffle-window " + std::to_string(p.window) +
+                        " if the token is whole");
       window = p.window;  // an automatic window follows the token's
       first_epoch = p.epoch;
       start = p.position;
@@ -822,35 +831,59 @@ uint64_t Sample::bytes() const {
 }
 
 // ---- tokens --------------------------------------------------------------------------------
-// "v1.EPOCH.POSITION.SAMPLES.FINGERPRINT(16 hex).SEED.WINDOW"
+// "v2.EPOCH.POSITION.SAMPLES.FINGERPRINT(16 hex).SEED.WINDOW.CHECK(16 hex)": CHECK is the
+// XXH3-64 of the text before its dot, so a token cut short or mistyped is refused. "v1."
+// tokens (no CHECK) of older versions are still read; see Loader's open for how.
+
+namespace {
+
+std::string token_check(std::string_view body) {
+  char h[17];
+  std::snprintf(h, sizeof h, "%016llx",
+                static_cast<unsigned long long>(xxh3_64(body.data(), body.size())));
+  return h;
+}
+
+}  // namespace
 
 std::string make_token(const ResumePoint& p) {
   char fp[17];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(p.fingerprint));
-  return "v1." + std::to_string(p.epoch) + "." + std::to_string(p.position) + "." +
-         std::to_string(p.samples) + "." + fp + "." + std::to_string(p.seed) + "." +
-         std::to_string(p.window);
+  std::string body = "v2." + std::to_string(p.epoch) + "." + std::to_string(p.position) + "." +
+                     std::to_string(p.samples) + "." + fp + "." + std::to_string(p.seed) + "." +
+                     std::to_string(p.window);
+  return body + "." + token_check(body);
 }
 
 Result<ResumePoint> parse_token(std::string_view token) {
-  auto bad = [&] {
+  auto bad = [&](std::string_view why) {
     return fail(Code::kInvalidArgument,
-                "resume token '" + std::string(token.substr(0, 100)) +
-                    "' is malformed (expected v1.EPOCH.POSITION.SAMPLES.FINGERPRINT.SEED.WINDOW)");
+                "resume token '" + std::string(token.substr(0, 120)) + "' " + std::string(why) +
+                    " (expected v2.EPOCH.POSITION.SAMPLES.FINGERPRINT.SEED.WINDOW.CHECK, as "
+                    "`dataset read` printed it)");
   };
-  if (!token.starts_with("v1.")) return bad();
+  const bool v1 = token.starts_with("v1.");
+  if (!v1 && !token.starts_with("v2.")) return bad("is malformed");
   std::string_view rest = token.substr(3);
+  if (!v1) {
+    const size_t dot = token.rfind('.');
+    if (dot < 3 || token.size() - dot - 1 != 16) return bad("is cut short or malformed");
+    if (token.substr(dot + 1) != token_check(token.substr(0, dot)))
+      return bad("fails its checksum: it was cut short or changed");
+    rest = token.substr(3, dot - 3);
+  }
   uint64_t v[6];
   for (int i = 0; i < 6; ++i) {
     size_t dot = rest.find('.');
     std::string_view part = rest.substr(0, dot);
-    if (part.empty() || (dot == std::string_view::npos) != (i == 5)) return bad();
+    if (part.empty() || (dot == std::string_view::npos) != (i == 5)) return bad("is malformed");
     auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v[i], i == 3 ? 16 : 10);
-    if (ec != std::errc{} || p != part.data() + part.size()) return bad();
+    if (ec != std::errc{} || p != part.data() + part.size()) return bad("is malformed");
     rest = dot == std::string_view::npos ? std::string_view{} : rest.substr(dot + 1);
   }
   ResumePoint r{v[0], v[1], v[2], v[3], v[4], v[5]};
-  if (r.position > r.samples) return bad();
+  r.checked = !v1;
+  if (r.position > r.samples) return bad("names a position past the end of its epoch");
   return r;
 }
 

@@ -120,10 +120,13 @@ def test_resume_exact_and_elastic(ctx):
     # Stop, resume, stop again, resume: the same keys in the same order.
     first = read_keys(dst, *common, "--limit", "123")
     token = first.pop()
-    assert token.startswith("v1.0.123.") and token.endswith(".50"), token
+    assert token.startswith("v2.0.123.") and ".50." in token, token
     second = read_keys(dst, *common, "--resume", token, "--limit", "250")
     token2 = second.pop()
-    assert token2.startswith("v1.1."), token2
+    assert token2.startswith("v2.1."), token2
+    # A token cut short (here its last characters) is refused, never resumed from.
+    r = run("read", dst, "--daemon", "none", *common, "--resume", token[:-2], "--limit", "5")
+    assert r.returncode != 0 and "resume token" in r.stderr, (r.returncode, r.stderr)
     rest = read_keys(dst, *common, "--resume", token2)
     assert first + second + rest == full
     # Two ranks stop in lockstep; three ranks finish the epoch: nothing twice, nothing missed.
@@ -227,6 +230,7 @@ def test_bad_input(ctx):
             (("read", dst, "--epochs", "-1"), 2, "whole number"),
             (("read", dst, "--seed", "99999999999999999999"), 2, "whole number"),
             (("read", dst, "--limit", "-1"), 2, "whole number"),
+            (("read", dst, "--limit", "0"), 2, "at least 1"),
             (("read", dst, "--world", "0"), 2, "from 1 to"),
             (("read", dst, "--epoch", "18446744073709551615", "--epochs", "2"), 2, "overflow")):
         r = run(*args, "--daemon", "none") if args[0] == "read" else run(*args)
@@ -251,7 +255,7 @@ def test_interrupt_prints_token(ctx):
     out, err = p.communicate(timeout=30)
     assert p.returncode == 143, (p.returncode, err)
     lines = out.splitlines()
-    assert lines and lines[-1].startswith("v1."), lines[-3:]
+    assert lines and lines[-1].startswith("v2."), lines[-3:]
 
 
 def test_killed_pack_is_cleaned_up_by_the_next(ctx):

@@ -585,8 +585,16 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
                  "holds, so each window is read once")
       ->default_val(0);
   rd->add_flag("!--no-shuffle", a.lo.shuffle, "Read in stored order");
-  rd->add_option("--limit", a.limit, "Stop after N samples and print the resume token")
-      ->check(whole_number());
+  rd->add_option("--limit", a.limit,
+                 "Stop after N samples (at least 1) and print the resume token")
+      ->check(whole_number())
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            return text.find_first_not_of('0') == std::string::npos
+                       ? "must be at least 1 (leave --limit out to read every sample)"
+                       : "";
+          },
+          "N>=1"));
   rd->add_option("--batch", a.batch, "Samples per batch")
       ->default_val(256)
       ->check(at_least_one(1u << 24));

@@ -233,6 +233,7 @@ Result<TargetBatch> copy_batch(std::span<const Sample> batch, mem::Target& targe
 struct ResumePoint {
   uint64_t epoch = 0, position = 0, samples = 0, fingerprint = 0, seed = 0;
   uint64_t window = 0;  // the shuffle window; 0: not shuffled
+  bool checked = true;  // parsed from a token with a checksum (v2); v1 tokens have none
 };
 Result<ResumePoint> parse_token(std::string_view token);
 std::string make_token(const ResumePoint& point);

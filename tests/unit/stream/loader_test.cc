@@ -313,6 +313,28 @@ TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message().find("another dataset"), std::string::npos);
   EXPECT_TRUE(parse_token(token));
+  // Defect 6 of the hostile test: a token cut short (its window field) or changed is refused.
+  ASSERT_TRUE(token.starts_with("v2."));
+  for (size_t cut = 1; cut < token.size() - 3; ++cut) {
+    auto p = parse_token(token.substr(0, token.size() - cut));
+    ASSERT_FALSE(p) << token.substr(0, token.size() - cut);
+    EXPECT_EQ(p.error().code(), Code::kInvalidArgument);
+  }
+  std::string changed = token;
+  changed[3] = changed[3] == '1' ? '2' : '1';  // another epoch
+  EXPECT_NE(parse_token(changed).error().message().find("checksum"), std::string::npos);
+  auto p = parse_token(token).value();
+  EXPECT_EQ(make_token(p), token);
+  // A v1 token (no checksum) is read only with the shuffle window this read would use.
+  ResumePoint v1p = p;
+  v1p.window = p.window + 1;  // a field that cannot be told from a cut one
+  std::string v1 = make_token(v1p);
+  v1 = "v1." + v1.substr(3, v1.rfind('.') - 3);
+  Loader cut(ds, {.seed = 1, .resume = v1, .shuffle_window = 0});
+  auto cr = cut.next();
+  ASSERT_FALSE(cr);
+  EXPECT_NE(cr.error().message().find("v1 resume token"), std::string::npos)
+      << cr.error().message();
   EXPECT_FALSE(parse_token("v1.1.2.3.zz.4.5"));
   EXPECT_FALSE(parse_token("v1.1.2.3.00.4"));    // no window
   EXPECT_FALSE(parse_token("v1.1.9.3.00.4.5"));  // position past the samples

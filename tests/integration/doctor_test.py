@@ -375,6 +375,7 @@ def test_bad_input_is_a_clear_error(s):
         (["--path", "/no/such/place"], "/no/such/place"),
         (["--path", fifo], "not a directory"),
         (["--pid", "999999999"], "999999999"),
+        (["--pid", "0"], "not a process id"),
         (["--pid", "1", "--ceiling", "/no/such/ceiling.json"], "ceiling"),
         ([], "--path"),
     ]:

@@ -7,7 +7,7 @@
 
 namespace sluice::cli {
 
-void add_cache_flags(CLI::App* cmd, CacheFlags& f) {
+void add_cache_flags(CLI::App* cmd, CacheFlags& f, bool client) {
   cmd->add_option("--cache-dir", f.dir,
                   "Cache directory (NVMe tier and index; default $SLUICE_HOME/cache)");
   cmd->add_option("--cache-ram", f.ram,
@@ -25,6 +25,7 @@ void add_cache_flags(CLI::App* cmd, CacheFlags& f) {
          "Re-check an object's etag with the source when what the cache knows is older than this")
       ->default_val(1000);
   cmd->add_flag("--offline", f.offline, "Trust the cache: never re-check objects it holds");
+  if (!client) return;  // the daemon itself: no daemon to read through
   cmd->add_option("--daemon", f.daemon,
                   "sluiced's socket: read through the node daemon when it answers there, else "
                   "the embedded cache (default $SLUICE_HOME/sluiced.sock; 'none': never)");

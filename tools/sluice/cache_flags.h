@@ -19,7 +19,8 @@ struct CacheFlags {
   std::string daemon;  // --daemon: sluiced's socket; default $SLUICE_HOME/sluiced.sock; "none"
 };
 
-void add_cache_flags(CLI::App* cmd, CacheFlags& flags);
+// `client`: a command that may read through sluiced (adds --daemon); false for sluiced.
+void add_cache_flags(CLI::App* cmd, CacheFlags& flags, bool client = true);
 // The library's options from the flags; `home` is $SLUICE_HOME.
 Result<cache::CacheOptions> cache_options(const CacheFlags& flags, const std::string& home);
 

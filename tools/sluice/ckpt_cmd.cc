@@ -173,12 +173,18 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   return ckpt::Checkpointer::open(std::move(o));
 }
 
-Result<uint64_t> parse_step(const std::string& text) {
+// A step number; `what` says what else --step may be there ("" for a save, which names a
+// new step by its number only).
+Result<uint64_t> parse_step(const std::string& text, std::string_view what = " or 'latest'") {
   uint64_t step = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), step);
-  if (ec != std::errc() || p != text.data() + text.size() || text.empty())
-    return fail(Code::kInvalidArgument, "--step '" + text + "' is not a number or 'latest'");
-  return step;
+  if (ec == std::errc() && p == text.data() + text.size() && !text.empty()) return step;
+  if (what.empty())
+    return fail(Code::kInvalidArgument,
+                "--step '" + text + "': a save needs the step's number (0 to " +
+                    std::to_string(ckpt::kMaxStep) + "), the training step it checkpoints");
+  return fail(Code::kInvalidArgument,
+              "--step '" + text + "' is not a step number" + std::string(what));
 }
 
 Result<uint64_t> resolve_step(ckpt::Checkpointer& cp, const std::string& text) {
@@ -321,6 +327,9 @@ Status refuse_if_pinned(const CkptArgs& a, const std::string& home) {
 }
 
 int run_save(const CkptArgs& a, const std::string& home) {
+  auto number = parse_step(a.step, "");
+  if (!number) return report_error(number.error());
+  const uint64_t step = *number;
   if (auto s = refuse_if_pinned(a, home); !s) return report_error(s.error());
   auto files = collect_files(a.paths);
   if (!files) return report_error(files.error());
@@ -336,9 +345,6 @@ int run_save(const CkptArgs& a, const std::string& home) {
   auto cp =
       open_checkpointer(a, home, std::min(*staging, total + (uint64_t{32} << 20)), true, true);
   if (!cp) return report_error(cp.error());
-  auto number = parse_step(a.step);
-  if (!number) return report_error(number.error());
-  const uint64_t step = *number;
   const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
   auto h = (*cp)->save(step, views);

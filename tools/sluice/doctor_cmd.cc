@@ -13,6 +13,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -485,7 +486,16 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
       "See docs/doctor.md.");
   auto* path = cmd->add_option("--path", a.path, "A directory, file or block device to measure");
   auto* pid =
-      cmd->add_option("--pid", a.pid, "A running process to watch")->check(CLI::PositiveNumber);
+      cmd->add_option("--pid", a.pid, "A running process to watch")
+          ->check(CLI::Validator(
+              [](std::string& text) -> std::string {
+                long v = 0;
+                auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+                if (text.empty() || ec != std::errc{} || p != text.data() + text.size() || v < 1)
+                  return "'" + text + "' is not a process id (a whole number, 1 or more)";
+                return {};
+              },
+              "PID"));
   auto* url = cmd->add_option(
       "--url", a.url, "An object store prefix to probe (s3://bucket/prefix; any store URI)");
   path->excludes(pid);

@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
                  "JSON config file: any of the flags' settings, and the teams "
                  "(docs/sluiced.md); flags given win")
       ->check(CLI::ExistingFile);
-  cli::add_cache_flags(&app, a.cache);
+  cli::add_cache_flags(&app, a.cache, /*client=*/false);
   app.get_option("--cache-ram")->description("RAM tier limit")->default_str("1G");
   app.add_option("--max-connections", a.max_connections, "Connections served at once")
       ->default_val(256);

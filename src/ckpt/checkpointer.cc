@@ -463,7 +463,9 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
     if (size_t es = dtype_size(v.dtype); es && v.bytes % es)
       return fail(Code::kInvalidArgument, "tensor '" + v.name + "' has " + std::to_string(v.bytes) +
                                               " bytes, not a whole number of " + v.dtype);
-    r.tensors.push_back({v.name, v.dtype, v.shape, 0, v.bytes, {}});
+    if (v.mode > 07777)
+      return fail(Code::kInvalidArgument, "tensor '" + v.name + "' has a bad mode");
+    r.tensors.push_back({v.name, v.dtype, v.shape, 0, v.bytes, {}, v.mode});
   }
   r.bytes = layout(r.tensors);
   for (size_t i = 0; i < o_.tiers.size(); ++i) {
@@ -662,6 +664,7 @@ Result<std::vector<TensorEntry>> CheckpointerImpl::write_from_ring(SaveJob& job,
   store::WriteOptions wo;
   wo.size_hint = total;
   wo.overwrite = false;  // another save of the step publishing first wins; this one fails
+  wo.mode = 0600;        // a shard may hold secrets (keys, private data): its owner's only
   SLUICE_ASSIGN_OR_RETURN(auto writer, tier.store->create(key, wo));
   std::optional<io::FileHandle> fh;
   if (local_tier(tier) && !writer->local_path().empty() && total > 0) {

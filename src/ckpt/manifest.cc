@@ -45,8 +45,10 @@ bool parse_hex64(std::string_view s, uint64_t& v) {
 json tensor_json(const TensorEntry& t) {
   json chunks = json::array();
   for (uint64_t c : t.chunks) chunks.push_back(hex64(c));
-  return {{"name", t.name},     {"dtype", t.dtype}, {"shape", t.shape},
-          {"offset", t.offset}, {"bytes", t.bytes}, {"chunks", std::move(chunks)}};
+  json j = {{"name", t.name},     {"dtype", t.dtype}, {"shape", t.shape},
+            {"offset", t.offset}, {"bytes", t.bytes}, {"chunks", std::move(chunks)}};
+  if (t.mode) j["mode"] = t.mode;
+  return j;
 }
 
 json record_json(const ShardRecord& r) {
@@ -87,6 +89,11 @@ bool record_from(const json& j, ShardRecord& r, std::string& why) {
       t.shape = tj.at("shape").get<std::vector<int64_t>>();
       t.offset = tj.at("offset").get<uint64_t>();
       t.bytes = tj.at("bytes").get<uint64_t>();
+      if (tj.contains("mode")) {
+        t.mode = tj.at("mode").get<uint32_t>();
+        if (t.mode == 0 || t.mode > 07777)
+          return why = "tensor '" + t.name + "' has a bad mode " + std::to_string(t.mode), false;
+      }
       for (const json& c : tj.at("chunks")) {
         uint64_t v = 0;
         if (!c.is_string() || !parse_hex64(c.get<std::string>(), v))

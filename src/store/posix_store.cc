@@ -282,11 +282,12 @@ class PosixStore : public Store {
     // The temporary directory is made only when missing: a mkdir that finds it still locks
     // the root directory, against every rename into it. The last writer's commit may remove
     // it between our mkdir and open: try again.
-    int fd = open_beneath(root_fd_.get(), name, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    const mode_t mode = static_cast<mode_t>(options.mode & 07777);
+    int fd = open_beneath(root_fd_.get(), name, O_WRONLY | O_CREAT | O_EXCL, mode);
     for (int attempt = 0; attempt < 5 && fd == -ENOENT; ++attempt) {
       if (::mkdirat(root_fd_.get(), kTempDir, 0755) != 0 && errno != EEXIST)
         return errno_error(errno, "create temporary directory for", k);
-      fd = open_beneath(root_fd_.get(), name, O_WRONLY | O_CREAT | O_EXCL, 0644);
+      fd = open_beneath(root_fd_.get(), name, O_WRONLY | O_CREAT | O_EXCL, mode);
     }
     if (fd < 0) return errno_error(-fd, "create temporary file for", k);
     auto writer = std::make_unique<PosixWriter>(this, k, options, Fd(fd), name);

@@ -190,6 +190,85 @@ def test_bad_input(ctx):
     assert not os.path.exists(out) or not os.listdir(out)
 
 
+def test_hostile_saves_and_restores(ctx):
+    """Defects 4, 5, 9 and 14 of the hostile test: links out of the tree, modes, a tier inside
+    the source, a file rewritten during the save, and a restore that fails part-way."""
+    src, tier, out, fresh = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out"), ctx.dir("fresh")
+    os.makedirs(src)
+    key = os.path.join(src, "z-key")
+    with open(key, "wb") as f:
+        f.write(b"k" * 5000)
+    os.chmod(key, 0o600)
+    os.symlink("/etc/shadow", os.path.join(src, "shadow"))
+    failed_cleanly(run("save", "--series", "h", "--step", "1", "--to", tier, src), "leading out of")
+    os.remove(os.path.join(src, "shadow"))
+    os.symlink("z-key", os.path.join(src, "inner-link"))  # inside the tree: saved as a file
+    failed_cleanly(run("save", "--series", "h", "--step", "1", "--to", os.path.join(src, "ckpt"), src),
+                   "overlap")
+    assert not os.path.exists(os.path.join(src, "ckpt"))
+    os.remove(os.path.join(src, "inner-link"))
+    big = os.path.join(src, "a-big")
+    with open(big, "wb") as f:
+        f.truncate(300 << 20)  # sparse zeros: more than one 256 MiB restore window
+        f.write(b"step one")
+    ok(run("save", "--series", "h", "--step", "1", "--to", tier, src))
+    for root, _, names in os.walk(tier):
+        for n in names:
+            if n.endswith(".shard"):
+                assert os.stat(os.path.join(root, n)).st_mode & 0o077 == 0, n
+    ok(run("restore", "--series", "h", "--step", "1", "--from", tier, "--to", out))
+    assert os.stat(os.path.join(out, "z-key")).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.join(out, "a-big")).st_mode & 0o777 == os.stat(big).st_mode & 0o777
+
+    # A file rewritten in place while it is saved: Conflict, nothing committed.
+    stop = False
+
+    def scribble():
+        with open(big, "r+b") as f:
+            i = 0
+            while not stop:
+                f.seek((i * 7919 << 12) % (300 << 20))
+                f.write(b"torn" * 1024)
+                f.flush()
+                i += 1
+                time.sleep(0.001)
+    import threading
+    t = threading.Thread(target=scribble)
+    t.start()
+    try:
+        r = run("save", "--series", "h", "--step", "2", "--to", tier, "--staging", "32M", src)
+    finally:
+        stop = True
+        t.join()
+    failed_cleanly(r, "changed while being saved")
+    steps = [s["step"] for s in json.loads(ok(run("ls", "--series", "h", "--from", tier, "--json")).stdout)]
+    assert steps == [1], steps
+
+    # Step 2 whose last file is damaged on the only tier: a restore fails and writes nothing.
+    with open(big, "r+b") as f:
+        f.write(b"step two")
+    ok(run("save", "--series", "h", "--step", "2", "--to", tier, src))
+    step_dir = os.path.join(tier, "h", "step-000000000002")
+    shard = [os.path.join(step_dir, n) for n in os.listdir(step_dir) if n.endswith(".shard")][0]
+    with open(shard, "r+b") as f:
+        f.seek((300 << 20) + 10)  # inside z-key, after all of a-big
+        b = f.read(1)
+        f.seek((300 << 20) + 10)
+        f.write(bytes([b[0] ^ 1]))
+    before = {n: open(os.path.join(out, n), "rb").read(16) for n in os.listdir(out)}
+    r = run("restore", "--series", "h", "--step", "2", "--from", tier, "--to", out, "--force")
+    assert r.returncode != 0, r.stdout
+    after = {n: open(os.path.join(out, n), "rb").read(16) for n in os.listdir(out) if n != ".sluice-tmp"}
+    assert after == before, (before, after)
+    assert after["a-big"].startswith(b"step one"), after
+    r = run("restore", "--series", "h", "--step", "2", "--from", tier, "--to", fresh)
+    assert r.returncode != 0, r.stdout
+    left = [n for n in os.listdir(fresh) if n != ".sluice-tmp"] if os.path.isdir(fresh) else []
+    assert left == [], left
+    tmp = os.path.join(fresh, ".sluice-tmp")
+    assert not os.path.isdir(tmp) or os.listdir(tmp) == [], os.listdir(tmp)
+
+
 def test_kill9_during_save(ctx):
     """kill -9 `sluice ckpt save` at 50 random moments; after each, the latest checkpoint
     restores complete and bit-exact, and is the one before or the one being saved."""
@@ -308,7 +387,8 @@ def main():
             s3 = S3rver()
         ctx = Ctx(scratch, s3)
         tests = [test_save_restore_local, test_retention_and_gc, test_sync_fills_a_new_tier, test_bad_input,
-                 test_interrupted_save_leaves_nothing, test_kill9_during_save]
+                 test_interrupted_save_leaves_nothing, test_hostile_saves_and_restores,
+                 test_kill9_during_save]
         if have_s3:
             tests += [test_local_then_s3_and_bitflip, test_s3_503_during_upload]
         else:

@@ -4,12 +4,15 @@
 #include "ckpt_cmd.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -195,16 +198,33 @@ Result<uint64_t> resolve_step(ckpt::Checkpointer& cp, const std::string& text) {
 // ---------------------------------------------------------------------------------------
 // save
 
+// A file to save, pinned to what it was when the save began: its bytes are read only while
+// the file is still that (device, inode, size, modification and change times), so one
+// rewritten in place during the save fails it with Conflict instead of committing a mix.
 struct InputFile {
   std::string name;  // the tensor name: the path relative to the argument
   std::string path;
   uint64_t size = 0;
+  uint32_t mode = 0;  // permission bits, restored with the file
+  struct stat identity {};
 };
+
+bool same_file(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
+         a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+
+// Whether `inner` is `outer` or lies below it (both canonical).
+bool within(const fs::path& inner, const fs::path& outer) {
+  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+  return o == outer.end();
+}
 
 Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& args) {
   std::vector<InputFile> files;
   std::map<std::string, std::string> seen;  // name -> path
-  auto add = [&](std::string name, const fs::path& p, uint64_t size) -> Status {
+  auto add = [&](std::string name, const fs::path& p) -> Status {
     // Names become paths on restore: refuse here what restore would refuse there.
     Status st = store::validate_key(name);
     if (st && (name == ".sluice-tmp" || name.starts_with(".sluice-tmp/") ||
@@ -218,7 +238,13 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
     if (!fresh)
       return fail(Code::kInvalidArgument, "two inputs would be saved as '" + name +
                                               "': " + it->second + " and " + p.string());
-    files.push_back({std::move(name), p.string(), size});
+    InputFile f{std::move(name), p.string(), 0, 0, {}};
+    if (::stat(f.path.c_str(), &f.identity) != 0) return fail_errno(errno, "stat " + f.path);
+    if (!S_ISREG(f.identity.st_mode))
+      return fail(Code::kInvalidArgument, f.path + " is no longer a regular file");
+    f.size = static_cast<uint64_t>(f.identity.st_size);
+    f.mode = static_cast<uint32_t>(f.identity.st_mode & 07777);
+    files.push_back(std::move(f));
     return ok();
   };
   for (const auto& arg : args) {
@@ -226,9 +252,11 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
     auto st = fs::status(arg, ec);
     if (ec) return fail(Code::kNotFound, "cannot read " + arg + ": " + ec.message());
     if (fs::is_regular_file(st)) {
-      SLUICE_RETURN_IF_ERROR(add(fs::path(arg).filename().string(), arg, fs::file_size(arg, ec)));
+      SLUICE_RETURN_IF_ERROR(add(fs::path(arg).filename().string(), arg));
       continue;
     }
+    const fs::path top = fs::canonical(arg, ec);
+    if (ec) return fail(Code::kNotFound, "cannot resolve " + arg + ": " + ec.message());
     if (!fs::is_directory(st))
       return fail(Code::kInvalidArgument, arg + " is not a regular file or a directory");
     std::vector<fs::path> found;
@@ -240,6 +268,17 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
         return fail(Code::kInvalidArgument, it->path().string() +
                                                 " is a symbolic link to a directory: give the "
                                                 "directory as an argument of its own");
+      // A link to a file inside the tree is saved under its own name; one that leads out of
+      // the tree (to /etc/shadow, say) is refused, as `cp -r` does.
+      if (it->is_symlink(ec)) {
+        std::error_code rec;
+        const fs::path target = fs::canonical(it->path(), rec);
+        if (rec || !within(target, top))
+          return fail(Code::kInvalidArgument,
+                      it->path().string() + " is a symbolic link leading out of " + arg +
+                          (rec ? " (or dangling)" : " (to " + target.string() + ")") +
+                          ": only what lies in the tree is saved");
+      }
       if (it->is_regular_file(ec))
         found.push_back(it->path());
       else if (!it->is_directory(ec))
@@ -250,8 +289,7 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
     if (ec) return fail(Code::kIoError, "listing " + arg + ": " + ec.message());
     std::sort(found.begin(), found.end());
     for (const auto& p : found)
-      SLUICE_RETURN_IF_ERROR(
-          add(p.lexically_relative(arg).generic_string(), p, fs::file_size(p, ec)));
+      SLUICE_RETURN_IF_ERROR(add(p.lexically_relative(arg).generic_string(), p));
   }
   if (files.empty()) return fail(Code::kInvalidArgument, "nothing to save: no files in the inputs");
   return files;
@@ -264,14 +302,21 @@ ckpt::TensorView file_tensor(const InputFile& f) {
   v.name = f.name;
   v.shape = {static_cast<int64_t>(f.size)};
   v.bytes = f.size;
-  v.source = [path = f.path, size = f.size](uint64_t off, std::span<std::byte> dst) -> Status {
+  v.mode = f.mode;
+  v.source = [path = f.path, size = f.size, id = f.identity](uint64_t off,
+                                                             std::span<std::byte> dst) -> Status {
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
     if (!fd.valid()) return fail_errno(errno, "open " + path);
-    struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
-    if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != size)
-      return fail(Code::kConflict,
-                  path + " changed while being saved (it was " + std::to_string(size) + " bytes)");
+    auto changed = [&]() -> Status {
+      struct stat st;
+      if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
+      if (!S_ISREG(st.st_mode) || !same_file(st, id))
+        return fail(Code::kConflict, path + " changed while being saved (it was " +
+                                         std::to_string(size) +
+                                         " bytes): nothing of this step was committed");
+      return ok();
+    };
+    SLUICE_RETURN_IF_ERROR(changed());
     size_t got = 0;
     while (got < dst.size()) {
       ssize_t n =
@@ -281,7 +326,7 @@ ckpt::TensorView file_tensor(const InputFile& f) {
       if (n == 0) return fail(Code::kConflict, path + " shrank while being saved");
       got += static_cast<size_t>(n);
     }
-    return ok();
+    return changed();  // a write during the read shows in the times
   };
   return v;
 }
@@ -326,11 +371,40 @@ Status refuse_if_pinned(const CkptArgs& a, const std::string& home) {
   return {};
 }
 
+// A local tier inside a saved directory would have every save take in the earlier ones (and
+// one holding an input would save its own shards): refused, as `cp -r` refuses a
+// destination inside its source.
+Status refuse_tier_in_inputs(const CkptArgs& a, const std::string& home) {
+  std::vector<std::string> tiers = a.tiers;
+  if (tiers.empty()) tiers.push_back(home + "/ckpt");
+  for (const auto& tier : tiers) {
+    std::string dir = tier;
+    if (dir.starts_with("file://"))
+      dir = dir.substr(7);
+    else if (dir.find("://") != std::string::npos)
+      continue;
+    std::error_code ec;
+    const fs::path t = fs::weakly_canonical(dir, ec);
+    if (ec) continue;  // opening the tier reports it
+    for (const auto& input : a.paths) {
+      const fs::path in = fs::weakly_canonical(input, ec);
+      if (ec) continue;  // collecting the inputs reports it
+      if (within(t, in) || within(in, t))
+        return fail(Code::kInvalidArgument,
+                    "tier " + tier + " and input " + input +
+                        " overlap: a tier inside a saved directory would save every earlier "
+                        "step again (put the tier elsewhere)");
+    }
+  }
+  return ok();
+}
+
 int run_save(const CkptArgs& a, const std::string& home) {
   auto number = parse_step(a.step, "");
   if (!number) return report_error(number.error());
   const uint64_t step = *number;
   if (auto s = refuse_if_pinned(a, home); !s) return report_error(s.error());
+  if (auto st = refuse_tier_in_inputs(a, home); !st) return report_error(st.error());
   auto files = collect_files(a.paths);
   if (!files) return report_error(files.error());
   uint64_t total = 0;
@@ -553,7 +627,11 @@ int run_restore(const CkptArgs& a, const std::string& home) {
     for (const auto& t : s.tensors) {
       std::string key =
           (m->world > 1 && a.only_rank < 0 ? "rank-" + std::to_string(s.rank) + "/" : "") + t.name;
-      if (auto st = store::validate_key(key); !st)
+      Status st = store::validate_key(key);
+      if (st && (key == ".sluice-tmp" || key.starts_with(".sluice-tmp/") ||
+                 key.find("/.sluice-tmp/") != std::string::npos || key.ends_with("/.sluice-tmp")))
+        st = fail(Code::kInvalidArgument, "a .sluice-tmp component is reserved");
+      if (!st)
         return report_error(Error(
             Code::kCorruption,
             "tensor name '" + t.name + "' is not a safe relative path: " + st.error().message()));
@@ -567,6 +645,21 @@ int run_restore(const CkptArgs& a, const std::string& home) {
     }
   }
   if (items.empty()) return report_error(Error(Code::kNotFound, "no tensors to restore"));
+  // All or nothing: every file is written to a temporary file and published (renamed into
+  // place) only once every byte of the step has been read and checked, so a failure leaves
+  // the directory as it was. That holds one descriptor per file until the end.
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
+    (void)::getrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  if (items.size() + 64 > nofile.rlim_cur)
+    return report_error(Error(
+        Code::kInvalidArgument,
+        "restoring " + std::to_string(items.size()) + " files at once needs as many open files; " +
+            "the limit here is " + std::to_string(nofile.rlim_cur) +
+            " (raise ulimit -n, or restore part with --rank)"));
   // Pieces of at most one window (whole small files, large ones cut on chunk bounds) are
   // restored into one reused buffer and written at their offsets: memory stays bounded
   // whatever the checkpoint holds.
@@ -597,15 +690,12 @@ int run_restore(const CkptArgs& a, const std::string& home) {
         store::WriteOptions wo;
         wo.overwrite = a.force;
         wo.size_hint = items[p.item].t->bytes;
+        wo.mode = 0600;  // until published with the mode the file was saved with
         SLUICE_ASSIGN_OR_RETURN(w, (*out)->create(items[p.item].key, wo));
       }
       std::span<const std::byte> piece(buf->data() + p.at, p.bytes);
       SLUICE_RETURN_IF_ERROR(w->positional() ? w->write_at(p.offset, piece) : w->append(piece));
       bytes += p.bytes;
-      if (p.offset + p.bytes == items[p.item].t->bytes) {
-        SLUICE_RETURN_IF_ERROR(w->commit());
-        writers.erase(p.item);
-      }
     }
     batch.clear();
     used = 0;
@@ -624,6 +714,22 @@ int run_restore(const CkptArgs& a, const std::string& home) {
   }
   if (!batch.empty())
     if (auto st = flush(); !st) return report_error(st.error());
+  // Every byte is in: publish. A file saved with its mode gets it back; one saved without
+  // (a tensor, an older checkpoint) gets 0644 less the umask, as a new file would.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  for (size_t i = 0; i < items.size(); ++i) {
+    auto& w = writers[i];
+    if (!w) continue;
+    const mode_t mode = items[i].t->mode ? static_cast<mode_t>(items[i].t->mode) : (0644 & ~mask);
+    if (const std::string tmp = w->local_path(); !tmp.empty() && ::chmod(tmp.c_str(), mode) != 0)
+      return report_error(Error(Code::kIoError, "chmod " + a.out_dir + "/" + items[i].key + ": " +
+                                                    std::strerror(errno)));
+    if (auto st = w->commit(); !st)
+      return report_error(st.error().with_context(
+          std::to_string(i) + " of " + std::to_string(items.size()) +
+          " files were published before this one failed"));
+  }
   const double secs = seconds_since(t0);
   if (a.json) {
     std::printf("%s\n", json({{"series", a.series},

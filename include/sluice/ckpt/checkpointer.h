@@ -92,6 +92,7 @@ struct TensorView {
   uint64_t bytes = 0;
   mem::Target* target = nullptr;
   std::function<Status(uint64_t offset, std::span<std::byte> dst)> source;
+  uint32_t mode = 0;  // permission bits of a file's bytes, recorded in the manifest; 0: none
 };
 
 // Where a restored tensor goes: bytes [offset, offset + bytes) of the saved tensor (the

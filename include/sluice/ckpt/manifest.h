@@ -40,6 +40,9 @@ struct TensorEntry {
   uint64_t offset = 0;         // in the shard, a multiple of kTensorAlignment
   uint64_t bytes = 0;
   std::vector<uint64_t> chunks;
+  // Permission bits (at most 07777) of a tensor saved from a file (`sluice ckpt save`),
+  // restored onto it; 0: none recorded (the field is then left out of the document).
+  uint32_t mode = 0;
 };
 
 struct ShardRecord {

@@ -103,6 +103,9 @@ struct WriteOptions {
   // The object's final size, when known: lets file:// reserve the blocks up front, so a
   // full disk fails at create() with NoSpace instead of midway.
   std::optional<uint64_t> size_hint;
+  // file://: the permission bits the object is created with (less the umask). Object
+  // stores have no modes and ignore it.
+  uint32_t mode = 0644;
 };
 
 class Writer {

@@ -733,6 +733,13 @@ void CheckpointerImpl::replicate_loop() {
     const size_t src = static_cast<size_t>(job->source_tier);
     auto commit_on = [&](size_t i) {
       if (auto st = publish_record_and_commit(*job, i); !st) {
+        // A save that failed takes back the shard it published: nothing is left for gc's
+        // grace (a full tier stays full otherwise), and the loser of two saves of one step
+        // leaves no orphan. But for a rank that gave up waiting: rank 0 may still commit
+        // the step naming that shard.
+        if (o_.rank == 0 || st.error().code() != Code::kTimedOut)
+          (void)o_.tiers[i].store->remove(
+              shard_key(o_.series, job->step, o_.rank, job->record.save_id));
         job->handle->set(i, TierState::kFailed, st.error());
         return false;
       }

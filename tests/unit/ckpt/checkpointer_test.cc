@@ -434,6 +434,11 @@ TEST(Checkpointer, TwoSavesRacingOnOneStepLeaveOneIntactCheckpoint) {
     ASSERT_TRUE(static_cast<bool>(ra) != static_cast<bool>(rb)) << round;  // exactly one wins
     EXPECT_EQ(a->verify(1).value().bad_chunks, 0u) << round;
     (ra ? sa : sb).expect_restored(*a, 1);
+    // The loser left no orphan shard (defect 12 of the hostile test).
+    size_t shards = 0;
+    const auto objs = shared->list_all(step_prefix(o.series, 1)).value();
+    for (const auto& obj : objs) shards += obj.key.ends_with(".shard");
+    EXPECT_EQ(shards, 1u) << round;
   }
 }
 
@@ -661,6 +666,26 @@ TEST(Checkpointer, RetentionAndListingCountOnlyWholeSteps) {
     EXPECT_TRUE(cp->list().value().empty());
     EXPECT_EQ(cp->latest().error().code(), Code::kNotFound);
   }
+}
+
+// Defect 12: a save that fails after publishing its shard (a full tier when the record is
+// written) removes the shard; so does the loser of two saves of one step.
+TEST(Checkpointer, AFailedSaveRemovesWhatItPublished) {
+  auto faulty = std::make_shared<store::FaultInjectionStore>(store::make_memory_store("full"));
+  auto o = small_options({mem_tier("f", faulty)});
+  State s(80, {70000});
+  int failures = 0;
+  for (uint64_t n = 1; n <= 4; ++n) {
+    auto cp = Checkpointer::open(o).value();
+    faulty->fail_nth(store::FaultOp::kCommit, n, Code::kNoSpace);
+    auto st = cp->save(n, s.views).value()->wait();
+    cp->flush();
+    faulty->clear();
+    if (st) continue;
+    ++failures;
+    EXPECT_TRUE(only_shard(*faulty, n).empty()) << "commit " << n << ": " << st.error().message();
+  }
+  EXPECT_GE(failures, 2);
 }
 
 // Defect 3: a gc with no grace (another process) while rank 0 waits for rank 1 leaves the

@@ -14,10 +14,12 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/parallel.h"
 #include "sluice/core/fd.h"
+#include "sluice/stream/pack.h"
 #include "sluice/stream/tar.h"
 #include "stream/backoff.h"
 #include "stream/catalog.h"
@@ -63,6 +65,14 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
     std::string_view rel = std::string_view(o.key).substr(prefix.size());
     return rel.starts_with(".sluice-trash/") ||
            rel.find("/.sluice-trash/") != std::string_view::npos;
+  });
+  // The completion record of a packed dataset is not one of its objects.
+  const std::string completion_key = prefix + std::string(kCompletionKey);
+  std::optional<store::ObjectInfo> completion;
+  std::erase_if(listing, [&](const store::ObjectInfo& o) {
+    if (o.key != completion_key) return false;
+    completion = o;
+    return true;
   });
   if (listing.empty())
     return fail(Code::kNotFound, "dataset " + store.uri() + " prefix '" + prefix + "': no objects");
@@ -130,6 +140,36 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
   };
   SLUICE_RETURN_IF_ERROR(parallel_for(tars.size(), std::max(1u, options.inflight), load));
   for (const auto* t : tars) c.objects.push_back(*t);
+  // A dataset a packer wrote is whole only once its record says so, and only as the record
+  // describes it; one without a record was not written by a packer.
+  if (!completion) return c;
+  const std::string where = "dataset " + store.uri() + " prefix '" + prefix + "'";
+  if (completion->size > 256)
+    return fail(Code::kCorruption, where + ": its completion record is too large");
+  SLUICE_ASSIGN_OR_RETURN(auto text,
+                          retry_unavailable([&] { return store.get(completion->key); }, [] {}));
+  SLUICE_ASSIGN_OR_RETURN(
+      PackSummary sum,
+      decode_completion(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+                        completion->key));
+  if (!sum.complete)
+    return fail(Code::kCorruption,
+                where + " is not complete: its pack did not finish (killed?), or is still "
+                        "running; pack the source again into an empty prefix");
+  uint64_t samples = 0, bytes = 0;
+  bool skipped = false;
+  for (size_t i = 0; i < tars.size(); ++i) {
+    samples += c.tables[i].samples.size();
+    bytes += tars[i]->size;
+    skipped |= c.tables[i].skipped;
+  }
+  if (sum.shards != tars.size() || (!skipped && (sum.samples != samples || sum.bytes != bytes)))
+    return fail(Code::kCorruption,
+                where + " holds " + std::to_string(tars.size()) + " shards, " +
+                    std::to_string(samples) + " samples, " + std::to_string(bytes) +
+                    " bytes; its completion record says " + std::to_string(sum.shards) + ", " +
+                    std::to_string(sum.samples) + ", " + std::to_string(sum.bytes) +
+                    ": shards were added, lost or replaced since it was packed");
   return c;
 }
 

@@ -1,9 +1,63 @@
 // ShardPacker: samples into tar shards with indexes; see stream/pack.h.
 #include "sluice/stream/pack.h"
 
+#include <charconv>
 #include <cstdio>
 
+#include "sluice/core/hash.h"
+
 namespace sluice::stream {
+
+namespace {
+
+std::string check_of(std::string_view body) {
+  char h[17];
+  std::snprintf(h, sizeof h, "%016llx",
+                static_cast<unsigned long long>(xxh3_64(body.data(), body.size())));
+  return h;
+}
+
+}  // namespace
+
+std::string encode_completion(const PackSummary& s) {
+  std::string body = std::string("sluice-dataset 1 ") + (s.complete ? "complete " : "packing ") +
+                     std::to_string(s.shards) + " " + std::to_string(s.samples) + " " +
+                     std::to_string(s.bytes);
+  return body + " " + check_of(body) + "\n";
+}
+
+Result<PackSummary> decode_completion(std::string_view text, std::string_view what) {
+  auto bad = [&](std::string_view why) {
+    return fail(Code::kCorruption, "completion record " + std::string(what) + " " +
+                                       std::string(why) + ": the pack may not have finished");
+  };
+  if (text.size() > 256 || !text.ends_with('\n')) return bad("is malformed");
+  text.remove_suffix(1);
+  const size_t sp = text.rfind(' ');
+  if (sp == std::string_view::npos || text.size() - sp - 1 != 16) return bad("is malformed");
+  if (text.substr(sp + 1) != check_of(text.substr(0, sp))) return bad("fails its checksum");
+  std::string_view rest = text.substr(0, sp);
+  if (!rest.starts_with("sluice-dataset 1 ")) return bad("is of an unknown format or version");
+  rest.remove_prefix(17);
+  PackSummary out;
+  if (rest.starts_with("complete "))
+    out.complete = true;
+  else if (!rest.starts_with("packing "))
+    return bad("is malformed");
+  rest.remove_prefix(out.complete ? 9 : 8);
+  uint64_t v[3];
+  for (int i = 0; i < 3; ++i) {
+    const size_t end = i < 2 ? rest.find(' ') : rest.size();
+    if (end == std::string_view::npos || end == 0) return bad("is malformed");
+    auto [p, ec] = std::from_chars(rest.data(), rest.data() + end, v[i]);
+    if (ec != std::errc{} || p != rest.data() + end) return bad("is malformed");
+    rest.remove_prefix(std::min(rest.size(), end + 1));
+  }
+  out.shards = v[0];
+  out.samples = v[1];
+  out.bytes = v[2];
+  return out;
+}
 
 ShardPacker::ShardPacker(store::Store& store, std::string prefix, PackOptions options)
     : store_(store), prefix_(std::move(prefix)), options_(std::move(options)) {}
@@ -25,6 +79,12 @@ Status ShardPacker::open_shard() {
 Status ShardPacker::close_shard() {
   SLUICE_RETURN_IF_ERROR(tar_->finish());
   index_.shard_size = tar_->bytes();
+  if (!begun_) {  // before the first shard is published: it is never taken for a dataset
+    const std::string record = encode_completion({});
+    SLUICE_RETURN_IF_ERROR(store_.put(prefix_ + std::string(kCompletionKey),
+                                      std::as_bytes(std::span(record)), {.overwrite = false}));
+    begun_ = true;
+  }
   if (auto c = writer_->commit(); !c)
     return std::unexpected(c.error().with_context("commit " + key_));
   writer_.reset();
@@ -70,8 +130,11 @@ Status ShardPacker::add(std::string_view key, std::span<const PackFile> files) {
 
 Status ShardPacker::finish() {
   if (failed_) return fail(Code::kCancelled, "packer: an earlier add failed");
-  if (!tar_) return ok();
-  auto st = close_shard();
+  auto st = tar_ ? close_shard() : ok();
+  if (st) {
+    const std::string record = encode_completion({true, shards_, samples_, bytes_});
+    st = store_.put(prefix_ + std::string(kCompletionKey), std::as_bytes(std::span(record)));
+  }
   if (!st) {
     failed_ = true;
     if (writer_) writer_->abort();

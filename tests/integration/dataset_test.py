@@ -282,6 +282,30 @@ def test_killed_pack_is_cleaned_up_by_the_next(ctx):
     assert len(read_keys(dst)) == 64
 
 
+def test_killed_pack_is_not_a_dataset(ctx):
+    """Defect 8 of the hostile test: kill -9 once some shards are published; the shards are
+    whole, but `stat` and `read` refuse the dataset (no completion record), never read part."""
+    src, dst = ctx.dir("src"), ctx.dir("dst")
+    os.makedirs(src)
+    for i in range(400):
+        with open(os.path.join(src, f"{i:04d}.bin"), "wb") as f:
+            f.write(os.urandom(256 << 10))
+    p = subprocess.Popen([BIN, "dataset", "pack", src, dst, "--shard-size", "1M", "--no-progress"],
+                         env=dict(os.environ, SLUICE_HOME=ctx.home),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline and not (
+            os.path.isdir(dst) and sum(n.endswith(".tar") for n in os.listdir(dst)) >= 3):
+        time.sleep(0.005)
+    p.kill()
+    p.wait()
+    if p.returncode == 0:
+        raise Skip("pack finished before the kill")
+    for args in (("stat", dst), ("read", dst, "--daemon", "none")):
+        r = run(*args)
+        assert r.returncode == 1 and "not complete" in r.stderr, (args, r.returncode, r.stderr)
+
+
 def test_s3_pack_read_slowdown(ctx):
     src = ctx.dir("src")
     keys = make_source(src, 200, seed=8)
@@ -340,7 +364,7 @@ def main():
         tests = [test_pack_read_exactly_once, test_resume_exact_and_elastic,
                  test_repacked_dataset_is_listed_again, test_system_tar_formats,
                  test_corrupt_and_truncated_shards, test_bad_input, test_interrupt_prints_token,
-                 test_killed_pack_is_cleaned_up_by_the_next]
+                 test_killed_pack_is_cleaned_up_by_the_next, test_killed_pack_is_not_a_dataset]
         if have_s3:
             tests.append(test_s3_pack_read_slowdown)
         else:

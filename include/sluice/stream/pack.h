@@ -10,7 +10,12 @@
 // sample never spans two shards. Each shard is published (Writer::commit) when it is full,
 // then its index ("<shard>.idx", tar.h) beside it, both without overwriting. A packer that
 // fails or is destroyed before finish() aborts the open shard: every published shard is
-// whole and indexed, and nothing half-written is left.
+// whole and indexed, and nothing half-written is left. Before it publishes its first shard
+// the packer writes the dataset's record ("<prefix>.sluice-dataset", without overwriting: one pack per
+// prefix) saying it is being packed; finish() rewrites it, last, as complete with the
+// shards, samples and bytes. A reader refuses a dataset whose record is not complete, or
+// does not match what it finds, so a pack that was killed never passes for a whole
+// dataset. (A dataset without a record was not written by a packer: read as it is.)
 #pragma once
 
 #include <cstdint>
@@ -36,6 +41,18 @@ struct PackFile {
   std::span<const std::byte> data;
 };
 
+// The record of a packed dataset, under its prefix; its text is
+// "sluice-dataset 1 <packing|complete> <shards> <samples> <bytes> <XXH3-64 of the text
+// before it, 16 hex>\n" (docs/formats/shard-index.md).
+inline constexpr std::string_view kCompletionKey = ".sluice-dataset";
+struct PackSummary {
+  bool complete = false;
+  uint64_t shards = 0, samples = 0, bytes = 0;
+};
+std::string encode_completion(const PackSummary& summary);
+// Corruption naming `what` for anything but a whole, well-formed record.
+Result<PackSummary> decode_completion(std::string_view text, std::string_view what);
+
 class ShardPacker {
  public:
   ShardPacker(store::Store& store, std::string prefix, PackOptions options = {});
@@ -45,7 +62,7 @@ class ShardPacker {
 
   // Appends one sample; its files' names must give `key` (split_sample_name).
   Status add(std::string_view key, std::span<const PackFile> files);
-  // Publishes the open shard and its index.
+  // Publishes the open shard and its index, then the completion record.
   Status finish();
 
   uint64_t shards() const { return shards_; }
@@ -64,6 +81,7 @@ class ShardPacker {
   std::string key_;  // the open shard's
   uint64_t shards_ = 0, samples_ = 0, bytes_ = 0;
   bool failed_ = false;
+  bool begun_ = false;  // the "packing" record is written
 };
 
 }  // namespace sluice::stream

@@ -490,10 +490,53 @@ struct NodeServer::Impl {
                       "root '" + root + "' is inside the daemon's own directory");
       }
     }
-    if (!may_read(*caller.team, root))
+    // A root granted whole, or one above a granted root (a client names the bucket or
+    // file:///): then each key must lie in a grant (granted_key).
+    if (!may_read(*caller.team, root) && !grant_below(*caller.team, root))
       return fail(Code::kPermissionDenied,
                   "team " + caller.team->name + " may not read root '" + root + "'");
     return router->attach(root);
+  }
+
+  // Whether one of the team's grants lies below `root` ("s3://datasets/vision/" below
+  // "s3://datasets").
+  bool grant_below(const TeamGrant& team, std::string_view root) const {
+    std::string base(root);
+    if (!base.ends_with('/')) base += '/';
+    return std::any_of(team.roots.begin(), team.roots.end(), [&](const std::string& g) {
+      return g != "*" && g.starts_with(base) && g.size() > base.size();
+    });
+  }
+
+  // A key (listing: a prefix) of a root the team was not granted whole is served only when
+  // it lies in a granted root: for a file root, as the path it resolves to (a symlink in a
+  // granted folder leads nowhere else).
+  Status granted_key(const Caller& caller, const std::string& id, std::string_view key) const {
+    std::optional<std::string> root = router->root_of(id);
+    if (!root) return fail(Code::kInternal, "root id " + id + " is not attached");
+    const TeamGrant& team = *caller.team;
+    if (may_read(team, *root)) return ok();
+    std::string full = *root;
+    if (!full.ends_with('/')) full += '/';
+    full += key;
+    if (root->starts_with("file://")) {
+      // The longest leading part that exists, resolved; the rest cannot be a link.
+      std::string path = full.substr(7);
+      std::string tail;
+      std::optional<std::string> real;
+      while (!(real = real_file_root("file://" + path))) {
+        const size_t slash = path.rfind('/');
+        if (slash == 0 || slash == std::string::npos) break;
+        tail = path.substr(slash) + tail;
+        path.resize(slash);
+      }
+      if (real) full = *real + tail;
+    }
+    while (full.ends_with('/') && !full.ends_with(":///")) full.pop_back();
+    if (!key.empty() && may_read(team, full)) return ok();
+    return fail(Code::kPermissionDenied, "team " + team.name + " may not read '" +
+                                             std::string(key) + "' of root '" + *root +
+                                             "': it lies outside the team's roots");
   }
 
   // A key (or prefix) of a file root that holds one of the daemon's directories must not
@@ -537,6 +580,7 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
     SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
     SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, prefix));
+    SLUICE_RETURN_IF_ERROR(granted_key(caller, id, prefix));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, prefix, /*listing=*/true));
     SLUICE_RETURN_IF_ERROR(prove_file_access(caller, id, prefix, /*listing=*/true));
     return id + "/" + prefix;
@@ -553,6 +597,7 @@ struct NodeServer::Impl {
   Result<std::string> routed(const Caller& caller, const std::string& id, const std::string& key) {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
     SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, key));
+    SLUICE_RETURN_IF_ERROR(granted_key(caller, id, key));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
     SLUICE_RETURN_IF_ERROR(prove_file_access(caller, id, key, /*listing=*/false));
     return id + "/" + key;
@@ -1063,7 +1108,10 @@ struct NodeServer::Impl {
     for (const cache::CachedChunk& c : cache->chunks(prefix)) {
       size_t slash = c.key.find('/');
       std::optional<std::string> root = router->root_of(std::string_view(c.key).substr(0, slash));
-      if (!root || !may_read(*caller.team, *root)) continue;
+      if (!root) continue;
+      if (!may_read(*caller.team, *root) &&
+          !granted_key(caller, c.key.substr(0, slash), unrouted(c.key)))
+        continue;
       if (!unrouted(c.key).starts_with(want)) continue;
       auto [seen, fresh] = openable.try_emplace(c.key, false);
       if (fresh)  // one open per file, however many of its chunks are cached

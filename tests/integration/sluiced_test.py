@@ -230,6 +230,23 @@ def test_a_uid_in_no_team_is_refused(s3, digest):
     assert "refused uid" in open(os.path.join(WORK, "sluiced.log")).read()
 
 
+def test_a_team_granted_a_prefix_reads_it_through_the_cli(s3, digest):
+    """Defect 7 of the hostile test: a team granted s3://test/ds/ (not the bucket) reads its
+    objects with plain `cat --cache` and `cache warm`; keys outside the prefix are refused."""
+    cfg = os.path.join(WORK, "teams.json")
+    with open(cfg, "w") as f:
+        json.dump({"teams": [{"name": "vision", "uids": [os.getuid()], "roots": ["s3://test/ds/"]}]}, f)
+    d = Daemon(s3.endpoint, "--config", cfg)
+    try:
+        out, err = cat("s3://test/ds/obj").communicate(timeout=120)
+        assert hashlib.sha256(out).hexdigest() == digest, err
+        sluice("cache", "warm", "--daemon", SOCK, "s3://test/ds/")
+        p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/other", check=False)
+        assert p.returncode != 0 and b"permission_denied" in p.stderr, p.stderr
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_team_proves_access_with_its_own_credentials(s3, digest):
     d = Daemon(s3.endpoint)  # the daemon's credentials fill the cache
     try:
@@ -351,6 +368,8 @@ def main():
                          ("a replaced object is not served stale", test_a_replaced_object_is_not_served_stale),
                          ("bad frames leave the daemon up", test_bad_frames_leave_the_daemon_up),
                          ("a uid in no team is refused", test_a_uid_in_no_team_is_refused),
+                         ("a team granted a prefix reads it through the CLI",
+                          test_a_team_granted_a_prefix_reads_it_through_the_cli),
                          ("a team proves access with its own credentials",
                           test_a_team_proves_access_with_its_own_credentials),
                          ("SIGTERM is clean, kill -9 loses nothing",

@@ -60,9 +60,19 @@ bool held_by_live_save(store::Store& st, const std::vector<std::string>& keys,
 // (under the project's own rule) every other object.
 Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<RetentionRule>& rules,
                                          const std::vector<std::string>& pins, const GcOptions& o,
-                                         int64_t now) {
+                                         int64_t now, std::vector<std::string>& skipped) {
   SLUICE_ASSIGN_OR_RETURN(auto st, open_location(p, o.stores));
-  SLUICE_ASSIGN_OR_RETURN(auto listing, st->list_all(""));
+  // A key that cannot be described (a symlink anyone who can write the project planted,
+  // leading out of it) is left alone and reported; retention goes on for the rest.
+  std::vector<store::ObjectInfo> listing;
+  store::ListOptions lo;
+  lo.skip_unreadable = true;
+  do {
+    SLUICE_ASSIGN_OR_RETURN(store::ListPage page, st->list(lo));
+    for (auto& obj : page.objects) listing.push_back(std::move(obj));
+    for (auto& why : page.skipped) skipped.push_back("project " + p.id + ": " + why);
+    lo.continuation = std::move(page.next_token);
+  } while (!lo.continuation.empty());
   std::map<std::string, uint64_t> sizes;
   for (const auto& obj : listing) sizes[obj.key] = obj.size;
   std::vector<GcUnit> out;
@@ -136,7 +146,7 @@ Result<GcPlan> plan_at(Ledger& l, const GcOptions& o, int64_t now) {
     std::vector<std::string> pinned;
     for (auto& [proj, prefix] : pins)
       if (proj == p.id) pinned.push_back(prefix);
-    auto planned = plan_project(p, mine, pinned, o, now);
+    auto planned = plan_project(p, mine, pinned, o, now, out.skipped);
     if (!planned) {
       out.errors.push_back(planned.error().to_string());
       continue;
@@ -280,6 +290,7 @@ Result<GcRunReport> run_gc(Ledger& ledger, const GcOptions& o,
   report.purge_after_ns = now + o.delay.count() * 1'000'000'000;
   SLUICE_ASSIGN_OR_RETURN(GcPlan plan, plan_at(ledger, o, now));
   report.errors = std::move(plan.errors);
+  report.skipped = std::move(plan.skipped);
   SLUICE_ASSIGN_OR_RETURN(auto projects, ledger.projects());
   ProjectStores stores(std::move(projects), o.stores);
   report.run = new_run_id(now);

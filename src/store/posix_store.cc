@@ -334,6 +334,10 @@ class PosixStore : public Store {
       auto info = stat(*it);
       if (!info) {
         if (info.error().code() == Code::kNotFound) continue;  // removed while listing
+        if (options.skip_unreadable) {
+          page.skipped.push_back(*it + ": " + info.error().message());
+          continue;
+        }
         return std::unexpected(info.error());
       }
       page.objects.push_back(std::move(*info));

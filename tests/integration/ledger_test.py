@@ -274,7 +274,7 @@ def t_ckpt_and_dataset_pack_are_charged(env):
             f.write(os.urandom(1000))
     env.run("dataset", "pack", imgs, os.path.join(tier, "ds"))
     by_kind = {r["kind"]: r for r in json.loads(env.run("usage", "--by", "kind", "--json").stdout)}
-    assert by_kind["dataset"]["objects"] == 2, by_kind  # one shard and its index
+    assert by_kind["dataset"]["objects"] == 3, by_kind  # one shard, its index, the record
     recount_agrees()
 
 
@@ -469,6 +469,31 @@ def t_gc_refuses_what_would_lose_data(env):
                 "permission_denied", "sluice gc")
 
 
+def t_a_link_out_of_a_project_stops_no_gc(env):
+    """Defect 13 of the hostile test: one symlink leading out of a project (anyone who can
+    write there can plant one) is left alone and reported; retention handles the rest."""
+    env.run("team", "add", "ln")
+    tier = env.path("ln-ckpt")
+    os.makedirs(tier)
+    env.run("project", "add", "ln-p", "--team", "ln", "--location", tier, "--kind", "checkpoint")
+    state = env.path("ln-state")
+    os.makedirs(state)
+    with open(os.path.join(state, "w.bin"), "wb") as f:
+        f.write(os.urandom(64 << 10))
+    for step in (1, 2, 3):
+        env.run("ckpt", "save", "--series", "s", "--step", str(step), "--to", tier, state)
+    os.symlink("/etc/hostname", os.path.join(tier, "planted"))
+    env.run("gc", "rule", "set", "ln-p", "--series", "s", "--keep-last", "1")
+    r = env.run("gc", "plan", "--json")
+    plan = json.loads(r.stdout)
+    assert sorted(u["step"] for u in plan["units"] if u["remove"]) == [1, 2], plan
+    assert any("planted" in k for k in plan["skipped"]), plan
+    assert "planted" in r.stderr, r.stderr
+    out = json.loads(env.run("gc", "run", "--json").stdout)
+    assert out["trashed_units"] == 2 and any("planted" in k for k in out["skipped"]), out
+    assert os.path.islink(os.path.join(tier, "planted"))
+
+
 def main():
     global BIN
     BIN = os.path.abspath(sys.argv[1])
@@ -476,7 +501,8 @@ def main():
     tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit, t_every_spelling_of_a_project_is_charged,
              t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift,
              t_ckpt_and_dataset_pack_are_charged, t_forecast, t_s3_projects_are_folders,
-             t_gc_plan_run_restore_purge, t_gc_refuses_what_would_lose_data)
+             t_gc_plan_run_restore_purge, t_gc_refuses_what_would_lose_data,
+             t_a_link_out_of_a_project_stops_no_gc)
     for t in tests:
         env = Env(None)
         try:

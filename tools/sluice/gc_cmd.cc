@@ -69,6 +69,8 @@ int run_plan(const GcArgs& a, const std::string& home) {
   if (!l) return report_error(l.error());
   auto plan = plan_gc(**l, *o);
   if (!plan) return report_error(plan.error());
+  for (const auto& why : plan->skipped)
+    std::fprintf(stderr, "sluice: warning: left alone: %s\n", why.c_str());
   if (plan->units.empty() && plan->errors.empty() && !a.json) {
     std::printf("nothing to do: no retention rule (sluice gc rule set)\n");
     return 0;
@@ -97,7 +99,9 @@ int run_plan(const GcArgs& a, const std::string& home) {
     }
   }
   if (a.json) {
-    std::printf("%s\n", json{{"units", out}, {"errors", plan->errors}}.dump().c_str());
+    std::printf(
+        "%s\n",
+        json{{"units", out}, {"errors", plan->errors}, {"skipped", plan->skipped}}.dump().c_str());
   } else {
     std::printf("%lld unit(s), %s to the trash\n", static_cast<long long>(units),
                 format_size(static_cast<double>(bytes)).c_str());
@@ -119,6 +123,8 @@ int run_run(const GcArgs& a, const std::string& home) {
                   x.decision.reason.c_str());
   });
   if (!r) return report_error(r.error());
+  for (const auto& why : r->skipped)
+    std::fprintf(stderr, "sluice: warning: left alone: %s\n", why.c_str());
   if (a.json) {
     std::printf("%s\n", json{{"run", r->run},
                              {"trashed_units", r->trashed_units},
@@ -126,7 +132,8 @@ int run_run(const GcArgs& a, const std::string& home) {
                              {"purge_after_ns", r->purge_after_ns},
                              {"purged_objects", r->purged_objects},
                              {"purged_bytes", r->purged_bytes},
-                             {"errors", r->errors}}
+                             {"errors", r->errors},
+                             {"skipped", r->skipped}}
                             .dump()
                             .c_str());
   } else {

@@ -58,7 +58,8 @@ struct GcUnit {
 
 struct GcPlan {
   std::vector<GcUnit> units;
-  std::vector<std::string> errors;  // projects that could not be planned
+  std::vector<std::string> errors;   // projects that could not be planned
+  std::vector<std::string> skipped;  // keys left alone, and why (a link out of the project)
 };
 
 // What every rule decides now. NotFound for an unknown options.project.
@@ -70,6 +71,7 @@ struct GcRunReport {
   int64_t purge_after_ns = 0;  // when this run's trash may be purged
   int64_t purged_objects = 0, purged_bytes = 0;
   std::vector<std::string> errors;  // units or purges that failed; the rest went on
+  std::vector<std::string> skipped;  // keys left alone, and why (GcPlan::skipped)
 };
 
 // Plans, moves what the plan removes to the trash (`on_trashed` is told of each unit

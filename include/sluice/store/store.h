@@ -60,11 +60,16 @@ struct ListOptions {
   std::string prefix;        // only keys starting with this
   std::string continuation;  // the previous page's next_token, or empty to start
   size_t max_keys = 1000;    // page size, 1..10000
+  // A key that is listed but cannot be described (file://: a symlink leading out of the
+  // root, or a loop) goes to ListPage::skipped instead of failing the whole listing.
+  bool skip_unreadable = false;
 };
 
 struct ListPage {
   std::vector<ObjectInfo> objects;
   std::string next_token;  // empty when there is nothing more
+  // With ListOptions::skip_unreadable: "key: reason" of each key left out of `objects`.
+  std::vector<std::string> skipped;
 };
 
 struct ReadOptions {

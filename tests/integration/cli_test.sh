@@ -70,6 +70,8 @@ mkfifo "$work/fifo"
 expect_fail "bench on a FIFO fails at once" "FIFO" timeout 10 "$SLUICE" bench --file "$work/fifo" --size 1M
 expect_fail "bench on a character device" "character device" "$SLUICE" bench --file /dev/null --size 1M
 expect_fail "bench under /proc" "/proc" "$SLUICE" bench --file /proc/self/status --size 1M
+ln -s /proc/self/status "$work/proc-link"  # defect 16: the path a link resolves to decides
+expect_fail "bench through a link into /proc" "/proc" "$SLUICE" bench --file "$work/proc-link" --size 1M
 expect_fail "bench --runtime nan" "--runtime" "$SLUICE" bench --file "$work/f.dat" --runtime nan
 expect_fail "bench --runtime inf" "--runtime" "$SLUICE" bench --file "$work/f.dat" --runtime inf
 

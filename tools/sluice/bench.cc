@@ -180,9 +180,12 @@ struct BenchTarget {
 Result<BenchTarget> inspect_target(const std::string& path, bool write) {
   BenchTarget t;
   std::string dir = path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  // The file system the path resolves to (statfs follows links: a link to /proc/self/mem is
+  // /proc), else, for a file yet to be laid out, its folder's.
   struct statfs fs;
-  if (::statfs(dir.empty() ? "/" : dir.c_str(), &fs) == 0 &&
-      (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
+  int got = ::statfs(path.c_str(), &fs);
+  if (got != 0 && errno == ENOENT) got = ::statfs(dir.empty() ? "/" : dir.c_str(), &fs);
+  if (got == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
     return fail(Code::kInvalidArgument,
                 "--file " + path + " is under /proc or /sys, which hold no storage to measure");
   struct stat sb;

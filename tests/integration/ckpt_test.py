@@ -269,6 +269,41 @@ def test_hostile_saves_and_restores(ctx):
     assert not os.path.isdir(tmp) or os.listdir(tmp) == [], os.listdir(tmp)
 
 
+def rewrite_manifest(path, change):
+    """Applies `change` to a manifest and writes it back with a valid checksum (XXH3-64 of the
+    compact, key-sorted form without the checksum), as a hostile or buggy writer could."""
+    import ctypes
+    xxh = ctypes.CDLL("libxxhash.so.0")
+    xxh.XXH3_64bits.restype = ctypes.c_uint64
+    xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    with open(path) as f:
+        doc = json.load(f)
+    change(doc)
+    doc.pop("checksum", None)
+    body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    doc["checksum"] = "%016x" % xxh.XXH3_64bits(body, len(body))
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def test_restore_refuses_a_reserved_name_before_writing(ctx):
+    """Defect 5 (its last part): a tensor name the writer would refuse (a .sluice-tmp
+    component) is a data error (exit 1) before any file is written, not a usage error."""
+    src, tier, out = ctx.dir("src"), ctx.dir("tier"), ctx.dir("out")
+    make_state(src, 9, big=1 << 20)
+    ok(run("save", "--series", "n", "--step", "1", "--to", tier, src))
+    man = os.path.join(tier, "n", "step-000000000001", "manifest.json")
+
+    def rename(doc):
+        doc["shards"][0]["tensors"][-1]["name"] = "opt/.sluice-tmp/x"
+    rewrite_manifest(man, rename)
+    r = run("restore", "--series", "n", "--step", "1", "--from", tier, "--to", out)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert ".sluice-tmp" in r.stderr and "corruption" in r.stderr, r.stderr
+    left = [f for _, _, fs in os.walk(out) for f in fs] if os.path.isdir(out) else []
+    assert left == [], left
+
+
 def test_kill9_during_save(ctx):
     """kill -9 `sluice ckpt save` at 50 random moments; after each, the latest checkpoint
     restores complete and bit-exact, and is the one before or the one being saved."""
@@ -388,6 +423,7 @@ def main():
         ctx = Ctx(scratch, s3)
         tests = [test_save_restore_local, test_retention_and_gc, test_sync_fills_a_new_tier, test_bad_input,
                  test_interrupted_save_leaves_nothing, test_hostile_saves_and_restores,
+                 test_restore_refuses_a_reserved_name_before_writing,
                  test_kill9_during_save]
         if have_s3:
             tests += [test_local_then_s3_and_bitflip, test_s3_503_during_upload]

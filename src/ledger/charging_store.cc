@@ -12,20 +12,52 @@
 namespace sluice::ledger {
 namespace {
 
+class ChargingWriter;
+
+// Shared by a ChargingWriter and the on_publish hook it gave the inner store's writer (made
+// before the ChargingWriter itself).
+struct PublishState {
+  ChargingWriter* self = nullptr;
+  bool charged = false;  // the hook charged the commit
+};
+
 class ChargingWriter final : public store::Writer {
  public:
   ChargingWriter(std::unique_ptr<store::Writer> inner, std::shared_ptr<Ledger> ledger,
                  ChargeTarget target, std::string reservation, int64_t reserved,
-                 std::optional<int64_t> old_size, uint64_t min_growth)
-      : inner_(std::move(inner)),
+                 std::optional<int64_t> old_size, uint64_t min_growth,
+                 std::shared_ptr<PublishState> published)
+      : published_(std::move(published)),
+        inner_(std::move(inner)),
         ledger_(std::move(ledger)),
         target_(std::move(target)),
         reservation_(std::move(reservation)),
         reserved_(reserved),
         old_size_(old_size),
-        min_growth_(static_cast<int64_t>(min_growth)) {}
+        min_growth_(static_cast<int64_t>(min_growth)) {
+    published_->self = this;
+  }
 
-  ~ChargingWriter() override { abort(); }
+  ~ChargingWriter() override {
+    abort();
+    published_->self = nullptr;
+  }
+
+  // The hook for the inner store's writer (WriteOptions::on_publish): once it has published,
+  // it charges against exactly what the publish replaced, in publish order, so writers of
+  // one key racing each other leave usage equal to the object left, with no reconcile.
+  // A hook the caller set already (another decorator above) still runs, after this one.
+  static std::function<void(const store::Replaced&)> publish_hook(
+      std::shared_ptr<PublishState> state, std::function<void(const store::Replaced&)> outer) {
+    return [state = std::move(state), outer = std::move(outer)](const store::Replaced& r) {
+      if (state->self) {
+        state->self->settle(r.existed ? std::optional<int64_t>(static_cast<int64_t>(r.size))
+                                      : std::nullopt);
+        state->charged = true;
+      }
+      if (outer) outer(r);
+    };
+  }
 
   Status append(std::span<const std::byte> data) override {
     SLUICE_RETURN_IF_ERROR(cover(inner_->size() + data.size()));
@@ -55,20 +87,15 @@ class ChargingWriter final : public store::Writer {
       done_ = true;
     }
     // Some writers forget their size once committed.
-    int64_t bytes = static_cast<int64_t>(inner_->size());
+    bytes_ = static_cast<int64_t>(inner_->size());
     Status s = inner_->commit();
     if (!s) {
       (void)ledger_->release(reservation_);  // expires on its own if this fails too
       return s;
     }
-    int64_t objects = 1;
-    if (old_size_) {  // replaced an object that was charged already
-      bytes -= *old_size_;
-      objects = 0;
-    }
-    // The object is published: a ledger that fails now leaves the usage short (reconcile
-    // recounts it) rather than reporting a write that happened as failed.
-    (void)ledger_->commit(reservation_, target_, bytes, objects);
+    // Where the store knows what its publish replaced (file://, mem://), the charge was made
+    // in its on_publish callback, in publish order: see settle(). Else by what create saw.
+    if (!published_->charged) settle(old_size_);
     return {};
   }
 
@@ -83,6 +110,19 @@ class ChargingWriter final : public store::Writer {
   }
 
  private:
+  // Charges the published object: what was written less the object it replaced (`old`,
+  // charged already), and no new object when it replaced one. The object is published: a
+  // ledger that fails now leaves the usage short (reconcile recounts it) rather than
+  // reporting a write that happened as failed.
+  void settle(std::optional<int64_t> old) {
+    int64_t bytes = bytes_, objects = 1;
+    if (old) {
+      bytes -= *old;
+      objects = 0;
+    }
+    (void)ledger_->commit(reservation_, target_, bytes, objects);
+  }
+
   // Grows the reservation so it covers `end` bytes; a refusal aborts the write.
   Status cover(uint64_t end) {
     std::lock_guard lock(mu_);
@@ -128,6 +168,8 @@ class ChargingWriter final : public store::Writer {
   }
 
   static constexpr int64_t kMaxStep = int64_t{1} << 30;
+  std::shared_ptr<PublishState> published_;
+  int64_t bytes_ = 0;  // what commit publishes
   std::chrono::steady_clock::time_point renewed_ = std::chrono::steady_clock::now();
   std::unique_ptr<store::Writer> inner_;
   std::shared_ptr<Ledger> ledger_;
@@ -179,14 +221,17 @@ class ChargingStore final : public store::StoreWrapper {
                         : 0;
     auto reservation = ledger_->reserve(*target, bytes, old_size ? 0 : 1);
     if (!reservation) return refused(reservation.error(), key, *target);
-    auto inner = StoreWrapper::create(key, options);
+    auto published = std::make_shared<PublishState>();
+    store::WriteOptions inner_options = options;
+    inner_options.on_publish = ChargingWriter::publish_hook(published, options.on_publish);
+    auto inner = StoreWrapper::create(key, inner_options);
     if (!inner) {
       (void)ledger_->release(*reservation);
       return std::unexpected(inner.error());
     }
     return std::make_unique<ChargingWriter>(std::move(*inner), ledger_, std::move(*target),
                                             std::move(*reservation), bytes, old_size,
-                                            options_.min_growth);
+                                            options_.min_growth, std::move(published));
   }
 
   // Asks the ledger by reserving what a write would, and releasing it at once.

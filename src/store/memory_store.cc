@@ -54,7 +54,10 @@ class MemoryWriter : public Writer {
     if (!options_.overwrite && state_->objects.contains(key_))
       return fail(Code::kAlreadyExists, "object '" + key_ + "' already exists");
     obj->generation = state_->next_generation++;
-    state_->objects[key_] = std::move(obj);
+    auto& slot = state_->objects[key_];
+    const Replaced replaced = slot ? Replaced{true, slot->data.size()} : Replaced{};
+    slot = std::move(obj);
+    if (options_.on_publish) options_.on_publish(replaced);
     return ok();
   }
   void abort() override {

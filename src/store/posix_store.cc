@@ -15,6 +15,7 @@
 #if SLUICE_HAVE_OPENAT2
 #include <linux/openat2.h>
 #endif
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -559,9 +560,55 @@ Status PosixWriter::commit() {
   if (!parent) return failed(parent.error());
   auto& [dirfd, leaf] = *parent;
   if (auto st = store_->check_replaceable(dirfd.get(), leaf, key_); !st) return failed(st.error());
+  // With an on_publish callback, publishes into this folder take turns (an flock on it),
+  // so callbacks for one key run in publish order, across processes too.
+  std::optional<Replaced> replaced;
+  const bool hooked = static_cast<bool>(options_.on_publish);
+  UniqueFd folder;  // the folder opened for its lock (dirfd may be an O_PATH descriptor)
+  if (hooked) {
+    folder = UniqueFd(::openat(dirfd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    // A folder this process may write but not read (a drop box): publishes go unordered.
+    if (!folder.valid() && errno != EACCES)
+      return failed(error_from_errno(errno, where("open the folder to publish")));
+    while (folder.valid() && ::flock(folder.get(), LOCK_EX) != 0)
+      if (errno != EINTR) return failed(error_from_errno(errno, where("lock the folder to publish")));
+  }
 #if SLUICE_HAVE_RENAMEAT2
+  // An overwrite learns exactly what it replaced, even with other writers racing it: a new
+  // name is taken with RENAME_NOREPLACE, an existing one swapped with RENAME_EXCHANGE,
+  // which leaves the replaced object at the temporary name to be measured and removed.
   int rc = ::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(),
-                       options_.overwrite ? 0 : RENAME_NOREPLACE);
+                       RENAME_NOREPLACE);
+  if (rc == 0) replaced = Replaced{};
+  if (rc != 0 && errno == EINVAL && options_.overwrite)  // no RENAME_NOREPLACE here
+    rc = ::renameat(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str());
+  for (int attempt = 0; rc != 0 && errno == EEXIST && options_.overwrite && attempt < 100;
+       ++attempt) {
+    rc = ::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(), RENAME_EXCHANGE);
+    if (rc != 0) {
+      if (errno == ENOENT) {  // removed meanwhile: take the name again
+        rc = ::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(),
+                         RENAME_NOREPLACE);
+        if (rc == 0) replaced = Replaced{};
+        continue;
+      }
+      if (errno == EINVAL)  // a file system without RENAME_EXCHANGE: a plain rename
+        rc = ::renameat(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str());
+      break;
+    }
+    struct stat old {};
+    if (::fstatat(store_->root_fd(), tmp_.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !S_ISREG(old.st_mode)) {
+      // A directory (or anything else) made at the name meanwhile: put it back.
+      (void)::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(),
+                        RENAME_EXCHANGE);
+      errno = EISDIR;
+      rc = -1;
+      break;
+    }
+    replaced = Replaced{true, static_cast<uint64_t>(old.st_size)};
+    (void)::unlinkat(store_->root_fd(), tmp_.c_str(), 0);
+  }
 #else
   // Without renameat2, an exclusive publish is a hard link (which fails if the name exists)
   // followed by removing the temporary name.
@@ -572,9 +619,12 @@ Status PosixWriter::commit() {
 #endif
   if (rc != 0) {
     int err = errno;
+    folder.reset();  // unlocks
     if (err == EEXIST) return failed(Error(Code::kAlreadyExists, where("publish") + ": exists"));
     return failed(error_from_errno(err, where("publish")));
   }
+  if (hooked && replaced) options_.on_publish(*replaced);
+  folder.reset();  // unlocks: the next publish into the folder may go
   tmp_.clear();
   done_ = true;
   fd_.reset();

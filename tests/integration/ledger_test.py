@@ -196,6 +196,24 @@ def t_sixteen_processes_race_at_a_hard_limit(env):
     assert (a["used_bytes"], a["used_objects"], a["reserved_bytes"]) == (10 * MiB, 10, 0), a
 
 
+def t_sixteen_overwrites_of_one_key_charge_what_is_left(env):
+    """Defect 11 of the hostile test: 16 `sluice cp` processes overwrite one key at once, with
+    sources of different sizes; usage equals the one object left, with no reconcile."""
+    env.run("team", "add", "ow")
+    data = env.path("ow")
+    os.makedirs(data)
+    env.run("project", "add", "ow-p", "--team", "ow", "--location", data)
+    srcs = [env.file(f"o{i}", (i + 1) * 256 * 1024) for i in range(16)]
+    dst = os.path.join(data, "one")
+    for round_ in range(2):
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda i: env.run("cp", srcs[i], dst, check=False), range(16)))
+        assert all(r.returncode == 0 for r in results), [r.stderr for r in results if r.returncode]
+        a = env.account("ow", "nvme")
+        assert (a["used_bytes"], a["used_objects"], a["reserved_bytes"]) == (os.path.getsize(dst), 1, 0), \
+            (round_, a, os.path.getsize(dst))
+
+
 def t_reconcile_repairs_drift(env):
     env.run("team", "add", "drift")
     data = env.path("drift")
@@ -499,7 +517,8 @@ def main():
     BIN = os.path.abspath(sys.argv[1])
     runner = Runner()
     tests = (t_bad_input, t_cp_is_charged_and_refused_at_the_limit, t_every_spelling_of_a_project_is_charged,
-             t_sixteen_processes_race_at_a_hard_limit, t_reconcile_repairs_drift,
+             t_sixteen_processes_race_at_a_hard_limit, t_sixteen_overwrites_of_one_key_charge_what_is_left,
+             t_reconcile_repairs_drift,
              t_ckpt_and_dataset_pack_are_charged, t_forecast, t_s3_projects_are_folders,
              t_gc_plan_run_restore_purge, t_gc_refuses_what_would_lose_data,
              t_a_link_out_of_a_project_stops_no_gc)

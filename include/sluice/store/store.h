@@ -99,6 +99,12 @@ struct ReadOptions {
   std::optional<uint64_t>* xxh3 = nullptr;
 };
 
+// What a publish replaced: nothing (a new object), or an object of `size` bytes.
+struct Replaced {
+  bool existed = false;
+  uint64_t size = 0;
+};
+
 struct WriteOptions {
   bool overwrite = true;  // false: commit fails with AlreadyExists if the key exists
   // true: commit returns only once the object survives a crash. false lets a backend that
@@ -111,6 +117,14 @@ struct WriteOptions {
   // file://: the permission bits the object is created with (less the umask). Object
   // stores have no modes and ignore it.
   uint32_t mode = 0644;
+  // Called by commit once the object is published, with what the publish replaced, by
+  // backends that know it exactly (file://, mem://), and while publishes of other writers
+  // into the same folder wait (file://: an flock on the folder; mem://: the store's lock).
+  // So callbacks for one key run in the order the publishes happened, even across
+  // processes, and see exactly the object each replaced: quota charging uses it to keep
+  // usage exact under racing overwrites. Backends that cannot know (object stores) never
+  // call it. It must be quick and must not touch the store.
+  std::function<void(const Replaced&)> on_publish;
 };
 
 class Writer {
@@ -141,6 +155,7 @@ class Writer {
   // other writers, whose extend_to returns Unsupported.
   virtual std::string local_path() const { return {}; }
   virtual Status extend_to(uint64_t size);
+
 };
 
 class Store {

@@ -243,14 +243,16 @@ TEST(NodeStore, InlineBytesComeThroughTheReplyWindow) {
     return nlohmann::json::parse(s->client().cache_stat().value())["server"]["windows_bytes"]
         .get<uint64_t>();
   };
-  uint64_t made = 0;
-  for (int i = 0; i < 6; ++i) {  // `s` keeps its own connection (and window) meanwhile
+  // `s` keeps its own connection (and window) meanwhile. The daemon may not yet have taken
+  // back the window of the connection just closed when the next one asks (a busy machine,
+  // a sanitizer build): at most three windows are ever in use, never one per connection.
+  const uint64_t window = (8 << 20) + 4096;
+  for (int i = 0; i < 6; ++i) {
     auto again = fx.open(d.socket());
     ASSERT_EQ(again->read_full("set/obj", 100, out).value(), out.size());
-    if (i == 0) made = windows();
   }
-  EXPECT_GT(made, 0u);
-  EXPECT_EQ(windows(), made);
+  EXPECT_GE(windows(), 2 * window);
+  EXPECT_LE(windows(), 3 * window);
   // No window memory left: the daemon refuses WINDOW and the reads still succeed.
   TempDir other;
   Daemon tight(other, {}, nullptr, [](ServerOptions& so) { so.max_window_bytes = 0; });

@@ -932,7 +932,8 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
     (void)tier.store->remove(mkey);
     return fail(Code::kConflict, "step " + std::to_string(job.step) + " on tier " + tier.name +
                                      " was not whole once committed, so the commit was taken "
-                                     "back: " + whole.error().message());
+                                     "back: " +
+                                     whole.error().message());
   }
   return ok();
 }
@@ -986,7 +987,7 @@ Status CheckpointerImpl::read_shard(size_t i, const std::string& key, uint64_t o
 }
 
 Result<Manifest> CheckpointerImpl::manifest_on(size_t i, uint64_t step,
-                                                const std::map<std::string, uint64_t>* sizes) {
+                                               const std::map<std::string, uint64_t>* sizes) {
   const Tier& tier = o_.tiers[i];
   std::map<std::string, uint64_t> listed;
   if (!sizes) {

@@ -67,8 +67,8 @@ bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns) 
   int version = 0;
   long pid = 0;
   uint64_t ticks = 0;
-  if (!(in >> magic >> version >> host >> pid >> ticks) || magic != "sluice-live" ||
-      version != 1 || pid <= 0)
+  if (!(in >> magic >> version >> host >> pid >> ticks) || magic != "sluice-live" || version != 1 ||
+      pid <= 0)
     return true;
   if (host != host_name()) return true;  // another node: only the lease can tell
   return ticks != 0 && start_ticks(pid) == ticks;

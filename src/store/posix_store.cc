@@ -571,14 +571,15 @@ Status PosixWriter::commit() {
     if (!folder.valid() && errno != EACCES)
       return failed(error_from_errno(errno, where("open the folder to publish")));
     while (folder.valid() && ::flock(folder.get(), LOCK_EX) != 0)
-      if (errno != EINTR) return failed(error_from_errno(errno, where("lock the folder to publish")));
+      if (errno != EINTR)
+        return failed(error_from_errno(errno, where("lock the folder to publish")));
   }
 #if SLUICE_HAVE_RENAMEAT2
   // An overwrite learns exactly what it replaced, even with other writers racing it: a new
   // name is taken with RENAME_NOREPLACE, an existing one swapped with RENAME_EXCHANGE,
   // which leaves the replaced object at the temporary name to be measured and removed.
-  int rc = ::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(),
-                       RENAME_NOREPLACE);
+  int rc =
+      ::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(), RENAME_NOREPLACE);
   if (rc == 0) replaced = Replaced{};
   if (rc != 0 && errno == EINVAL && options_.overwrite)  // no RENAME_NOREPLACE here
     rc = ::renameat(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str());

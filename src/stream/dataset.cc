@@ -154,8 +154,9 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
                         completion->key));
   if (!sum.complete)
     return fail(Code::kCorruption,
-                where + " is not complete: its pack did not finish (killed?), or is still "
-                        "running; pack the source again into an empty prefix");
+                where +
+                    " is not complete: its pack did not finish (killed?), or is still "
+                    "running; pack the source again into an empty prefix");
   uint64_t samples = 0, bytes = 0;
   bool skipped = false;
   for (size_t i = 0; i < tars.size(); ++i) {

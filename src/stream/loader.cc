@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "core/executor.h"
-#include "sluice/core/hash.h"
 #include "sluice/cache/read_ahead.h"
+#include "sluice/core/hash.h"
 #include "sluice/mem/buffer_pool.h"
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/tar.h"
@@ -278,10 +278,9 @@ struct Loader::Impl {
       // still parse, so it must name the window this loader would use itself.
       if (!p.checked && p.window != window)
         return fail(Code::kInvalidArgument,
-                    "loader: the v1 resume token names shuffle window " +
-                        std::to_string(p.window) + ", this read uses " + std::to_string(window) +
-                        ": pass --shuffle-window " + std::to_string(p.window) +
-                        " if the token is whole");
+                    "loader: the v1 resume token names shuffle window " + std::to_string(p.window) +
+                        ", this read uses " + std::to_string(window) + ": pass --shuffle-window " +
+                        std::to_string(p.window) + " if the token is whole");
       window = p.window;  // an automatic window follows the token's
       first_epoch = p.epoch;
       start = p.position;

@@ -655,11 +655,11 @@ int run_restore(const CkptArgs& a, const std::string& home) {
     (void)::getrlimit(RLIMIT_NOFILE, &nofile);
   }
   if (items.size() + 64 > nofile.rlim_cur)
-    return report_error(Error(
-        Code::kInvalidArgument,
-        "restoring " + std::to_string(items.size()) + " files at once needs as many open files; " +
-            "the limit here is " + std::to_string(nofile.rlim_cur) +
-            " (raise ulimit -n, or restore part with --rank)"));
+    return report_error(
+        Error(Code::kInvalidArgument, "restoring " + std::to_string(items.size()) +
+                                          " files at once needs as many open files; " +
+                                          "the limit here is " + std::to_string(nofile.rlim_cur) +
+                                          " (raise ulimit -n, or restore part with --rank)"));
   // Pieces of at most one window (whole small files, large ones cut on chunk bounds) are
   // restored into one reused buffer and written at their offsets: memory stays bounded
   // whatever the checkpoint holds.
@@ -723,12 +723,12 @@ int run_restore(const CkptArgs& a, const std::string& home) {
     if (!w) continue;
     const mode_t mode = items[i].t->mode ? static_cast<mode_t>(items[i].t->mode) : (0644 & ~mask);
     if (const std::string tmp = w->local_path(); !tmp.empty() && ::chmod(tmp.c_str(), mode) != 0)
-      return report_error(Error(Code::kIoError, "chmod " + a.out_dir + "/" + items[i].key + ": " +
-                                                    std::strerror(errno)));
+      return report_error(Error(
+          Code::kIoError, "chmod " + a.out_dir + "/" + items[i].key + ": " + std::strerror(errno)));
     if (auto st = w->commit(); !st)
-      return report_error(st.error().with_context(
-          std::to_string(i) + " of " + std::to_string(items.size()) +
-          " files were published before this one failed"));
+      return report_error(st.error().with_context(std::to_string(i) + " of " +
+                                                  std::to_string(items.size()) +
+                                                  " files were published before this one failed"));
   }
   const double secs = seconds_since(t0);
   if (a.json) {

@@ -585,8 +585,7 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
                  "holds, so each window is read once")
       ->default_val(0);
   rd->add_flag("!--no-shuffle", a.lo.shuffle, "Read in stored order");
-  rd->add_option("--limit", a.limit,
-                 "Stop after N samples (at least 1) and print the resume token")
+  rd->add_option("--limit", a.limit, "Stop after N samples (at least 1) and print the resume token")
       ->check(whole_number())
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {

@@ -70,7 +70,7 @@ struct GcRunReport {
   int64_t trashed_units = 0, trashed_bytes = 0;
   int64_t purge_after_ns = 0;  // when this run's trash may be purged
   int64_t purged_objects = 0, purged_bytes = 0;
-  std::vector<std::string> errors;  // units or purges that failed; the rest went on
+  std::vector<std::string> errors;   // units or purges that failed; the rest went on
   std::vector<std::string> skipped;  // keys left alone, and why (GcPlan::skipped)
 };
 

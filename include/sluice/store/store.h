@@ -155,7 +155,6 @@ class Writer {
   // other writers, whose extend_to returns Unsupported.
   virtual std::string local_path() const { return {}; }
   virtual Status extend_to(uint64_t size);
-
 };
 
 class Store {

@@ -11,11 +11,11 @@
 // then its index ("<shard>.idx", tar.h) beside it, both without overwriting. A packer that
 // fails or is destroyed before finish() aborts the open shard: every published shard is
 // whole and indexed, and nothing half-written is left. Before it publishes its first shard
-// the packer writes the dataset's record ("<prefix>.sluice-dataset", without overwriting: one pack per
-// prefix) saying it is being packed; finish() rewrites it, last, as complete with the
-// shards, samples and bytes. A reader refuses a dataset whose record is not complete, or
-// does not match what it finds, so a pack that was killed never passes for a whole
-// dataset. (A dataset without a record was not written by a packer: read as it is.)
+// the packer writes the dataset's record ("<prefix>.sluice-dataset", without overwriting: one pack
+// per prefix) saying it is being packed; finish() rewrites it, last, as complete with the shards,
+// samples and bytes. A reader refuses a dataset whose record is not complete, or does not match
+// what it finds, so a pack that was killed never passes for a whole dataset. (A dataset without a
+// record was not written by a packer: read as it is.)
 #pragma once
 
 #include <cstdint>

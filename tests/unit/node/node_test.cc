@@ -2,8 +2,8 @@
 // directory, a file:// root, NodeStores (each with its own connections) reading through it.
 #include <grp.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fcntl.h>
@@ -476,9 +476,8 @@ TEST(NodeServer, FileRootsAreGrantedByTheDirectoryTheyResolveTo) {
 TEST(NodeServer, LocalFilesAreOpenedWithTheCallersRights) {
   if (::geteuid() != 0) GTEST_SKIP() << "SKIP: needs root to run a client as uid 65534";
   TempDir dir;
-  fs::permissions(dir.path(), fs::perms::owner_all | fs::perms::group_read |
-                                  fs::perms::group_exec | fs::perms::others_read |
-                                  fs::perms::others_exec);
+  fs::permissions(dir.path(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                  fs::perms::others_read | fs::perms::others_exec);
   fs::create_directories(dir.file("data/closed"));
   std::ofstream(dir.file("data/open")) << "for everyone";
   std::ofstream(dir.file("data/secret")) << "root's only";
@@ -565,7 +564,9 @@ TEST(NodeServer, ATeamReadsOnlyItsRoots) {
   ASSERT_TRUE(listed) << listed.error().to_string();
   EXPECT_TRUE(std::any_of(listed->begin(), listed->end(),
                           [](const store::ObjectInfo& i) { return i.key == "set/obj"; }));
-  EXPECT_EQ(NodeStore::open("file:///", o).value()->stat(fx.dir.file("data/set/obj").substr(1))
+  EXPECT_EQ(NodeStore::open("file:///", o)
+                .value()
+                ->stat(fx.dir.file("data/set/obj").substr(1))
                 .value()
                 .size,
             fx.data.size());

@@ -536,8 +536,9 @@ TEST(ShardPacker, ADatasetIsWholeOnlyAsItsRecordSays) {
   EXPECT_NE(ds.error().message().find("completion record says"), std::string::npos)
       << ds.error().message();
   // Damaged records.
-  for (const std::string& bad : std::vector<std::string>{"", "sluice-dataset 1 complete 1 2 3 0000000000000000\n", "x\n",
-                          encode_completion({true, 1, 2, 3}).substr(1)}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "sluice-dataset 1 complete 1 2 3 0000000000000000\n", "x\n",
+                                encode_completion({true, 1, 2, 3}).substr(1)}) {
     EXPECT_EQ(decode_completion(bad, "r").error().code(), Code::kCorruption) << bad;
   }
   auto round = decode_completion(encode_completion({true, 7, 8, 9}), "r").value();

@@ -1,10 +1,12 @@
 # sluice: the two quick-start commands are `make demo` and `make test`.
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 60
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-tools test-asan format format-check bench clean
+.PHONY: all deps build demo test test-tools test-asan fuzz format format-check bench clean
 
 all: build
 
@@ -34,6 +36,11 @@ test-asan: deps test-tools
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
+# Every parser under libFuzzer (clang, ASan, UBSan) for FUZZ_SECONDS each; fails on any
+# finding (docs/testing.md, "Fuzzing"). CI runs it for 15 seconds each.
+fuzz:
+	BUILD_FUZZ=$(BUILD_FUZZ) JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SECONDS)
+
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
@@ -49,4 +56,4 @@ bench: build test-tools
 	bench/doctor_compare.py
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -3,6 +3,8 @@
 # missing. Idempotent and non-interactive: a machine that has them all is left alone.
 #   scripts/install-deps.sh          build and test packages
 #   scripts/install-deps.sh --bench  also the anchor tools the benchmarks compare against
+#   scripts/install-deps.sh --fuzz   also clang and libFuzzer (scripts/fuzz.sh): clang 19, as
+#                                    clang 14 and 16 cannot compile libstdc++ 12's <expected>
 set -euo pipefail
 
 packages=(
@@ -23,9 +25,10 @@ packages=(
   libpq-dev                                      # the PostgreSQL ledger of a fleet
   clang-format                                   # formatting check
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(fio awscli curl rclone iperf3 python3-torch)
-fi
+case "${1:-}" in
+  --bench) packages+=(fio awscli curl rclone iperf3 python3-torch) ;;
+  --fuzz) packages+=(clang-19 libclang-rt-19-dev) ;;  # libclang-rt: libFuzzer, ASan, UBSan
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
+#include <type_traits>
 
 namespace sluice::ckpt {
 
@@ -42,6 +45,34 @@ bool parse_hex64(std::string_view s, uint64_t& v) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+// A field that must be an integer of type T. nlohmann's get<> turns a float, or a number
+// out of T's range, into an integer with undefined behaviour or wraps it (rank 2^32 would
+// read as rank 0): a document is untrusted, so each integer is checked first.
+struct FieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+template <typename T>
+T integer(const json& j, const char* name) {
+  const json& v = j.at(name);
+  if (!v.is_number_integer()) throw FieldError(std::string(name) + " is not an integer");
+  if (v.is_number_unsigned()) {
+    const uint64_t x = v.get<uint64_t>();
+    if (x > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+      throw FieldError(std::string(name) + " is out of range");
+    return static_cast<T>(x);
+  }
+  const int64_t x = v.get<int64_t>();
+  if constexpr (std::is_signed_v<T>) {
+    if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max())
+      throw FieldError(std::string(name) + " is out of range");
+  } else {
+    if (x < 0) throw FieldError(std::string(name) + " is negative");
+    if (static_cast<uint64_t>(x) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+      throw FieldError(std::string(name) + " is out of range");
+  }
+  return static_cast<T>(x);
+}
+
 json tensor_json(const TensorEntry& t) {
   json chunks = json::array();
   for (uint64_t c : t.chunks) chunks.push_back(hex64(c));
@@ -71,26 +102,34 @@ json record_json(const ShardRecord& r) {
 bool record_from(const json& j, ShardRecord& r, std::string& why) {
   try {
     r.series = j.at("series").get<std::string>();
-    r.step = j.at("step").get<uint64_t>();
-    r.rank = j.at("rank").get<unsigned>();
-    r.world = j.at("world").get<unsigned>();
-    r.chunk_size = j.at("chunk_size").get<uint64_t>();
-    r.bytes = j.at("bytes").get<uint64_t>();
+    r.step = integer<uint64_t>(j, "step");
+    r.rank = integer<unsigned>(j, "rank");
+    r.world = integer<unsigned>(j, "world");
+    r.chunk_size = integer<uint64_t>(j, "chunk_size");
+    r.bytes = integer<uint64_t>(j, "bytes");
     r.etag = j.at("etag").get<std::string>();
     r.save_id = j.at("save_id").get<std::string>();
     r.run_id = j.at("run_id").get<std::string>();
-    r.created_ns = j.at("created_ns").get<int64_t>();
+    r.created_ns = integer<int64_t>(j, "created_ns");
     const json& ts = j.at("tensors");
     if (!ts.is_array() || ts.size() > kMaxTensors) return why = "bad tensor list", false;
     for (const json& tj : ts) {
       TensorEntry t;
       t.name = tj.at("name").get<std::string>();
       t.dtype = tj.at("dtype").get<std::string>();
-      t.shape = tj.at("shape").get<std::vector<int64_t>>();
-      t.offset = tj.at("offset").get<uint64_t>();
-      t.bytes = tj.at("bytes").get<uint64_t>();
+      const json& shape = tj.at("shape");
+      if (!shape.is_array() || shape.size() > 64) throw FieldError("shape is not a short list");
+      for (const json& d : shape) {
+        if (!d.is_number_integer() ||
+            (d.is_number_unsigned() &&
+             d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+          throw FieldError("shape holds a value that is not a 64-bit integer");
+        t.shape.push_back(d.get<int64_t>());
+      }
+      t.offset = integer<uint64_t>(tj, "offset");
+      t.bytes = integer<uint64_t>(tj, "bytes");
       if (tj.contains("mode")) {
-        t.mode = tj.at("mode").get<uint32_t>();
+        t.mode = integer<uint32_t>(tj, "mode");
         if (t.mode == 0 || t.mode > 07777)
           return why = "tensor '" + t.name + "' has a bad mode " + std::to_string(t.mode), false;
       }
@@ -104,6 +143,8 @@ bool record_from(const json& j, ShardRecord& r, std::string& why) {
     }
   } catch (const json::exception& e) {
     return why = std::string("missing or mistyped field: ") + e.what(), false;
+  } catch (const FieldError& e) {
+    return why = e.what(), false;
   }
   if (!validate_series(r.series)) return why = "bad series name", false;
   if (r.world == 0 || r.world > kMaxRanks || r.rank >= r.world)
@@ -171,7 +212,9 @@ Result<json> open_document(std::string_view text, std::string_view format, std::
   if (nesting(text) > 8) return bad("nested too deeply");
   json doc = json::parse(text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) return bad("not a JSON object");
-  if (doc.value("format", "") != format) return bad("not a " + std::string(format) + " document");
+  if (!doc.contains("format") || !doc["format"].is_string() ||
+      doc["format"].get<std::string>() != format)
+    return bad("not a " + std::string(format) + " document");
   if (!doc.contains("version") || !doc["version"].is_number_integer())
     return bad("no format version");
   if (doc["version"].get<int64_t>() != kFormatVersion)
@@ -359,9 +402,9 @@ Result<Manifest> decode_manifest(std::string_view text, std::string_view where) 
   Manifest m;
   try {
     m.series = doc.at("series").get<std::string>();
-    m.step = doc.at("step").get<uint64_t>();
-    m.world = doc.at("world").get<unsigned>();
-    m.created_ns = doc.at("created_ns").get<int64_t>();
+    m.step = integer<uint64_t>(doc, "step");
+    m.world = integer<unsigned>(doc, "world");
+    m.created_ns = integer<int64_t>(doc, "created_ns");
     const json& shards = doc.at("shards");
     if (!shards.is_array()) return bad("shards is not a list");
     for (const json& sj : shards) {
@@ -373,6 +416,8 @@ Result<Manifest> decode_manifest(std::string_view text, std::string_view where) 
     }
   } catch (const json::exception& e) {
     return bad(std::string("missing or mistyped field: ") + e.what());
+  } catch (const FieldError& e) {
+    return bad(e.what());
   }
   if (!validate_series(m.series)) return bad("bad series name");
   if (m.world == 0 || m.shards.size() != m.world)

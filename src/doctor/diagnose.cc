@@ -122,9 +122,17 @@ Result<Ceiling> Ceiling::from_json(const std::string& text) {
     c.direct = j.value("direct", true);
     c.direct_why = j.value("direct_why", "");
     for (const auto& p : j.at("points")) {
-      SweepPoint s{
-          p.at("engine").get<std::string>(), p.at("bs").get<uint64_t>(), p.at("qd").get<unsigned>(),
-          p.at("bytes_s").get<double>(),     p.value("lat_us", 0.0),     p.value("cpu", 0.0)};
+      const nlohmann::json &bs = p.at("bs"), &qd = p.at("qd");
+      // Whole numbers only: a float out of range has no integer value (converting it would be
+      // undefined), and a count over 32 bits must not wrap into range.
+      if (!bs.is_number_unsigned() || !qd.is_number_unsigned())
+        return fail(Code::kInvalidArgument, "a ceiling point's bs and qd must be whole numbers");
+      SweepPoint s{p.at("engine").get<std::string>(),
+                   bs.get<uint64_t>(),
+                   static_cast<unsigned>(std::min<uint64_t>(qd.get<uint64_t>(), 65537)),
+                   p.at("bytes_s").get<double>(),
+                   p.value("lat_us", 0.0),
+                   p.value("cpu", 0.0)};
       if (s.bs == 0 || s.qd == 0 || !std::isfinite(s.bytes_s) || s.bytes_s < 0)
         return fail(Code::kInvalidArgument, "a ceiling point has bs 0, qd 0 or a bad rate");
       if (s.bs > (uint64_t{1} << 30) || s.qd > 65536 ||

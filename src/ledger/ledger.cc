@@ -17,6 +17,7 @@
 #include "ledger/batch.h"
 #include "ledger/db.h"
 #include "ledger/sql.h"
+#include "ledger/uri.h"
 #include "sluice/store/store.h"
 
 namespace sluice::ledger {
@@ -341,24 +342,11 @@ std::string Ledger::describe() const {
 
 Result<std::unique_ptr<Ledger>> Ledger::open(std::string_view uri, const LedgerOptions& options) {
   std::unique_ptr<Db> db;
-  std::string u(uri);
-  if (u.starts_with("postgresql://") || u.starts_with("postgres://")) {
-    // A server that does not answer is an error within seconds, not a hang.
-    if (u.find("connect_timeout") == std::string::npos)
-      u += (u.find('?') == std::string::npos ? "?" : "&") + std::string("connect_timeout=10");
-    SLUICE_ASSIGN_OR_RETURN(db, open_postgres(u, options.max_connections));
-  } else if (u.starts_with("sqlite://")) {
-    std::string path = u.substr(9);
-    if (path.empty() || path[0] != '/')
-      return fail(Code::kInvalidArgument,
-                  "ledger URI " + quote(uri) + ": expected sqlite:///absolute/path.db");
-    SLUICE_ASSIGN_OR_RETURN(db, open_sqlite(path));
-  } else if (u.find("://") == std::string::npos && !u.empty()) {
-    SLUICE_ASSIGN_OR_RETURN(db, open_sqlite(u));
+  SLUICE_ASSIGN_OR_RETURN(LedgerUri where, parse_ledger_uri(uri));
+  if (where.kind == LedgerUri::Kind::kPostgres) {
+    SLUICE_ASSIGN_OR_RETURN(db, open_postgres(where.target, options.max_connections));
   } else {
-    return fail(Code::kInvalidArgument,
-                "unsupported ledger URI " + quote(uri) +
-                    ": expected sqlite:///path.db, a path, or postgresql://user@host:port/db");
+    SLUICE_ASSIGN_OR_RETURN(db, open_sqlite(where.target));
   }
   Dialect dialect = db->dialect();
   // Tables are created, or added by a newer sluice of the same schema version (every DDL

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "ledger/db.h"
+#include "ledger/uri.h"
 
 namespace sluice::ledger {
 namespace {
@@ -23,21 +24,8 @@ constexpr Oid kInt2Oid = 21;
 constexpr Oid kInt4Oid = 23;
 
 // The URI without a password, for messages.
-std::string redact(std::string uri) {
-  auto scheme = uri.find("://");
-  auto at = uri.find('@');
-  if (scheme != std::string::npos && at != std::string::npos && at > scheme) {
-    auto colon = uri.find(':', scheme + 3);
-    if (colon != std::string::npos && colon < at)
-      uri = uri.substr(0, colon) + ":***" + uri.substr(at);
-  }
-  // A password in the query (?password=... or &password=...).
-  for (size_t p = uri.find("password="); p != std::string::npos; p = uri.find("password=", p + 1)) {
-    if (p == 0 || (uri[p - 1] != '?' && uri[p - 1] != '&')) continue;
-    size_t end = uri.find('&', p);
-    uri.replace(p + 9, (end == std::string::npos ? uri.size() : end) - (p + 9), "***");
-  }
-  return uri;
+std::string redact(const std::string& uri) {
+  return redact_ledger_uri(uri);
 }
 
 // libpq's messages span lines ("...\n\tIs the server running...?"): one line here.

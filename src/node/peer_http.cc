@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "node/peer_request.h"
 #include "sluice/core/hash.h"
 
 namespace sluice::node {
@@ -59,40 +60,11 @@ MHD_Result queue_text(MHD_Connection* c, unsigned status, std::string text,
   return q;
 }
 
-Result<uint64_t> arg_u64(MHD_Connection* c, const char* name) {
-  const char* v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
-  uint64_t out = 0;
-  if (!v) return fail(Code::kInvalidArgument, std::string("missing ") + name);
-  auto [end, ec] = std::from_chars(v, v + std::strlen(v), out);
-  if (ec != std::errc() || *end != '\0' || *v == '\0')
-    return fail(Code::kInvalidArgument, std::string(name) + " must be an unsigned integer");
-  return out;
-}
-
-Result<std::string> arg_str(MHD_Connection* c, enum MHD_ValueKind kind, const char* name) {
-  const char* v = MHD_lookup_connection_value(c, kind, name);
-  if (!v) return fail(Code::kInvalidArgument, std::string("missing ") + name);
-  return std::string(v);
-}
-
-Result<peer::ChunkRequest> parse_chunk_request(MHD_Connection* c, std::string& signature) {
-  peer::ChunkRequest r;
-  SLUICE_ASSIGN_OR_RETURN(r.root, arg_str(c, MHD_GET_ARGUMENT_KIND, "root"));
-  SLUICE_ASSIGN_OR_RETURN(r.key, arg_str(c, MHD_GET_ARGUMENT_KIND, "key"));
-  SLUICE_ASSIGN_OR_RETURN(r.etag, arg_str(c, MHD_GET_ARGUMENT_KIND, "etag"));
-  SLUICE_ASSIGN_OR_RETURN(r.index, arg_u64(c, "index"));
-  SLUICE_ASSIGN_OR_RETURN(r.offset, arg_u64(c, "offset"));
-  SLUICE_ASSIGN_OR_RETURN(r.length, arg_u64(c, "length"));
-  const char* verify = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "verify");
-  r.verify = verify && std::strcmp(verify, "1") == 0;
-  SLUICE_ASSIGN_OR_RETURN(r.node, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Node"));
-  SLUICE_ASSIGN_OR_RETURN(r.target, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Target"));
-  SLUICE_ASSIGN_OR_RETURN(std::string t, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Time"));
-  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), r.time);
-  if (ec != std::errc() || end != t.data() + t.size())
-    return fail(Code::kInvalidArgument, "X-Sluice-Time must be unix seconds");
-  SLUICE_ASSIGN_OR_RETURN(signature, arg_str(c, MHD_HEADER_KIND, "X-Sluice-Signature"));
-  return r;
+// What libmicrohttpd parsed of a request, for peer_request.h.
+RequestValues values_of(MHD_Connection* c) {
+  return {
+      [c](const char* name) { return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name); },
+      [c](const char* name) { return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name); }};
 }
 
 }  // namespace
@@ -108,7 +80,7 @@ struct PeerHttpServer::Impl {
 
   MHD_Result serve_chunk(MHD_Connection* c) {
     std::string signature;
-    auto req = parse_chunk_request(c, signature);
+    auto req = parse_chunk_request(values_of(c), signature);
     if (!req) return queue_text(c, MHD_HTTP_BAD_REQUEST, req.error().message() + "\n");
     auto body = o.chunk(*req, signature);  // logs what it refuses
     if (!body)
@@ -155,30 +127,10 @@ struct PeerHttpServer::Impl {
   }
 
   MHD_Result serve_object(MHD_Connection* c, const char* method, ObjectCall& call) {
-    peer::ObjectRequest r;
-    r.method = method;
-    auto arg = [&](const char* name) {
-      const char* v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
-      return std::string(v ? v : "");
-    };
-    auto header = [&](const char* name) {
-      const char* v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
-      return std::string(v ? v : "");
-    };
-    r.op = arg("op");
-    r.key = arg("key");
-    r.a = arg("a");
-    r.b = arg("b");
-    r.c = arg("c");
-    r.node = header("X-Sluice-Node");
-    r.target = header("X-Sluice-Target");
-    r.body_xxh3 = header("X-Sluice-Body-Xxh3");
-    std::string t = header("X-Sluice-Time");
-    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), r.time);
-    if (ec != std::errc() || p != t.data() + t.size())
-      return queue_text(c, MHD_HTTP_BAD_REQUEST, "bad X-Sluice-Time\n");
-    const std::string sig = header("X-Sluice-Signature");
-    ObjectReply reply = o.object(r, sig, call.body);
+    std::string sig;
+    auto r = parse_object_request(values_of(c), method, sig);
+    if (!r) return queue_text(c, MHD_HTTP_BAD_REQUEST, r.error().message() + "\n");
+    ObjectReply reply = o.object(*r, sig, call.body);
     if (reply.status != 200) return queue_text(c, reply.status, reply.body);
     const uint64_t sum = xxh3_64(reply.body.data(), reply.body.size());
     const std::string signature =

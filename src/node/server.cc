@@ -331,8 +331,10 @@ struct NodeServer::Impl {
     std::mutex mu;
     std::map<uid_t, std::vector<std::unique_ptr<Window>>> idle;  // guarded by mu
     std::map<uid_t, uint64_t> made_by_uid;                       // bytes; guarded by mu
-    uint64_t made = 0;                                           // bytes; guarded by mu
-    uint64_t generations = 0;  // the last generation given to a window; guarded by mu
+    // No "= 0" here: `windows` is made with make_unique (value-initialised, so zero) in a
+    // default member initialiser above, which clang refuses while these are still unparsed.
+    uint64_t made;         // bytes; guarded by mu
+    uint64_t generations;  // the last generation given to a window; guarded by mu
   };
 
   uint64_t windows_made() {
@@ -1115,8 +1117,8 @@ struct NodeServer::Impl {
       if (!unrouted(c.key).starts_with(want)) continue;
       auto [seen, fresh] = openable.try_emplace(c.key, false);
       if (fresh)  // one open per file, however many of its chunks are cached
-        seen->second = prove_file_access(caller, c.key.substr(0, slash), unrouted(c.key), false)
-                           .has_value();
+        seen->second =
+            prove_file_access(caller, c.key.substr(0, slash), unrouted(c.key), false).has_value();
       if (!seen->second) continue;
       if (r.body["chunks"].size() == kMaxEntries) {
         r.body["truncated"] = true;

@@ -13,12 +13,11 @@
 #include <random>
 #include <thread>
 
-#include <pugixml.hpp>
-
 #include "core/executor.h"
 #include "http.h"
 #include "sigv4.h"
 #include "sluice/telemetry/registry.h"
+#include "xml.h"
 
 namespace sluice::s3 {
 
@@ -94,18 +93,6 @@ std::string_view bare_etag(std::string_view e) {
 
 bool same_etag(std::string_view a, std::string_view b) {
   return bare_etag(a) == bare_etag(b);
-}
-
-int64_t parse_http_date(const std::string& s) {
-  struct tm tm = {};
-  if (!::strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S", &tm)) return 0;
-  return static_cast<int64_t>(::timegm(&tm)) * 1000000000LL;
-}
-
-int64_t parse_iso_date(const std::string& s) {
-  struct tm tm = {};
-  if (!::strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return 0;
-  return static_cast<int64_t>(::timegm(&tm)) * 1000000000LL;
 }
 
 struct S3Metrics {
@@ -318,14 +305,8 @@ class S3Store : public store::Store {
   }
 
   std::pair<Error, bool> classify(const HttpResponse& resp, const std::string& what) const {
-    std::string code, message;
-    if (!resp.body.empty()) {
-      pugi::xml_document doc;
-      if (doc.load_buffer(resp.body.data(), resp.body.size())) {
-        code = doc.child("Error").child_value("Code");
-        message = doc.child("Error").child_value("Message");
-      }
-    }
+    ErrorReply reply = parse_error_reply(resp.body);
+    std::string code = std::move(reply.code), message = std::move(reply.message);
     if (resp.sink_overflow)  // more than the range or the listed size: not this version
       return {Error(Code::kConflict, what + ": server sent more bytes than asked for"), false};
     long s = resp.status;
@@ -528,34 +509,7 @@ class S3Store : public store::Store {
     if (!options.continuation.empty())
       r.query.emplace_back("continuation-token", options.continuation);
     SLUICE_ASSIGN_OR_RETURN(auto resp, send(r));
-    pugi::xml_document doc;
-    if (!doc.load_buffer(resp.body.data(), resp.body.size()))
-      return fail(Code::kCorruption, "list " + uri() + ": response is not XML");
-    auto root = doc.child("ListBucketResult");
-    if (!root)
-      return fail(Code::kCorruption, "list " + uri() + ": no ListBucketResult in response");
-    store::ListPage page;
-    for (auto c : root.children("Contents")) {
-      std::string k = c.child_value("Key");
-      // The listing is untrusted: a key outside the prefix asked for is a broken server.
-      if (!k.starts_with(loc_.prefix + options.prefix))
-        return fail(Code::kCorruption, "list " + uri() + options.prefix +
-                                           ": server returned key '" + k +
-                                           "', which is outside the prefix asked for");
-      store::ObjectInfo info;
-      info.key = k.substr(loc_.prefix.size());
-      info.size = std::strtoull(c.child_value("Size"), nullptr, 10);
-      info.etag = c.child_value("ETag");
-      info.mtime_ns = parse_iso_date(c.child_value("LastModified"));
-      page.objects.push_back(std::move(info));
-    }
-    if (std::string_view(root.child_value("IsTruncated")) == "true") {
-      page.next_token = root.child_value("NextContinuationToken");
-      if (page.next_token.empty())
-        return fail(Code::kCorruption,
-                    "list " + uri() + ": truncated without a continuation token");
-    }
-    return page;
+    return parse_list_reply(resp.body, uri(), loc_.prefix, options.prefix);
   }
 
   Status remove(std::string_view key) override {
@@ -581,12 +535,9 @@ class S3Store : public store::Store {
                   body,
                   {}};
       SLUICE_ASSIGN_OR_RETURN(auto resp, send(r));
-      pugi::xml_document doc;
-      if (doc.load_buffer(resp.body.data(), resp.body.size())) {
-        if (auto e = doc.child("DeleteResult").child("Error"))
-          return fail(Code::kIoError, "delete " + object_uri(e.child_value("Key")) + ": " +
-                                          e.child_value("Code") + ": " + e.child_value("Message"));
-      }
+      if (auto e = parse_delete_reply(resp.body))
+        return fail(Code::kIoError,
+                    "delete " + object_uri(e->key) + ": " + e->code + ": " + e->message);
     }
     return ok();
   }
@@ -643,9 +594,7 @@ Status S3Writer::start_part() {
     S3Request r{kPost, "POST", key_, {{"uploads", ""}}, {}, {}, {}};
     auto resp = store_->send(r);
     if (!resp) return failed(resp.error().with_context("start multipart upload"));
-    pugi::xml_document doc;
-    doc.load_buffer(resp->body.data(), resp->body.size());
-    upload_id_ = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
+    upload_id_ = parse_upload_id(resp->body);
     if (upload_id_.empty())
       return failed(
           Error(Code::kCorruption, "POST " + store_->object_uri(key_) + "?uploads: no UploadId"));
@@ -723,11 +672,9 @@ Status S3Writer::commit() {
     return failed(Error(Code::kAlreadyExists, store_->object_uri(key_) + " already exists"));
   if (!resp) return failed(resp.error().with_context("complete multipart upload"));
   // CompleteMultipartUpload can fail with 200 and an <Error> body.
-  pugi::xml_document doc;
-  if (doc.load_buffer(resp->body.data(), resp->body.size()) && doc.child("Error"))
-    return failed(Error(Code::kUnavailable, "complete multipart upload of " +
-                                                store_->object_uri(key_) + ": " +
-                                                doc.child("Error").child_value("Code")));
+  if (auto code = parse_complete_error(resp->body))
+    return failed(Error(Code::kUnavailable,
+                        "complete multipart upload of " + store_->object_uri(key_) + ": " + *code));
   finished_ = true;
   upload_id_.clear();
   return ok();

@@ -67,27 +67,6 @@ Result<std::optional<int64_t>> limit_flag(const std::string& flag, const std::st
   return std::optional<int64_t>(n);
 }
 
-}  // namespace
-
-// "7d", "12h", "30m", "90s" or plain seconds.
-Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text) {
-  int64_t n = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  std::string_view unit(p, text.data() + text.size() - p);
-  int64_t mult = unit.empty() || unit == "s" ? 1
-                 : unit == "m"               ? 60
-                 : unit == "h"               ? 3600
-                 : unit == "d"               ? 86400
-                 : unit == "w"               ? 604800
-                                             : 0;
-  if (ec != std::errc() || n < 0 || mult == 0 || n > INT64_MAX / 1'000'000'000 / mult)
-    return fail(Code::kInvalidArgument,
-                flag + " '" + text + "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
-  return std::chrono::seconds(n * mult);
-}
-
-namespace {
-
 std::string limit_text(const std::optional<int64_t>& v, bool is_size) {
   if (!v) return "-";
   return is_size ? format_size(static_cast<double>(*v)) : std::to_string(*v);

@@ -20,9 +20,6 @@ std::string default_ledger_uri(const std::string& home);
 Result<std::unique_ptr<ledger::Ledger>> open_ledger_at(const std::string& flag,
                                                        const std::string& home);
 
-// A duration flag: "90s", "30m", "12h", "7d", "2w" or plain seconds.
-Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text);
-
 // A CLI11 check for options whose empty value would read as "not given": refused.
 CLI::Validator not_empty();
 

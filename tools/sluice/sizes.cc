@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 
@@ -57,6 +58,23 @@ std::string format_size(double bytes) {
   else
     std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
   return buf;
+}
+
+// "7d", "12h", "30m", "90s" or plain seconds.
+Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text) {
+  int64_t n = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  std::string_view unit(p, text.data() + text.size() - p);
+  int64_t mult = unit.empty() || unit == "s" ? 1
+                 : unit == "m"               ? 60
+                 : unit == "h"               ? 3600
+                 : unit == "d"               ? 86400
+                 : unit == "w"               ? 604800
+                                             : 0;
+  if (ec != std::errc() || n < 0 || mult == 0 || n > INT64_MAX / 1'000'000'000 / mult)
+    return fail(Code::kInvalidArgument,
+                flag + " '" + text + "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
+  return std::chrono::seconds(n * mult);
 }
 
 }  // namespace sluice::cli

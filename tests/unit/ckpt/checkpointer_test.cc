@@ -3,12 +3,14 @@
 #include "sluice/ckpt/checkpointer.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "sluice/core/hash.h"
 #include "sluice/mem/target.h"
 #include "sluice/testing/fault_store.h"
 #include "test_util.h"
@@ -121,6 +123,48 @@ TEST(Manifest, RoundTripsAndRejectsDamage) {
   auto d = decode_manifest(deep, "deep");
   ASSERT_FALSE(d);
   EXPECT_NE(d.error().message().find("nested"), std::string::npos);
+}
+
+// Found by fuzzing (fuzz/ckpt_*_fuzz): a field of the wrong type, a float or an integer out
+// of range where an integer goes, is Corruption naming it, never a crash or a wrapped value.
+TEST(Manifest, MistypedAndOutOfRangeFieldsAreCorruption) {
+  EXPECT_EQ(decode_manifest("{\"format\":1}", "m").error().code(), Code::kCorruption);
+  EXPECT_EQ(decode_record("{\"format\":[]}", "r").error().code(), Code::kCorruption);
+  ShardRecord r;
+  r.series = "s";
+  r.step = 7;
+  r.chunk_size = 4096;
+  r.save_id = "0123456789abcdef0123456789abcdef";
+  r.tensors = {{"a", "uint8", {5}, 0, 5, {1}}};
+  r.bytes = layout(r.tensors);
+  auto reseal = [](nlohmann::json doc) {
+    doc.erase("checksum");
+    const std::string body = doc.dump();
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  static_cast<unsigned long long>(xxh3_64(body.data(), body.size())));
+    doc["checksum"] = hex;
+    return doc.dump();
+  };
+  const auto good = nlohmann::json::parse(encode_record(r));
+  ASSERT_TRUE(decode_record(reseal(good), "r"));
+  for (auto [field, value] :
+       std::vector<std::pair<std::string, nlohmann::json>>{{"created_ns", 1.7e22},
+                                                           {"step", 7.7e85},
+                                                           {"rank", uint64_t{1} << 32},
+                                                           {"world", -1},
+                                                           {"chunk_size", "4096"},
+                                                           {"bytes", 1.5}}) {
+    auto doc = good;
+    doc[field] = value;
+    auto got = decode_record(reseal(doc), "r");
+    ASSERT_FALSE(got) << field;
+    EXPECT_EQ(got.error().code(), Code::kCorruption) << field;
+    EXPECT_NE(got.error().message().find(field), std::string::npos) << got.error().message();
+  }
+  auto doc = good;
+  doc["tensors"][0]["shape"] = nlohmann::json::array({1e300});
+  EXPECT_EQ(decode_record(reseal(doc), "r").error().code(), Code::kCorruption);
 }
 
 TEST(Checkpointer, SavesStreamingAndRestoresBitExact) {
@@ -706,7 +750,8 @@ TEST(Checkpointer, AMultiRankSaveIsNeverCommittedBroken) {
     auto r1 = Checkpointer::open(opts(1)).value();
     auto h0 = r0->save(5, s0.views).value();
     // Rank 0's shard and record are published; it waits for rank 1.
-    while (only_shard(*shared, 5).empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (only_shard(*shared, 5).empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     auto go = opts(0);
     go.incomplete_grace = std::chrono::seconds(0);

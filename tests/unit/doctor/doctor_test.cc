@@ -321,7 +321,12 @@ TEST(CeilingJson, RoundTripsAndRejectsNonsense) {
   ASSERT_TRUE(wrapped);
   for (const char* bad :
        {"", "[]", "{}", "{\"points\": []}", "{\"points\": [{\"engine\": 1}]}",
-        "{\"points\": [{\"engine\":\"uring\",\"bs\":0,\"qd\":1,\"bytes_s\":1}]}"}) {
+        "{\"points\": [{\"engine\":\"uring\",\"bs\":0,\"qd\":1,\"bytes_s\":1}]}",
+        // Found by fuzzing (fuzz/doctor_fuzz): a float too large for the integer it is read
+        // into was converted anyway (undefined behaviour), and a qd over 32 bits wrapped.
+        "{\"points\": [{\"engine\":\"uring\",\"bs\":1e30,\"qd\":1,\"bytes_s\":1}]}",
+        "{\"points\": [{\"engine\":\"uring\",\"bs\":4096,\"qd\":-1.5,\"bytes_s\":1}]}",
+        "{\"points\": [{\"engine\":\"uring\",\"bs\":4096,\"qd\":4294967297,\"bytes_s\":1}]}"}) {
     auto r = Ceiling::from_json(bad);
     EXPECT_FALSE(r) << bad;
   }

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "ledger/uri.h"
 #include "sluice/ledger/cache_charger.h"
 #include "sluice/ledger/charging_store.h"
 #include "sluice/ledger/forecast.h"
@@ -565,6 +566,50 @@ TEST_P(LedgerTest, CacheChargerKeepsChunksWithinTheTeamsQuota) {
   a = account("vision", Tier::kNvme);
   EXPECT_EQ(a.used_bytes, 9 * kMiB);
   EXPECT_EQ(a.reserved_bytes, 0);
+}
+
+TEST(LedgerUri, SqliteAndPostgres) {
+  auto file = parse_ledger_uri("sqlite:///var/lib/sluice/ledger.db");
+  ASSERT_TRUE(file);
+  EXPECT_EQ(file->kind, LedgerUri::Kind::kSqlite);
+  EXPECT_EQ(file->target, "/var/lib/sluice/ledger.db");
+  EXPECT_EQ(parse_ledger_uri("ledger.db")->target, "ledger.db");
+  auto pg = parse_ledger_uri("postgresql://u@h:5432/db?sslmode=disable");
+  ASSERT_TRUE(pg);
+  EXPECT_EQ(pg->kind, LedgerUri::Kind::kPostgres);
+  EXPECT_EQ(pg->target, "postgresql://u@h:5432/db?sslmode=disable&connect_timeout=10");
+  EXPECT_EQ(parse_ledger_uri("postgres://h/db?connect_timeout=3")->target,
+            "postgres://h/db?connect_timeout=3");
+  for (const char* bad : {"", "mysql://x", "sqlite://relative.db", "sqlite://"})
+    EXPECT_EQ(parse_ledger_uri(bad).error().code(), Code::kInvalidArgument) << bad;
+  // Defect 15 of the hostile test: libpq's key=value form is PostgreSQL, never a SQLite file
+  // named after it (password and all); a string with '=' libpq refuses is not echoed.
+  auto kv = parse_ledger_uri("host=db1 port=5433 dbname=ledger password=hunter2");
+  ASSERT_TRUE(kv);
+  EXPECT_EQ(kv->kind, LedgerUri::Kind::kPostgres);
+  EXPECT_EQ(kv->target, "host=db1 port=5433 dbname=ledger password=hunter2 connect_timeout=10");
+  EXPECT_EQ(redact_ledger_uri(kv->target), "postgresql://db1:5433/ledger");
+  auto odd = parse_ledger_uri("hots=db1 password=hunter2");
+  ASSERT_FALSE(odd);
+  EXPECT_EQ(odd.error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(odd.error().message().find("hunter2"), std::string::npos) << odd.error().message();
+}
+
+// Found by fuzz/ledger_uri_fuzz: the redaction edited the URI's text, and libpq still read a
+// password from what it left (a percent-encoded "password" keyword, among others).
+TEST(LedgerUri, RedactedUrisHoldNoPassword) {
+  for (const char* uri :
+       {"postgres://?password==&%70assword=s3cret", "postgresql://u@h/db?pass%77ord=s3cret",
+        "postgresql://u:s3cret@h:5432/db", "postgresql://h/db?user=u&password=s3cret&x=1",
+        "postgresql://u@h/db?sslpassword=s3cret", "host=h password=s3cret dbname=db"}) {
+    const std::string shown = redact_ledger_uri(uri);
+    EXPECT_EQ(shown.find("s3cret"), std::string::npos) << uri << " -> " << shown;
+  }
+  EXPECT_EQ(redact_ledger_uri("postgresql://sluice:pw@db.example:5432/sluice?sslmode=require"),
+            "postgresql://sluice@db.example:5432/sluice");
+  EXPECT_EQ(redact_ledger_uri("postgresql://u%3Ax@[::1]:5/d"), "postgresql://u%3Ax@[::1]:5/d");
+  EXPECT_EQ(redact_ledger_uri("postgresql://u@h:notaport:x/%zz"),
+            "postgresql://(a URI libpq cannot parse, not shown)");
 }
 
 TEST(LedgerOpen, BadUrisAndUnreachableServers) {

@@ -339,8 +339,13 @@ def t_forecast(env):
     expect_fail(env.run("forecast", "--window", "soon", check=False), "invalid_argument", "--window")
     expect_fail(env.run("forecast", "--team", "ghost", check=False), "not_found", "ghost")
     expect_fail(env.run("capacity", "set", "nvme", "--bytes", "-1", check=False), "invalid_argument", "--bytes")
-    env.run("capacity", "set", "nvme", "--bytes", "10T")
+    env.run("capacity", "set", "--tier", "nvme", "--bytes", "10T")
     assert any(r["team"] is None for r in json.loads(env.run("forecast", "--json").stdout))
+    # Defect 19 of the hostile test: capacity shows what each tier holds; --tier as quota set.
+    tiers = {t["tier"]: t for t in json.loads(env.run("capacity", "ls", "--json").stdout)}
+    assert tiers["nvme"]["capacity_bytes"] == 10 * 1024 * GiB, tiers
+    assert tiers["nvme"]["used_bytes"] == 1100 * GiB and tiers["ram"]["capacity_bytes"] is None, tiers
+    expect_fail(env.run("capacity", "set", "--bytes", "1T", check=False), "invalid_argument", "--tier")
 
 
 def t_s3_projects_are_folders(env):

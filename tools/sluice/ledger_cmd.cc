@@ -352,6 +352,45 @@ int run_reconcile(const LedgerArgs& a, const std::string& home) {
   return 0;
 }
 
+// What each tier holds across all teams, against its capacity.
+int run_capacity_ls(const LedgerArgs& a, const std::string& home) {
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto caps = (*l)->capacities();
+  if (!caps) return report_error(caps.error());
+  auto accounts = (*l)->accounts();
+  if (!accounts) return report_error(accounts.error());
+  json out = json::array();
+  for (Tier tier : {Tier::kRam, Tier::kNvme, Tier::kPeer, Tier::kObject}) {
+    int64_t bytes = 0, objects = 0, reserved = 0;
+    for (const auto& acc : *accounts)
+      if (acc.tier == tier) {
+        bytes += acc.used_bytes;
+        objects += acc.used_objects;
+        reserved += acc.reserved_bytes;
+      }
+    Capacity cap{tier, {}, {}};
+    for (const auto& c : *caps)
+      if (c.tier == tier) cap = c;
+    const std::string name(tier_name(tier));
+    if (a.json) {
+      out.push_back({{"tier", name},
+                     {"used_bytes", bytes},
+                     {"used_objects", objects},
+                     {"reserved_bytes", reserved},
+                     {"capacity_bytes", cap.bytes ? json(*cap.bytes) : json(nullptr)},
+                     {"capacity_objects", cap.objects ? json(*cap.objects) : json(nullptr)}});
+    } else {
+      std::printf("%-7s %12s of %-12s %12s objects of %s\n", name.c_str(),
+                  format_size(static_cast<double>(bytes)).c_str(),
+                  limit_text(cap.bytes, true).c_str(), std::to_string(objects).c_str(),
+                  limit_text(cap.objects, false).c_str());
+    }
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 int run_capacity_set(const LedgerArgs& a, const std::string& home) {
   auto tier = parse_tier(a.tier);
   if (!tier) return report_error(tier.error());
@@ -693,17 +732,29 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
   rec->add_option("--region", a.aws.region, "Region");
   ledger_flag(rec, a);
   rec->callback(run(run_reconcile));
-  auto* capacity =
-      app.add_subcommand("capacity", "What each tier holds across all teams (for forecasts)");
+  auto* capacity = app.add_subcommand(
+      "capacity", "Each tier's capacity across all teams (for forecasts), and what it holds");
   capacity->require_subcommand(1);
+  auto* c_ls = capacity->add_subcommand("ls", "What each tier holds, against its capacity");
+  c_ls->add_flag("--json", a.json, "Print JSON");
+  ledger_flag(c_ls, a);
+  c_ls->callback(run(run_capacity_ls));
   auto* c_set = capacity->add_subcommand("set", "Set a tier's capacity; 'none' clears");
-  c_set->add_option("TIER", a.tier, "ram, nvme, peer or object")->required();
+  // --tier, as quota set and forecast spell it; a bare TIER is still taken.
+  auto* c_tier = c_set->add_option("--tier", a.tier, "ram, nvme, peer or object");
+  c_set->add_option("TIER", a.tier, "The tier, as --tier")->excludes(c_tier);
+  c_set->callback([args, home, &rc] {
+    if (args->tier.empty()) {
+      rc = report_error(Error(Code::kInvalidArgument, "capacity set needs --tier TIER"));
+      return;
+    }
+    rc = run_capacity_set(*args, home);
+  });
   c_set->add_option("--bytes", a.capacity_bytes, "Bytes it holds (100T) or none")
       ->check(not_empty());
   c_set->add_option("--objects", a.capacity_objects, "Objects it holds or none")
       ->check(not_empty());
   ledger_flag(c_set, a);
-  c_set->callback(run(run_capacity_set));
 
   auto* fc = app.add_subcommand(
       "forecast",

@@ -3,6 +3,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <cstdio>
 #include <new>
 
 #include "core/hash_impl.h"
@@ -50,6 +51,13 @@ constexpr std::align_val_t kStateAlign{64};
 
 uint64_t xxh3_64(const void* data, size_t size) {
   return path().one(data, size);
+}
+
+std::string xxh3_hex(std::string_view text) {
+  char h[17];
+  std::snprintf(h, sizeof h, "%016llx",
+                static_cast<unsigned long long>(xxh3_64(text.data(), text.size())));
+  return h;
 }
 
 const char* xxh3_path() {

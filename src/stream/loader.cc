@@ -834,16 +834,6 @@ uint64_t Sample::bytes() const {
 // XXH3-64 of the text before its dot, so a token cut short or mistyped is refused. "v1."
 // tokens (no CHECK) of older versions are still read; see Loader's open for how.
 
-namespace {
-
-std::string token_check(std::string_view body) {
-  char h[17];
-  std::snprintf(h, sizeof h, "%016llx",
-                static_cast<unsigned long long>(xxh3_64(body.data(), body.size())));
-  return h;
-}
-
-}  // namespace
 
 std::string make_token(const ResumePoint& p) {
   char fp[17];
@@ -851,7 +841,7 @@ std::string make_token(const ResumePoint& p) {
   std::string body = "v2." + std::to_string(p.epoch) + "." + std::to_string(p.position) + "." +
                      std::to_string(p.samples) + "." + fp + "." + std::to_string(p.seed) + "." +
                      std::to_string(p.window);
-  return body + "." + token_check(body);
+  return body + "." + xxh3_hex(body);
 }
 
 Result<ResumePoint> parse_token(std::string_view token) {
@@ -867,7 +857,7 @@ Result<ResumePoint> parse_token(std::string_view token) {
   if (!v1) {
     const size_t dot = token.rfind('.');
     if (dot < 3 || token.size() - dot - 1 != 16) return bad("is cut short or malformed");
-    if (token.substr(dot + 1) != token_check(token.substr(0, dot)))
+    if (token.substr(dot + 1) != xxh3_hex(token.substr(0, dot)))
       return bad("fails its checksum: it was cut short or changed");
     rest = token.substr(3, dot - 3);
   }

@@ -8,22 +8,12 @@
 
 namespace sluice::stream {
 
-namespace {
-
-std::string check_of(std::string_view body) {
-  char h[17];
-  std::snprintf(h, sizeof h, "%016llx",
-                static_cast<unsigned long long>(xxh3_64(body.data(), body.size())));
-  return h;
-}
-
-}  // namespace
 
 std::string encode_completion(const PackSummary& s) {
   std::string body = std::string("sluice-dataset 1 ") + (s.complete ? "complete " : "packing ") +
                      std::to_string(s.shards) + " " + std::to_string(s.samples) + " " +
                      std::to_string(s.bytes);
-  return body + " " + check_of(body) + "\n";
+  return body + " " + xxh3_hex(body) + "\n";
 }
 
 Result<PackSummary> decode_completion(std::string_view text, std::string_view what) {
@@ -35,7 +25,7 @@ Result<PackSummary> decode_completion(std::string_view text, std::string_view wh
   text.remove_suffix(1);
   const size_t sp = text.rfind(' ');
   if (sp == std::string_view::npos || text.size() - sp - 1 != 16) return bad("is malformed");
-  if (text.substr(sp + 1) != check_of(text.substr(0, sp))) return bad("fails its checksum");
+  if (text.substr(sp + 1) != xxh3_hex(text.substr(0, sp))) return bad("fails its checksum");
   std::string_view rest = text.substr(0, sp);
   if (!rest.starts_with("sluice-dataset 1 ")) return bad("is of an unknown format or version");
   rest.remove_prefix(17);

@@ -171,6 +171,9 @@ def test_bad_input(ctx):
     failed_cleanly(run("save", "--series", "m", "--step", "1", "--to", tier, ctx.dir("missing")), "missing")
     failed_cleanly(run("save", "--series", "../x", "--step", "1", "--to", tier, src), "series name")
     failed_cleanly(run("save", "--series", "m", "--step", "abc", "--to", tier, src), "--step")
+    # Defect 20: a save of "latest" says what --step must be, in words a user can act on.
+    failed_cleanly(run("save", "--series", "m", "--step", "latest", "--to", tier, src),
+                   "a save needs the step's number")
     failed_cleanly(run("restore", "--series", "nothing", "--from", tier, "--to", out), "no committed")
     failed_cleanly(run("restore", "--series", "m", "--step", "5", "--from", tier, "--to", out), "not_found")
     fifo_dir = ctx.dir("fifo")

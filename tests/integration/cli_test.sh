@@ -17,6 +17,11 @@ expect_fail() {
 }
 
 "$SLUICE" --help | grep -q bench && ok "--help lists bench" || bad "--help lists bench"
+SLUICED=$(dirname "$SLUICE")/sluiced  # defect 18: the daemon's help offers no client flag
+if [[ -x "$SLUICED" ]]; then
+  "$SLUICED" --help | grep -q -- "--daemon" && bad "sluiced --help lists the client's --daemon" \
+    || ok "sluiced --help lists no --daemon"
+fi
 "$SLUICE" bench --help | grep -q -- "--qd" && ok "bench --help lists --qd" || bad "bench --help"
 
 out=$("$SLUICE" bench --file "$work/f.dat" --size 8M --mode uring --rw read --bs 64K --qd 8 --verify --json)

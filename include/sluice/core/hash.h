@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 
 namespace sluice {
 
@@ -15,6 +17,9 @@ uint64_t xxh3_64(const void* data, size_t size);
 inline uint64_t xxh3_64(std::span<const std::byte> bytes) {
   return xxh3_64(bytes.data(), bytes.size());
 }
+// The XXH3-64 of `text` as 16 lower-case hex digits: the check field of text formats
+// (resume tokens, dataset records).
+std::string xxh3_hex(std::string_view text);
 
 // The same hash over bytes given in pieces.
 class Xxh3Stream {

@@ -532,6 +532,28 @@ TEST(NodeServer, LocalFilesAreOpenedWithTheCallersRights) {
   EXPECT_TRUE(d.logged("may not read"));
 }
 
+// Defect 22 of the hostile test: CHUNKS with a prefix and no root lists only keys under it.
+TEST(NodeServer, ChunksWithAPrefixAndNoRootKeepToThePrefix) {
+  Fixture fx;
+  {
+    auto st = store::make_posix_store(fx.dir.file("data"));
+    ASSERT_TRUE(st->put("other/x", fx.data));
+  }
+  Daemon d(fx.dir);
+  auto s = fx.open(d.socket());
+  ASSERT_TRUE(s);
+  EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()).size(), fx.data.size());
+  EXPECT_EQ(read_all(*s, "other/x", fx.data.size()).size(), fx.data.size());
+  auto all = nlohmann::json::parse(s->client().chunks("", "").value());
+  auto some = nlohmann::json::parse(s->client().chunks("", "set/").value());
+  size_t set = 0, other = 0;
+  for (const auto& c : all["chunks"]) (c["key"] == "set/obj" ? set : other) += 1;
+  EXPECT_GT(set, 0u);
+  EXPECT_GT(other, 0u);
+  EXPECT_EQ(some["chunks"].size(), set);
+  for (const auto& c : some["chunks"]) EXPECT_EQ(c["key"], "set/obj");
+}
+
 TEST(NodeServer, AUidInNoTeamIsRefusedAndLogged) {
   Fixture fx;
   Daemon d(fx.dir, {TeamGrant{"other", {12345}, {"*"}}});

@@ -834,7 +834,6 @@ uint64_t Sample::bytes() const {
 // XXH3-64 of the text before its dot, so a token cut short or mistyped is refused. "v1."
 // tokens (no CHECK) of older versions are still read; see Loader's open for how.
 
-
 std::string make_token(const ResumePoint& p) {
   char fp[17];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(p.fingerprint));

@@ -8,7 +8,6 @@
 
 namespace sluice::stream {
 
-
 std::string encode_completion(const PackSummary& s) {
   std::string body = std::string("sluice-dataset 1 ") + (s.complete ? "complete " : "packing ") +
                      std::to_string(s.shards) + " " + std::to_string(s.samples) + " " +

@@ -735,9 +735,17 @@ void CheckpointerImpl::replicate_loop() {
       if (auto st = publish_record_and_commit(*job, i); !st) {
         // A save that failed takes back the shard it published: nothing is left for gc's
         // grace (a full tier stays full otherwise), and the loser of two saves of one step
-        // leaves no orphan. But for a rank that gave up waiting: rank 0 may still commit
-        // the step naming that shard.
-        if (o_.rank == 0 || st.error().code() != Code::kTimedOut)
+        // leaves no orphan. Only where no manifest can name it: another save committed the
+        // step (AlreadyExists, or a manifest without this shard), the tier refused the
+        // record (full, over quota), or rank 0 failed before committing. A rank that gave up
+        // waiting, or could not read the tier for a moment, keeps it: rank 0 may commit.
+        const Code code = st.error().code();
+        const bool unnamed = code == Code::kAlreadyExists || code == Code::kNoSpace ||
+                             code == Code::kQuotaExceeded ||
+                             (code == Code::kConflict && o_.rank != 0) ||
+                             (o_.rank == 0 && code != Code::kUnavailable &&
+                              code != Code::kIoError && code != Code::kTimedOut);
+        if (unnamed)
           (void)o_.tiers[i].store->remove(
               shard_key(o_.series, job->step, o_.rank, job->record.save_id));
         job->handle->set(i, TierState::kFailed, st.error());
@@ -819,8 +827,14 @@ void CheckpointerImpl::lease_loop() {
     if (stopping_) break;
     const auto markers = live_;
     lk.unlock();
-    for (const auto& [i, key] : markers)
-      (void)o_.tiers[i].store->put(key, std::as_bytes(std::span(text)));
+    for (const auto& marker : markers) {
+      {
+        // finish() may have removed it meanwhile: never write a marker back.
+        std::lock_guard again(mu_);
+        if (!live_.contains(marker)) continue;
+      }
+      (void)o_.tiers[marker.first].store->put(marker.second, std::as_bytes(std::span(text)));
+    }
     lk.lock();
   }
 }
@@ -928,7 +942,11 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
                                           " by another save");
   if (!st) return st;
   // And is whole once written (a removal racing the write above): else it is taken back.
-  if (auto whole = manifest_on(i, job.step); !whole) {
+  // Only a step seen to be broken is taken back: a tier that cannot be read for a moment
+  // says nothing against the commit just made (and other ranks may have reported it).
+  if (auto whole = manifest_on(i, job.step);
+      !whole &&
+      (whole.error().code() == Code::kNotFound || whole.error().code() == Code::kCorruption)) {
     (void)tier.store->remove(mkey);
     return fail(Code::kConflict, "step " + std::to_string(job.step) + " on tier " + tier.name +
                                      " was not whole once committed, so the commit was taken "
@@ -946,7 +964,15 @@ Status CheckpointerImpl::wait_for_commit(size_t i, uint64_t step, const std::str
     auto st = o_.tiers[i].store->stat(key);
     if (st) {
       // Committed: and whole, naming this rank's shard as published (else nothing restores).
-      SLUICE_ASSIGN_OR_RETURN(Manifest m, manifest_on(i, step));
+      // A tier that cannot be read for a moment is asked again.
+      auto got = manifest_on(i, step);
+      if (!got && got.error().code() != Code::kNotFound &&
+          got.error().code() != Code::kCorruption && Clock::now() < deadline) {
+        std::this_thread::sleep_for(pause);
+        continue;
+      }
+      if (!got) return std::unexpected(got.error());
+      const Manifest& m = *got;
       if (m.shards.size() != o_.world || m.shards[o_.rank].save_id != save_id)
         return fail(Code::kConflict, "step " + std::to_string(step) + " on tier " +
                                          o_.tiers[i].name +

@@ -43,8 +43,12 @@ Result<LedgerUri> parse_ledger_uri(std::string_view uri) {
   }
   if (u.find("://") == std::string::npos && !u.empty())
     return LedgerUri{LedgerUri::Kind::kSqlite, std::move(u)};
+  // Only the scheme is quoted: what follows "://" may hold a password.
+  const size_t sep = u.find("://");
   return fail(Code::kInvalidArgument,
-              "unsupported ledger URI " + quoted() +
+              "unsupported ledger URI" +
+                  (sep == std::string::npos ? std::string(" (empty)")
+                                            : " '" + u.substr(0, sep) + "://...'") +
                   ": expected sqlite:///path.db, a path, or postgresql://user@host:port/db");
 }
 

@@ -82,11 +82,13 @@ class AsCaller {
     if (!saved_groups_.empty() &&
         ::getgroups(static_cast<int>(saved_groups_.size()), saved_groups_.data()) < 0)
       saved_groups_.clear();
-    ::syscall(SYS_setgroups, c.groups.size(), c.groups.data());
+    // Groups that cannot be taken (a user namespace that denies setgroups) would leave the
+    // daemon's own: then the thread does not act as the caller at all.
+    const bool grouped = ::syscall(SYS_setgroups, c.groups.size(), c.groups.data()) == 0;
     ::syscall(SYS_setfsgid, c.gid);
     ::syscall(SYS_setfsuid, c.uid);
     // setfsuid(-1) fails and returns the current fsuid: the way to read it back.
-    acting_ = static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == c.uid &&
+    acting_ = grouped && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == c.uid &&
               static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == c.gid;
   }
   ~AsCaller() {
@@ -513,7 +515,8 @@ struct NodeServer::Impl {
   // A key (listing: a prefix) of a root the team was not granted whole is served only when
   // it lies in a granted root: for a file root, as the path it resolves to (a symlink in a
   // granted folder leads nowhere else).
-  Status granted_key(const Caller& caller, const std::string& id, std::string_view key) const {
+  Status granted_key(const Caller& caller, const std::string& id, std::string_view key,
+                     bool listing = false) const {
     std::optional<std::string> root = router->root_of(id);
     if (!root) return fail(Code::kInternal, "root id " + id + " is not attached");
     const TeamGrant& team = *caller.team;
@@ -521,6 +524,10 @@ struct NodeServer::Impl {
     std::string full = *root;
     if (!full.ends_with('/')) full += '/';
     full += key;
+    // A listing's prefix must lie inside a grant, not end at a grant's name: "teamA" also
+    // lists (evicts, pins) "teamAB/...". So its every continuation must be granted: checked
+    // with one that is not '/'.
+    if (listing && !key.empty() && !key.ends_with('/')) full += '~';
     if (root->starts_with("file://")) {
       // The longest leading part that exists, resolved; the rest cannot be a link.
       std::string path = full.substr(7);
@@ -582,7 +589,7 @@ struct NodeServer::Impl {
     SLUICE_ASSIGN_OR_RETURN(std::string prefix, get_string_or(j, "prefix", ""));
     SLUICE_RETURN_IF_ERROR(check_prefix(prefix));
     SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, prefix));
-    SLUICE_RETURN_IF_ERROR(granted_key(caller, id, prefix));
+    SLUICE_RETURN_IF_ERROR(granted_key(caller, id, prefix, /*listing=*/true));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, prefix, /*listing=*/true));
     SLUICE_RETURN_IF_ERROR(prove_file_access(caller, id, prefix, /*listing=*/true));
     return id + "/" + prefix;
@@ -634,7 +641,11 @@ struct NodeServer::Impl {
       UniqueFd fd(::open(path.c_str(), flags));
       if (!fd.valid()) err = errno;
     }
-    if (err == 0 || err == ENOENT || (listing && err == ENOTDIR)) return ok();
+    // A file gone is NotFound, even where the cache still holds it (its owner may have
+    // read it before removing it); a listing of a missing folder is empty.
+    if (err == 0 || (listing && (err == ENOENT || err == ENOTDIR))) return ok();
+    if (err == ENOENT || err == ENOTDIR)
+      return fail(Code::kNotFound, "'" + std::string(key) + "' of " + *root + ": no such file");
     if (err == EACCES || err == EPERM) {
       Error e(Code::kPermissionDenied,
               caller.describe() + " may not " + (listing ? "list '" : "read '") + path + "'");

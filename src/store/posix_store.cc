@@ -570,9 +570,17 @@ Status PosixWriter::commit() {
     // A folder this process may write but not read (a drop box): publishes go unordered.
     if (!folder.valid() && errno != EACCES)
       return failed(error_from_errno(errno, where("open the folder to publish")));
-    while (folder.valid() && ::flock(folder.get(), LOCK_EX) != 0)
-      if (errno != EINTR)
-        return failed(error_from_errno(errno, where("lock the folder to publish")));
+    while (folder.valid() && ::flock(folder.get(), LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      // A file system without flock (NFS emulating it on a read-only descriptor, Lustre
+      // without -o flock): publishes go unordered there, as a drop box's do.
+      if (errno == EBADF || errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS ||
+          errno == EINVAL) {
+        folder.reset();
+        break;
+      }
+      return failed(error_from_errno(errno, where("lock the folder to publish")));
+    }
   }
 #if SLUICE_HAVE_RENAMEAT2
   // An overwrite learns exactly what it replaced, even with other writers racing it: a new
@@ -598,8 +606,13 @@ Status PosixWriter::commit() {
       break;
     }
     struct stat old {};
-    if (::fstatat(store_->root_fd(), tmp_.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0 &&
-        !S_ISREG(old.st_mode)) {
+    const bool seen = ::fstatat(store_->root_fd(), tmp_.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0;
+    if (seen && S_ISLNK(old.st_mode)) {  // a link replaced, as a plain rename would: no object
+      replaced = Replaced{};
+      (void)::unlinkat(store_->root_fd(), tmp_.c_str(), 0);
+      break;
+    }
+    if (seen && !S_ISREG(old.st_mode)) {
       // A directory (or anything else) made at the name meanwhile: put it back.
       (void)::renameat2(store_->root_fd(), tmp_.c_str(), dirfd.get(), leaf.c_str(),
                         RENAME_EXCHANGE);

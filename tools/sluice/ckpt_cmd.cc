@@ -224,7 +224,9 @@ bool within(const fs::path& inner, const fs::path& outer) {
 Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& args) {
   std::vector<InputFile> files;
   std::map<std::string, std::string> seen;  // name -> path
-  auto add = [&](std::string name, const fs::path& p) -> Status {
+  // `follow`: p was a link (to a file inside the tree, checked) and is pinned to its target;
+  // anything else is pinned as itself, so a file swapped for a link later is a Conflict.
+  auto add = [&](std::string name, const fs::path& p, bool follow) -> Status {
     // Names become paths on restore: refuse here what restore would refuse there.
     Status st = store::validate_key(name);
     if (st && (name == ".sluice-tmp" || name.starts_with(".sluice-tmp/") ||
@@ -239,7 +241,8 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
       return fail(Code::kInvalidArgument, "two inputs would be saved as '" + name +
                                               "': " + it->second + " and " + p.string());
     InputFile f{std::move(name), p.string(), 0, 0, {}};
-    if (::stat(f.path.c_str(), &f.identity) != 0) return fail_errno(errno, "stat " + f.path);
+    if ((follow ? ::stat(f.path.c_str(), &f.identity) : ::lstat(f.path.c_str(), &f.identity)) != 0)
+      return fail_errno(errno, "stat " + f.path);
     if (!S_ISREG(f.identity.st_mode))
       return fail(Code::kInvalidArgument, f.path + " is no longer a regular file");
     f.size = static_cast<uint64_t>(f.identity.st_size);
@@ -252,7 +255,7 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
     auto st = fs::status(arg, ec);
     if (ec) return fail(Code::kNotFound, "cannot read " + arg + ": " + ec.message());
     if (fs::is_regular_file(st)) {
-      SLUICE_RETURN_IF_ERROR(add(fs::path(arg).filename().string(), arg));
+      SLUICE_RETURN_IF_ERROR(add(fs::path(arg).filename().string(), arg, true));
       continue;
     }
     const fs::path top = fs::canonical(arg, ec);
@@ -288,8 +291,11 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
     }
     if (ec) return fail(Code::kIoError, "listing " + arg + ": " + ec.message());
     std::sort(found.begin(), found.end());
-    for (const auto& p : found)
-      SLUICE_RETURN_IF_ERROR(add(p.lexically_relative(arg).generic_string(), p));
+    for (const auto& p : found) {
+      std::error_code lec;
+      SLUICE_RETURN_IF_ERROR(
+          add(p.lexically_relative(arg).generic_string(), p, fs::is_symlink(p, lec)));
+    }
   }
   if (files.empty()) return fail(Code::kInvalidArgument, "nothing to save: no files in the inputs");
   return files;
@@ -721,7 +727,10 @@ int run_restore(const CkptArgs& a, const std::string& home) {
   for (size_t i = 0; i < items.size(); ++i) {
     auto& w = writers[i];
     if (!w) continue;
-    const mode_t mode = items[i].t->mode ? static_cast<mode_t>(items[i].t->mode) : (0644 & ~mask);
+    // The manifest is untrusted: no setuid, setgid or sticky bit comes back from it, and the
+    // umask narrows a mode as it would a new file's.
+    const mode_t mode =
+        (items[i].t->mode ? static_cast<mode_t>(items[i].t->mode) : mode_t{0644}) & 0777 & ~mask;
     if (const std::string tmp = w->local_path(); !tmp.empty() && ::chmod(tmp.c_str(), mode) != 0)
       return report_error(Error(
           Code::kIoError, "chmod " + a.out_dir + "/" + items[i].key + ": " + std::strerror(errno)));

@@ -582,6 +582,8 @@ TEST(NodeServer, ATeamReadsOnlyItsRoots) {
   EXPECT_EQ(whole->stat("other").error().code(), Code::kPermissionDenied);
   EXPECT_EQ(whole->stat("set/out").error().code(), Code::kPermissionDenied);
   EXPECT_EQ(whole->list_all("").error().code(), Code::kPermissionDenied);
+  // A prefix ending at the grant's name would also take its siblings ("set" and "settings/").
+  EXPECT_EQ(whole->list_all("set").error().code(), Code::kPermissionDenied);
   auto listed = whole->list_all("set/");
   ASSERT_TRUE(listed) << listed.error().to_string();
   EXPECT_TRUE(std::any_of(listed->begin(), listed->end(),

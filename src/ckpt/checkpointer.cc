@@ -1313,12 +1313,8 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
   // alone whatever the grace: its marker holds it (live.h).
   const int64_t now = now_ns();
   for (auto& [step, s] : steps)
-    for (const auto& mk : s.markers) {
-      auto text = mk.size <= 512 ? tier.store->get(mk.key) : Result<std::vector<std::byte>>{};
-      std::string_view view;
-      if (text) view = {reinterpret_cast<const char*>(text->data()), text->size()};
-      if (live_marker_holds(view, mk.mtime_ns, now)) s.live = true;
-    }
+    for (const auto& mk : s.markers)
+      if (live_marker_holds(*tier.store, mk, now)) s.live = true;
   // Only a whole copy is a checkpoint (read_whole_step): a step whose manifest is damaged or
   // whose shard is lost or truncated is not counted towards keep_last and never stands in
   // for the newest one; it is removed like an unfinished save once past the grace.

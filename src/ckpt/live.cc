@@ -74,4 +74,11 @@ bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns) 
   return ticks != 0 && start_ticks(pid) == ticks;
 }
 
+bool live_marker_holds(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns) {
+  auto text = marker.size <= 512 ? tier.get(marker.key) : Result<std::vector<std::byte>>{};
+  std::string_view view;
+  if (text) view = {reinterpret_cast<const char*>(text->data()), text->size()};
+  return live_marker_holds(view, marker.mtime_ns, now_ns);
+}
+
 }  // namespace sluice::ckpt

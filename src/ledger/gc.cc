@@ -40,22 +40,6 @@ std::string step_of(const std::string& key) {
   return ckpt::step_prefix(key.substr(0, slash), step);
 }
 
-// Whether one of a step's keys is the marker of a save under way (ckpt/live.h).
-bool held_by_live_save(store::Store& st, const std::vector<std::string>& keys,
-                       const std::vector<store::ObjectInfo>& listing, int64_t now) {
-  for (const auto& key : keys) {
-    if (!ckpt::is_live_leaf(key.substr(key.rfind('/') + 1))) continue;
-    auto it = std::find_if(listing.begin(), listing.end(),
-                           [&](const store::ObjectInfo& o) { return o.key == key; });
-    if (it == listing.end()) continue;
-    auto text = it->size <= 512 ? st.get(key) : Result<std::vector<std::byte>>{};
-    std::string_view view;
-    if (text) view = {reinterpret_cast<const char*>(text->data()), text->size()};
-    if (ckpt::live_marker_holds(view, it->mtime_ns, now)) return true;
-  }
-  return false;
-}
-
 // The units of one project under its rules: the steps of each series with a rule, then
 // (under the project's own rule) every other object.
 Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<RetentionRule>& rules,
@@ -80,6 +64,7 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
   for (const RetentionRule& r : rules) {
     if (r.series.empty()) continue;
     std::map<uint64_t, RetentionUnit> steps;
+    std::set<uint64_t> held;  // steps a save under way holds (ckpt/live.h)
     for (const auto& obj : listing) {
       uint64_t step = 0;
       std::string leaf;
@@ -90,6 +75,7 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
       u.bytes += static_cast<int64_t>(obj.size);
       u.created_ns = std::max(u.created_ns, obj.mtime_ns);
       u.accessed_ns = std::max(u.accessed_ns, accessed_ns(p, obj));
+      if (ckpt::is_live_leaf(leaf) && ckpt::live_marker_holds(*st, obj, now)) held.insert(step);
       if (leaf == "manifest.json")
         u.keys.insert(u.keys.begin(), obj.key);  // manifest first
       else
@@ -99,7 +85,7 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
     std::vector<RetentionUnit> units;
     for (auto& [step, u] : steps) {
       // A step a save is still writing or committing is not retention's to judge yet.
-      if (held_by_live_save(*st, u.keys, listing, now)) continue;
+      if (held.contains(step)) continue;
       u.complete = !u.keys.empty() && u.keys.front() == ckpt::manifest_key(r.series, step) &&
                    ckpt::read_whole_step(*st, r.series, step, sizes, p.id).has_value();
       units.push_back(std::move(u));

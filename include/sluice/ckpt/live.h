@@ -14,6 +14,8 @@
 #include <string>
 #include <string_view>
 
+#include "sluice/store/store.h"
+
 namespace sluice::ckpt {
 
 inline constexpr std::chrono::seconds kLiveRefresh{5};
@@ -27,5 +29,8 @@ std::string live_text();
 // Whether a marker with this text, last written at `mtime_ns`, still holds its step at
 // `now_ns`. Text that does not parse holds only by its age.
 bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns);
+// The same for a marker object of a listing of `tier`: reads its text (a marker over 512
+// bytes, or one that cannot be read, holds by its age alone).
+bool live_marker_holds(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns);
 
 }  // namespace sluice::ckpt

@@ -157,6 +157,25 @@ std::optional<std::string> real_file_root(std::string_view root) {
   return r;
 }
 
+// Where a local path resolves to when its end may not exist yet: the longest leading part
+// that exists, resolved ("file://" and a real path, as real_file_root), and the rest, which
+// cannot be a link. nullopt when no part of it resolves.
+struct ResolvedPath {
+  std::string real;  // "file:///..."
+  std::string tail;  // "" or "/missing/parts"
+};
+std::optional<ResolvedPath> resolve_existing(std::string path) {
+  std::string tail;
+  std::optional<std::string> real;
+  while (!(real = real_file_root("file://" + path))) {
+    const size_t slash = path.rfind('/');
+    if (slash == 0 || slash == std::string::npos) return std::nullopt;
+    tail = path.substr(slash) + tail;
+    path.resize(slash);
+  }
+  return ResolvedPath{std::move(*real), std::move(tail)};
+}
+
 bool root_granted(std::string_view root, std::string_view grant) {
   if (grant == "*") return true;
   while (grant.ends_with('/') && !grant.ends_with(":///")) grant.remove_suffix(1);
@@ -528,19 +547,8 @@ struct NodeServer::Impl {
     // lists (evicts, pins) "teamAB/...". So its every continuation must be granted: checked
     // with one that is not '/'.
     if (listing && !key.empty() && !key.ends_with('/')) full += '~';
-    if (root->starts_with("file://")) {
-      // The longest leading part that exists, resolved; the rest cannot be a link.
-      std::string path = full.substr(7);
-      std::string tail;
-      std::optional<std::string> real;
-      while (!(real = real_file_root("file://" + path))) {
-        const size_t slash = path.rfind('/');
-        if (slash == 0 || slash == std::string::npos) break;
-        tail = path.substr(slash) + tail;
-        path.resize(slash);
-      }
-      if (real) full = *real + tail;
-    }
+    if (root->starts_with("file://"))
+      if (auto resolved = resolve_existing(full.substr(7))) full = resolved->real + resolved->tail;
     while (full.ends_with('/') && !full.ends_with(":///")) full.pop_back();
     if (!key.empty() && may_read(team, full)) return ok();
     return fail(Code::kPermissionDenied, "team " + team.name + " may not read '" +
@@ -560,13 +568,8 @@ struct NodeServer::Impl {
       path += key;
       // Where the longest leading part of the path that exists resolves to (what does not
       // exist cannot be read).
-      std::optional<std::string> real;
-      while (!(real = real_file_root("file://" + path))) {
-        const size_t slash = path.rfind('/');
-        if (slash == 0 || slash == std::string::npos) break;
-        path.resize(slash);
-      }
-      if (real && root_granted(*real, own))
+      auto resolved = resolve_existing(std::move(path));
+      if (resolved && root_granted(resolved->real, own))
         return fail(Code::kPermissionDenied,
                     "'" + std::string(key) + "' is inside the daemon's own directory");
     }

@@ -173,11 +173,6 @@ bool is_legacy_temp(const std::string& name) {
 }
 
 // Keys with a .sluice-tmp component would mix with temporary files, which listings skip.
-bool is_reserved(const std::string& key) {
-  const std::string t = kTempDir;
-  return key == t || key.starts_with(t + "/") || key.ends_with("/" + t) ||
-         key.find("/" + t + "/") != std::string::npos;
-}
 
 class PosixStore;
 
@@ -274,7 +269,7 @@ class PosixStore : public Store {
                                          const WriteOptions& options) override {
     SLUICE_RETURN_IF_ERROR(validate_key(key));
     std::string k(key);
-    if (is_reserved(k))
+    if (is_reserved_key(k))
       return fail(Code::kInvalidArgument,
                   "key '" + k + "' is reserved: " + kTempDir + " holds temporary files");
     if (auto parent = open_parent(k, false); parent)  // no parent yet: nothing to replace
@@ -658,6 +653,12 @@ void PosixWriter::abort() {
 }
 
 }  // namespace
+
+bool is_reserved_key(std::string_view key) {
+  const std::string t = kTempDir;
+  return key == t || key.starts_with(t + "/") || key.ends_with("/" + t) ||
+         key.find("/" + t + "/") != std::string_view::npos;
+}
 
 Result<std::unique_ptr<Store>> make_posix_store_without_symlinks(std::string root) {
   if (!root.starts_with('/'))

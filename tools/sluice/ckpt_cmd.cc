@@ -229,8 +229,7 @@ Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& arg
   auto add = [&](std::string name, const fs::path& p, bool follow) -> Status {
     // Names become paths on restore: refuse here what restore would refuse there.
     Status st = store::validate_key(name);
-    if (st && (name == ".sluice-tmp" || name.starts_with(".sluice-tmp/") ||
-               name.find("/.sluice-tmp/") != std::string::npos))
+    if (st && store::is_reserved_key(name))
       st = fail(Code::kInvalidArgument, "a .sluice-tmp component is reserved");
     if (st && !ckpt::valid_utf8(name)) st = fail(Code::kInvalidArgument, "the name is not UTF-8");
     if (!st)
@@ -634,8 +633,7 @@ int run_restore(const CkptArgs& a, const std::string& home) {
       std::string key =
           (m->world > 1 && a.only_rank < 0 ? "rank-" + std::to_string(s.rank) + "/" : "") + t.name;
       Status st = store::validate_key(key);
-      if (st && (key == ".sluice-tmp" || key.starts_with(".sluice-tmp/") ||
-                 key.find("/.sluice-tmp/") != std::string::npos || key.ends_with("/.sluice-tmp")))
+      if (st && store::is_reserved_key(key))
         st = fail(Code::kInvalidArgument, "a .sluice-tmp component is reserved");
       if (!st)
         return report_error(Error(

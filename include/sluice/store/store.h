@@ -196,6 +196,9 @@ class Store {
 
 // Checks a key against the rules in the contract above.
 Status validate_key(std::string_view key);
+// Whether a key has a ".sluice-tmp" component, which file:// keeps for its temporary files
+// and refuses to write (a checkpoint refuses such tensor names before any I/O).
+bool is_reserved_key(std::string_view key);
 
 // Options only one backend understands, kept by type so this header never names them:
 //   StoreOptions o; o.backend.set(s3::S3Options{...}); open_store("s3://b", o);

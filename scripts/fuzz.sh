@@ -8,6 +8,8 @@
 #   scripts/fuzz.sh [SECONDS]
 #   FUZZERS="tar_fuzz uri_fuzz" scripts/fuzz.sh 30     only these
 #   BUILD_FUZZ=dir JOBS=n                              build directory, parallel compiles
+#   FUZZ_SUMMARY=file                                  where the summary table goes (two runs
+#                                                      side by side need one each)
 #   FUZZ_KEEP_GOING=1 scripts/fuzz.sh 60               go on past findings (libFuzzer's fork
 #                                                      mode): for measuring a harness whose
 #                                                      known finding is not fixed yet
@@ -36,7 +38,7 @@ symbolizer=$(command -v llvm-symbolizer-19 || command -v llvm-symbolizer || true
 [[ -n "$symbolizer" ]] && export ASAN_SYMBOLIZER_PATH="$symbolizer"
 export UBSAN_OPTIONS="print_stacktrace=1${symbolizer:+:external_symbolizer_path=$symbolizer}"
 
-summary="$build/fuzz-summary.tsv"
+summary=${FUZZ_SUMMARY:-$build/fuzz-summary.tsv}
 printf 'harness\tseconds\texecs\tcov\tft\tcorpus\tresult\n' >"$summary"
 printf '%-22s %12s %7s %7s %7s  %s\n' harness executions cov ft corpus result
 failed=0

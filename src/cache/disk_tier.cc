@@ -359,15 +359,15 @@ void DiskTier::restore(const LogReplay& log, const std::unordered_map<uint64_t, 
     auto [w, fresh] = newest.try_emplace(e.key.id(), id);
     if (!fresh && last_add[id] > last_add[w->second]) w->second = id;
   }
-  // Pages are freed below with everything else no entry covers; each chunk dropped here was
-  // charged when it was written, and is uncharged once mu_ is released.
+  // Pages are freed below with everything else no entry covers. Nothing is charged yet:
+  // the chunks kept are adopted at the end.
   std::vector<Gone> dropped;
   {
     std::lock_guard lock(mu_);
     std::unordered_set<uint64_t> done;
     auto drop = [&](const Entry& e) {
       ++open_report_.dropped;
-      dropped.push_back(Gone{e.file_id, e.length, false, e.key});
+      dropped.push_back(Gone{e.file_id, e.length, false, 0});
     };
     for (uint64_t id : order) {
       auto e = live.find(id);
@@ -414,8 +414,20 @@ void DiskTier::restore(const LogReplay& log, const std::unordered_map<uint64_t, 
       if (size > pos) free_pages(segment, pos, size - pos);
     }
   }
-  if (options_.freed) {
-    for (const Gone& g : dropped) options_.freed(g.key, on_disk(g.length));
+  // Each chunk kept is charged again (a restart recounts what the cache holds), outside
+  // mu_: the charger may ask the ledger. Nothing else runs yet.
+  if (options_.adopt) {
+    std::vector<std::pair<ChunkId, Entry>> kept_entries;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [cid, e] : entries_) kept_entries.emplace_back(cid, e);
+    }
+    for (auto& [cid, e] : kept_entries) e.charge = options_.adopt(e.key, on_disk(e.length));
+    std::lock_guard lock(mu_);
+    for (const auto& [cid, e] : kept_entries) {
+      auto it = entries_.find(cid);
+      if (it != entries_.end()) it->second.charge = e.charge;
+    }
   }
 }
 
@@ -505,7 +517,7 @@ void DiskTier::forget_locked(ChunkId id, std::vector<Gone>& gone) {
     if (a != appending_.end() && a->second.segment == seg) appending_.erase(a);
     segments_.erase(n);
   }
-  gone.push_back(Gone{e.file_id, e.length, last, std::move(e.key)});
+  gone.push_back(Gone{e.file_id, e.length, last, e.charge});
   entries_.erase(it);
 }
 
@@ -516,7 +528,7 @@ void DiskTier::forget_locked(ChunkId id, std::vector<Gone>& gone) {
 // reads zeros there, which fail its checksum.
 void DiskTier::discard(const std::vector<Gone>& gone) {
   for (const Gone& g : gone) {
-    if (options_.freed) options_.freed(g.key, on_disk(g.length));
+    if (options_.freed && g.charge != 0) options_.freed(g.charge, on_disk(g.length));
     // Best effort (a full disk): the space is freed anyway; the record left behind then
     // fails its checksum when read, and is dropped.
     (void)append_remove(g.file_id);
@@ -624,9 +636,12 @@ Result<std::optional<DiskTier::Pending>> DiskTier::begin(const ChunkView& chunk,
   e.pinned = pinned;
   // Charged first (the ledger may be slow: not under mu_); a chunk not kept after all is
   // uncharged below.
-  const bool charged = options_.admit != nullptr;
-  if (charged && (contains(chunk.key) || !options_.admit(chunk.key, on_disk(length))))
-    return std::nullopt;
+  if (options_.admit) {
+    if (contains(chunk.key)) return std::nullopt;
+    std::optional<uint32_t> tag = options_.admit(chunk.key, on_disk(length));
+    if (!tag) return std::nullopt;
+    e.charge = *tag;
+  }
   std::vector<Gone> gone;
   {
     std::lock_guard lock(mu_);
@@ -645,7 +660,7 @@ Result<std::optional<DiskTier::Pending>> DiskTier::begin(const ChunkView& chunk,
   }
   discard(gone);
   if (e.file_id == 0) {
-    if (charged && options_.freed) options_.freed(chunk.key, on_disk(length));
+    if (e.charge != 0 && options_.freed) options_.freed(e.charge, on_disk(length));
     return std::nullopt;
   }
   return Pending(std::move(e));

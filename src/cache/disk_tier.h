@@ -46,11 +46,13 @@ class DiskTier {
     PolicyKind policy = PolicyKind::kS3Fifo;
     std::shared_ptr<io::Context> io;
     telemetry::Counter* evictions = nullptr;  // chunks evicted for room; may be null
-    // Charging (CacheOptions::admit_chunk): asked before a chunk is written, with its bytes
-    // on disk (false: it is not kept); told when a chunk leaves, once per chunk it admitted
-    // (and for chunks found at open that are dropped). Null: nothing is charged.
-    std::function<bool(const ChunkKey&, uint64_t bytes)> admit;
-    std::function<void(const ChunkKey&, uint64_t bytes)> freed;
+    // Charging (CacheOptions::admit_chunk): `admit` is asked before a chunk is written,
+    // with its bytes on disk (nullopt: it is not kept; else the chunk's charge tag, kept in
+    // its entry); `adopt` gives the tag of each chunk found at open; `freed` is told the tag
+    // and bytes when a chunk with a non-zero tag leaves. Null: nothing is charged.
+    std::function<std::optional<uint32_t>(const ChunkKey&, uint64_t bytes)> admit;
+    std::function<uint32_t(const ChunkKey&, uint64_t bytes)> adopt;
+    std::function<void(uint32_t tag, uint64_t bytes)> freed;
   };
   // Takes the directory's lock (Unavailable if another process holds it), replays the
   // index, deletes orphan chunk files.
@@ -65,7 +67,8 @@ class DiskTier {
     uint64_t object_size = 0;
     int64_t object_mtime_ns = 0;
     bool pinned = false;
-    bool ready = false;  // written and recorded; readable
+    bool ready = false;   // written and recorded; readable
+    uint32_t charge = 0;  // its charge tag (Options::admit); not recorded in the index
   };
 
   // The entry of a readable chunk (a hit for the policy), or nullopt.
@@ -147,7 +150,7 @@ class DiskTier {
   struct Gone {
     uint64_t file_id = 0, length = 0;
     bool last = false;
-    ChunkKey key;  // for Options::freed
+    uint32_t charge = 0;  // for Options::freed
   };
   // Removes entries (under mu_) and returns what to free and record outside.
   void forget_locked(ChunkId id, std::vector<Gone>& gone);

@@ -1087,8 +1087,11 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
                         o.policy,    o.io,         &impl->m.disk_evictions};
     if (o.admit_chunk)
       d.admit = [f = o.admit_chunk](const ChunkKey& k, uint64_t b) { return f(k.store, k.key, b); };
-    if (o.chunk_freed)
-      d.freed = [f = o.chunk_freed](const ChunkKey& k, uint64_t b) { f(k.store, k.key, b); };
+    if (o.chunk_adopted)
+      d.adopt = [f = o.chunk_adopted](const ChunkKey& k, uint64_t b) {
+        return f(k.store, k.key, b);
+      };
+    d.freed = o.chunk_freed;
     SLUICE_ASSIGN_OR_RETURN(impl->disk, DiskTier::open(std::move(d)));
     impl->restore_meta();
     impl->load_pins();

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "ledger/project_index.h"
 #include "sluice/telemetry/registry.h"
@@ -19,13 +20,16 @@ constexpr auto kLogEvery = std::chrono::minutes(1);
 }  // namespace
 
 struct CacheCharger::Impl {
-  // One project's charges. `reservation` (when not empty) holds `left` bytes not admitted
-  // yet; `admitted` and `freed` wait for the next flush.
+  // One project's charges. `held` is what its chunks charged here take on NVMe now (the
+  // tally); `reservation` (when not empty) holds `left` bytes not admitted yet; `dirty`:
+  // the ledger has not been told `held` yet.
   struct Allowance {
     std::mutex mu;
     ChargeTarget target;
+    uint32_t tag = 0;
     std::string reservation;
-    int64_t left = 0, admitted = 0, freed = 0;
+    int64_t left = 0, held = 0;
+    bool dirty = false;
     Clock::time_point refused_until{}, logged{};
     telemetry::Counter* charged = nullptr;  // per team; null without a registry
     telemetry::Counter* refused = nullptr;
@@ -41,11 +45,13 @@ struct CacheCharger::Impl {
 
   std::mutex unowned_mu;  // guards unowned_logged
   Clock::time_point unowned_logged{};
-  std::mutex map_mu;
-  std::map<std::string, std::unique_ptr<Allowance>, std::less<>> allowances;  // by project
+  std::mutex map_mu;  // guards both maps (not the allowances)
+  std::map<std::string, Allowance*, std::less<>> by_project;
+  std::vector<std::unique_ptr<Allowance>> by_tag;  // tag t at t - 1; never shrinks
 
   std::atomic<uint64_t> admitted_chunks{0}, admitted_bytes{0}, refused_chunks{0}, refused_bytes{0},
-      freed_bytes{0}, uncharged_chunks{0}, flushes{0}, flush_errors{0};
+      freed_bytes{0}, adopted_chunks{0}, adopted_bytes{0}, uncharged_chunks{0}, flushes{0},
+      flush_errors{0};
 
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -62,6 +68,27 @@ struct CacheCharger::Impl {
   }
   void log(Allowance& a, const std::string& line) { log(a.logged, line); }
 
+  // The allowance of `target`'s project, made on first use.
+  Allowance* allowance_for(const ChargeTarget& target) {
+    std::lock_guard lock(map_mu);
+    auto it = by_project.find(target.project);
+    if (it != by_project.end()) return it->second;
+    auto a = std::make_unique<Allowance>();
+    a->target = target;
+    a->tag = static_cast<uint32_t>(by_tag.size() + 1);
+    if (o.registry) {
+      a->charged = &o.registry->counter("sluice_cache_charged_bytes_total", {{"team", target.team}},
+                                        "Bytes of chunks kept on NVMe, charged to a team");
+      a->refused = &o.registry->counter(
+          "sluice_cache_charge_refused_chunks_total", {{"team", target.team}},
+          "Chunks not kept on NVMe: the team's quota (or the ledger) refused them");
+    }
+    Allowance* raw = a.get();
+    by_tag.push_back(std::move(a));
+    by_project.emplace(target.project, raw);
+    return raw;
+  }
+
   // The allowance of the project owning `key`; null when no project does (or the key's
   // location is unknown). An error when the ledger cannot be asked.
   Result<Allowance*> allowance_of(std::string_view key) {
@@ -69,39 +96,27 @@ struct CacheCharger::Impl {
     if (location.empty()) return nullptr;
     SLUICE_ASSIGN_OR_RETURN(std::optional<Project> p, projects.owner(location));
     if (!p) return nullptr;
-    std::lock_guard lock(map_mu);
-    auto it = allowances.find(p->id);
-    if (it == allowances.end()) {
-      auto a = std::make_unique<Allowance>();
-      a->target = ChargeTarget{p->id, p->team, o.tier, o.kind};
-      if (o.registry) {
-        a->charged = &o.registry->counter("sluice_cache_charged_bytes_total", {{"team", p->team}},
-                                          "Bytes of chunks kept on NVMe, charged to a team");
-        a->refused = &o.registry->counter(
-            "sluice_cache_charge_refused_chunks_total", {{"team", p->team}},
-            "Chunks not kept on NVMe: the team's quota (or the ledger) refused them");
-      }
-      it = allowances.emplace(p->id, std::move(a)).first;
-    }
-    return it->second.get();
+    return allowance_for(ChargeTarget{p->id, p->team, o.tier, o.kind});
   }
 
-  // Commits what `a` admitted since the last flush (less what was freed) and releases the
-  // rest of its reservation; with no reservation, uncharges what was freed.
+  Allowance* allowance_of(uint32_t tag) {
+    std::lock_guard lock(map_mu);
+    return tag == 0 || tag > by_tag.size() ? nullptr : by_tag[tag - 1].get();
+  }
+
+  // Tells the ledger `a`'s count and ends its reservation, in one transaction. Sent again
+  // after a failure (a lost reply included): the count is absolute, and a reservation
+  // already ended is not ended twice.
   Status settle_locked(Allowance& a) {
-    Ledger& l = projects.ledger();
-    if (!a.reservation.empty()) {
-      SLUICE_RETURN_IF_ERROR(l.commit(a.reservation, a.target, a.admitted - a.freed, 0));
-      a.reservation.clear();
-      a.left = a.admitted = a.freed = 0;
-    } else if (a.freed != 0) {
-      SLUICE_RETURN_IF_ERROR(l.charge(a.target, -a.freed, 0));
-      a.freed = 0;
-    }
+    if (!a.dirty && a.reservation.empty()) return {};
+    SLUICE_RETURN_IF_ERROR(projects.ledger().set_tally(o.source, a.target, a.held, a.reservation));
+    a.reservation.clear();
+    a.left = 0;
+    a.dirty = false;
     return {};
   }
 
-  bool admit(std::string_view key, int64_t bytes) {
+  std::optional<uint32_t> admit(std::string_view key, int64_t bytes) {
     auto found = allowance_of(key);
     if (!found) {
       refuse(bytes);
@@ -109,18 +124,18 @@ struct CacheCharger::Impl {
       log(unowned_logged,
           "cache: not keeping a chunk of '" + std::string(key) +
               "' on NVMe: the ledger cannot say whose it is: " + found.error().message());
-      return false;
+      return std::nullopt;
     }
     if (!*found) {
       uncharged_chunks.fetch_add(1, std::memory_order_relaxed);
-      return true;
+      return 0;
     }
     Allowance& a = **found;
     std::lock_guard lock(a.mu);
     const auto now = Clock::now();
     if (now < a.refused_until) {
       refuse(bytes, &a);
-      return false;
+      return std::nullopt;
     }
     if (a.reservation.empty() || a.left < bytes) {
       if (Status s = settle_locked(a); !s) {
@@ -128,7 +143,7 @@ struct CacheCharger::Impl {
         refuse(bytes, &a);
         log(a, "cache: not keeping chunks of project '" + a.target.project +
                    "' on NVMe: " + s.error().message());
-        return false;
+        return std::nullopt;
       }
       Ledger& l = projects.ledger();
       int64_t size = std::max<int64_t>(bytes, static_cast<int64_t>(o.allowance_bytes));
@@ -142,17 +157,39 @@ struct CacheCharger::Impl {
         refuse(bytes, &a);
         log(a, "cache: not keeping chunks of project '" + a.target.project + "' (team " +
                    a.target.team + ") on NVMe: " + r.error().message());
-        return false;
+        return std::nullopt;
       }
       a.reservation = std::move(*r);
       a.left = size;
     }
     a.left -= bytes;
-    a.admitted += bytes;
+    a.held += bytes;
+    a.dirty = true;
     if (a.charged) a.charged->add(static_cast<uint64_t>(bytes));
     admitted_chunks.fetch_add(1, std::memory_order_relaxed);
     admitted_bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
-    return true;
+    return a.tag;
+  }
+
+  uint32_t adopt(std::string_view key, int64_t bytes) {
+    auto found = allowance_of(key);
+    if (!found || !*found) return 0;  // unowned, or the ledger is down: kept uncharged
+    Allowance& a = **found;
+    std::lock_guard lock(a.mu);
+    a.held += bytes;
+    a.dirty = true;
+    adopted_chunks.fetch_add(1, std::memory_order_relaxed);
+    adopted_bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+    return a.tag;
+  }
+
+  void freed(uint32_t tag, int64_t bytes) {
+    Allowance* a = allowance_of(tag);
+    if (!a) return;
+    std::lock_guard lock(a->mu);
+    a->held = std::max<int64_t>(0, a->held - bytes);
+    a->dirty = true;
+    freed_bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
   }
 
   void refuse(int64_t bytes, Allowance* a = nullptr) {
@@ -161,11 +198,29 @@ struct CacheCharger::Impl {
     refused_bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
   }
 
+  // What this source told the ledger before (a run before a restart): each figure of its
+  // tier and kind becomes an allowance to be set again at the first flush (to what the
+  // cache adopts by then, or 0); a figure of another tier or kind (the options changed) is
+  // set to 0 now.
+  Status load_tallies() {
+    SLUICE_ASSIGN_OR_RETURN(std::vector<Tally> before, projects.ledger().tallies(o.source));
+    for (const Tally& t : before) {
+      if (t.target.tier == o.tier && t.target.kind == o.kind) {
+        Allowance* a = allowance_for(t.target);
+        std::lock_guard lock(a->mu);
+        a->dirty = true;
+      } else {
+        SLUICE_RETURN_IF_ERROR(projects.ledger().set_tally(o.source, t.target, 0));
+      }
+    }
+    return {};
+  }
+
   Status flush() {
     std::vector<Allowance*> all;
     {
       std::lock_guard lock(map_mu);
-      for (auto& [id, a] : allowances) all.push_back(a.get());
+      for (auto& a : by_tag) all.push_back(a.get());
     }
     Status first;
     for (Allowance* a : all) {
@@ -198,10 +253,13 @@ Result<std::unique_ptr<CacheCharger>> CacheCharger::open(
     CacheChargerOptions options) {
   if (!ledger || !location_of)
     return fail(Code::kInvalidArgument, "cache charger: a ledger and location_of are required");
+  if (options.source.empty())
+    return fail(Code::kInvalidArgument, "cache charger: a source naming the cache is required");
   if (options.flush_interval.count() <= 0)
     return fail(Code::kInvalidArgument, "cache charger: flush_interval must be positive");
   auto impl = std::make_unique<Impl>(std::move(ledger), std::move(location_of), std::move(options));
   SLUICE_RETURN_IF_ERROR(impl->projects.load());
+  SLUICE_RETURN_IF_ERROR(impl->load_tallies());
   Impl* p = impl.get();
   impl->flusher = std::thread([p] { p->run_flusher(); });
   return std::unique_ptr<CacheCharger>(new CacheCharger(std::move(impl)));
@@ -219,17 +277,16 @@ CacheCharger::~CacheCharger() {
   (void)impl_->flush();
 }
 
-bool CacheCharger::admit(std::string_view key, uint64_t bytes) {
+std::optional<uint32_t> CacheCharger::admit(std::string_view key, uint64_t bytes) {
   return impl_->admit(key, static_cast<int64_t>(bytes));
 }
 
-void CacheCharger::freed(std::string_view key, uint64_t bytes) {
-  auto found = impl_->allowance_of(key);
-  if (!found || !*found) return;  // a ledger error: that usage stays high (reconcile)
-  Impl::Allowance& a = **found;
-  std::lock_guard lock(a.mu);
-  a.freed += static_cast<int64_t>(bytes);
-  impl_->freed_bytes.fetch_add(bytes, std::memory_order_relaxed);
+uint32_t CacheCharger::adopt(std::string_view key, uint64_t bytes) {
+  return impl_->adopt(key, static_cast<int64_t>(bytes));
+}
+
+void CacheCharger::freed(uint32_t tag, uint64_t bytes) {
+  impl_->freed(tag, static_cast<int64_t>(bytes));
 }
 
 Status CacheCharger::flush() {
@@ -244,6 +301,8 @@ CacheChargerStats CacheCharger::stats() const {
                            .refused_chunks = get(i.refused_chunks),
                            .refused_bytes = get(i.refused_bytes),
                            .freed_bytes = get(i.freed_bytes),
+                           .adopted_chunks = get(i.adopted_chunks),
+                           .adopted_bytes = get(i.adopted_bytes),
                            .uncharged_chunks = get(i.uncharged_chunks),
                            .flushes = get(i.flushes),
                            .flush_errors = get(i.flush_errors)};

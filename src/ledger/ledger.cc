@@ -60,7 +60,7 @@ namespace {
 constexpr int64_t kSchemaVersion = 1;
 // Bumped whenever kSchema gains a table or an index (never a change to an existing one:
 // that is a new schema version): an older ledger then gets them at its next open.
-constexpr int64_t kTableSet = 3;
+constexpr int64_t kTableSet = 4;
 
 // A tier's total over every team, sampled into the history under the team name "*" (which
 // no team can have): $1 now.
@@ -136,6 +136,15 @@ CREATE TABLE IF NOT EXISTS trash (
   trashed_ns BIGINT NOT NULL,
   purge_after_ns BIGINT NOT NULL,
   PRIMARY KEY (run, project, key));
+CREATE TABLE IF NOT EXISTS tallies (
+  source TEXT NOT NULL,
+  project TEXT NOT NULL REFERENCES projects(id),
+  tier TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  team TEXT NOT NULL,
+  bytes BIGINT NOT NULL,
+  updated_ns BIGINT NOT NULL,
+  PRIMARY KEY (source, project, tier, kind));
 CREATE TABLE IF NOT EXISTS history (
   team TEXT NOT NULL,
   tier TEXT NOT NULL,
@@ -492,6 +501,7 @@ Status Ledger::remove_project(std::string_view id) {
                                        std::to_string(trashed[0].i64(0)) +
                                        " objects in its trash (sluice gc run purges them)");
     SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM usage WHERE project = $1", args));
+    SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM tallies WHERE project = $1", args));
     SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM retention WHERE project = $1", args));
     SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM pins WHERE project = $1", args));
     SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM projects WHERE id = $1", args));
@@ -806,6 +816,86 @@ Status Ledger::set_usage(const ChargeTarget& t, int64_t bytes, int64_t objects) 
                                                  bytes - old_b, objects - old_o, now}));
     return {};
   });
+}
+
+Status Ledger::set_tally(std::string_view source, const ChargeTarget& t, int64_t bytes,
+                         std::string_view reservation) {
+  if (source.empty()) return fail(Code::kInvalidArgument, "set_tally: no source");
+  if (bytes < 0) return fail(Code::kInvalidArgument, "set_tally: negative bytes");
+  SLUICE_RETURN_IF_ERROR(ensure_account(t.team, t.tier));
+  std::string tier(tier_name(t.tier)), kind(kind_name(t.kind));
+  Status s = db_->transaction([&](Conn& c) -> Status {
+    int64_t now = now_ns();
+    int64_t released_b = 0, released_o = 0;
+    if (!reservation.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(auto gone, c.query(sql::kDeleteReservation,
+                                                 std::vector<Value>{std::string(reservation)}));
+      for (auto& row : gone) {
+        if (row.text(0) == t.team && row.text(1) == tier) {
+          released_b += row.i64(2);
+          released_o += row.i64(3);
+        } else {
+          SLUICE_RETURN_IF_ERROR(
+              c.query(sql::kUnreserve,
+                      std::vector<Value>{row.text(0), row.text(1), row.i64(2), row.i64(3)}));
+        }
+      }
+    }
+    // The account row first, as in set_usage: a settle between the read and the writes
+    // below would otherwise be lost (PostgreSQL; SQLite has one writer at a time).
+    if (c.dialect() == Dialect::kPostgres)
+      SLUICE_RETURN_IF_ERROR(
+          c.query("SELECT 1 FROM accounts WHERE team = $1 AND tier = $2 FOR UPDATE",
+                  std::vector<Value>{t.team, tier}));
+    std::vector<Value> key{std::string(source), t.project, tier, kind};
+    SLUICE_ASSIGN_OR_RETURN(auto rows, c.query("SELECT bytes FROM tallies WHERE source = $1 AND"
+                                               " project = $2 AND tier = $3 AND kind = $4",
+                                               key));
+    int64_t delta = bytes - (rows.empty() ? 0 : rows[0].i64(0));
+    if (bytes == 0) {
+      SLUICE_RETURN_IF_ERROR(
+          c.query("DELETE FROM tallies WHERE source = $1 AND project = $2 AND"
+                  " tier = $3 AND kind = $4",
+                  key));
+    } else {
+      SLUICE_RETURN_IF_ERROR(c.query(
+          "INSERT INTO tallies (source, project, tier, kind, team, bytes, updated_ns)"
+          " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (source, project, tier, kind)"
+          " DO UPDATE SET bytes = $6, updated_ns = $7",
+          std::vector<Value>{std::string(source), t.project, tier, kind, t.team, bytes, now}));
+    }
+    if (delta != 0)
+      SLUICE_RETURN_IF_ERROR(
+          c.query(sql::kUsageAdd,
+                  std::vector<Value>{t.project, tier, kind, t.team, delta, int64_t{0}, now}));
+    if (delta != 0 || released_b != 0 || released_o != 0)
+      SLUICE_RETURN_IF_ERROR(c.query(
+          sql::kSettle,
+          std::vector<Value>{t.team, tier, released_b, released_o, delta, int64_t{0}, now}));
+    return {};
+  });
+  if (s) maybe_sample(t.team, t.tier);
+  return s;
+}
+
+Result<std::vector<Tally>> Ledger::tallies(std::string_view source) {
+  std::vector<Tally> out;
+  Status s = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows, c.query("SELECT source, project, team, tier, kind, bytes, updated_ns FROM"
+                           " tallies WHERE $1 = '' OR source = $1 ORDER BY source, project, tier,"
+                           " kind",
+                           std::vector<Value>{std::string(source)}));
+    for (auto& r : rows) {
+      SLUICE_ASSIGN_OR_RETURN(Tier tier, parse_tier(r.text(3)));
+      SLUICE_ASSIGN_OR_RETURN(Kind kind, parse_kind(r.text(4)));
+      out.push_back(
+          Tally{r.text(0), ChargeTarget{r.text(1), r.text(2), tier, kind}, r.i64(5), r.i64(6)});
+    }
+    return {};
+  });
+  if (!s) return std::unexpected(s.error());
+  return out;
 }
 
 Result<int64_t> Ledger::recount_accounts() {

@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <list>
 #include <map>
 #include <mutex>
@@ -44,6 +46,16 @@ struct Reply {
   FrameBytes data;
   std::vector<UniqueFd> fds;
 };
+
+// The name a daemon's cache charges under in the ledger (CacheChargerOptions::source):
+// this host and the cache directory, the same across restarts.
+std::string cache_source(const std::string& directory) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
+  std::error_code ec;
+  auto dir = std::filesystem::weakly_canonical(directory, ec);
+  return std::string(host) + ":" + (ec ? directory : dir.string());
+}
 
 std::string dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -241,6 +253,7 @@ struct NodeServer::Impl {
   // a cache key is "<root id>/<key>", its location the root's URI and the key.
   Status charge_cache() {
     ledger::CacheChargerOptions co;
+    co.source = cache_source(o.cache.directory);
     co.log = o.log;
     co.registry = &registry;
     auto location_of = [r = router](std::string_view key) -> std::string {
@@ -256,13 +269,16 @@ struct NodeServer::Impl {
     charger = std::move(*c);
     // Chunks of other stores sharing the directory are not this daemon's to charge.
     o.cache.admit_chunk = [c = charger, id = o.cache.store_id](
-                              std::string_view store, std::string_view key, uint64_t bytes) {
-      return store != id || c->admit(key, bytes);
+                              std::string_view store, std::string_view key,
+                              uint64_t bytes) -> std::optional<uint32_t> {
+      if (store != id) return 0;
+      return c->admit(key, bytes);
     };
-    o.cache.chunk_freed = [c = charger, id = o.cache.store_id](
-                              std::string_view store, std::string_view key, uint64_t bytes) {
-      if (store == id) c->freed(key, bytes);
+    o.cache.chunk_adopted = [c = charger, id = o.cache.store_id](
+                                std::string_view store, std::string_view key, uint64_t bytes) {
+      return store != id ? 0 : c->adopt(key, bytes);
     };
+    o.cache.chunk_freed = [c = charger](uint32_t tag, uint64_t bytes) { c->freed(tag, bytes); };
     return ok();
   }
 
@@ -1248,6 +1264,7 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(peers), o.cache));
   // The cache holds its own copies; these would keep the charger alive past `registry`.
   o.cache.admit_chunk = nullptr;
+  o.cache.chunk_adopted = nullptr;
   o.cache.chunk_freed = nullptr;
   // Chunk files are reached only through descriptors the daemon hands out: no other user
   // may walk the directory.

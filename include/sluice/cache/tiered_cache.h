@@ -107,14 +107,20 @@ struct CacheOptions {
   // for (which could make two daemons wait on each other until the peer timeout).
   std::function<uint64_t(std::string_view key, uint64_t index)> fill_group;
   // Charging of the NVMe tier (the daemon's: ledger/cache_charger.h charges each chunk to
-  // the team owning its object): asked before a chunk is written to NVMe, with the backing
-  // store's identity, the key and the chunk's bytes on disk (its length rounded up to
-  // 4 KiB); false keeps the chunk off NVMe (the read that fetched it still succeeds). Told
-  // when a chunk leaves NVMe, once for each chunk admitted, and for chunks found at open
-  // that are dropped. Called from readers' and the writer's threads, never under the
-  // cache's locks. Null: every chunk may be kept.
-  std::function<bool(std::string_view store, std::string_view key, uint64_t bytes)> admit_chunk;
-  std::function<void(std::string_view store, std::string_view key, uint64_t bytes)> chunk_freed;
+  // the team owning its object). `admit_chunk` is asked before a chunk is written to NVMe,
+  // with the backing store's identity, the key and the chunk's bytes on disk (its length
+  // rounded up to 4 KiB): nullopt keeps the chunk off NVMe (the read that fetched it still
+  // succeeds); else a charge tag the cache keeps with the chunk, in memory (0: uncharged).
+  // `chunk_adopted` gives the tag of each chunk found on NVMe at open, and cannot refuse.
+  // `chunk_freed` is told a chunk's tag and bytes when it leaves NVMe, for every non-zero
+  // tag. Called from readers' and the writer's threads, never under the cache's locks.
+  // Null: every chunk may be kept, and nothing is told.
+  std::function<std::optional<uint32_t>(std::string_view store, std::string_view key,
+                                        uint64_t bytes)>
+      admit_chunk;
+  std::function<uint32_t(std::string_view store, std::string_view key, uint64_t bytes)>
+      chunk_adopted;
+  std::function<void(uint32_t tag, uint64_t bytes)> chunk_freed;
 };
 
 // Where a chunk lies in the NVMe tier, for a caller that reads it with its own data path

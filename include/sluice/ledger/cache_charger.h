@@ -2,35 +2,44 @@
 // they hold, with the teams' quotas enforced before a chunk is kept.
 //
 //   auto charger = CacheCharger::open(ledger, [](std::string_view key) { return
-//       "s3://bucket/" + std::string(key); }).value();
+//       "s3://bucket/" + std::string(key); }, {.source = "node7:/var/cache/sluice"}).value();
 //   cache_options.admit_chunk = [c = charger](auto store, auto key, uint64_t bytes) {
 //       return c->admit(key, bytes); };
-//   cache_options.chunk_freed = ...c->freed(key, bytes)...;
+//   cache_options.chunk_adopted = ...c->adopt(key, bytes)...;
+//   cache_options.chunk_freed = ...c->freed(tag, bytes)...;
 //
 // A chunk belongs to the project owning its object's location (the longest project
-// location it lies under: `location_of(key)`); its bytes on disk (the length rounded up
-// to 4 KiB pages) are charged to that project's team on tier nvme, kind cache (both
+// location it lies under: `location_of(key)`); its bytes on disk (the length rounded up to
+// 4 KiB pages) are charged to that project's team on tier nvme, kind cache (both
 // options). No objects are charged: chunks lie in shared segment files, not files of
 // their own. Keys outside every project are kept and not charged.
 //
+// The charger counts, per project, the bytes of the chunks it charged that are on NVMe
+// now, and the ledger holds that count as this cache's tally (Ledger::set_tally, under
+// `source`): an absolute figure, so the usage equals what the cache holds whatever was
+// lost on the way.
 // - admit() is asked before a chunk is written to NVMe. It takes the chunk out of the
 //   project's allowance: a reservation of at least `allowance_bytes` against the team's
 //   quota, taken when the last one ran out (only what the chunk needs when no more fits).
-//   When the quota refuses even that, the chunk is not kept (the read that fetched it
-//   still succeeds) and refused_chunks counts it; the team is not asked again for
-//   `refusal_memory`, and a line is logged at most once a minute per project. A ledger that
-//   cannot be reached refuses too: nothing is kept uncharged.
-// - freed() is told when an admitted chunk leaves (evicted, its object changed, a
-//   checksum failure, evict by prefix): the usage drops by its bytes.
-// - Every `flush_interval`, when an allowance runs out, and on destruction, what was
-//   admitted since the last flush is committed (the usage grows by it, less what was
-//   freed), and the rest of the allowance is released. So the ledger's usage trails the
-//   cache by at most one interval, and the team's quota is never passed: every kept chunk
-//   lay inside a reservation. A daemon killed between two flushes loses the charges of
-//   that interval (its reservation expires on its own), and since the cache does not
-//   record which chunks were charged, those chunks are uncharged again when they leave:
-//   the usage ends short by up to twice what was admitted meanwhile (docs/ledger.md lists
-//   every such drift). `sluice usage reconcile` does not recount caches.
+//   It returns the chunk's charge tag, which the cache keeps with the chunk (in memory)
+//   and hands back to freed(): 0 for a chunk no project owns. When the quota refuses even
+//   that, the chunk is not kept (nullopt; the read that fetched it still succeeds) and
+//   refused_chunks counts it; the team is not asked again for `refusal_memory`, and a line
+//   is logged at most once a minute per project. A ledger that cannot be reached refuses
+//   too: nothing is kept uncharged.
+// - adopt() counts a chunk the cache found on NVMe at open, whatever the quota says (its
+//   bytes are there), and returns its tag. So a daemon restarted after kill -9 recounts
+//   what it holds: the charges of the interval it lost are neither lost nor counted twice.
+// - freed(tag, bytes) is told when a chunk with a non-zero tag leaves (evicted, its object
+//   changed, a checksum failure, evict by prefix): the tag's project's count drops. A
+//   chunk kept uncharged (tag 0) is never uncharged, even when a project owns it by then.
+// - Every `flush_interval`, when an allowance runs out, and on destruction, each project's
+//   count goes to the ledger and the rest of its allowance is released, in one
+//   transaction. A flush whose reply is lost is simply sent again: the figure is absolute.
+//   So the ledger's usage trails the cache by at most one interval, and the team's quota
+//   is never passed: every kept chunk lay inside a reservation. At open the charger reads
+//   this source's tallies back, so a project it no longer holds chunks of drops to 0 at
+//   the first flush.
 // Thread-safe.
 #pragma once
 
@@ -38,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -50,6 +60,9 @@ class Registry;
 namespace sluice::ledger {
 
 struct CacheChargerOptions {
+  // Names this cache in the ledger's tallies, the same across restarts (sluiced: its host
+  // name and cache directory). Required.
+  std::string source;
   Tier tier = Tier::kNvme;
   Kind kind = Kind::kCache;
   uint64_t allowance_bytes = 64ull << 20;
@@ -67,7 +80,8 @@ struct CacheChargerStats {
   uint64_t admitted_chunks = 0, admitted_bytes = 0;
   uint64_t refused_chunks = 0, refused_bytes = 0;
   uint64_t freed_bytes = 0;
-  uint64_t uncharged_chunks = 0;  // keys no project owns
+  uint64_t adopted_chunks = 0, adopted_bytes = 0;  // found on NVMe at open
+  uint64_t uncharged_chunks = 0;                   // keys no project owns
   uint64_t flushes = 0, flush_errors = 0;
 };
 
@@ -81,9 +95,11 @@ class CacheCharger {
   CacheCharger(const CacheCharger&) = delete;
   CacheCharger& operator=(const CacheCharger&) = delete;
 
-  bool admit(std::string_view key, uint64_t bytes);
-  void freed(std::string_view key, uint64_t bytes);
-  // Commits what was admitted and freed so far, releases the allowances' rest.
+  // nullopt: not kept. Else the chunk's charge tag (0: not charged).
+  std::optional<uint32_t> admit(std::string_view key, uint64_t bytes);
+  uint32_t adopt(std::string_view key, uint64_t bytes);
+  void freed(uint32_t tag, uint64_t bytes);
+  // Sets every changed project's tally and releases the allowances' rest.
   Status flush();
   CacheChargerStats stats() const;
 

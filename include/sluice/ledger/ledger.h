@@ -134,6 +134,14 @@ struct ChargeTarget {
   Kind kind = Kind::kScratch;
 };
 
+// What one source (a node's cache) holds for a target, as it last said (set_tally).
+struct Tally {
+  std::string source;
+  ChargeTarget target;
+  int64_t bytes = 0;
+  int64_t updated_ns = 0;
+};
+
 struct LedgerOptions {
   // How long a reservation lives unless committed, released or grown (which renews it).
   std::chrono::seconds reservation_ttl{15 * 60};
@@ -203,6 +211,17 @@ class Ledger {
   Result<std::vector<Usage>> usage();
   // Sets one usage figure to what a recount found (reconcile), keeping the account in step.
   Status set_usage(const ChargeTarget& target, int64_t bytes, int64_t objects);
+  // A source that knows what it holds (a node's cache, which can count its chunks) charges
+  // it as one absolute figure per target instead of by changes: set_tally sets what
+  // `source` holds for `target` to `bytes`, changes the target's usage by the difference
+  // from the figure last set, and ends `reservation` (when not empty) without charging it,
+  // all in one transaction. Setting the same figure again changes nothing, so a caller that
+  // lost the reply sends it again, and one that restarts recounts and sets what it holds.
+  // 0 forgets the figure.
+  Status set_tally(std::string_view source, const ChargeTarget& target, int64_t bytes,
+                   std::string_view reservation = {});
+  // The figures `source` (empty: every source) set last, by source, project, tier, kind.
+  Result<std::vector<Tally>> tallies(std::string_view source = {});
   // Recomputes every account's used and reserved figures from the usage rows and the live
   // reservations; returns the accounts whose figures changed.
   Result<int64_t> recount_accounts();

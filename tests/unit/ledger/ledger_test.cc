@@ -494,6 +494,7 @@ TEST_P(LedgerTest, CacheChargerKeepsChunksWithinTheTeamsQuota) {
   std::vector<std::string> logged;
   std::mutex log_mu;
   CacheChargerOptions co;
+  co.source = "node1:/cache";
   co.allowance_bytes = 4 * kMiB;
   co.flush_interval = std::chrono::hours(1);  // flushed by hand below
   co.refusal_memory = std::chrono::milliseconds(0);
@@ -508,21 +509,26 @@ TEST_P(LedgerTest, CacheChargerKeepsChunksWithinTheTeamsQuota) {
 
   // Eight threads race to keep 1 MiB chunks: exactly ten fit, never more.
   std::atomic<int> kept{0}, refused{0};
+  std::atomic<uint32_t> tags{0};  // every tag handed out, or'd
   std::vector<std::thread> fillers;
   for (int t = 0; t < 8; ++t) {
     fillers.emplace_back([&, t] {
       for (int i = 0; i < 4; ++i) {
-        if (ch.admit("vision/shard-" + std::to_string(t * 4 + i), kMiB))
+        if (auto tag = ch.admit("vision/shard-" + std::to_string(t * 4 + i), kMiB)) {
           ++kept;
-        else
+          tags |= *tag;
+        } else {
           ++refused;
+        }
       }
     });
   }
   for (auto& f : fillers) f.join();
+  const uint32_t tag = tags.load();  // one project: one tag, not 0
+  EXPECT_NE(tag, 0u);
   EXPECT_EQ(kept.load(), 10);
   EXPECT_EQ(refused.load(), 22);
-  EXPECT_TRUE(ch.admit("other/x", kMiB));  // no project owns it: kept, not charged
+  EXPECT_EQ(ch.admit("other/x", kMiB), std::optional<uint32_t>(0));  // no project: not charged
   CacheChargerStats st = ch.stats();
   EXPECT_EQ(st.admitted_bytes, 10u * kMiB);
   EXPECT_EQ(st.refused_chunks, 22u);
@@ -551,12 +557,12 @@ TEST_P(LedgerTest, CacheChargerKeepsChunksWithinTheTeamsQuota) {
   EXPECT_TRUE(found);
 
   // Evicted chunks are uncharged, and make room for others.
-  ch.freed("vision/shard-0", kMiB);
-  ch.freed("vision/shard-1", kMiB);
-  EXPECT_TRUE(ch.admit("vision/shard-40", kMiB));
+  ch.freed(tag, kMiB);
+  ch.freed(tag, kMiB);
+  EXPECT_EQ(ch.admit("vision/shard-40", kMiB), std::optional<uint32_t>(tag));
   ASSERT_TRUE(ch.flush());
   EXPECT_EQ(account("vision", Tier::kNvme).used_bytes, 9 * kMiB);
-  ch.freed("vision/shard-2", kMiB);
+  ch.freed(tag, kMiB);
   ASSERT_TRUE(ch.flush());  // with no reservation open: a plain uncharge
   EXPECT_EQ(account("vision", Tier::kNvme).used_bytes, 8 * kMiB);
 
@@ -566,6 +572,70 @@ TEST_P(LedgerTest, CacheChargerKeepsChunksWithinTheTeamsQuota) {
   a = account("vision", Tier::kNvme);
   EXPECT_EQ(a.used_bytes, 9 * kMiB);
   EXPECT_EQ(a.reserved_bytes, 0);
+}
+
+// Defect 11 of the hostile test: the cache's charges were changes, so a flush whose reply
+// was lost was committed again, a restart after kill -9 lost an interval's charges, and a
+// chunk kept uncharged was uncharged when it left. A tally is absolute: set twice, it
+// charges once; a restarted cache recounts what it holds.
+TEST_P(LedgerTest, CacheTalliesAreAbsolute) {
+  ChargeTarget t = team_with_project("tally", "s3://b/tally");
+  t.tier = Tier::kNvme;
+  t.kind = Kind::kCache;
+  constexpr int64_t kMiB = 1 << 20;
+  auto r = ledger_->reserve(t, 4 * kMiB, 0);
+  ASSERT_TRUE(r);
+  // The same flush sent twice (its first reply lost): charged once, reservation ended once.
+  ASSERT_TRUE(ledger_->set_tally("node1:/cache", t, 3 * kMiB, *r));
+  ASSERT_TRUE(ledger_->set_tally("node1:/cache", t, 3 * kMiB, *r));
+  Account a = account("tally", Tier::kNvme);
+  EXPECT_EQ(a.used_bytes, 3 * kMiB);
+  EXPECT_EQ(a.reserved_bytes, 0);
+  ASSERT_TRUE(ledger_->set_tally("node2:/cache", t, 1 * kMiB));  // another node's cache
+  EXPECT_EQ(account("tally", Tier::kNvme).used_bytes, 4 * kMiB);
+  ASSERT_TRUE(ledger_->set_tally("node1:/cache", t, 2 * kMiB));
+  EXPECT_EQ(account("tally", Tier::kNvme).used_bytes, 3 * kMiB);
+  auto all = ledger_->tallies();
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].source, "node1:/cache");
+  EXPECT_EQ((*all)[0].bytes, 2 * kMiB);
+  EXPECT_EQ((*all)[0].target.project, t.project);
+  EXPECT_EQ(ledger_->tallies("node2:/cache")->size(), 1u);
+  EXPECT_EQ(ledger_->set_tally("", t, 1).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->set_tally("n", t, -1).error().code(), Code::kInvalidArgument);
+
+  CacheChargerOptions co;
+  co.source = "node1:/cache";
+  co.flush_interval = std::chrono::hours(1);
+  auto location = [](std::string_view key) { return "s3://b/" + std::string(key); };
+  {
+    // A chunk kept uncharged (no project owned it then) is not uncharged when it leaves,
+    // though a project owns it by then.
+    auto c = CacheCharger::open(ledger_, location, co);
+    ASSERT_TRUE(c) << c.error().to_string();
+    EXPECT_EQ((*c)->admit("late/x", kMiB), std::optional<uint32_t>(0));
+    team_with_project("late", "s3://b/late");
+    (*c)->freed(0, kMiB);
+    // Restarted (after kill -9, its last charges lost): the tally becomes what the cache
+    // adopts at open, and node1's figure for a project it holds nothing of goes to 0.
+    uint32_t tag = (*c)->adopt("tally/a", 2 * kMiB);
+    EXPECT_NE(tag, 0u);
+    (*c)->adopt("tally/b", kMiB);
+    (*c)->freed(tag, kMiB);
+    ASSERT_TRUE((*c)->flush());
+    EXPECT_EQ(account("tally", Tier::kNvme).used_bytes, 3 * kMiB);  // node1 2, node2 1
+    EXPECT_EQ((*c)->stats().adopted_bytes, 3u * kMiB);
+  }
+  {
+    auto c = CacheCharger::open(ledger_, location, co);  // holds nothing now
+    ASSERT_TRUE(c);
+    ASSERT_TRUE((*c)->flush());
+    EXPECT_EQ(account("tally", Tier::kNvme).used_bytes, 1 * kMiB);  // node2's only
+    EXPECT_TRUE(ledger_->tallies("node1:/cache")->empty());
+  }
+  co.source.clear();
+  EXPECT_EQ(CacheCharger::open(ledger_, location, co).error().code(), Code::kInvalidArgument);
 }
 
 TEST(LedgerUri, SqliteAndPostgres) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -21,13 +22,25 @@ struct PublishState {
   bool charged = false;  // the hook charged the commit
 };
 
+// How long one publish of an object-store key holds the key's lock in the ledger (a
+// crashed writer's lock is taken over after it), and how long another writer waits for it.
+constexpr std::chrono::seconds kPublishHold{120}, kPublishWait{300};
+
+// For a store that cannot say what a publish replaced: the key's location, and a fresh
+// look at the object the publish will replace (its size, or nullopt when there is none).
+struct Lookup {
+  std::string location;
+  std::function<Result<std::optional<int64_t>>()> size;
+};
+
 class ChargingWriter final : public store::Writer {
  public:
   ChargingWriter(std::unique_ptr<store::Writer> inner, std::shared_ptr<Ledger> ledger,
                  ChargeTarget target, std::string reservation, int64_t reserved,
                  std::optional<int64_t> old_size, uint64_t min_growth,
-                 std::shared_ptr<PublishState> published)
-      : published_(std::move(published)),
+                 std::shared_ptr<PublishState> published, std::optional<Lookup> lookup)
+      : lookup_(std::move(lookup)),
+        published_(std::move(published)),
         inner_(std::move(inner)),
         ledger_(std::move(ledger)),
         target_(std::move(target)),
@@ -88,14 +101,34 @@ class ChargingWriter final : public store::Writer {
     }
     // Some writers forget their size once committed.
     bytes_ = static_cast<int64_t>(inner_->size());
+    // A store that cannot say what its publish replaced (object stores): the key's lock
+    // in the ledger is held across a fresh look at the old object, the publish and the
+    // charge, so writers racing on one key charge against what each really replaced.
+    std::string holder;
+    if (lookup_) {
+      auto held = ledger_->lock_key(lookup_->location, kPublishHold, kPublishWait);
+      auto old = held ? lookup_->size() : Result<std::optional<int64_t>>(std::nullopt);
+      if (!held || !old) {
+        if (held) (void)ledger_->unlock_key(lookup_->location, *held);
+        inner_->abort();
+        (void)ledger_->release(reservation_);
+        Error e = held ? old.error() : held.error();
+        return std::unexpected(e.with_context("publishing " + lookup_->location));
+      }
+      holder = std::move(*held);
+      old_size_ = *old;
+    }
     Status s = inner_->commit();
     if (!s) {
+      if (!holder.empty()) (void)ledger_->unlock_key(lookup_->location, holder);
       (void)ledger_->release(reservation_);  // expires on its own if this fails too
       return s;
     }
     // Where the store knows what its publish replaced (file://, mem://), the charge was made
-    // in its on_publish callback, in publish order: see settle(). Else by what create saw.
+    // in its on_publish callback, in publish order: see settle(). Else by the look above
+    // (or, for a write that may not replace anything, by what create saw: nothing).
     if (!published_->charged) settle(old_size_);
+    if (!holder.empty()) (void)ledger_->unlock_key(lookup_->location, holder);
     return {};
   }
 
@@ -168,6 +201,7 @@ class ChargingWriter final : public store::Writer {
   }
 
   static constexpr int64_t kMaxStep = int64_t{1} << 30;
+  std::optional<Lookup> lookup_;
   std::shared_ptr<PublishState> published_;
   int64_t bytes_ = 0;  // what commit publishes
   std::chrono::steady_clock::time_point renewed_ = std::chrono::steady_clock::now();
@@ -207,11 +241,7 @@ class ChargingStore final : public store::StoreWrapper {
     if (!target) return StoreWrapper::create(key, options);
     std::optional<int64_t> old_size;
     if (options.overwrite) {
-      auto old = StoreWrapper::stat(key);
-      if (old)
-        old_size = static_cast<int64_t>(old->size);
-      else if (old.error().code() != Code::kNotFound)
-        return std::unexpected(old.error());
+      SLUICE_ASSIGN_OR_RETURN(old_size, size_of(key));
     }
     // An overwrite adds no object, and only the bytes beyond the old object's size: the
     // old bytes are charged already and become the new object's.
@@ -229,9 +259,12 @@ class ChargingStore final : public store::StoreWrapper {
       (void)ledger_->release(*reservation);
       return std::unexpected(inner.error());
     }
-    return std::make_unique<ChargingWriter>(std::move(*inner), ledger_, std::move(*target),
-                                            std::move(*reservation), bytes, old_size,
-                                            options_.min_growth, std::move(published));
+    std::optional<Lookup> lookup;
+    if (options.overwrite && !reports_replaced())
+      lookup = Lookup{location_of(key), [this, k = std::string(key)] { return size_of(k); }};
+    return std::make_unique<ChargingWriter>(
+        std::move(*inner), ledger_, std::move(*target), std::move(*reservation), bytes, old_size,
+        options_.min_growth, std::move(published), std::move(lookup));
   }
 
   // Asks the ledger by reserving what a write would, and releasing it at once.
@@ -247,13 +280,23 @@ class ChargingStore final : public store::StoreWrapper {
     return {};
   }
 
+  // A store that cannot say what a removal took (object stores, where removing a missing
+  // key succeeds) holds the key's lock across the look and the removal, as a publish does:
+  // two removals of one object uncharge it once.
   Status remove(std::string_view key) override {
     SLUICE_ASSIGN_OR_RETURN(auto target, target_of(key));
     if (!target) return StoreWrapper::remove(key);
+    std::string location = location_of(key), holder;
+    if (!reports_replaced()) {
+      auto held = ledger_->lock_key(location, kPublishHold, kPublishWait);
+      if (!held) return std::unexpected(held.error().with_context("removing " + location));
+      holder = std::move(*held);
+    }
     auto info = StoreWrapper::stat(key);
-    SLUICE_RETURN_IF_ERROR(StoreWrapper::remove(key));
-    if (info) (void)ledger_->charge(*target, -static_cast<int64_t>(info->size), -1);
-    return {};
+    Status removed = StoreWrapper::remove(key);
+    if (removed && info) (void)ledger_->charge(*target, -static_cast<int64_t>(info->size), -1);
+    if (!holder.empty()) (void)ledger_->unlock_key(location, holder);
+    return removed;
   }
 
   Status remove_many(std::span<const std::string> keys) override {
@@ -282,9 +325,19 @@ class ChargingStore final : public store::StoreWrapper {
                                           " (project '" + target.project + "')"));
   }
 
+  std::string location_of(std::string_view key) const { return root_ + "/" + std::string(key); }
+
+  // The size of the object at `key`, or nullopt when there is none.
+  Result<std::optional<int64_t>> size_of(std::string_view key) {
+    auto old = StoreWrapper::stat(key);
+    if (old) return static_cast<int64_t>(old->size);
+    if (old.error().code() == Code::kNotFound) return std::optional<int64_t>{};
+    return std::unexpected(old.error());
+  }
+
   // The charge target of a key, or nullopt when no project owns it (and that is allowed).
   Result<std::optional<ChargeTarget>> target_of(std::string_view key) {
-    std::string location = root_ + "/" + std::string(key);
+    std::string location = location_of(key);
     SLUICE_ASSIGN_OR_RETURN(std::optional<Project> p, projects_.owner(location));
     if (p)
       return ChargeTarget{p->id, p->team, options_.tier.value_or(p->tier),

@@ -60,7 +60,7 @@ namespace {
 constexpr int64_t kSchemaVersion = 1;
 // Bumped whenever kSchema gains a table or an index (never a change to an existing one:
 // that is a new schema version): an older ledger then gets them at its next open.
-constexpr int64_t kTableSet = 4;
+constexpr int64_t kTableSet = 5;
 
 // A tier's total over every team, sampled into the history under the team name "*" (which
 // no team can have): $1 now.
@@ -145,6 +145,10 @@ CREATE TABLE IF NOT EXISTS tallies (
   bytes BIGINT NOT NULL,
   updated_ns BIGINT NOT NULL,
   PRIMARY KEY (source, project, tier, kind));
+CREATE TABLE IF NOT EXISTS publishing (
+  location TEXT PRIMARY KEY,
+  holder TEXT NOT NULL,
+  expires_ns BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS history (
   team TEXT NOT NULL,
   tier TEXT NOT NULL,
@@ -735,6 +739,43 @@ Status Ledger::release(std::string_view reservation) {
 Status Ledger::charge(const ChargeTarget& t, int64_t bytes, int64_t objects) {
   SLUICE_RETURN_IF_ERROR(ensure_account(t.team, t.tier));
   return commit("", t, bytes, objects);
+}
+
+Result<std::string> Ledger::lock_key(std::string_view location, std::chrono::seconds hold,
+                                     std::chrono::seconds wait) {
+  const std::string holder = new_reservation_id();
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  auto pause = std::chrono::milliseconds(2);
+  for (;;) {
+    bool taken = false;
+    Status asked = db_->with_conn([&](Conn& c) -> Status {
+      int64_t now = now_ns();
+      SLUICE_RETURN_IF_ERROR(
+          c.query("INSERT INTO publishing (location, holder, expires_ns) VALUES ($1, $2, $3)"
+                  " ON CONFLICT (location) DO UPDATE SET holder = $2, expires_ns = $3"
+                  " WHERE publishing.expires_ns < $4",
+                  std::vector<Value>{std::string(location), holder,
+                                     now + hold.count() * 1'000'000'000, now}));
+      taken = c.changes() == 1;
+      return {};
+    });
+    if (!asked) return std::unexpected(asked.error());
+    if (taken) return holder;
+    if (std::chrono::steady_clock::now() + pause > deadline)
+      return fail(Code::kUnavailable, "another writer has been publishing " +
+                                          std::string(location) + " for over " +
+                                          std::to_string(wait.count()) + " s");
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::milliseconds(100));
+  }
+}
+
+Status Ledger::unlock_key(std::string_view location, std::string_view holder) {
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM publishing WHERE location = $1 AND holder = $2",
+                                   std::vector<Value>{std::string(location), std::string(holder)}));
+    return {};
+  });
 }
 
 Result<int64_t> Ledger::expire_reservations() {

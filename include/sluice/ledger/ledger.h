@@ -204,6 +204,14 @@ class Ledger {
   Status release(std::string_view reservation);
   // Changes usage with no reservation (a removal: negative figures).
   Status charge(const ChargeTarget& target, int64_t bytes, int64_t objects);
+  // One publish of `location` at a time, for stores that cannot say what a publish
+  // replaced (object stores): the charging layer holds the key's lock across looking at the
+  // old object, publishing and charging, so racing writers charge against exactly what
+  // each replaced. Waits up to `wait` for another holder (Unavailable after), and takes
+  // over a lock held past `hold` (a crashed writer). Returns the holder's ID.
+  Result<std::string> lock_key(std::string_view location, std::chrono::seconds hold,
+                               std::chrono::seconds wait);
+  Status unlock_key(std::string_view location, std::string_view holder);
   // Drops every reservation past its time to live; returns how many.
   Result<int64_t> expire_reservations();
 

@@ -182,6 +182,9 @@ class Store {
   // a reservation: another writer may take the room first. A store with no limit of its
   // own to ask says ok (free space is the caller's to check where it can).
   virtual Status can_write(std::string_view key, uint64_t bytes, uint64_t objects);
+  // Whether its writers call WriteOptions::on_publish with what each publish replaced
+  // (file://, mem://). Object stores cannot know it.
+  virtual bool reports_replaced() const { return false; }
 
   // Conveniences built on the methods above.
   Status put(std::string_view key, std::span<const std::byte> data,

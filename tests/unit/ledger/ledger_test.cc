@@ -638,6 +638,35 @@ TEST_P(LedgerTest, CacheTalliesAreAbsolute) {
   EXPECT_EQ(CacheCharger::open(ledger_, location, co).error().code(), Code::kInvalidArgument);
 }
 
+// The publish lock of an object-store key: one holder at a time, a wait that ends, and a
+// crashed holder's lock taken over once its hold passes.
+TEST_P(LedgerTest, PublishLockOfAKey) {
+  using std::chrono::seconds;
+  auto first = ledger_->lock_key("s3://b/k", seconds(120), seconds(5));
+  ASSERT_TRUE(first) << first.error().to_string();
+  auto second = ledger_->lock_key("s3://b/k", seconds(120), seconds(0));
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code(), Code::kUnavailable);
+  EXPECT_NE(second.error().message().find("s3://b/k"), std::string::npos);
+  EXPECT_TRUE(ledger_->lock_key("s3://b/other", seconds(120), seconds(0)));  // per key
+  ASSERT_TRUE(ledger_->unlock_key("s3://b/k", "not-the-holder"));            // changes nothing
+  EXPECT_FALSE(ledger_->lock_key("s3://b/k", seconds(120), seconds(0)));
+  ASSERT_TRUE(ledger_->unlock_key("s3://b/k", *first));
+  // A waiter gets it once the holder lets go.
+  auto held = ledger_->lock_key("s3://b/k", seconds(120), seconds(5));
+  ASSERT_TRUE(held);
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (void)ledger_->unlock_key("s3://b/k", *held);
+  });
+  auto waited = ledger_->lock_key("s3://b/k", seconds(0), seconds(5));
+  release.join();
+  ASSERT_TRUE(waited) << waited.error().to_string();
+  // Held for 0 s (a writer that crashed): the next one takes it over once time passes.
+  g_now += 1;
+  EXPECT_TRUE(ledger_->lock_key("s3://b/k", seconds(120), seconds(0)));
+}
+
 TEST(LedgerUri, SqliteAndPostgres) {
   auto file = parse_ledger_uri("sqlite:///var/lib/sluice/ledger.db");
   ASSERT_TRUE(file);

@@ -1,5 +1,5 @@
 // The AWS files the CLI and sluiced read for S3 settings (~/.aws/credentials and
-// ~/.aws/config, INI, tools/sluice/aws_config.h): a parser that only reads files, so the
+// ~/.aws/config, INI, include/sluice/client/environment.h): a parser that only reads files, so the
 // input is written to two files under /dev/shm (split at the first NUL: credentials, then
 // config), named by AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE, and load_s3_options
 // reads them for the default profile and a named one.
@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "aws_config.h"
 #include "fuzz_util.h"
+#include "sluice/client/environment.h"
 
 using namespace sluice;
 
@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t nul = text.find('\0');
   write_file(dir + "/credentials", text.substr(0, nul));
   write_file(dir + "/config", nul == std::string_view::npos ? "" : text.substr(nul + 1));
-  (void)cli::load_s3_options({});
-  (void)cli::load_s3_options({.profile = "fuzz"});
+  (void)client::s3_options_from_environment({});
+  (void)client::s3_options_from_environment({.profile = "fuzz"});
   return 0;
 }

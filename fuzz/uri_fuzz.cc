@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "fuzz_util.h"
-#include "location.h"
+#include "sluice/client/location.h"
 #include "sluice/node/server.h"
 #include "sluice/s3/store.h"
 #include "sluice/store/store.h"
@@ -42,8 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view uri = text.substr(0, nl);
   const std::string_view grant = nl == std::string_view::npos ? "*" : text.substr(nl + 1);
 
-  (void)cli::scheme_of(uri);
-  if (auto loc = cli::parse_location(std::string(uri)); loc && !loc->local)
+  (void)client::scheme_of(uri);
+  if (auto loc = client::parse_location(std::string(uri)); loc && !loc->local)
     (void)store::open_store(loc->store_uri);
   (void)store::open_store(uri);
   (void)s3::parse_s3_uri(uri);

@@ -17,9 +17,9 @@
 
 #include "common.h"
 #include "cp.h"
-#include "location.h"
 #include "sizes.h"
 #include "sluice/cache/read_ahead.h"
+#include "sluice/client/location.h"
 #include "sluice/mem/buffer_pool.h"
 #include "sluice/node/client.h"
 #include "sluice/s3/store.h"
@@ -27,6 +27,9 @@
 #include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
+
+using client::Location;
+using client::parse_location;
 namespace fs = std::filesystem;
 
 namespace {
@@ -79,13 +82,13 @@ Result<Named> name_in_store(const std::string& text) {
   return n;
 }
 
-Result<Target> open_target(const std::string& text, const CacheArgs& a, const std::string& home) {
+Result<Target> open_target(const std::string& text, const CacheArgs& a) {
   SLUICE_ASSIGN_OR_RETURN(Named n, name_in_store(text));
   std::string key = n.key;
-  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
-  SLUICE_ASSIGN_OR_RETURN(auto backing, store::open_store(n.store_uri, so));
-  SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(a.cache, home));
-  SLUICE_ASSIGN_OR_RETURN(auto c, cache::TieredCache::open(std::move(backing), co));
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, {}, a.cache));
+  SLUICE_ASSIGN_OR_RETURN(auto backing, session.open_store(n.store_uri));
+  SLUICE_ASSIGN_OR_RETURN(auto c,
+                          cache::TieredCache::open(std::move(backing), session.cache_options()));
   return Target{std::move(c), key};
 }
 
@@ -321,7 +324,7 @@ int cmd_ls(const CacheArgs& a, const std::string& home) {
     if (!c) return report_error(c.error());
     chunks = (*c)->chunks("", true);
   } else {
-    auto t = open_target(a.target, a, home);
+    auto t = open_target(a.target, a);
     if (!t) return report_error(t.error());
     chunks = t->cache->chunks(t->key);
   }
@@ -386,7 +389,7 @@ int cmd_prefix(const CacheArgs& a, const std::string& home, const std::string& v
     n = verb == "evict" ? (*d)->evict(named->store_uri, named->key)
                         : (*d)->pin(named->store_uri, named->key, verb == "pin");
   } else {
-    auto t = open_target(a.target, a, home);
+    auto t = open_target(a.target, a);
     if (!t) return report_error(t.error());
     n = verb == "evict" ? t->cache->evict(t->key) : t->cache->pin(t->key, verb == "pin");
   }
@@ -501,7 +504,7 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
         });
     key = named->key;
   } else {
-    auto opened = open_target(first, a, home);
+    auto opened = open_target(first, a);
     if (!opened) return report_error(opened.error());
     t = std::move(*opened);
     cache::TieredCache* cache = t->cache.get();
@@ -611,18 +614,18 @@ Result<std::pair<uint64_t, std::optional<uint64_t>>> parse_range(const std::stri
   return std::pair{*from, std::optional<uint64_t>(*to + 1)};
 }
 
-int cmd_cat(const CacheArgs& a, const std::string& home) {
+int cmd_cat(const CacheArgs& a) {
   auto loc = parse_location(a.target);
   if (!loc) return report_error(loc.error());
   std::unique_ptr<store::Store> plain;
   store::Store* src = nullptr;
   std::string key;
-  auto so = s3_store_options(a.aws);
-  if (!so) return report_error(so.error());
+  auto session = open_session(a.aws, {}, a.cache);
+  if (!session) return report_error(session.error());
   if (loc->cached || a.use_cache) {
     auto n = name_in_store(a.target);
     if (!n) return report_error(n.error());
-    auto s = open_through_cache(n->store_uri, *so, a.cache, home);
+    auto s = session->open_cached(n->store_uri);
     if (!s) return report_error(s.error());
     plain = std::move(*s);
     key = n->key;
@@ -633,7 +636,7 @@ int cmd_cat(const CacheArgs& a, const std::string& home) {
                                                     : std::string("."))
                                  : loc->store_uri;
     key = loc->local ? fs::path(loc->path).filename().string() : loc->path;
-    auto s = store::open_store(uri, *so);
+    auto s = session->open_store(uri);
     if (!s) return report_error(s.error());
     plain = std::move(*s);
     src = plain.get();
@@ -752,7 +755,7 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHoo
   cat->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
   cat->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
   add_cache_flags(cat, a.cache);
-  cat->callback([&, home] { rc = cmd_cat(a, home); });
+  cat->callback([&, home] { rc = cmd_cat(a); });
 
   auto* cache = app.add_subcommand(
       "cache",

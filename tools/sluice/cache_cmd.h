@@ -7,15 +7,15 @@
 
 #include <CLI/CLI.hpp>
 
-#include "aws_config.h"
 #include "cache_flags.h"
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/client/environment.h"
 
 namespace sluice::cli {
 
 struct CacheArgs {
   CacheFlags cache;
-  AwsFlags aws;
+  client::AwsSettings aws;
   std::string target;      // URI or URI prefix (ls, warm, evict, pin, unpin, cat)
   std::string list_file;   // warm --list
   std::string range;       // cat --range A-B

@@ -3,7 +3,6 @@
 #include <cstdio>
 
 #include "sizes.h"
-#include "sluice/node/client.h"
 
 namespace sluice::cli {
 
@@ -51,27 +50,28 @@ Result<cache::CacheOptions> cache_options(const CacheFlags& f, const std::string
 }
 
 std::string daemon_socket(const CacheFlags& f, const std::string& home) {
-  return f.daemon.empty() ? home + "/sluiced.sock" : f.daemon;
+  return f.daemon.empty() ? client::Session::default_daemon_socket(home) : f.daemon;
 }
 
-Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& store_uri,
-                                                         store::StoreOptions so,
-                                                         const CacheFlags& f,
-                                                         const std::string& home,
-                                                         telemetry::Registry* registry) {
-  SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(f, home));
-  co.registry = registry;
-  so.backend.set(co);
-  cache::register_scheme();
-  if (f.daemon == "none") return store::open_store("cache+" + store_uri, so);
-  node::NodeOptions no;
-  no.socket = daemon_socket(f, home);
-  no.on_fallback = [](const std::string& why) {
+Result<client::SessionOptions> session_options(const client::AwsSettings& aws,
+                                               const std::string& ledger_flag,
+                                               const CacheFlags& f) {
+  client::SessionOptions o;
+  o.home = client::home_from_environment();
+  SLUICE_ASSIGN_OR_RETURN(o.cache, cache_options(f, o.home));
+  o.daemon_socket = f.daemon;
+  o.on_fallback = [](const std::string& why) {
     std::fprintf(stderr, "sluice: note: %s\n", why.c_str());
   };
-  so.backend.set(no);
-  node::register_scheme();
-  return store::open_store("node+" + store_uri, so);
+  SLUICE_ASSIGN_OR_RETURN(o.s3, client::s3_options_from_environment(aws));
+  o.ledger = client::ledger_from_environment(ledger_flag);
+  return o;
+}
+
+Result<client::Session> open_session(const client::AwsSettings& aws, const std::string& ledger_flag,
+                                     const CacheFlags& cache) {
+  SLUICE_ASSIGN_OR_RETURN(client::SessionOptions o, session_options(aws, ledger_flag, cache));
+  return client::Session(std::move(o));
 }
 
 }  // namespace sluice::cli

@@ -1,4 +1,5 @@
-// The tiered cache's settings as command-line flags, shared by sluice and sluiced.
+// The tiered cache's settings as command-line flags, shared by sluice and sluiced, and the
+// session options every command builds from its flags.
 #pragma once
 
 #include <string>
@@ -6,6 +7,8 @@
 #include <CLI/CLI.hpp>
 
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/client/environment.h"
+#include "sluice/client/session.h"
 
 namespace sluice::cli {
 
@@ -27,15 +30,15 @@ Result<cache::CacheOptions> cache_options(const CacheFlags& flags, const std::st
 // sluiced's socket: --daemon, else $SLUICE_HOME/sluiced.sock ("none" is the caller's).
 std::string daemon_socket(const CacheFlags& flags, const std::string& home);
 
-// Opens `store_uri` through the node's cache: through sluiced where one answers on the
-// --daemon socket, else through the embedded cache in --cache-dir, with a note on stderr
-// saying why. `so` carries the backend options (S3). The embedded cache records its
-// metrics in `registry` when given (set it here, not as so.registry: that would wrap the
-// cache in a telemetry store, which hides the cache's declaration seam from the loader).
-Result<std::unique_ptr<store::Store>> open_through_cache(const std::string& store_uri,
-                                                         store::StoreOptions so,
-                                                         const CacheFlags& flags,
-                                                         const std::string& home,
-                                                         telemetry::Registry* registry = nullptr);
+// Everything a command opens things through: the cache flags, the S3 settings (`aws`,
+// then the environment and ~/.aws), the ledger (`ledger_flag`, then $SLUICE_LEDGER) and
+// $SLUICE_HOME; a read that falls back to the embedded cache says why on stderr.
+Result<client::SessionOptions> session_options(const client::AwsSettings& aws = {},
+                                               const std::string& ledger_flag = {},
+                                               const CacheFlags& cache = {});
+// The same, opened.
+Result<client::Session> open_session(const client::AwsSettings& aws = {},
+                                     const std::string& ledger_flag = {},
+                                     const CacheFlags& cache = {});
 
 }  // namespace sluice::cli

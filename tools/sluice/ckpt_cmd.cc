@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "cache_flags.h"
 #include "common.h"
 #include "ledger_cmd.h"
 #include "sizes.h"
@@ -40,7 +41,7 @@ struct CkptArgs {
   std::vector<std::string> tiers;  // --to (save) or --from (the others)
   std::vector<std::string> paths;  // save
   std::string out_dir;             // restore --to
-  AwsFlags aws;
+  client::AwsSettings aws;
   unsigned rank = 0, world = 1;
   std::string run_id;
   std::string node_name, secret_file;  // for sluiced:// and peer:// tiers
@@ -134,7 +135,8 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
                                                               const std::string& home,
                                                               uint64_t staging, bool writes,
                                                               bool charge = false) {
-  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
+  store::StoreOptions so = session.store_options();
   if (std::any_of(a.tiers.begin(), a.tiers.end(), [](const std::string& t) {
         return t.starts_with("sluiced://") || t.starts_with("peer://");
       })) {
@@ -162,7 +164,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
     t.retention = {a.keep_last, a.keep_every};
     // Saves are charged to the project owning the tier (and gc uncharges what it removes).
     if (charge) {
-      SLUICE_ASSIGN_OR_RETURN(t.store, charged(t.store, home, ledger::Kind::kCheckpoint));
+      SLUICE_ASSIGN_OR_RETURN(t.store, session.charged(t.store, ledger::Kind::kCheckpoint));
     }
     t.required = a.require == "all" || o.tiers.empty();
     o.tiers.push_back(std::move(t));
@@ -351,7 +353,8 @@ void print_progress(const ckpt::SaveProgress& p) {
 // on a tier inside a project with pins they refuse, and send the user to `sluice gc`.
 Status refuse_if_pinned(const CkptArgs& a, const std::string& home) {
   if (!a.keep_last && !a.keep_every) return {};
-  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(home));
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
+  SLUICE_ASSIGN_OR_RETURN(auto ledger, session.ledger_for_writes());
   if (!ledger) return {};
   SLUICE_ASSIGN_OR_RETURN(auto projects, ledger->projects());
   SLUICE_ASSIGN_OR_RETURN(auto pins, ledger->pins());

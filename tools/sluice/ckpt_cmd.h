@@ -6,8 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "aws_config.h"
 #include "cache_cmd.h"
+#include "sluice/client/environment.h"
 
 namespace sluice::cli {
 

@@ -14,12 +14,6 @@
 
 namespace sluice::cli {
 
-std::string sluice_home() {
-  if (const char* h = std::getenv("SLUICE_HOME"); h && *h) return h;
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.sluice";
-  return ".sluice";
-}
-
 int report_error(const Error& e) {
   // The program's own name: sluiced's errors say "sluiced: error".
   std::fprintf(stderr, "%s: error: %s\n", program_invocation_short_name, e.to_string().c_str());

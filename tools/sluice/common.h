@@ -1,4 +1,4 @@
-// What every sluice command shares: where $SLUICE_HOME is, how an error is reported.
+// What every sluice command shares: how an error is reported, settings files, members.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +10,6 @@
 
 namespace sluice::cli {
 
-// $SLUICE_HOME, else ~/.sluice, else ./.sluice.
-std::string sluice_home();
 // Prints "sluice: error: ..." to stderr; returns the exit code (2 for a usage error).
 int report_error(const Error& e);
 // A settings file (config, peers, node secret): a regular file of at most 1 MiB. A FIFO or

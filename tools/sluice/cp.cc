@@ -10,16 +10,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ledger_cmd.h"
-#include "location.h"
 #include "sizes.h"
 #include "sluice/cache/read_ahead.h"
+#include "sluice/client/location.h"
+#include "sluice/client/session.h"
 #include "sluice/node/client.h"
 #include "sluice/store/store.h"
 #include "sluice/telemetry/registry.h"
 #include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
+
+using client::Location;
+using client::parse_location;
 namespace fs = std::filesystem;
 
 std::string CpSummary::text() const {
@@ -197,16 +200,13 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   }
 
   telemetry::Registry registry;
-  store::StoreOptions so{.registry = nullptr};
-  s3::S3Options s3o = o.s3;
-  s3o.registry = &registry;
-  so.backend.set(s3o);
-  SLUICE_ASSIGN_OR_RETURN(auto src_store,
-                          cached ? open_through_cache(src.store_uri, so, o.cache_flags, o.home)
-                                 : store::open_store(src.store_uri, so));
-  SLUICE_ASSIGN_OR_RETURN(auto plain_dst, store::open_store(dst.store_uri, so));
+  const client::Session session(o.session);
+  const client::OpenOptions how{.registry = &registry};
+  SLUICE_ASSIGN_OR_RETURN(auto src_store, cached ? session.open_cached(src.store_uri, how)
+                                                 : session.open_store(src.store_uri, how));
+  SLUICE_ASSIGN_OR_RETURN(auto plain_dst, session.open_store(dst.store_uri, how));
   // Charged to the project that owns the destination, when the ledger has projects.
-  SLUICE_ASSIGN_OR_RETURN(auto dst_store, charged(std::move(plain_dst), o.home, {}, o.ledger));
+  SLUICE_ASSIGN_OR_RETURN(auto dst_store, session.charged(std::move(plain_dst)));
 
   xfer::CopyPlan plan;
   if (o.recursive) {
@@ -215,7 +215,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
     plan.items.push_back(xfer::CopyItem{src.key, dst.key, std::nullopt});
   }
 
-  xfer::CopyOptions co{.concurrency = o.s3.max_in_flight,
+  xfer::CopyOptions co{.concurrency = o.session.s3.max_in_flight,
                        .jobs = o.recursive ? o.jobs : 1,
                        .part_size = o.part_size,
                        .durable = o.fsync,

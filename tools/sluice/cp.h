@@ -5,8 +5,7 @@
 #include <atomic>
 #include <string>
 
-#include "cache_flags.h"
-#include "sluice/cache/tiered_cache.h"
+#include "sluice/client/session.h"
 #include "sluice/core/status.h"
 #include "sluice/s3/store.h"
 #include "sluice/xfer/copy.h"
@@ -20,12 +19,11 @@ struct CpOptions {
   uint64_t part_size = 0;  // bytes per part; 0 chooses from each object's size
   bool progress = false;   // a progress bar on stderr
   bool fsync = false;      // make each local file durable before it is renamed into place
-  s3::S3Options s3;        // for s3:// locations; max_in_flight is the copy's budget
   const std::atomic<bool>* cancel = nullptr;  // set from a signal handler: stop and clean up
   bool cache = false;                         // read the source through the tiered cache
-  CacheFlags cache_flags;                     // for --cache and cache+ sources
-  std::string home;                           // $SLUICE_HOME
-  std::string ledger;                         // --ledger: charge here (else the default)
+  // Stores, the cache (--cache and cache+ sources) and the ledger writes are charged to;
+  // s3.max_in_flight is the copy's budget.
+  client::SessionOptions session;
 };
 
 struct CpSummary {

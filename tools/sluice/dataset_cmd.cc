@@ -17,10 +17,10 @@
 #include "cache_flags.h"
 #include "common.h"
 #include "ledger_cmd.h"
-#include "location.h"
 #include "size_flag.h"
 #include "sizes.h"
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/client/location.h"
 #include "sluice/core/fd.h"
 #include "sluice/s3/store.h"
 #include "sluice/stream/dataset.h"
@@ -30,6 +30,9 @@
 #include "sluice/telemetry/textfile.h"
 
 namespace sluice::cli {
+
+using client::Location;
+using client::parse_location;
 namespace {
 
 namespace fs = std::filesystem;
@@ -42,7 +45,7 @@ struct DatasetArgs {
   std::string shard_size = "256M";
   std::string name = "shard";  // pack: shard names
   std::string format = "auto";
-  AwsFlags aws;
+  client::AwsSettings aws;
   CacheFlags cache;
   bool no_cache = false;
   stream::LoaderOptions lo;
@@ -133,27 +136,18 @@ Result<stream::Format> parse_format(const std::string& f) {
 Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, const std::string& home,
                                                       bool through_cache, bool catalog = false) {
   SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
-  SLUICE_ASSIGN_OR_RETURN(store::StoreOptions so, s3_store_options(a.aws));
-  so.create = false;  // ls, stat and read only read: a mistyped path is not a new directory
-  const auto* s3o = so.backend.get<s3::S3Options>();
-  // The registry goes to the backends themselves: as so.registry it would wrap the store in
-  // a telemetry store, and the loader would no longer find the cache's declaration seam.
-  if (a.registry && s3o) {
-    s3::S3Options with = *s3o;
-    with.registry = a.registry;
-    so.backend.set(with);
-    s3o = so.backend.get<s3::S3Options>();
-  }
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, {}, a.cache));
+  // ls, stat and read only read: a mistyped path is not a new directory.
+  const client::OpenOptions how{.create = false, .registry = a.registry};
   // s3://bucket names a bucket on some server: the catalog must know which.
   std::string store_id =
       w.store_uri +
-      (w.store_uri.starts_with("s3://") && s3o ? " at " + s3::endpoint_url(*s3o) : "");
+      (w.store_uri.starts_with("s3://") ? " at " + s3::endpoint_url(session.options().s3) : "");
   std::shared_ptr<store::Store> s;
   if (through_cache) {
-    SLUICE_ASSIGN_OR_RETURN(
-        s, open_through_cache(w.store_uri, std::move(so), a.cache, home, a.registry));
+    SLUICE_ASSIGN_OR_RETURN(s, session.open_cached(w.store_uri, how));
   } else {
-    SLUICE_ASSIGN_OR_RETURN(s, store::open_store(w.store_uri, so));
+    SLUICE_ASSIGN_OR_RETURN(s, session.open_store(w.store_uri, how));
   }
   stream::DatasetOptions o;
   SLUICE_ASSIGN_OR_RETURN(o.format, parse_format(a.format));
@@ -258,7 +252,7 @@ Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size)
   return data;
 }
 
-int run_pack(const DatasetArgs& a, const std::string& home) {
+int run_pack(const DatasetArgs& a) {
   auto t0 = Clock::now();
   auto target = parse_size(a.shard_size);
   if (!target || *target < (4u << 10))
@@ -298,12 +292,12 @@ int run_pack(const DatasetArgs& a, const std::string& home) {
 
   auto w = where(a.uri);
   if (!w) return report_error(w.error());
-  auto so = s3_store_options(a.aws);
-  if (!so) return report_error(so.error());
-  auto opened = store::open_store(w->store_uri, *so);
+  auto session = open_session(a.aws, {}, a.cache);
+  if (!session) return report_error(session.error());
+  auto opened = session->open_store(w->store_uri);
   if (!opened) return report_error(opened.error());
   // Shards and indexes are charged to the project owning the destination, as datasets.
-  auto st = charged(std::move(*opened), home, ledger::Kind::kDataset);
+  auto st = session->charged(std::move(*opened), ledger::Kind::kDataset);
   if (!st) return report_error(st.error());
   store::Store& dst = **st;
   // A dataset is everything under its prefix: packing into a used one would mix datasets.
@@ -555,7 +549,7 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
   pack->callback([&rc, home, cancel] {
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();
-    rc = run_pack(a, home);
+    rc = run_pack(a);
     if (cancelled(a)) rc = cancel.exit_code();
   });
 

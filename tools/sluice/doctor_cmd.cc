@@ -23,11 +23,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "aws_config.h"
 #include "bench.h"
 #include "common.h"
 #include "size_flag.h"
 #include "sizes.h"
+#include "sluice/client/environment.h"
 #include "sluice/core/fd.h"
 #include "sluice/doctor/diagnose.h"
 #include "sluice/doctor/object_store.h"
@@ -46,7 +46,7 @@ namespace fs = std::filesystem;
 struct DoctorArgs {
   std::string path;
   std::string url;  // an object store prefix (s3://bucket/prefix, or any store URI)
-  AwsFlags aws;
+  client::AwsSettings aws;
   uint64_t target_rate = 0;  // --url: bytes/s to size the concurrency for
   int pid = 0;
   double seconds = 0;  // --pid: the watch window; --path: the sweep budget
@@ -435,7 +435,7 @@ int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
 
 int run_url(const DoctorArgs& a, const CancelHook& cancel) {
   s3::register_scheme();
-  auto s3o = load_s3_options(a.aws);
+  auto s3o = client::s3_options_from_environment(a.aws);
   if (!s3o) return report_error(s3o.error());
   telemetry::Registry registry;
   s3o->registry = &registry;

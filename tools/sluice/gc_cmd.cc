@@ -8,10 +8,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "aws_config.h"
+#include "cache_flags.h"
 #include "common.h"
 #include "ledger_cmd.h"
 #include "sizes.h"
+#include "sluice/client/environment.h"
+#include "sluice/client/session.h"
 #include "sluice/ledger/gc.h"
 
 namespace sluice::cli {
@@ -25,7 +27,7 @@ struct GcArgs {
   std::string ledger, project, series, prefix, run;
   std::string keep_last, keep_every, max_age, max_idle;
   std::string delay = "24h", grace = "24h";
-  AwsFlags aws;
+  client::AwsSettings aws;
   bool json = false;
 };
 
@@ -50,7 +52,8 @@ Result<GcOptions> gc_options(const GcArgs& a) {
   o.project = a.project;
   SLUICE_ASSIGN_OR_RETURN(o.grace, duration_flag("--grace", a.grace));
   SLUICE_ASSIGN_OR_RETURN(o.delay, duration_flag("--delay", a.delay));
-  SLUICE_ASSIGN_OR_RETURN(o.stores, s3_store_options(a.aws));
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
+  o.stores = session.store_options();
   return o;
 }
 

@@ -12,9 +12,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "aws_config.h"
+#include "cache_flags.h"
 #include "common.h"
 #include "sizes.h"
+#include "sluice/client/environment.h"
+#include "sluice/client/session.h"
 #include "sluice/ledger/charging_store.h"
 #include "sluice/ledger/forecast.h"
 #include "sluice/ledger/reconcile.h"
@@ -34,7 +36,7 @@ struct LedgerArgs {
   std::string by = "team";
   std::string window = "30d";
   std::string capacity_bytes, capacity_objects;
-  AwsFlags aws;
+  client::AwsSettings aws;
   bool json = false, dry_run = false;
 };
 
@@ -293,11 +295,11 @@ int run_usage(const LedgerArgs& a, const std::string& home) {
 }
 
 int run_reconcile(const LedgerArgs& a, const std::string& home) {
-  auto so = s3_store_options(a.aws);
-  if (!so) return report_error(so.error());
+  auto session = open_session(a.aws);
+  if (!session) return report_error(session.error());
   auto l = open_ledger(a, home);
   if (!l) return report_error(l.error());
-  auto rep = reconcile(**l, *so, a.dry_run);
+  auto rep = reconcile(**l, session->store_options(), a.dry_run);
   if (!rep) return report_error(rep.error());
   int failed = 0;
   json out = json::array();
@@ -588,60 +590,16 @@ void ledger_flag(CLI::App* cmd, LedgerArgs& a) {
 }  // namespace
 
 Result<std::unique_ptr<Ledger>> open_ledger_at(const std::string& flag, const std::string& home) {
-  std::string uri = flag.empty() ? default_ledger_uri(home) : flag;
-  if (uri == home + "/ledger.db") {
-    // The embedded default lives in $SLUICE_HOME, made on first use. A ledger named by
-    // --ledger or $SLUICE_LEDGER gets no directory made for it: a mistyped path is an
-    // error, not a new, empty ledger somewhere else.
-    std::error_code ec;
-    fs::create_directories(fs::path(uri).parent_path(), ec);
-  }
-  auto l = Ledger::open(uri);
-  if (!l) return std::unexpected(l.error().with_context("cannot open the ledger"));
-  return l;
+  client::SessionOptions o;
+  o.home = home;
+  o.ledger = client::ledger_from_environment(flag);
+  return client::Session(std::move(o)).open_ledger();
 }
 
 CLI::Validator not_empty() {
   return CLI::Validator(
       [](std::string& v) { return v.empty() ? std::string("must not be empty") : std::string(); },
       "");
-}
-
-std::string default_ledger_uri(const std::string& home) {
-  const char* env = std::getenv("SLUICE_LEDGER");
-  if (env && *env) return env;
-  return home + "/ledger.db";
-}
-
-Result<std::shared_ptr<Ledger>> ledger_for_writes(const std::string& home,
-                                                  const std::string& flag) {
-  const char* env = std::getenv("SLUICE_LEDGER");
-  std::string uri = flag.empty() ? default_ledger_uri(home) : flag;
-  const char* how = !flag.empty()   ? "--ledger"
-                    : (env && *env) ? "$SLUICE_LEDGER"
-                                    : "$SLUICE_HOME/ledger.db";
-  struct stat st;
-  if (flag.empty() && !(env && *env) && ::stat(uri.c_str(), &st) != 0)
-    return std::shared_ptr<Ledger>{};  // no ledger: nothing to charge
-  auto l = Ledger::open(uri);
-  if (!l)
-    return std::unexpected(
-        l.error().with_context(std::string("cannot open the ledger (") + how +
-                               ") to charge this write; a configured ledger is never skipped"));
-  auto projects = (*l)->projects();
-  if (!projects) return std::unexpected(projects.error());
-  if (projects->empty()) return std::shared_ptr<Ledger>{};
-  return std::shared_ptr<Ledger>(std::move(*l));
-}
-
-Result<std::shared_ptr<store::Store>> charged(std::shared_ptr<store::Store> store,
-                                              const std::string& home, std::optional<Kind> kind,
-                                              const std::string& ledger_flag) {
-  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(home, ledger_flag));
-  if (!ledger) return store;
-  SLUICE_ASSIGN_OR_RETURN(auto wrapped,
-                          with_charging(std::move(store), std::move(ledger), {.kind = kind}));
-  return std::shared_ptr<store::Store>(std::move(wrapped));
 }
 
 void add_ledger_commands(CLI::App& app, std::string home, int& rc) {

@@ -11,7 +11,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "aws_config.h"
 #include "bench.h"
 #include "cache_cmd.h"
 #include "ckpt_cmd.h"
@@ -24,6 +23,7 @@
 #include "ledger_cmd.h"
 #include "size_flag.h"
 #include "sizes.h"
+#include "sluice/client/environment.h"
 #include "sluice/io/engine.h"
 
 namespace {
@@ -88,7 +88,8 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
 struct CpArgs {
   CpOptions cp;
   CacheFlags cache;
-  AwsFlags aws;
+  client::AwsSettings aws;
+  std::string ledger;  // --ledger
   std::string part_size = "auto";
   unsigned max_in_flight = 16;
   unsigned stall_timeout_s = 30;
@@ -154,7 +155,7 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       ->default_val(30)
       ->check(CLI::Range(1u, 86400u));
   cmd->add_flag("--json", a.json, "Print the summary as JSON");
-  cmd->add_option("--ledger", a.cp.ledger,
+  cmd->add_option("--ledger", a.ledger,
                   "The ledger to charge writes under a project to (default: $SLUICE_LEDGER, "
                   "else $SLUICE_HOME/ledger.db when it exists)");
   cmd->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
@@ -164,18 +165,12 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
                 "Read the source through the tiered cache (as a cache+ source URI does)");
   add_cache_flags(cmd, a.cache);
   cmd->callback([&] {
-    auto s3 = load_s3_options(a.aws);
-    if (!s3) {
-      rc = report_error(s3.error());
+    auto session = session_options(a.aws, a.ledger, a.cache);  // bad flags refused up front
+    if (!session) {
+      rc = report_error(session.error());
       return;
     }
-    a.cp.s3 = *s3;
-    if (auto co = cache_options(a.cache, sluice_home()); !co) {  // refuse bad flags up front
-      rc = report_error(co.error());
-      return;
-    }
-    a.cp.cache_flags = a.cache;
-    a.cp.home = sluice_home();
+    a.cp.session = std::move(*session);
     if (a.part_size != "auto") {
       auto size = parse_size(a.part_size);
       if (!size || *size == 0 || *size > s3::kMaxPartSize) {
@@ -185,10 +180,10 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
         return;
       }
       a.cp.part_size = *size;
-      a.cp.s3.part_size = *size;
+      a.cp.session.s3.part_size = *size;
     }
-    a.cp.s3.max_in_flight = a.max_in_flight;
-    a.cp.s3.stall_timeout_s = a.stall_timeout_s;
+    a.cp.session.s3.max_in_flight = a.max_in_flight;
+    a.cp.session.s3.stall_timeout_s = a.stall_timeout_s;
     a.cp.progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
     a.cp.cancel = &g_cancel;
     catch_stop_signals();
@@ -231,7 +226,7 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
   cmd->add_option("--crash-at-step", crash_at)->group("");
   cmd->add_option("--events", events)->group("");
   cmd->callback([&] {
-    o.dir = sluice_home() + "/demo";
+    o.dir = client::home_from_environment() + "/demo";
     // About two checkpoints an epoch, at most one per 100 steps (the parent and the
     // child compute the same from --samples).
     uint64_t steps_per_epoch = (o.samples + o.batch - 1) / o.batch;
@@ -257,7 +252,7 @@ void add_demo(CLI::App& app, uint64_t& demo_size, int& rc) {
 int run_bench_demo(uint64_t demo_size) {
   int rc = 0;
   {
-    std::string dir = sluice_home() + "/demo";
+    std::string dir = client::home_from_environment() + "/demo";
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) {
@@ -345,13 +340,14 @@ int main(int argc, char** argv) {
   CpArgs cp;
   add_cp(app, cp, rc);
   CacheArgs cache_args;
-  add_cache_commands(app, cache_args, sluice_home(),
+  add_cache_commands(app, cache_args, client::home_from_environment(),
                      CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
-  add_ckpt_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
-  add_dataset_commands(app, sluice_home(), CancelHook{&g_cancel, catch_stop_signals, &g_signal},
-                       rc);
-  add_ledger_commands(app, sluice_home(), rc);
-  add_gc_commands(app, sluice_home(), rc);
+  add_ckpt_commands(app, client::home_from_environment(),
+                    CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
+  add_dataset_commands(app, client::home_from_environment(),
+                       CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
+  add_ledger_commands(app, client::home_from_environment(), rc);
+  add_gc_commands(app, client::home_from_environment(), rc);
   add_doctor_command(app, CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
   // CLI11 only says "A subcommand is required" for a word it does not know: name it.
   if (argc > 1 && argv[1][0] != '-') {

@@ -15,7 +15,7 @@ namespace {
 // "aws_access_key_id" and "aws_secret_access_key" (and "aws_session_token"); the daemon's
 // endpoint and region. nullopt when the team names none.
 Result<std::optional<store::StoreOptions>> team_credentials(const Json& t, const std::string& where,
-                                                            const cli::AwsFlags& daemon_aws,
+                                                            const client::AwsSettings& daemon_aws,
                                                             const s3::S3Options& daemon_s3) {
   auto str = [&](const char* k) -> Result<std::string> {
     if (!t.contains(k)) return std::string();
@@ -32,9 +32,9 @@ Result<std::optional<store::StoreOptions>> team_credentials(const Json& t, const
   if (!profile.empty()) {
     if (!key_id.empty() || !secret.empty())
       return fail(Code::kInvalidArgument, where + ": give aws_profile or the keys, not both");
-    cli::AwsFlags f = daemon_aws;
+    client::AwsSettings f = daemon_aws;
     f.profile = profile;
-    SLUICE_ASSIGN_OR_RETURN(so, cli::load_s3_options(f));
+    SLUICE_ASSIGN_OR_RETURN(so, client::s3_options_from_environment(f));
   } else {
     if (key_id.empty() || secret.empty())
       return fail(Code::kInvalidArgument,
@@ -51,7 +51,7 @@ Result<std::optional<store::StoreOptions>> team_credentials(const Json& t, const
 }  // namespace
 
 Result<std::vector<node::TeamGrant>> parse_teams(const Json& teams, const std::string& file,
-                                                 const cli::AwsFlags& daemon_aws,
+                                                 const client::AwsSettings& daemon_aws,
                                                  const s3::S3Options& daemon_s3) {
   std::vector<node::TeamGrant> out;
   auto bad = [&](const std::string& why) {

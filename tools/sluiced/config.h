@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "aws_config.h"
 #include "cache_flags.h"
+#include "sluice/client/environment.h"
 #include "sluice/core/status.h"
 #include "sluice/node/server.h"
 #include "sluice/s3/store.h"
@@ -21,7 +21,7 @@ namespace sluice::sluiced {
 // Every setting, as the flags give them.
 struct Args {
   cli::CacheFlags cache;
-  cli::AwsFlags aws;
+  client::AwsSettings aws;
   std::string socket, config;
   std::string peer_listen, peers, node_name, secret_file, objects_dir;
   std::string ledger;
@@ -49,7 +49,7 @@ Result<nlohmann::json> apply_config(Args& a, std::string_view text, const std::s
 // the daemon's endpoint and region.
 Result<std::vector<node::TeamGrant>> parse_teams(const nlohmann::json& teams,
                                                  const std::string& file,
-                                                 const cli::AwsFlags& daemon_aws,
+                                                 const client::AwsSettings& daemon_aws,
                                                  const s3::S3Options& daemon_s3);
 
 // The HTTP port and the membership from --peer-listen, --peers, --node-name and the secret

@@ -16,11 +16,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "aws_config.h"
 #include "cache_flags.h"
 #include "common.h"
 #include "config.h"
 #include "sizes.h"
+#include "sluice/client/environment.h"
 #include "sluice/node/server.h"
 #include "sluice/s3/store.h"
 
@@ -50,14 +50,14 @@ Result<Json> apply_config(Args& a, const CLI::App& app) {
 int run(Args& a, const CLI::App& app) {
   auto teams_json = apply_config(a, app);
   if (!teams_json) return cli::report_error(teams_json.error());
-  const std::string home = cli::sluice_home();
+  const std::string home = client::home_from_environment();
   node::ServerOptions o;
   o.socket_path = a.socket.empty() ? home + "/sluiced.sock" : a.socket;
   auto co = cli::cache_options(a.cache, home);
   if (!co) return cli::report_error(co.error());
   o.cache = *co;
   s3::register_scheme();
-  auto s3o = cli::load_s3_options(a.aws);
+  auto s3o = client::s3_options_from_environment(a.aws);
   if (!s3o) return cli::report_error(s3o.error());
   o.stores.backend.set(*s3o);
   o.cache.store_id = "sluiced at " + s3::endpoint_url(*s3o);

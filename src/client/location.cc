@@ -1,8 +1,9 @@
-#include "location.h"
+// Locations from user text (see location.h).
+#include "sluice/client/location.h"
 
 #include <cctype>
 
-namespace sluice::cli {
+namespace sluice::client {
 
 std::string_view scheme_of(std::string_view s) {
   size_t sep = s.find("://");
@@ -43,4 +44,4 @@ Result<Location> parse_location(const std::string& given) {
   return loc;
 }
 
-}  // namespace sluice::cli
+}  // namespace sluice::client

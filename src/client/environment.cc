@@ -1,4 +1,5 @@
-#include "aws_config.h"
+// Settings from the environment (see environment.h).
+#include "sluice/client/environment.h"
 
 #include <INIReader.h>
 
@@ -6,7 +7,7 @@
 #include <filesystem>
 #include <optional>
 
-namespace sluice::cli {
+namespace sluice::client {
 namespace {
 
 std::string env(const char* name) {
@@ -23,7 +24,7 @@ std::string home_file(const char* env_name, const char* rel) {
 
 }  // namespace
 
-Result<s3::S3Options> load_s3_options(const AwsFlags& flags) {
+Result<s3::S3Options> s3_options_from_environment(const AwsSettings& flags) {
   s3::S3Options o;
   std::string profile = !flags.profile.empty() ? flags.profile : env("AWS_PROFILE");
   if (profile.empty()) profile = "default";
@@ -91,12 +92,16 @@ Result<s3::S3Options> load_s3_options(const AwsFlags& flags) {
   return o;
 }
 
-Result<store::StoreOptions> s3_store_options(const AwsFlags& flags) {
-  s3::register_scheme();
-  SLUICE_ASSIGN_OR_RETURN(s3::S3Options s3o, load_s3_options(flags));
-  store::StoreOptions so;
-  so.backend.set(s3o);
-  return so;
+std::string home_from_environment() {
+  if (std::string h = env("SLUICE_HOME"); !h.empty()) return h;
+  if (std::string home = env("HOME"); !home.empty()) return home + "/.sluice";
+  return ".sluice";
 }
 
-}  // namespace sluice::cli
+LedgerChoice ledger_from_environment(const std::string& flag) {
+  if (!flag.empty()) return {flag, "--ledger"};
+  if (std::string uri = env("SLUICE_LEDGER"); !uri.empty()) return {uri, "$SLUICE_LEDGER"};
+  return {};
+}
+
+}  // namespace sluice::client

@@ -1,0 +1,105 @@
+// The client session: stores, the node's cache and the ledger opened from explicit options
+// (see session.h).
+#include "sluice/client/session.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include "sluice/ledger/charging_store.h"
+#include "sluice/node/client.h"
+
+namespace sluice::client {
+
+Session::Session(SessionOptions options) : o_(std::move(options)) {}
+
+std::string Session::cache_directory() const {
+  return o_.cache.directory.empty() ? o_.home + "/cache" : o_.cache.directory;
+}
+
+std::string Session::default_daemon_socket(const std::string& home) {
+  return home + "/sluiced.sock";
+}
+
+std::string Session::daemon_socket() const {
+  return o_.daemon_socket.empty() ? default_daemon_socket(o_.home) : o_.daemon_socket;
+}
+
+cache::CacheOptions Session::cache_options() const {
+  cache::CacheOptions co = o_.cache;
+  co.directory = cache_directory();
+  return co;
+}
+
+store::StoreOptions Session::store_options(const OpenOptions& how) const {
+  s3::register_scheme();
+  store::StoreOptions so;
+  so.create = how.create;
+  s3::S3Options s3o = o_.s3;
+  if (how.registry) s3o.registry = how.registry;
+  so.backend.set(s3o);
+  return so;
+}
+
+Result<std::unique_ptr<store::Store>> Session::open_store(const std::string& store_uri,
+                                                          const OpenOptions& how) const {
+  return store::open_store(store_uri, store_options(how));
+}
+
+Result<std::unique_ptr<store::Store>> Session::open_cached(const std::string& store_uri,
+                                                           const OpenOptions& how) const {
+  store::StoreOptions so = store_options(how);
+  cache::CacheOptions co = cache_options();
+  co.registry = how.registry;
+  so.backend.set(co);
+  cache::register_scheme();
+  if (o_.daemon_socket == "none") return store::open_store("cache+" + store_uri, so);
+  node::NodeOptions no;
+  no.socket = daemon_socket();
+  no.on_fallback = o_.on_fallback;
+  so.backend.set(no);
+  node::register_scheme();
+  return store::open_store("node+" + store_uri, so);
+}
+
+std::string Session::ledger_uri() const {
+  return o_.ledger.uri.empty() ? o_.home + "/ledger.db" : o_.ledger.uri;
+}
+
+Result<std::unique_ptr<ledger::Ledger>> Session::open_ledger() const {
+  if (ledger_uri() == o_.home + "/ledger.db") {  // the embedded one, however it was named
+    std::error_code ec;
+    std::filesystem::create_directories(o_.home, ec);
+  }
+  auto l = ledger::Ledger::open(ledger_uri());
+  if (!l) return std::unexpected(l.error().with_context("cannot open the ledger"));
+  return l;
+}
+
+Result<std::shared_ptr<ledger::Ledger>> Session::ledger_for_writes() const {
+  const std::string uri = ledger_uri();
+  struct stat st;
+  if (o_.ledger.uri.empty() && ::stat(uri.c_str(), &st) != 0)
+    return std::shared_ptr<ledger::Ledger>{};  // no ledger: nothing to charge
+  const std::string how = o_.ledger.source.empty() ? uri : o_.ledger.source;
+  auto l = ledger::Ledger::open(uri);
+  if (!l)
+    return std::unexpected(
+        l.error().with_context("cannot open the ledger (" + how +
+                               ") to charge this write; a configured ledger is never skipped"));
+  auto projects = (*l)->projects();
+  if (!projects) return std::unexpected(projects.error());
+  if (projects->empty()) return std::shared_ptr<ledger::Ledger>{};
+  return std::shared_ptr<ledger::Ledger>(std::move(*l));
+}
+
+Result<std::shared_ptr<store::Store>> Session::charged(std::shared_ptr<store::Store> store,
+                                                       std::optional<ledger::Kind> kind) const {
+  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes());
+  if (!ledger) return store;
+  SLUICE_ASSIGN_OR_RETURN(
+      auto wrapped, ledger::with_charging(std::move(store), std::move(ledger), {.kind = kind}));
+  return std::shared_ptr<store::Store>(std::move(wrapped));
+}
+
+}  // namespace sluice::client

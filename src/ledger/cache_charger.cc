@@ -30,6 +30,7 @@ struct CacheCharger::Impl {
     std::string reservation;
     int64_t left = 0, held = 0;
     bool dirty = false;
+    bool retired = false;  // its project was removed: nothing is charged to it any more
     Clock::time_point refused_until{}, logged{};
     telemetry::Counter* charged = nullptr;  // per team; null without a registry
     telemetry::Counter* refused = nullptr;
@@ -56,7 +57,7 @@ struct CacheCharger::Impl {
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   bool stopping = false;
-  std::thread flusher;
+  std::thread flusher;  // runs once started
 
   // Logs `line` unless a line went out at `last` less than a minute ago.
   void log(Clock::time_point& last, const std::string& line) {
@@ -108,12 +109,34 @@ struct CacheCharger::Impl {
   // after a failure (a lost reply included): the count is absolute, and a reservation
   // already ended is not ended twice.
   Status settle_locked(Allowance& a) {
-    if (!a.dirty && a.reservation.empty()) return {};
-    SLUICE_RETURN_IF_ERROR(projects.ledger().set_tally(o.source, a.target, a.held, a.reservation));
+    if (a.retired || (!a.dirty && a.reservation.empty())) return {};
+    Status s = projects.ledger().set_tally(o.source, a.target, a.held, a.reservation);
+    if (!s && s.error().code() == Code::kNotFound) {
+      retire_locked(a);  // its project was removed meanwhile
+      return {};
+    }
+    SLUICE_RETURN_IF_ERROR(s);
     a.reservation.clear();
     a.left = 0;
     a.dirty = false;
     return {};
+  }
+
+  // The project of `a` is gone from the ledger: its reservation is released, its chunks
+  // are no longer counted (the tag stays, and frees nothing), and a project of that ID
+  // made later gets an allowance of its own.
+  void retire_locked(Allowance& a) {
+    if (!a.reservation.empty()) (void)projects.ledger().release(a.reservation);
+    a.reservation.clear();
+    a.left = a.held = 0;
+    a.dirty = false;
+    a.retired = true;
+    {
+      std::lock_guard lock(map_mu);
+      auto it = by_project.find(a.target.project);
+      if (it != by_project.end() && it->second == &a) by_project.erase(it);
+    }
+    (void)projects.load();
   }
 
   std::optional<uint32_t> admit(std::string_view key, int64_t bytes) {
@@ -132,6 +155,10 @@ struct CacheCharger::Impl {
     }
     Allowance& a = **found;
     std::lock_guard lock(a.mu);
+    if (a.retired) {  // removed as this chunk came: kept uncharged, as a key no project owns
+      uncharged_chunks.fetch_add(1, std::memory_order_relaxed);
+      return 0;
+    }
     const auto now = Clock::now();
     if (now < a.refused_until) {
       refuse(bytes, &a);
@@ -176,6 +203,7 @@ struct CacheCharger::Impl {
     if (!found || !*found) return 0;  // unowned, or the ledger is down: kept uncharged
     Allowance& a = **found;
     std::lock_guard lock(a.mu);
+    if (a.retired) return 0;
     a.held += bytes;
     a.dirty = true;
     adopted_chunks.fetch_add(1, std::memory_order_relaxed);
@@ -187,6 +215,7 @@ struct CacheCharger::Impl {
     Allowance* a = allowance_of(tag);
     if (!a) return;
     std::lock_guard lock(a->mu);
+    if (a->retired) return;
     a->held = std::max<int64_t>(0, a->held - bytes);
     a->dirty = true;
     freed_bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
@@ -259,15 +288,26 @@ Result<std::unique_ptr<CacheCharger>> CacheCharger::open(
     return fail(Code::kInvalidArgument, "cache charger: flush_interval must be positive");
   auto impl = std::make_unique<Impl>(std::move(ledger), std::move(location_of), std::move(options));
   SLUICE_RETURN_IF_ERROR(impl->projects.load());
-  SLUICE_RETURN_IF_ERROR(impl->load_tallies());
-  Impl* p = impl.get();
-  impl->flusher = std::thread([p] { p->run_flusher(); });
   return std::unique_ptr<CacheCharger>(new CacheCharger(std::move(impl)));
 }
 
 CacheCharger::CacheCharger(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+Status CacheCharger::start() {
+  if (impl_->flusher.joinable())
+    return fail(Code::kInvalidArgument, "cache charger: started twice");
+  SLUICE_RETURN_IF_ERROR(impl_->load_tallies());
+  Impl* p = impl_.get();
+  impl_->flusher = std::thread([p] { p->run_flusher(); });
+  return {};
+}
+
 CacheCharger::~CacheCharger() {
+  if (!impl_->flusher.joinable()) {
+    // Never started (the cache did not open): it speaks for no cache, so it sets no
+    // tally; its reservations expire on their own.
+    return;
+  }
   {
     std::lock_guard lock(impl_->stop_mu);
     impl_->stopping = true;

@@ -2,10 +2,13 @@
 #include "sluice/ledger/charging_store.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "ledger/project_index.h"
 #include "sluice/store/wrapper.h"
@@ -22,15 +25,61 @@ struct PublishState {
   bool charged = false;  // the hook charged the commit
 };
 
-// How long one publish of an object-store key holds the key's lock in the ledger (a
-// crashed writer's lock is taken over after it), and how long another writer waits for it.
-constexpr std::chrono::seconds kPublishHold{120}, kPublishWait{300};
-
-// For a store that cannot say what a publish replaced: the key's location, and a fresh
-// look at the object the publish will replace (its size, or nullopt when there is none).
+// For a store that cannot say what a publish replaced (object stores): the key's location,
+// a fresh look at the object the publish will replace (its size, or nullopt when there is
+// none), and how the key's publish lock is held.
 struct Lookup {
   std::string location;
   std::function<Result<std::optional<int64_t>>()> size;
+  std::chrono::seconds hold, wait;
+};
+
+// A publish's hold on its key's lock in the ledger (Ledger::lock_key): renewed every third
+// of its time while the publish runs (a large upload's last part and Complete may take a
+// while), and let go when this goes.
+class PublishLock {
+ public:
+  static Result<std::unique_ptr<PublishLock>> take(std::shared_ptr<Ledger> ledger,
+                                                   std::string location, std::chrono::seconds hold,
+                                                   std::chrono::seconds wait) {
+    SLUICE_ASSIGN_OR_RETURN(std::string holder, ledger->lock_key(location, hold, wait));
+    return std::unique_ptr<PublishLock>(
+        new PublishLock(std::move(ledger), std::move(location), std::move(holder), hold));
+  }
+
+  ~PublishLock() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    renewer_.join();
+    // NotFound: held past its time and taken over (this process stalled for longer than
+    // the hold); the charge already made stands, and reconcile repairs what it missed.
+    (void)ledger_->unlock_key(location_, holder_);
+  }
+
+ private:
+  PublishLock(std::shared_ptr<Ledger> ledger, std::string location, std::string holder,
+              std::chrono::seconds hold)
+      : ledger_(std::move(ledger)),
+        location_(std::move(location)),
+        holder_(std::move(holder)),
+        renewer_([this, hold] {
+          std::unique_lock lock(mu_);
+          while (!cv_.wait_for(lock, hold / 3, [&] { return done_; })) {
+            lock.unlock();
+            (void)ledger_->renew_key(location_, holder_, hold);
+            lock.lock();
+          }
+        }) {}
+
+  std::shared_ptr<Ledger> ledger_;
+  std::string location_, holder_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread renewer_;  // last: starts once the members above exist
 };
 
 class ChargingWriter final : public store::Writer {
@@ -104,31 +153,24 @@ class ChargingWriter final : public store::Writer {
     // A store that cannot say what its publish replaced (object stores): the key's lock
     // in the ledger is held across a fresh look at the old object, the publish and the
     // charge, so writers racing on one key charge against what each really replaced.
-    std::string holder;
+    std::unique_ptr<PublishLock> lock;
     if (lookup_) {
-      auto held = ledger_->lock_key(lookup_->location, kPublishHold, kPublishWait);
-      auto old = held ? lookup_->size() : Result<std::optional<int64_t>>(std::nullopt);
-      if (!held || !old) {
-        if (held) (void)ledger_->unlock_key(lookup_->location, *held);
+      Status ready = look_again(lock);
+      if (!ready) {
+        lock.reset();
         inner_->abort();
         (void)ledger_->release(reservation_);
-        Error e = held ? old.error() : held.error();
-        return std::unexpected(e.with_context("publishing " + lookup_->location));
+        return std::unexpected(ready.error().with_context("publishing " + lookup_->location));
       }
-      holder = std::move(*held);
-      old_size_ = *old;
     }
     Status s = inner_->commit();
     if (!s) {
-      if (!holder.empty()) (void)ledger_->unlock_key(lookup_->location, holder);
       (void)ledger_->release(reservation_);  // expires on its own if this fails too
       return s;
     }
     // Where the store knows what its publish replaced (file://, mem://), the charge was made
-    // in its on_publish callback, in publish order: see settle(). Else by the look above
-    // (or, for a write that may not replace anything, by what create saw: nothing).
+    // in its on_publish callback, in publish order: see settle(). Else by the look above.
     if (!published_->charged) settle(old_size_);
-    if (!holder.empty()) (void)ledger_->unlock_key(lookup_->location, holder);
     return {};
   }
 
@@ -154,6 +196,25 @@ class ChargingWriter final : public store::Writer {
       objects = 0;
     }
     (void)ledger_->commit(reservation_, target_, bytes, objects);
+  }
+
+  // Takes the key's publish lock and looks at the object again: the charge is made against
+  // what is there now, and the reservation grows when that leaves more to charge than
+  // create saw (the old object shrank or went).
+  Status look_again(std::unique_ptr<PublishLock>& lock) {
+    SLUICE_ASSIGN_OR_RETURN(
+        lock, PublishLock::take(ledger_, lookup_->location, lookup_->hold, lookup_->wait));
+    SLUICE_ASSIGN_OR_RETURN(std::optional<int64_t> old, lookup_->size());
+    const int64_t reserved_objects = old_size_ ? 0 : 1;
+    old_size_ = old;
+    const int64_t more_bytes = std::max<int64_t>(0, bytes_ - old.value_or(0) - reserved_);
+    const int64_t more_objects = (old ? 0 : 1) - reserved_objects;
+    if (more_bytes == 0 && more_objects <= 0) return {};
+    Status s = ledger_->grow(reservation_, target_, more_bytes, std::max<int64_t>(0, more_objects));
+    if (!s && s.error().code() == Code::kNotFound) s = reserve_again(reserved_ + more_bytes);
+    SLUICE_RETURN_IF_ERROR(s);
+    reserved_ += more_bytes;
+    return {};
   }
 
   // Grows the reservation so it covers `end` bytes; a refusal aborts the write.
@@ -259,9 +320,14 @@ class ChargingStore final : public store::StoreWrapper {
       (void)ledger_->release(*reservation);
       return std::unexpected(inner.error());
     }
+    // Every charged publish to such a store takes the lock, overwrite or not: an exclusive
+    // create racing an overwrite would otherwise be charged as a second object.
     std::optional<Lookup> lookup;
-    if (options.overwrite && !reports_replaced())
-      lookup = Lookup{location_of(key), [this, k = std::string(key)] { return size_of(k); }};
+    if (!reports_replaced())
+      lookup =
+          Lookup{location_of(key),
+                 [target = shared_target(), k = std::string(key)]() { return size_in(*target, k); },
+                 options_.publish_hold, options_.publish_wait};
     return std::make_unique<ChargingWriter>(
         std::move(*inner), ledger_, std::move(*target), std::move(*reservation), bytes, old_size,
         options_.min_growth, std::move(published), std::move(lookup));
@@ -280,23 +346,25 @@ class ChargingStore final : public store::StoreWrapper {
     return {};
   }
 
-  // A store that cannot say what a removal took (object stores, where removing a missing
-  // key succeeds) holds the key's lock across the look and the removal, as a publish does:
-  // two removals of one object uncharge it once.
+  // Where publishes cannot say what they replaced, removals cannot say what they took
+  // either (removing a missing key succeeds on an object store): the key's lock is held
+  // across the look and the removal, as a publish holds it, so two removals of one object,
+  // or a removal racing a publish, uncharge exactly what went.
   Status remove(std::string_view key) override {
     SLUICE_ASSIGN_OR_RETURN(auto target, target_of(key));
     if (!target) return StoreWrapper::remove(key);
-    std::string location = location_of(key), holder;
+    const std::string location = location_of(key);
+    std::unique_ptr<PublishLock> lock;
     if (!reports_replaced()) {
-      auto held = ledger_->lock_key(location, kPublishHold, kPublishWait);
+      auto held =
+          PublishLock::take(ledger_, location, options_.publish_hold, options_.publish_wait);
       if (!held) return std::unexpected(held.error().with_context("removing " + location));
-      holder = std::move(*held);
+      lock = std::move(*held);
     }
-    auto info = StoreWrapper::stat(key);
-    Status removed = StoreWrapper::remove(key);
-    if (removed && info) (void)ledger_->charge(*target, -static_cast<int64_t>(info->size), -1);
-    if (!holder.empty()) (void)ledger_->unlock_key(location, holder);
-    return removed;
+    SLUICE_ASSIGN_OR_RETURN(std::optional<int64_t> size, size_of(key));
+    SLUICE_RETURN_IF_ERROR(StoreWrapper::remove(key));
+    if (size) (void)ledger_->charge(*target, -*size, -1);
+    return {};
   }
 
   Status remove_many(std::span<const std::string> keys) override {
@@ -328,12 +396,13 @@ class ChargingStore final : public store::StoreWrapper {
   std::string location_of(std::string_view key) const { return root_ + "/" + std::string(key); }
 
   // The size of the object at `key`, or nullopt when there is none.
-  Result<std::optional<int64_t>> size_of(std::string_view key) {
-    auto old = StoreWrapper::stat(key);
+  static Result<std::optional<int64_t>> size_in(store::Store& store, std::string_view key) {
+    auto old = store.stat(key);
     if (old) return static_cast<int64_t>(old->size);
     if (old.error().code() == Code::kNotFound) return std::optional<int64_t>{};
     return std::unexpected(old.error());
   }
+  Result<std::optional<int64_t>> size_of(std::string_view key) { return size_in(*this, key); }
 
   // The charge target of a key, or nullopt when no project owns it (and that is allowed).
   Result<std::optional<ChargeTarget>> target_of(std::string_view key) {

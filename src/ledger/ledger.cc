@@ -6,8 +6,10 @@
 #include <array>
 #include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -386,6 +388,22 @@ Result<std::unique_ptr<Ledger>> Ledger::open(std::string_view uri, const LedgerO
       if (dialect == Dialect::kPostgres)
         SLUICE_RETURN_IF_ERROR(c.query("SELECT pg_advisory_xact_lock(7359112021)"));
       SLUICE_RETURN_IF_ERROR(c.script(kSchema));
+      // Table set 4 made node caches charge as tallies (absolute figures per cache). What
+      // they charged before, by changes, would be counted again by each cache's first
+      // tally: it is dropped, and every cache sets its own figure when it next starts.
+      // (Read again under the lock: another process may have upgraded it since.)
+      SLUICE_ASSIGN_OR_RETURN(auto set, c.query("SELECT value FROM sluice_meta WHERE name ="
+                                                " 'table_set'"));
+      if (!set.empty() && std::atoi(set[0].text(0).c_str()) < 4) {
+        SLUICE_ASSIGN_OR_RETURN(auto old,
+                                c.query("DELETE FROM usage WHERE tier = 'nvme' AND kind = 'cache'"
+                                        " RETURNING team, bytes"));
+        for (auto& r : old)
+          SLUICE_RETURN_IF_ERROR(
+              c.query("UPDATE accounts SET used_bytes = CASE WHEN used_bytes < $2 THEN 0 ELSE"
+                      " used_bytes - $2 END WHERE team = $1 AND tier = 'nvme'",
+                      std::vector<Value>{r.text(0), r.i64(1)}));
+      }
       SLUICE_RETURN_IF_ERROR(c.query(
           "INSERT INTO sluice_meta (name, value) VALUES ('schema_version', $1), ('table_set', $2)"
           " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -770,10 +788,27 @@ Result<std::string> Ledger::lock_key(std::string_view location, std::chrono::sec
   }
 }
 
+Status Ledger::renew_key(std::string_view location, std::string_view holder,
+                         std::chrono::seconds hold) {
+  return db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(
+        c.query("UPDATE publishing SET expires_ns = $3 WHERE location = $1 AND holder = $2",
+                std::vector<Value>{std::string(location), std::string(holder),
+                                   now_ns() + hold.count() * 1'000'000'000}));
+    if (c.changes() != 1)
+      return fail(Code::kNotFound, "the publish lock of " + std::string(location) +
+                                       " was taken over (held past its time)");
+    return {};
+  });
+}
+
 Status Ledger::unlock_key(std::string_view location, std::string_view holder) {
   return db_->with_conn([&](Conn& c) -> Status {
     SLUICE_RETURN_IF_ERROR(c.query("DELETE FROM publishing WHERE location = $1 AND holder = $2",
                                    std::vector<Value>{std::string(location), std::string(holder)}));
+    if (c.changes() != 1)
+      return fail(Code::kNotFound, "the publish lock of " + std::string(location) +
+                                       " was taken over (held past its time)");
     return {};
   });
 }
@@ -794,6 +829,10 @@ Result<int64_t> Ledger::expire_reservations() {
       s.second += r.i64(3);
       ++count;
     }
+    // Publish locks of writers that crashed: taken over by the next writer of the key
+    // anyway, and dropped here so keys never written again leave nothing behind.
+    SLUICE_RETURN_IF_ERROR(
+        c.query("DELETE FROM publishing WHERE expires_ns < $1", std::vector<Value>{now_ns()}));
     for (auto& [key, s] : sums)
       SLUICE_RETURN_IF_ERROR(
           c.query("UPDATE accounts SET reserved_bytes = reserved_bytes - $3,"
@@ -867,6 +906,9 @@ Status Ledger::set_tally(std::string_view source, const ChargeTarget& t, int64_t
   std::string tier(tier_name(t.tier)), kind(kind_name(t.kind));
   Status s = db_->transaction([&](Conn& c) -> Status {
     int64_t now = now_ns();
+    SLUICE_ASSIGN_OR_RETURN(auto project, c.query("SELECT 1 FROM projects WHERE id = $1",
+                                                  std::vector<Value>{t.project}));
+    if (project.empty()) return fail(Code::kNotFound, "unknown project " + quote(t.project));
     int64_t released_b = 0, released_o = 0;
     if (!reservation.empty()) {
       SLUICE_ASSIGN_OR_RETURN(auto gone, c.query(sql::kDeleteReservation,
@@ -902,7 +944,7 @@ Status Ledger::set_tally(std::string_view source, const ChargeTarget& t, int64_t
       SLUICE_RETURN_IF_ERROR(c.query(
           "INSERT INTO tallies (source, project, tier, kind, team, bytes, updated_ns)"
           " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (source, project, tier, kind)"
-          " DO UPDATE SET bytes = $6, updated_ns = $7",
+          " DO UPDATE SET team = $5, bytes = $6, updated_ns = $7",
           std::vector<Value>{std::string(source), t.project, tier, kind, t.team, bytes, now}));
     }
     if (delta != 0)

@@ -51,7 +51,9 @@ Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& sto
     ReconcileEntry e{.project = p.id, .team = p.team, .location = p.location, .tier = p.tier};
     std::map<Kind, std::pair<int64_t, int64_t>> by_kind;  // this project, its own tier
     for (const Usage& u : usage) {
-      if (u.project != p.id || u.tier != p.tier) continue;
+      // Cache usage counts what node caches hold (their tallies), not what the location
+      // holds: a recount of the location has nothing to say about it.
+      if (u.project != p.id || u.tier != p.tier || u.kind == Kind::kCache) continue;
       by_kind[u.kind] = {u.bytes, u.objects};
       e.ledger_bytes += u.bytes;
       e.ledger_objects += u.objects;
@@ -65,7 +67,8 @@ Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& sto
     e.found_bytes = found->first;
     e.found_objects = found->second;
     e.changed = e.found_bytes != e.ledger_bytes || e.found_objects != e.ledger_objects;
-    if (e.changed && !dry_run) {
+    // A project whose own kind is cache: its figures are the caches' (left as they are).
+    if (e.changed && !dry_run && p.kind != Kind::kCache) {
       // Other kinds keep their figures while the listing covers them; the rest is the
       // default kind's. When it does not, they are cut down in turn.
       int64_t rest_b = e.found_bytes, rest_o = e.found_objects;

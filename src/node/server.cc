@@ -14,13 +14,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <list>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <semaphore>
 #include <thread>
 
@@ -47,14 +50,42 @@ struct Reply {
   std::vector<UniqueFd> fds;
 };
 
-// The name a daemon's cache charges under in the ledger (CacheChargerOptions::source):
-// this host and the cache directory, the same across restarts.
-std::string cache_source(const std::string& directory) {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
-  std::error_code ec;
-  auto dir = std::filesystem::weakly_canonical(directory, ec);
-  return std::string(host) + ":" + (ec ? directory : dir.string());
+// The name a daemon's cache charges under in the ledger (CacheChargerOptions::source): an
+// ID made once and kept in the cache directory (file `charge-id`), so a restart, a new host
+// name (a container) or a moved directory keep it, and no two caches share one.
+Result<std::string> cache_source(const std::string& directory) {
+  const std::string path = directory + "/charge-id";
+  auto valid = [](const std::string& id) {
+    return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
+             return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+           });
+  };
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (std::ifstream in(path); in) {
+      std::string id;
+      std::getline(in, id);
+      if (!valid(id))
+        return fail(Code::kCorruption, path + " does not hold a cache ID (32 hex digits)");
+      return "cache:" + id;
+    }
+    // Made in a file of its own and linked into place: two daemons starting at once agree.
+    std::error_code ec;
+    std::filesystem::create_directories(directory, ec);
+    std::random_device rd;
+    char id[33];
+    std::snprintf(id, sizeof id, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << id << "\n";
+      if (!out.flush()) return fail_errno(errno, "write " + tmp);
+    }
+    int rc = ::link(tmp.c_str(), path.c_str());
+    int err = errno;
+    ::unlink(tmp.c_str());
+    if (rc != 0 && err != EEXIST) return fail_errno(err, "make " + path);
+  }
+  return fail(Code::kUnavailable, "cannot read or make " + path);
 }
 
 std::string dump(const Json& j) {
@@ -253,7 +284,7 @@ struct NodeServer::Impl {
   // a cache key is "<root id>/<key>", its location the root's URI and the key.
   Status charge_cache() {
     ledger::CacheChargerOptions co;
-    co.source = cache_source(o.cache.directory);
+    SLUICE_ASSIGN_OR_RETURN(co.source, cache_source(o.cache.directory));
     co.log = o.log;
     co.registry = &registry;
     auto location_of = [r = router](std::string_view key) -> std::string {
@@ -1262,6 +1293,8 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   }
   if (o.ledger) SLUICE_RETURN_IF_ERROR(impl->charge_cache());
   SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(peers), o.cache));
+  // The cache adopted what it found: the charger may now tell the ledger.
+  if (impl->charger) SLUICE_RETURN_IF_ERROR(impl->charger->start());
   // The cache holds its own copies; these would keep the charger alive past `registry`.
   o.cache.admit_chunk = nullptr;
   o.cache.chunk_adopted = nullptr;

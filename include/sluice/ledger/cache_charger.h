@@ -33,13 +33,15 @@
 // - freed(tag, bytes) is told when a chunk with a non-zero tag leaves (evicted, its object
 //   changed, a checksum failure, evict by prefix): the tag's project's count drops. A
 //   chunk kept uncharged (tag 0) is never uncharged, even when a project owns it by then.
-// - Every `flush_interval`, when an allowance runs out, and on destruction, each project's
-//   count goes to the ledger and the rest of its allowance is released, in one
-//   transaction. A flush whose reply is lost is simply sent again: the figure is absolute.
+// - Every `flush_interval` once started, when an allowance runs out, and on destruction,
+//   each project's count goes to the ledger and the rest of its allowance is released, in
+//   one transaction. A flush whose reply is lost is simply sent again: the figure is absolute.
 //   So the ledger's usage trails the cache by at most one interval, and the team's quota
 //   is never passed: every kept chunk lay inside a reservation. At open the charger reads
 //   this source's tallies back, so a project it no longer holds chunks of drops to 0 at
 //   the first flush.
+// - A project removed from the ledger while chunks of it are held: its allowance retires
+//   (reservation released, count dropped), and its chunks stay uncharged.
 // Thread-safe.
 #pragma once
 
@@ -87,11 +89,16 @@ struct CacheChargerStats {
 
 class CacheCharger {
  public:
-  // Loads the projects now: a ledger that cannot be reached fails here.
+  // Loads the projects now: a ledger that cannot be reached fails here. The charger admits
+  // and adopts at once, but tells the ledger nothing until start().
   static Result<std::unique_ptr<CacheCharger>> open(
       std::shared_ptr<Ledger> ledger, std::function<std::string(std::string_view key)> location_of,
       CacheChargerOptions options = {});
-  ~CacheCharger();  // flushes
+  // Once the cache has adopted every chunk it found (it opened): reads back this source's
+  // tallies and starts the periodic flush. A charger never started (the cache failed to
+  // open: say another daemon holds it) sets no tally, even when destroyed.
+  Status start();
+  ~CacheCharger();  // flushes, when started
   CacheCharger(const CacheCharger&) = delete;
   CacheCharger& operator=(const CacheCharger&) = delete;
 

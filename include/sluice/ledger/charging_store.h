@@ -13,6 +13,10 @@
 //   old object) and ends the reservation; on abort, or a writer dropped without commit,
 //   releases it;
 // - on remove, uncharges the object.
+// On a store that cannot say what a publish replaced (Store::reports_replaced false: object
+// stores), each publish and removal holds its key's lock in the ledger (Ledger::lock_key)
+// across a fresh look at the old object, the publish and the charge, so writers racing on
+// one key charge exactly what each replaced.
 // Keys outside every project pass through uncharged, unless `require_project` is set.
 //
 // Once the wrapped store has published an object, its commit succeeds even if the ledger
@@ -20,6 +24,7 @@
 // expires on its own and the usage is short until `sluice usage reconcile` recounts it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -36,6 +41,10 @@ struct ChargingOptions {
   bool require_project = false;
   // The smallest step a reservation grows by when a writer passes what it reserved.
   uint64_t min_growth = 64ull << 20;
+  // Stores that cannot say what a publish replaced (object stores): how long a publish's
+  // lock on its key lasts unless renewed (a crashed writer's is then taken over), and how
+  // long a writer waits for another's before it fails with Unavailable.
+  std::chrono::seconds publish_hold{120}, publish_wait{300};
 };
 
 // Loads the projects from the ledger now (and again, at most every few seconds, when a

@@ -208,9 +208,13 @@ class Ledger {
   // replaced (object stores): the charging layer holds the key's lock across looking at the
   // old object, publishing and charging, so racing writers charge against exactly what
   // each replaced. Waits up to `wait` for another holder (Unavailable after), and takes
-  // over a lock held past `hold` (a crashed writer). Returns the holder's ID.
+  // over a lock held past `hold` (a crashed writer): the holders' clocks must agree to well
+  // within `hold`. Returns the holder's ID.
   Result<std::string> lock_key(std::string_view location, std::chrono::seconds hold,
                                std::chrono::seconds wait);
+  // A holder whose publish runs long renews its lock (for another `hold`); NotFound when
+  // it was taken over meanwhile, as unlock_key says then too.
+  Status renew_key(std::string_view location, std::string_view holder, std::chrono::seconds hold);
   Status unlock_key(std::string_view location, std::string_view holder);
   // Drops every reservation past its time to live; returns how many.
   Result<int64_t> expire_reservations();
@@ -225,7 +229,7 @@ class Ledger {
   // from the figure last set, and ends `reservation` (when not empty) without charging it,
   // all in one transaction. Setting the same figure again changes nothing, so a caller that
   // lost the reply sends it again, and one that restarts recounts and sets what it holds.
-  // 0 forgets the figure.
+  // 0 forgets the figure. NotFound when the target's project is gone.
   Status set_tally(std::string_view source, const ChargeTarget& target, int64_t bytes,
                    std::string_view reservation = {});
   // The figures `source` (empty: every source) set last, by source, project, tier, kind.

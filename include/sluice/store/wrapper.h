@@ -38,6 +38,8 @@ class StoreWrapper : public Store {
   }
 
   Store& target() { return *target_; }
+  // The wrapped store, shared: for what must outlive this wrapper (a writer's callbacks).
+  std::shared_ptr<Store> shared_target() const { return target_; }
 
  private:
   std::shared_ptr<Store> target_;

@@ -25,6 +25,7 @@
 #include "sluice/ledger/forecast.h"
 #include "sluice/ledger/gc.h"
 #include "sluice/ledger/ledger.h"
+#include "sluice/store/wrapper.h"
 #include "test_util.h"
 
 namespace {
@@ -506,6 +507,7 @@ TEST_P(LedgerTest, CacheChargerKeepsChunksWithinTheTeamsQuota) {
       ledger_, [](std::string_view key) { return "s3://b/" + std::string(key); }, co);
   ASSERT_TRUE(c) << c.error().to_string();
   CacheCharger& ch = **c;
+  ASSERT_TRUE(ch.start());
 
   // Eight threads race to keep 1 MiB chunks: exactly ten fit, never more.
   std::atomic<int> kept{0}, refused{0};
@@ -623,19 +625,115 @@ TEST_P(LedgerTest, CacheTalliesAreAbsolute) {
     EXPECT_NE(tag, 0u);
     (*c)->adopt("tally/b", kMiB);
     (*c)->freed(tag, kMiB);
+    ASSERT_TRUE((*c)->start());
     ASSERT_TRUE((*c)->flush());
     EXPECT_EQ(account("tally", Tier::kNvme).used_bytes, 3 * kMiB);  // node1 2, node2 1
     EXPECT_EQ((*c)->stats().adopted_bytes, 3u * kMiB);
   }
   {
+    // A charger whose cache never opened (another daemon holds it) is never started, and
+    // sets nothing, though it adopted chunks.
+    auto c = CacheCharger::open(ledger_, location, co);
+    ASSERT_TRUE(c);
+    (*c)->adopt("tally/a", 5 * kMiB);
+  }
+  EXPECT_EQ(account("tally", Tier::kNvme).used_bytes, 3 * kMiB);
+  {
     auto c = CacheCharger::open(ledger_, location, co);  // holds nothing now
     ASSERT_TRUE(c);
+    ASSERT_TRUE((*c)->start());
     ASSERT_TRUE((*c)->flush());
     EXPECT_EQ(account("tally", Tier::kNvme).used_bytes, 1 * kMiB);  // node2's only
     EXPECT_TRUE(ledger_->tallies("node1:/cache")->empty());
   }
+  {
+    // A project removed while the charger holds chunks of it that no flush told the ledger
+    // of (its usage read 0): the allowance retires, and flushes go on.
+    ChargeTarget g = team_with_project("gone", "s3://b/gone");
+    auto c = CacheCharger::open(ledger_, location, co);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE((*c)->start());
+    auto tag = (*c)->admit("gone/x", kMiB);
+    ASSERT_TRUE(tag && *tag != 0);
+    ASSERT_TRUE(ledger_->remove_project(g.project));
+    EXPECT_TRUE((*c)->flush());
+    EXPECT_TRUE((*c)->flush());
+    (*c)->freed(*tag, kMiB);  // nothing to uncharge
+    EXPECT_EQ((*c)->stats().flush_errors, 0u);
+    EXPECT_EQ(account("gone", Tier::kNvme).reserved_bytes, 0);
+  }
   co.source.clear();
   EXPECT_EQ(CacheCharger::open(ledger_, location, co).error().code(), Code::kInvalidArgument);
+}
+
+// A store that cannot say what a publish replaced, as an object store: mem:// with its
+// on_publish calls hidden.
+class Unreporting final : public store::StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  bool reports_replaced() const override { return false; }
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions& options) override {
+    store::WriteOptions o = options;
+    o.on_publish = nullptr;
+    return StoreWrapper::create(key, o);
+  }
+};
+
+// Defect 11 on object stores: writers racing on one key each charged against the size
+// create saw. With the key's publish lock, usage is the object left; two removals at once
+// uncharge it once; a writer that cannot get the lock publishes nothing.
+TEST_P(LedgerTest, ObjectStoreOverwritesAndRemovalsChargeExactly) {
+  static std::atomic<int> n{0};
+  std::string name = "unreporting-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
+  team_with_project("os", "mem://" + name + "/p");
+  auto opened = with_charging(std::make_shared<Unreporting>(store::open_named_memory_store(name)),
+                              ledger_, ChargingOptions{.min_growth = 1000});
+  ASSERT_TRUE(opened) << opened.error().to_string();
+  store::Store& st = **opened;
+  std::vector<std::thread> writers;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < 8; ++t) {
+    writers.emplace_back([&, t] {
+      for (int j = 0; j < 5; ++j) {
+        std::vector<std::byte> data(static_cast<size_t>(1000 * (t + 1) + j), std::byte{1});
+        if (!st.put("p/k", data)) ++failed;
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(failed.load(), 0);
+  auto info = st.stat("p/k");
+  ASSERT_TRUE(info);
+  Account a = account("os", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, static_cast<int64_t>(info->size));
+  EXPECT_EQ(a.used_objects, 1);
+  EXPECT_EQ(a.reserved_bytes, 0);
+
+  std::thread other([&] { (void)st.remove("p/k"); });
+  (void)st.remove("p/k");
+  other.join();
+  a = account("os", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 0);
+  EXPECT_EQ(a.used_objects, 0);
+
+  // A lock held elsewhere (a writer stalled mid-publish): this one waits, gives up, and
+  // publishes nothing.
+  auto impatient =
+      with_charging(std::make_shared<Unreporting>(store::open_named_memory_store(name)), ledger_,
+                    ChargingOptions{.publish_wait = std::chrono::seconds(0)});
+  ASSERT_TRUE(impatient);
+  auto held = ledger_->lock_key("mem://" + name + "/p/k", std::chrono::seconds(120),
+                                std::chrono::seconds(0));
+  ASSERT_TRUE(held);
+  auto put = (*impatient)->put("p/k", std::vector<std::byte>(10, std::byte{2}));
+  ASSERT_FALSE(put);
+  EXPECT_EQ(put.error().code(), Code::kUnavailable) << put.error().to_string();
+  EXPECT_EQ(st.stat("p/k").error().code(), Code::kNotFound);
+  a = account("os", Tier::kObject);
+  EXPECT_EQ(a.used_bytes, 0);
+  EXPECT_EQ(a.reserved_bytes, 0);
+  ASSERT_TRUE(ledger_->unlock_key("mem://" + name + "/p/k", *held));
 }
 
 // The publish lock of an object-store key: one holder at a time, a wait that ends, and a
@@ -649,7 +747,8 @@ TEST_P(LedgerTest, PublishLockOfAKey) {
   EXPECT_EQ(second.error().code(), Code::kUnavailable);
   EXPECT_NE(second.error().message().find("s3://b/k"), std::string::npos);
   EXPECT_TRUE(ledger_->lock_key("s3://b/other", seconds(120), seconds(0)));  // per key
-  ASSERT_TRUE(ledger_->unlock_key("s3://b/k", "not-the-holder"));            // changes nothing
+  // Not the holder: changes nothing.
+  EXPECT_EQ(ledger_->unlock_key("s3://b/k", "not-the-holder").error().code(), Code::kNotFound);
   EXPECT_FALSE(ledger_->lock_key("s3://b/k", seconds(120), seconds(0)));
   ASSERT_TRUE(ledger_->unlock_key("s3://b/k", *first));
   // A waiter gets it once the holder lets go.
@@ -662,9 +761,15 @@ TEST_P(LedgerTest, PublishLockOfAKey) {
   auto waited = ledger_->lock_key("s3://b/k", seconds(0), seconds(5));
   release.join();
   ASSERT_TRUE(waited) << waited.error().to_string();
-  // Held for 0 s (a writer that crashed): the next one takes it over once time passes.
+  // Held for 0 s (a writer that crashed): the next one takes it over once time passes, and
+  // the first learns it lost the lock when it renews or lets go.
   g_now += 1;
-  EXPECT_TRUE(ledger_->lock_key("s3://b/k", seconds(120), seconds(0)));
+  auto taken = ledger_->lock_key("s3://b/k", seconds(120), seconds(0));
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(ledger_->renew_key("s3://b/k", *waited, seconds(120)).error().code(), Code::kNotFound);
+  EXPECT_EQ(ledger_->unlock_key("s3://b/k", *waited).error().code(), Code::kNotFound);
+  EXPECT_TRUE(ledger_->renew_key("s3://b/k", *taken, seconds(120)));
+  EXPECT_TRUE(ledger_->unlock_key("s3://b/k", *taken));
 }
 
 TEST(LedgerUri, SqliteAndPostgres) {

@@ -25,6 +25,7 @@
 #include <optional>
 #include <random>
 #include <semaphore>
+#include <span>
 #include <thread>
 
 #include "node/frame.h"
@@ -76,14 +77,25 @@ Result<std::string> cache_source(const std::string& directory) {
     std::snprintf(id, sizeof id, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << id << "\n";
-      if (!out.flush()) return fail_errno(errno, "write " + tmp);
+      // Durable before it is linked: a power cut must not leave an empty charge-id.
+      UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (!fd.valid()) return fail_errno(errno, "create " + tmp);
+      const std::string line = std::string(id) + "\n";
+      Status written = write_full(fd.get(), std::as_bytes(std::span(line)), tmp);
+      if (written && ::fsync(fd.get()) != 0) written = fail_errno(errno, "fsync " + tmp);
+      if (!written) {
+        ::unlink(tmp.c_str());
+        return std::unexpected(written.error());
+      }
     }
     int rc = ::link(tmp.c_str(), path.c_str());
     int err = errno;
     ::unlink(tmp.c_str());
     if (rc != 0 && err != EEXIST) return fail_errno(err, "make " + path);
+    if (rc == 0) {
+      UniqueFd dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (dir.valid()) (void)sync_directory(dir.get(), directory);
+    }
   }
   return fail(Code::kUnavailable, "cannot read or make " + path);
 }

@@ -1265,6 +1265,37 @@ Result<std::vector<Capacity>> Ledger::capacities() {
   return out;
 }
 
+Result<std::vector<TierTotal>> Ledger::tier_totals() {
+  std::vector<TierTotal> out;
+  for (Tier tier : kAllTiers) out.push_back(TierTotal{.tier = tier});
+  auto at = [&](const std::string& name) -> TierTotal* {
+    auto t = parse_tier(name);
+    return t ? &out[static_cast<size_t>(*t)] : nullptr;
+  };
+  Status outer = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(
+        auto used, c.query("SELECT tier, SUM(used_bytes), SUM(used_objects), SUM(reserved_bytes)"
+                           " FROM accounts GROUP BY tier"));
+    for (auto& r : used) {
+      if (TierTotal* t = at(r.text(0))) {
+        t->used_bytes = r.i64(1);
+        t->used_objects = r.i64(2);
+        t->reserved_bytes = r.i64(3);
+      }
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto caps, c.query("SELECT tier, bytes, objects FROM capacities"));
+    for (auto& r : caps) {
+      if (TierTotal* t = at(r.text(0))) {
+        t->capacity_bytes = r.opt_i64(1);
+        t->capacity_objects = r.opt_i64(2);
+      }
+    }
+    return {};
+  });
+  if (!outer) return std::unexpected(outer.error());
+  return out;
+}
+
 Result<std::vector<HistoryPoint>> Ledger::history(std::string_view team, Tier tier,
                                                   int64_t since_ns) {
   std::vector<HistoryPoint> out;

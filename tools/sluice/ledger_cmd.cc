@@ -358,35 +358,25 @@ int run_reconcile(const LedgerArgs& a, const std::string& home) {
 int run_capacity_ls(const LedgerArgs& a, const std::string& home) {
   auto l = open_ledger(a, home);
   if (!l) return report_error(l.error());
-  auto caps = (*l)->capacities();
-  if (!caps) return report_error(caps.error());
-  auto accounts = (*l)->accounts();
-  if (!accounts) return report_error(accounts.error());
+  auto totals = (*l)->tier_totals();
+  if (!totals) return report_error(totals.error());
   json out = json::array();
-  for (Tier tier : {Tier::kRam, Tier::kNvme, Tier::kPeer, Tier::kObject}) {
-    int64_t bytes = 0, objects = 0, reserved = 0;
-    for (const auto& acc : *accounts)
-      if (acc.tier == tier) {
-        bytes += acc.used_bytes;
-        objects += acc.used_objects;
-        reserved += acc.reserved_bytes;
-      }
-    Capacity cap{tier, {}, {}};
-    for (const auto& c : *caps)
-      if (c.tier == tier) cap = c;
-    const std::string name(tier_name(tier));
+  for (const TierTotal& t : *totals) {
+    const std::string name(tier_name(t.tier));
     if (a.json) {
+      auto maybe = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
       out.push_back({{"tier", name},
-                     {"used_bytes", bytes},
-                     {"used_objects", objects},
-                     {"reserved_bytes", reserved},
-                     {"capacity_bytes", cap.bytes ? json(*cap.bytes) : json(nullptr)},
-                     {"capacity_objects", cap.objects ? json(*cap.objects) : json(nullptr)}});
+                     {"used_bytes", t.used_bytes},
+                     {"used_objects", t.used_objects},
+                     {"reserved_bytes", t.reserved_bytes},
+                     {"capacity_bytes", maybe(t.capacity_bytes)},
+                     {"capacity_objects", maybe(t.capacity_objects)}});
     } else {
       std::printf("%-7s %12s of %-12s %12s objects of %s\n", name.c_str(),
-                  format_size(static_cast<double>(bytes)).c_str(),
-                  limit_text(cap.bytes, true).c_str(), std::to_string(objects).c_str(),
-                  limit_text(cap.objects, false).c_str());
+                  format_size(static_cast<double>(t.used_bytes)).c_str(),
+                  limit_text(t.capacity_bytes, true).c_str(),
+                  std::to_string(t.used_objects).c_str(),
+                  limit_text(t.capacity_objects, false).c_str());
     }
   }
   if (a.json) std::printf("%s\n", out.dump().c_str());

@@ -111,6 +111,13 @@ struct Capacity {
   std::optional<int64_t> bytes, objects;
 };
 
+// What a tier holds across every team, and what it can hold (unset: unknown).
+struct TierTotal {
+  Tier tier = Tier::kNvme;
+  int64_t used_bytes = 0, used_objects = 0, reserved_bytes = 0;
+  std::optional<int64_t> capacity_bytes, capacity_objects;
+};
+
 // The team name under which the history keeps each tier's total over all teams.
 inline constexpr std::string_view kAllTeams = "*";
 
@@ -240,6 +247,9 @@ class Ledger {
   // A tier's capacity across all teams (none: unknown).
   Status set_capacity(Tier tier, std::optional<int64_t> bytes, std::optional<int64_t> objects);
   Result<std::vector<Capacity>> capacities();
+  // Every tier, in kAllTiers order: its usage and reservations summed over the teams, and
+  // its capacity.
+  Result<std::vector<TierTotal>> tier_totals();
   // Appends a sample of every account and of every tier's total (or records one given
   // point, for imports and tests). history(kAllTeams, tier) is the tier's total.
   Status record_history();

@@ -942,6 +942,22 @@ TEST_P(LedgerTest, CapacitiesAndTierTotalsInTheHistory) {
   ASSERT_FALSE(total->empty());
   EXPECT_EQ(total->back().bytes, 150);
   EXPECT_EQ(total->back().objects, 2);
+  // `capacity ls`: every tier, summed over the teams, with its capacity.
+  auto r = ledger_->reserve(a, 30, 0);
+  ASSERT_TRUE(r);
+  auto totals = ledger_->tier_totals();
+  ASSERT_TRUE(totals) << totals.error().to_string();
+  ASSERT_EQ(totals->size(), std::size(kAllTiers));
+  const TierTotal& object = (*totals)[3];
+  EXPECT_EQ(object.tier, Tier::kObject);
+  EXPECT_EQ(object.used_bytes, 150);
+  EXPECT_EQ(object.used_objects, 2);
+  EXPECT_EQ(object.reserved_bytes, 30);
+  EXPECT_EQ(object.capacity_bytes, int64_t{1} << 40);
+  EXPECT_FALSE(object.capacity_objects);
+  EXPECT_EQ((*totals)[0].tier, Tier::kRam);
+  EXPECT_EQ((*totals)[0].used_bytes, 0);
+  EXPECT_FALSE((*totals)[0].capacity_bytes);
 }
 
 }  // namespace

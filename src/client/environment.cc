@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <optional>
 
+#include "sluice/core/fd.h"
+
 namespace sluice::client {
 namespace {
 
@@ -102,6 +104,23 @@ LedgerChoice ledger_from_environment(const std::string& flag) {
   if (!flag.empty()) return {flag, "--ledger"};
   if (std::string uri = env("SLUICE_LEDGER"); !uri.empty()) return {uri, "$SLUICE_LEDGER"};
   return {};
+}
+
+Result<std::vector<peer::Member>> members_from_environment(const std::string& spec,
+                                                           uint16_t slurm_port) {
+  if (spec != "slurm") {
+    SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(spec, "peers file"));
+    return peer::parse_host_list(text, spec);
+  }
+  const std::string list = env("SLURM_JOB_NODELIST");
+  if (list.empty())
+    return fail(Code::kInvalidArgument, "peers \"slurm\": SLURM_JOB_NODELIST is not set");
+  if (slurm_port == 0)
+    return fail(Code::kInvalidArgument, "peers \"slurm\": no port for the members");
+  SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> names, peer::expand_hostlist(list));
+  std::vector<peer::Member> members;
+  for (std::string& n : names) members.push_back(peer::Member{n, n, slurm_port});
+  return members;
 }
 
 }  // namespace sluice::client

@@ -1,9 +1,11 @@
 #include "sluice/core/fd.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <span>
 #include <string>
 
 namespace sluice {
@@ -61,6 +63,23 @@ Status sync_directory(int dirfd, std::string_view what) {
   if (!d.valid()) return fail_errno(errno, "open directory of " + std::string(what) + " to sync");
   if (::fsync(d.get()) != 0) return fail_errno(errno, "sync directory of " + std::string(what));
   return ok();
+}
+
+Result<std::string> read_small_file(const std::string& path, std::string_view what,
+                                    uint64_t max_bytes) {
+  const std::string named = std::string(what) + " " + path;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return fail_errno(errno, "open " + named);
+  struct stat sb;
+  if (::fstat(fd.get(), &sb) != 0) return fail_errno(errno, "stat " + named);
+  if (!S_ISREG(sb.st_mode)) return fail(Code::kInvalidArgument, named + " is not a regular file");
+  if (static_cast<uint64_t>(sb.st_size) > max_bytes)
+    return fail(Code::kInvalidArgument, named + " is over " + std::to_string(max_bytes) + " bytes");
+  std::string text(static_cast<size_t>(sb.st_size), '\0');
+  SLUICE_ASSIGN_OR_RETURN(size_t n,
+                          pread_full(fd.get(), std::as_writable_bytes(std::span(text)), 0, named));
+  text.resize(n);
+  return text;
 }
 
 }  // namespace sluice

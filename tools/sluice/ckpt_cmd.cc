@@ -94,9 +94,10 @@ Result<std::vector<std::string>> resolve_peer_tiers(const CkptArgs& a,
       return refuse(
           "the ranks of a multi-rank save would choose different peers; name one "
           "with sluiced://MEMBER@HOST:PORT/FOLDER/");
-    SLUICE_ASSIGN_OR_RETURN(std::vector<peer::Member> members, load_members(a.peers, a.peer_port));
+    auto members = client::members_from_environment(a.peers, a.peer_port);
+    if (!members) return std::unexpected(members.error().with_context("--peers (and --peer-port)"));
     const std::string self = a.node_name.empty() ? short_host_name() : a.node_name;
-    SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(members), self));
+    SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(*members), self));
     std::vector<const peer::Member*> order = m.ranked(a.series);
     if (order.size() > 3) order.resize(3);
     auto uri_of = [&](const peer::Member* x) {

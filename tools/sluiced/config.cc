@@ -145,9 +145,10 @@ Status configure_peers(const Args& a, node::PeerConfig& p) {
   p.port = static_cast<uint16_t>(port);
   p.timeout = std::chrono::milliseconds(a.peer_timeout_ms);
   if (a.peers.empty()) return ok();  // /metrics only
-  SLUICE_ASSIGN_OR_RETURN(std::vector<peer::Member> members, cli::load_members(a.peers, p.port));
+  auto members = client::members_from_environment(a.peers, p.port);
+  if (!members) return std::unexpected(members.error().with_context("--peers (and --peer-listen)"));
   std::string self = a.node_name.empty() ? cli::short_host_name() : a.node_name;
-  SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(members), self));
+  SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(*members), self));
   p.membership = std::make_shared<const peer::Membership>(std::move(m));
   if (a.secret_file.empty())
     return fail(Code::kInvalidArgument, "--peers needs --node-secret-file FILE");

@@ -42,7 +42,7 @@ void log_line(std::string_view line) {
 // Fills settings not given as flags from the JSON config file.
 Result<Json> apply_config(Args& a, const CLI::App& app) {
   if (a.config.empty()) return Json();
-  SLUICE_ASSIGN_OR_RETURN(std::string text, cli::read_small_file(a.config, "config"));
+  SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(a.config, "config"));
   return sluiced::apply_config(a, text, a.config,
                                [&](const char* flag) { return app.count(flag) > 0; });
 }

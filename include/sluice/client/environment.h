@@ -5,10 +5,13 @@
 // SessionOptions itself or calls these, explicitly, once.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sluice/client/session.h"
 #include "sluice/core/status.h"
+#include "sluice/peer/membership.h"
 #include "sluice/s3/store.h"
 
 namespace sluice::client {
@@ -35,5 +38,10 @@ Result<s3::S3Options> s3_options_from_environment(const AwsSettings& given = {})
 // The ledger: `flag` (a --ledger) when given, else $SLUICE_LEDGER when set, else the
 // embedded one in the session's home.
 LedgerChoice ledger_from_environment(const std::string& flag = {});
+
+// The job's node daemons: `spec` is a host list file (peer::parse_host_list), or "slurm":
+// the hosts of $SLURM_JOB_NODELIST, each listening on `slurm_port` (0: refused).
+Result<std::vector<peer::Member>> members_from_environment(const std::string& spec,
+                                                           uint16_t slurm_port);
 
 }  // namespace sluice::client

@@ -50,5 +50,10 @@ Status write_full(int fd, std::span<const std::byte> src, std::string_view what)
 // Makes a directory's entries durable: fsync of a readable descriptor of the directory
 // `dirfd` refers to (which may be an O_PATH descriptor).
 Status sync_directory(int dirfd, std::string_view what);
+// A settings file (a config, a peers list, a secret): a regular file of at most `max_bytes`,
+// read whole. A FIFO or a device is refused before it is read (it would block, or never
+// end). `what` names it in errors.
+Result<std::string> read_small_file(const std::string& path, std::string_view what,
+                                    uint64_t max_bytes = 1 << 20);
 
 }  // namespace sluice

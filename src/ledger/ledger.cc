@@ -1268,31 +1268,27 @@ Result<std::vector<Capacity>> Ledger::capacities() {
 Result<std::vector<TierTotal>> Ledger::tier_totals() {
   std::vector<TierTotal> out;
   for (Tier tier : kAllTiers) out.push_back(TierTotal{.tier = tier});
-  auto at = [&](const std::string& name) -> TierTotal* {
-    auto t = parse_tier(name);
-    return t ? &out[static_cast<size_t>(*t)] : nullptr;
-  };
   Status outer = db_->with_conn([&](Conn& c) -> Status {
     SLUICE_ASSIGN_OR_RETURN(
         auto used, c.query("SELECT tier, SUM(used_bytes), SUM(used_objects), SUM(reserved_bytes)"
                            " FROM accounts GROUP BY tier"));
     for (auto& r : used) {
-      if (TierTotal* t = at(r.text(0))) {
-        t->used_bytes = r.i64(1);
-        t->used_objects = r.i64(2);
-        t->reserved_bytes = r.i64(3);
-      }
-    }
-    SLUICE_ASSIGN_OR_RETURN(auto caps, c.query("SELECT tier, bytes, objects FROM capacities"));
-    for (auto& r : caps) {
-      if (TierTotal* t = at(r.text(0))) {
-        t->capacity_bytes = r.opt_i64(1);
-        t->capacity_objects = r.opt_i64(2);
-      }
+      auto tier = parse_tier(r.text(0));
+      if (!tier) continue;
+      TierTotal& t = out[static_cast<size_t>(*tier)];
+      t.used_bytes = r.i64(1);
+      t.used_objects = r.i64(2);
+      t.reserved_bytes = r.i64(3);
     }
     return {};
   });
   if (!outer) return std::unexpected(outer.error());
+  SLUICE_ASSIGN_OR_RETURN(std::vector<Capacity> caps, capacities());
+  for (const Capacity& cap : caps) {
+    TierTotal& t = out[static_cast<size_t>(cap.tier)];
+    t.capacity_bytes = cap.bytes;
+    t.capacity_objects = cap.objects;
+  }
   return out;
 }
 

@@ -10,7 +10,7 @@
 #include "cache_flags.h"
 #include "config.h"
 #include "fuzz_util.h"
-#include "sizes.h"
+#include "sluice/core/sizes.h"
 
 using namespace sluice;
 
@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!teams) return 0;
   if (!teams->is_null()) (void)sluiced::parse_teams(*teams, "fuzz.json", a.aws, s3::S3Options{});
   (void)cli::cache_options(a.cache, "/nonexistent/sluice-fuzz/home");
-  (void)cli::parse_size(a.window_memory);
+  (void)parse_size(a.window_memory);
   if (a.peers.empty()) {  // a peers file would be read: only the listen address here
     node::PeerConfig peer;
     (void)sluiced::configure_peers(a, peer);

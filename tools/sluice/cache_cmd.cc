@@ -17,9 +17,9 @@
 
 #include "common.h"
 #include "cp.h"
-#include "sizes.h"
 #include "sluice/cache/read_ahead.h"
 #include "sluice/client/location.h"
+#include "sluice/core/sizes.h"
 #include "sluice/mem/buffer_pool.h"
 #include "sluice/node/client.h"
 #include "sluice/s3/store.h"

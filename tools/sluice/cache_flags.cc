@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "sizes.h"
+#include "sluice/core/sizes.h"
 
 namespace sluice::cli {
 

@@ -22,9 +22,9 @@
 #include "cache_flags.h"
 #include "common.h"
 #include "ledger_cmd.h"
-#include "sizes.h"
 #include "sluice/ckpt/checkpointer.h"
 #include "sluice/core/fd.h"
+#include "sluice/core/sizes.h"
 #include "sluice/peer/object_store.h"
 #include "sluice/s3/store.h"
 

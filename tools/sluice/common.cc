@@ -11,6 +11,7 @@
 #include <span>
 
 #include "sluice/core/fd.h"
+#include "sluice/core/sizes.h"
 
 namespace sluice::cli {
 
@@ -49,6 +50,22 @@ std::string format_utc(int64_t ns, const char* format) {
   char buf[64];
   if (std::strftime(buf, sizeof buf, format, &tm) == 0) return {};
   return buf;
+}
+
+void LayOutProgress::operator()(uint64_t done, uint64_t total) {
+  const int pct = total == 0 ? 100 : static_cast<int>(done * 100 / total);
+  if (pct / 10 != last_pct_ / 10) {
+    std::fprintf(stderr, "\rlaying out %s: %d%% of %s", path_.c_str(), pct,
+                 format_size(static_cast<double>(total)).c_str());
+    last_pct_ = pct;
+    open_ = true;
+  }
+  if (done >= total) end();
+}
+
+void LayOutProgress::end() {
+  if (open_) std::fprintf(stderr, "\n");
+  open_ = false;
 }
 
 }  // namespace sluice::cli

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sluice/core/status.h"
@@ -18,5 +19,20 @@ Result<std::string> read_secret(const std::string& path);
 std::string format_utc(int64_t ns, const char* format);
 // This host's name up to the first dot: the default member name of a node.
 std::string short_host_name();
+
+// Progress of laying out a bench file (io::BenchOptions::on_lay_out, by std::ref): "laying
+// out PATH: N% of SIZE" on stderr at every 10%; the line ends when the file is whole, or at
+// end() for one cut short.
+class LayOutProgress {
+ public:
+  explicit LayOutProgress(std::string path) : path_(std::move(path)) {}
+  void operator()(uint64_t done, uint64_t total);
+  void end();
+
+ private:
+  std::string path_;
+  int last_pct_ = -1;
+  bool open_ = false;
+};
 
 }  // namespace sluice::cli

@@ -10,10 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sizes.h"
 #include "sluice/cache/read_ahead.h"
 #include "sluice/client/location.h"
 #include "sluice/client/session.h"
+#include "sluice/core/sizes.h"
 #include "sluice/node/client.h"
 #include "sluice/store/store.h"
 #include "sluice/telemetry/registry.h"

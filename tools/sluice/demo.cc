@@ -20,9 +20,9 @@
 #include <xxhash.h>
 
 #include "common.h"
-#include "sizes.h"
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/ckpt/checkpointer.h"
+#include "sluice/core/sizes.h"
 #include "sluice/mem/target.h"
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/pack.h"

@@ -11,9 +11,9 @@
 #include "cache_flags.h"
 #include "common.h"
 #include "ledger_cmd.h"
-#include "sizes.h"
 #include "sluice/client/environment.h"
 #include "sluice/client/session.h"
+#include "sluice/core/sizes.h"
 #include "sluice/ledger/gc.h"
 
 namespace sluice::cli {
@@ -43,15 +43,15 @@ Result<std::optional<uint64_t>> count_flag(const std::string& flag, const std::s
 Result<std::optional<std::chrono::seconds>> opt_duration(const std::string& flag,
                                                          const std::string& text) {
   if (text.empty()) return std::optional<std::chrono::seconds>{};
-  SLUICE_ASSIGN_OR_RETURN(auto d, duration_flag(flag, text));
+  SLUICE_ASSIGN_OR_RETURN(auto d, parse_duration(flag, text));
   return std::optional<std::chrono::seconds>(d);
 }
 
 Result<GcOptions> gc_options(const GcArgs& a) {
   GcOptions o;
   o.project = a.project;
-  SLUICE_ASSIGN_OR_RETURN(o.grace, duration_flag("--grace", a.grace));
-  SLUICE_ASSIGN_OR_RETURN(o.delay, duration_flag("--delay", a.delay));
+  SLUICE_ASSIGN_OR_RETURN(o.grace, parse_duration("--grace", a.grace));
+  SLUICE_ASSIGN_OR_RETURN(o.delay, parse_duration("--delay", a.delay));
   SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
   o.stores = session.store_options();
   return o;

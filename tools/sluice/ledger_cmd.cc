@@ -14,9 +14,9 @@
 
 #include "cache_flags.h"
 #include "common.h"
-#include "sizes.h"
 #include "sluice/client/environment.h"
 #include "sluice/client/session.h"
+#include "sluice/core/sizes.h"
 #include "sluice/ledger/charging_store.h"
 #include "sluice/ledger/forecast.h"
 #include "sluice/ledger/reconcile.h"
@@ -211,7 +211,7 @@ int run_quota_set(const LedgerArgs& a, const std::string& home) {
   next.soft_objects = *so;
   next.hard_objects = *ho;
   if (!a.grace.empty()) {
-    auto g = duration_flag("--grace", a.grace);
+    auto g = parse_duration("--grace", a.grace);
     if (!g) return report_error(g.error());
     next.grace = *g;
   }
@@ -413,7 +413,7 @@ struct ForecastRow {
 };
 
 int run_forecast(const LedgerArgs& a, const std::string& home) {
-  auto window = duration_flag("--window", a.window);
+  auto window = parse_duration("--window", a.window);
   if (!window) return report_error(window.error());
   if (window->count() == 0)
     return report_error(Error(Code::kInvalidArgument, "--window must be longer than 0"));

@@ -11,7 +11,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bench.h"
 #include "cache_cmd.h"
 #include "ckpt_cmd.h"
 #include "common.h"
@@ -22,14 +21,46 @@
 #include "gc_cmd.h"
 #include "ledger_cmd.h"
 #include "size_flag.h"
-#include "sizes.h"
 #include "sluice/client/environment.h"
+#include "sluice/core/sizes.h"
+#include "sluice/io/bench.h"
 #include "sluice/io/engine.h"
 
 namespace {
 
 using namespace sluice;
 using namespace sluice::cli;
+using io::BenchMode;
+using io::BenchOptions;
+using io::BenchRw;
+
+std::string bench_text(const io::BenchResult& r) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "sluice bench: %s %s, bs %s, qd %u, threads %u, %s\n"
+                "  path        %s\n"
+                "  why         %s\n"
+                "  throughput  %.3f GiB/s   (%s in %.2f s)\n"
+                "  IOPS        %.0f\n"
+                "  latency us  avg %.1f   p50 %.1f   p99 %.1f   p99.9 %.1f   max %.1f\n"
+                "  CPU         %.1f%% (user %.1f%%, sys %.1f%%)%s\n",
+                r.mode.c_str(), r.rw.c_str(), format_size(static_cast<double>(r.bs)).c_str(), r.qd,
+                r.threads, format_size(static_cast<double>(r.size)).c_str(), r.path.c_str(),
+                r.path_why.c_str(), r.throughput_gib_s,
+                format_size(static_cast<double>(r.bytes)).c_str(), r.seconds, r.iops, r.lat_avg_us,
+                r.lat_p50_us, r.lat_p99_us, r.lat_p999_us, r.lat_max_us, r.cpu_pct, r.cpu_user_pct,
+                r.cpu_sys_pct, r.verified ? "\n  verify      every byte checked: OK" : "");
+  return buf;
+}
+
+// Runs the bench engine, showing the lay-out of the file on a terminal.
+Result<io::BenchResult> bench_showing_lay_out(BenchOptions o) {
+  LayOutProgress shown(o.file);
+  if (::isatty(STDERR_FILENO)) o.on_lay_out = std::ref(shown);
+  auto r = io::run_bench(o);
+  shown.end();
+  return r;
+}
 
 void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& rw, bool& json,
                int& rc) {
@@ -62,25 +93,24 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
                   "libcufile to load for gds (default: libcufile.so.0)")
       ->envname("SLUICE_CUFILE");
   cmd->callback([&] {
-    auto m = parse_bench_mode(mode);
+    auto m = io::parse_bench_mode(mode);
     if (!m) {
       rc = report_error(m.error());
       return;
     }
-    auto r = parse_bench_rw(rw);
+    auto r = io::parse_bench_rw(rw);
     if (!r) {
       rc = report_error(r.error());
       return;
     }
     o.mode = *m;
     o.rw = *r;
-    o.progress = ::isatty(STDERR_FILENO);
-    auto res = run_bench(o);
+    auto res = bench_showing_lay_out(o);
     if (!res) {
       rc = report_error(res.error());
       return;
     }
-    std::printf("%s\n", json ? res->json().c_str() : res->text().c_str());
+    std::printf("%s\n", json ? res->json().c_str() : bench_text(*res).c_str());
     rc = 0;
   });
 }
@@ -298,15 +328,14 @@ int run_bench_demo(uint64_t demo_size) {
       o.size = demo_size;
       o.runtime = row.bs < (1 << 20) ? 3 : 0;
       o.verify = row.rw == BenchRw::kRead;
-      o.progress = ::isatty(STDERR_FILENO);
-      auto r = run_bench(o);
+      auto r = bench_showing_lay_out(o);
       std::string bs = format_size(static_cast<double>(row.bs));
       if (!r) {
         bool skip = r.error().code() == Code::kUnsupported;
         if (!skip) ++failures;
         std::printf("%-9s %-9s %-8s %4u %10s  %s: %s\n",
-                    std::string(bench_mode_name(row.mode)).c_str(),
-                    std::string(bench_rw_name(row.rw)).c_str(), bs.c_str(), o.qd, "-",
+                    std::string(io::bench_mode_name(row.mode)).c_str(),
+                    std::string(io::bench_rw_name(row.rw)).c_str(), bs.c_str(), o.qd, "-",
                     skip ? "not on this machine" : "FAILED", r.error().message().c_str());
         continue;
       }

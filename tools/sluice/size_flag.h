@@ -10,7 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "sizes.h"
+#include "sluice/core/sizes.h"
 
 namespace sluice::cli {
 

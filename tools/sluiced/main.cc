@@ -19,8 +19,8 @@
 #include "cache_flags.h"
 #include "common.h"
 #include "config.h"
-#include "sizes.h"
 #include "sluice/client/environment.h"
+#include "sluice/core/sizes.h"
 #include "sluice/node/server.h"
 #include "sluice/s3/store.h"
 
@@ -70,7 +70,7 @@ int run(Args& a, const CLI::App& app) {
   o.max_connections = a.max_connections;
   o.max_connections_per_uid = a.max_per_uid;
   o.idle_timeout = std::chrono::seconds(a.idle_s);
-  auto windows = cli::parse_size(a.window_memory);
+  auto windows = parse_size(a.window_memory);
   if (!windows) return cli::report_error(windows.error().with_context("--window-memory"));
   o.max_window_bytes = *windows;
   o.log = log_line;

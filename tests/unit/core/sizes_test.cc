@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
-#include "sizes.h"
+#include "sluice/core/sizes.h"
 
-namespace sluice::cli {
+namespace sluice {
 namespace {
 
 TEST(Sizes, ParsesBinaryUnits) {
@@ -32,4 +32,4 @@ TEST(Sizes, Formats) {
 }
 
 }  // namespace
-}  // namespace sluice::cli
+}  // namespace sluice

@@ -1,4 +1,4 @@
-#include "sizes.h"
+#include "sluice/core/sizes.h"
 
 #include <cctype>
 #include <charconv>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
-namespace sluice::cli {
+namespace sluice {
 
 Result<uint64_t> parse_size(std::string_view text) {
   auto bad = [&](std::string_view why) {
@@ -61,7 +61,7 @@ std::string format_size(double bytes) {
 }
 
 // "7d", "12h", "30m", "90s" or plain seconds.
-Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text) {
+Result<std::chrono::seconds> parse_duration(std::string_view what, std::string_view text) {
   int64_t n = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
   std::string_view unit(p, text.data() + text.size() - p);
@@ -73,8 +73,8 @@ Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::s
                                              : 0;
   if (ec != std::errc() || n < 0 || mult == 0 || n > INT64_MAX / 1'000'000'000 / mult)
     return fail(Code::kInvalidArgument,
-                flag + " '" + text + "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
+                std::string(what) + " '" + std::string(text) + "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
   return std::chrono::seconds(n * mult);
 }
 
-}  // namespace sluice::cli
+}  // namespace sluice

@@ -1,6 +1,6 @@
 // `sluice bench`: like gdsio, every path through the public data-path API (FileHandle and
 // Batch), `qd` requests of `bs` bytes kept in flight per thread.
-#include "bench.h"
+#include "sluice/io/bench.h"
 
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -23,12 +23,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sizes.h"
+#include "sluice/core/sizes.h"
 #include "sluice/core/fd.h"
 #include "sluice/io/file_handle.h"
 #include "sluice/telemetry/registry.h"
 
-namespace sluice::cli {
+namespace sluice::io {
 
 Result<BenchMode> parse_bench_mode(std::string_view s) {
   if (s == "buffered") return BenchMode::kBuffered;
@@ -135,7 +135,7 @@ bool is_random(BenchRw rw) {
 
 // Creates or extends the file to `size` bytes of the verification pattern.
 Status lay_out(const std::shared_ptr<io::Context>& ctx, const std::string& path, uint64_t size,
-               bool progress, const std::atomic<bool>* cancel) {
+               const BenchOptions& o) {
   struct stat sb;
   uint64_t have = ::stat(path.c_str(), &sb) == 0 ? static_cast<uint64_t>(sb.st_size) : 0;
   if (have >= size) return ok();
@@ -146,24 +146,15 @@ Status lay_out(const std::shared_ptr<io::Context>& ctx, const std::string& path,
   const size_t chunk = 16 << 20;
   SLUICE_ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::allocate(chunk));
   uint64_t start = have / kDirectAlignment * kDirectAlignment;  // rewrite a partial last block
-  int last_pct = -1;
   for (uint64_t off = start; off < size; off += chunk) {
-    if (cancel && cancel->load()) {
-      if (progress) std::fprintf(stderr, "\n");
+    if (o.cancel && o.cancel->load())
       return fail(Code::kCancelled, "laying out " + path + " interrupted");
-    }
     size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, size - off));
     fill_pattern(buf.data(), n, off);
     SLUICE_ASSIGN_OR_RETURN(size_t w, fh.write(io::Buffer::host(buf.data(), n), n, off));
     (void)w;
-    int pct = static_cast<int>((off + n - start) * 100 / (size - start));
-    if (progress && pct / 10 != last_pct / 10) {
-      std::fprintf(stderr, "\rlaying out %s: %d%% of %s", path.c_str(), pct,
-                   format_size(static_cast<double>(size)).c_str());
-      last_pct = pct;
-    }
+    if (o.on_lay_out) o.on_lay_out(off + n - start, size - start);
   }
-  if (progress) std::fprintf(stderr, "\n");
   return fh.sync();
 }
 
@@ -253,24 +244,6 @@ std::string BenchResult::json() const {
                       {"cpu_sys_pct", cpu_sys_pct},
                       {"verified", verified}};
   return j.dump();
-}
-
-std::string BenchResult::text() const {
-  char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "sluice bench: %s %s, bs %s, qd %u, threads %u, %s\n"
-                "  path        %s\n"
-                "  why         %s\n"
-                "  throughput  %.3f GiB/s   (%s in %.2f s)\n"
-                "  IOPS        %.0f\n"
-                "  latency us  avg %.1f   p50 %.1f   p99 %.1f   p99.9 %.1f   max %.1f\n"
-                "  CPU         %.1f%% (user %.1f%%, sys %.1f%%)%s\n",
-                mode.c_str(), rw.c_str(), format_size(static_cast<double>(bs)).c_str(), qd, threads,
-                format_size(static_cast<double>(size)).c_str(), path.c_str(), path_why.c_str(),
-                throughput_gib_s, format_size(static_cast<double>(bytes)).c_str(), seconds, iops,
-                lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us, cpu_pct, cpu_user_pct,
-                cpu_sys_pct, verified ? "\n  verify      every byte checked: OK" : "");
-  return buf;
 }
 
 namespace {
@@ -385,7 +358,7 @@ Status prepare_file(const BenchOptions& o, const BenchPlan& plan,
   if (o.verify && is_write(o.rw) && ::truncate(o.file.c_str(), 0) != 0 && errno != ENOENT)
     return fail_errno(errno, "truncate " + o.file + " before a verified write");
   if (!plan.file.block_device && (!is_write(o.rw) || !exists || o.verify))
-    SLUICE_RETURN_IF_ERROR(lay_out(ctx, o.file, plan.size, o.progress, o.cancel));
+    SLUICE_RETURN_IF_ERROR(lay_out(ctx, o.file, plan.size, o));
   return ok();
 }
 
@@ -645,4 +618,4 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
   return res;
 }
 
-}  // namespace sluice::cli
+}  // namespace sluice::io

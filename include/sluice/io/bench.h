@@ -1,14 +1,16 @@
-// `sluice bench`: measures one data path the way gdsio does.
+// The bench engine: measures one data path the way gdsio does (`sluice bench`, and the ceiling
+// sweep of `sluice doctor --path`).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "sluice/core/status.h"
 
-namespace sluice::cli {
+namespace sluice::io {
 
 enum class BenchMode { kBuffered, kDirect, kUring, kBounce, kGpu, kGds };
 enum class BenchRw { kRead, kWrite, kRandRead, kRandWrite };
@@ -23,7 +25,8 @@ struct BenchOptions {
   std::optional<uint64_t> size;  // unset: the file's size; needed to create a file
   double runtime = 0;            // seconds; 0: one pass over `size`
   bool verify = false;
-  bool progress = false;  // progress lines on stderr while laying out the file
+  // Called as the file is laid out (bytes written so far, bytes to write), after every 16 MiB.
+  std::function<void(uint64_t done, uint64_t total)> on_lay_out;
   // Set (by a signal handler): laying out the file stops at the next 16 MiB with kCancelled.
   const std::atomic<bool>* cancel = nullptr;
   std::string cuda_library;
@@ -41,8 +44,7 @@ struct BenchResult {
   double cpu_pct = 0, cpu_user_pct = 0, cpu_sys_pct = 0;
   bool verified = false;
 
-  std::string json() const;
-  std::string text() const;
+  std::string json() const;  // one JSON object (`sluice bench --json`)
 };
 
 Result<BenchMode> parse_bench_mode(std::string_view s);
@@ -52,4 +54,4 @@ std::string_view bench_rw_name(BenchRw rw);
 
 Result<BenchResult> run_bench(const BenchOptions& options);
 
-}  // namespace sluice::cli
+}  // namespace sluice::io

@@ -1,5 +1,5 @@
-// Size and duration flags and settings (sluice/core/sizes.h, tools/sluice/size_flag.h): "4K", "1.5G",
-// "512MiB", "90s", "7d", and the seconds validator. A size that parses must print as its
+// Size and duration flags and settings (sluice/core/sizes.h, tools/sluice/size_flag.h): "4K",
+// "1.5G", "512MiB", "90s", "7d", and the seconds validator. A size that parses must print as its
 // byte count and parse back to it; a duration that parses is not negative.
 #include <cstddef>
 #include <cstdint>

@@ -73,7 +73,8 @@ Result<std::chrono::seconds> parse_duration(std::string_view what, std::string_v
                                              : 0;
   if (ec != std::errc() || n < 0 || mult == 0 || n > INT64_MAX / 1'000'000'000 / mult)
     return fail(Code::kInvalidArgument,
-                std::string(what) + " '" + std::string(text) + "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
+                std::string(what) + " '" + std::string(text) +
+                    "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
   return std::chrono::seconds(n * mult);
 }
 

@@ -23,7 +23,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sluice/core/sizes.h"
 #include "sluice/core/fd.h"
 #include "sluice/io/file_handle.h"
 #include "sluice/telemetry/registry.h"

@@ -2,6 +2,7 @@
 #include "sluice/client/location.h"
 
 #include <cctype>
+#include <filesystem>
 
 namespace sluice::client {
 
@@ -42,6 +43,17 @@ Result<Location> parse_location(const std::string& given) {
   loc.store_uri = std::string(scheme) + "://" + rest.substr(0, slash);
   if (slash != std::string::npos) loc.path = rest.substr(slash + 1);
   return loc;
+}
+
+Result<StoreKey> store_key(const std::string& text) {
+  SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(text));
+  if (!loc.local) return StoreKey{loc.store_uri, loc.path};
+  std::error_code ec;  // a path the file system refuses is an error, not a throw
+  std::filesystem::path p = std::filesystem::weakly_canonical(loc.path, ec);
+  if (ec) return fail_errno(ec.value(), "resolve '" + loc.path + "'");
+  StoreKey k{"file:///", p.string().substr(1)};
+  if (loc.path.ends_with('/') && !k.key.empty() && !k.key.ends_with('/')) k.key += '/';
+  return k;
 }
 
 }  // namespace sluice::client

@@ -62,6 +62,23 @@ Result<std::unique_ptr<store::Store>> Session::open_cached(const std::string& st
   return store::open_store("node+" + store_uri, so);
 }
 
+Result<std::unique_ptr<cache::Control>> Session::cache_control() const {
+  auto embedded = [this]() -> std::unique_ptr<cache::Control> {
+    return std::make_unique<cache::DirectoryControl>(
+        cache_options(),
+        // A copy: what a Session opens outlives it.
+        [session = *this](const std::string& uri) { return session.open_store(uri); });
+  };
+  if (o_.daemon_socket == "none") return embedded();
+  auto client = node::NodeClient::connect(daemon_socket(), std::chrono::seconds(10));
+  if (!client) {
+    // The default socket with nobody on it: this node runs no daemon.
+    if (client.error().code() == Code::kUnavailable && o_.daemon_socket.empty()) return embedded();
+    return std::unexpected(client.error());
+  }
+  return std::make_unique<node::DaemonControl>(std::move(*client), daemon_socket());
+}
+
 std::string Session::ledger_uri() const {
   return o_.ledger.uri.empty() ? o_.home + "/ledger.db" : o_.ledger.uri;
 }

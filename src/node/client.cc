@@ -227,9 +227,9 @@ Result<uint64_t> NodeClient::evict(const std::string& root, const std::string& p
   return get_u64(j, "chunks");
 }
 
-Result<NodeClient::Warmed> NodeClient::warm(const std::string& root, const std::string& key,
-                                            uint64_t offset, uint64_t length) {
-  Warmed w;
+Result<cache::Warmed> NodeClient::warm(const std::string& root, const std::string& key,
+                                       uint64_t offset, uint64_t length) {
+  cache::Warmed w;
   w.end = offset;
   for (;;) {
     SLUICE_ASSIGN_OR_RETURN(
@@ -261,11 +261,31 @@ Result<uint64_t> NodeClient::pin(const std::string& root, const std::string& pre
   return get_u64(j, "chunks");
 }
 
-Result<std::string> NodeClient::chunks(const std::string& root, const std::string& prefix) {
+Result<cache::ChunkListing> NodeClient::chunks(const std::string& root, const std::string& prefix) {
   Json body = Json{{"prefix", prefix}};
   if (!root.empty()) body["root"] = root;
   SLUICE_ASSIGN_OR_RETURN(Frame f, impl_->call_frame(FrameType::kChunks, body));
-  return std::move(f.json);
+  SLUICE_ASSIGN_OR_RETURN(Json j, parse_body(f.json));
+  auto list = j.find("chunks");
+  if (list == j.end() || !list->is_array())
+    return fail(Code::kCorruption, "sluiced sent a CHUNKS reply without a chunk list");
+  cache::ChunkListing out;
+  SLUICE_ASSIGN_OR_RETURN(out.truncated, get_bool_or(j, "truncated", false));
+  for (const Json& c : *list) {
+    if (!c.is_object())
+      return fail(Code::kCorruption, "sluiced sent a chunk that is not an object");
+    cache::CachedChunk ch;
+    SLUICE_ASSIGN_OR_RETURN(ch.store, get_string(c, "root"));
+    SLUICE_ASSIGN_OR_RETURN(ch.key, get_string(c, "key"));
+    SLUICE_ASSIGN_OR_RETURN(ch.etag, get_string_or(c, "etag", ""));
+    SLUICE_ASSIGN_OR_RETURN(ch.index, get_u64(c, "index"));
+    SLUICE_ASSIGN_OR_RETURN(ch.length, get_u64(c, "length"));
+    SLUICE_ASSIGN_OR_RETURN(ch.in_ram, get_bool_or(c, "in_ram", false));
+    SLUICE_ASSIGN_OR_RETURN(ch.on_disk, get_bool_or(c, "on_disk", false));
+    SLUICE_ASSIGN_OR_RETURN(ch.pinned, get_bool_or(c, "pinned", false));
+    out.chunks.push_back(std::move(ch));
+  }
+  return out;
 }
 
 Result<std::string> NodeClient::call(uint16_t type, const std::string& json) {
@@ -584,6 +604,12 @@ size_t json_string_bytes(std::string_view s) {
 }
 
 }  // namespace
+
+void* NodeStore::find_capability(const std::type_info& type) {
+  if (type == typeid(cache::ReadAhead)) return static_cast<cache::ReadAhead*>(this);
+  if (type == typeid(NodeStore)) return this;
+  return nullptr;
+}
 
 Status NodeStore::declare(std::span<const cache::PlannedRead> order) {
   // Frames stay within half of kMaxJsonBytes, escaping counted.

@@ -19,6 +19,7 @@
 #include "cp.h"
 #include "sluice/cache/read_ahead.h"
 #include "sluice/client/location.h"
+#include "sluice/client/warm.h"
 #include "sluice/core/sizes.h"
 #include "sluice/mem/buffer_pool.h"
 #include "sluice/node/client.h"
@@ -34,147 +35,44 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A backing store for commands that only look after the cache directory (stat, verify,
-// ls): every call says there is none.
-class NoBackingStore final : public store::Store {
- public:
-  Result<store::ObjectInfo> stat(std::string_view key) override { return none(key); }
-  Result<size_t> read(std::string_view key, uint64_t, std::span<std::byte>,
-                      const store::ReadOptions&) override {
-    return none(key);
-  }
-  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
-                                                const store::WriteOptions&) override {
-    return none(key);
-  }
-  Result<store::ListPage> list(const store::ListOptions& o) override { return none(o.prefix); }
-  Status remove(std::string_view key) override { return none(key); }
-  std::string uri() const override { return "none://"; }
-
- private:
-  static std::unexpected<Error> none(std::string_view key) {
-    return fail(Code::kUnavailable,
-                "'" + std::string(key) + "': this command opened the cache without its source");
-  }
-};
-
-struct Target {
-  std::unique_ptr<cache::TieredCache> cache;
-  std::string key;  // key or prefix in the cache's backing store
-};
-
-// Opens the store `text` names (a URI, or a local path, cache+ or not) behind the cache.
-// Local files are named from the root (file:///, key = absolute path), as cp --cache does.
-struct Named {
-  std::string store_uri, key;
-};
-Result<Named> name_in_store(const std::string& text) {
-  SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(text));
-  Named n{loc.store_uri, loc.path};
-  if (loc.local) {
-    std::error_code ec;
-    fs::path p = fs::weakly_canonical(loc.path, ec);
-    if (ec) return fail_errno(ec.value(), "resolve " + loc.path);
-    n.store_uri = "file:///";
-    n.key = p.string().substr(1);
-    if (loc.path.ends_with('/') && !n.key.empty() && !n.key.ends_with('/')) n.key += '/';
-  }
-  return n;
-}
-
-Result<Target> open_target(const std::string& text, const CacheArgs& a) {
-  SLUICE_ASSIGN_OR_RETURN(Named n, name_in_store(text));
-  std::string key = n.key;
-  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, {}, a.cache));
-  SLUICE_ASSIGN_OR_RETURN(auto backing, session.open_store(n.store_uri));
-  SLUICE_ASSIGN_OR_RETURN(auto c,
-                          cache::TieredCache::open(std::move(backing), session.cache_options()));
-  return Target{std::move(c), key};
-}
-
-Result<std::unique_ptr<cache::TieredCache>> open_directory_only(const CacheArgs& a,
-                                                                const std::string& home) {
-  SLUICE_ASSIGN_OR_RETURN(cache::CacheOptions co, cache_options(a.cache, home));
-  co.ram_bytes = 0;
-  // Looking must not evict: a directory filled under a larger --cache-size keeps it all.
-  co.disk_bytes = std::numeric_limits<uint64_t>::max() / 2;
-  co.store_id = "none://";
-  return cache::TieredCache::open(std::make_unique<NoBackingStore>(), co);
-}
-
 std::string tiers(const cache::CachedChunk& c) {
   return std::string(c.in_ram ? "ram" : "") + (c.in_ram && c.on_disk ? "+" : "") +
          (c.on_disk ? "nvme" : "");
 }
 
-// The running daemon the cache commands should talk to: null when none answers on the
-// default socket (the commands then act on the directory); an error when --daemon names a
-// socket where none answers, or when it refuses this caller.
-Result<std::unique_ptr<node::NodeClient>> running_daemon(const CacheArgs& a,
-                                                         const std::string& home) {
-  if (a.cache.daemon == "none") return std::unique_ptr<node::NodeClient>();
-  std::string socket = daemon_socket(a.cache, home);
-  auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
-  if (!client && client.error().code() == Code::kUnavailable && a.cache.daemon.empty())
-    return std::unique_ptr<node::NodeClient>();
-  return client;
+// The node's cache these commands look after: sluiced's when it answers, else the directory.
+Result<std::unique_ptr<cache::Control>> open_control(const CacheArgs& a) {
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, {}, a.cache));
+  return session.cache_control();
 }
 
-// A reply's JSON body as an object; Corruption when the daemon sent something else.
-Result<nlohmann::json> reply_json(const Result<std::string>& body) {
-  if (!body) return std::unexpected(body.error());
-  nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return fail(Code::kCorruption, "sluiced sent a reply that is not a JSON object");
-  return j;
-}
-
-// `cache stat` of a running daemon: its tiers, hits and misses, and what its server did.
-// false: no daemon answers (the caller looks at the directory instead).
-bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
-  if (a.cache.daemon == "none") return false;
-  std::string socket = daemon_socket(a.cache, home);
-  auto client = node::NodeClient::connect(socket, std::chrono::seconds(10));
-  if (!client) {
-    if (client.error().code() == Code::kUnavailable && a.cache.daemon.empty()) return false;
-    rc = report_error(client.error());
-    return true;
-  }
-  auto body = (*client)->cache_stat();
-  if (!body) {
-    rc = report_error(body.error());
-    return true;
-  }
-  nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    rc = report_error(Error(Code::kCorruption, "sluiced sent a stat reply that is not JSON"));
-    return true;
-  }
-  j["daemon"] = {
-      {"socket", socket}, {"pid", (*client)->daemon().pid}, {"team", (*client)->daemon().team}};
-  rc = 0;
+// `cache stat` through sluiced: its tiers, hits and misses, and what its server did.
+int print_daemon_stat(const CacheArgs& a, const cache::ControlStatus& st) {
+  const cache::DaemonStatus& d = *st.daemon;
+  nlohmann::json j = nlohmann::json::parse(d.stat_json, nullptr, false);
+  j["daemon"] = {{"socket", d.socket}, {"pid", d.pid}, {"team", d.team}};
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
-    return true;
+    return 0;
   }
-  auto n = [&](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : 0.0; };
-  std::printf("sluiced pid %.0f on %s: cache %s (policy %s, %s)\n", n(j["daemon"]["pid"]),
-              socket.c_str(), j.value("directory", "").c_str(), j.value("policy", "").c_str(),
-              j.value("io_path", "").c_str());
-  for (const char* tier : {"ram", "disk"}) {
-    nlohmann::json& t = j[tier];
-    std::printf("%s tier: %s of %s in %.0f chunks; %.0f hits (%s)\n",
-                std::string_view(tier) == "ram" ? "RAM" : "NVMe",
-                format_size(n(t["bytes"])).c_str(), format_size(n(t["capacity"])).c_str(),
-                n(t["chunks"]), n(t["hits"]), format_size(n(t["hit_bytes"])).c_str());
+  const cache::CacheStats& s = st.stats;
+  std::printf("sluiced pid %ld on %s: cache %s (policy %s, %s)\n", static_cast<long>(d.pid),
+              d.socket.c_str(), s.directory.c_str(), s.policy.c_str(), s.io_path.c_str());
+  for (const auto& [name, t] : {std::pair{"RAM", s.ram}, std::pair{"NVMe", s.disk}}) {
+    std::printf("%s tier: %s of %s in %lu chunks; %lu hits (%s)\n", name,
+                format_size(static_cast<double>(t.bytes)).c_str(),
+                format_size(static_cast<double>(t.capacity)).c_str(),
+                static_cast<unsigned long>(t.chunks), static_cast<unsigned long>(t.hits),
+                format_size(static_cast<double>(t.hit_bytes)).c_str());
   }
+  auto n = [](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : 0.0; };
   nlohmann::json& sv = j["server"];  // not const: a field an older daemon lacks reads as null
   std::printf(
-      "misses: %.0f chunks (%s from the sources); hand-offs: %.0f chunks (%s), inline %s (%s "
+      "misses: %lu chunks (%s from the sources); hand-offs: %.0f chunks (%s), inline %s (%s "
       "through reply windows)\n",
-      n(j["misses"]), format_size(n(j["miss_bytes"])).c_str(), n(sv["handoff_chunks"]),
-      format_size(n(sv["handoff_bytes"])).c_str(), format_size(n(sv["inline_bytes"])).c_str(),
-      format_size(n(sv["window_bytes"])).c_str());
+      static_cast<unsigned long>(s.misses), format_size(static_cast<double>(s.miss_bytes)).c_str(),
+      n(sv["handoff_chunks"]), format_size(n(sv["handoff_bytes"])).c_str(),
+      format_size(n(sv["inline_bytes"])).c_str(), format_size(n(sv["window_bytes"])).c_str());
   std::printf("connections: %.0f served, %.0f refused; requests: %.0f, %.0f failed\n",
               n(sv["connections"]), n(sv["connections_refused"]), n(sv["requests"]),
               n(sv["request_errors"]));
@@ -183,55 +81,19 @@ bool daemon_stat(const CacheArgs& a, const std::string& home, int& rc) {
                 c.value("ledger", "").c_str(), format_size(n(c["admitted_bytes"])).c_str(),
                 format_size(n(c["freed_bytes"])).c_str(), n(c["refused_chunks"]));
   }
-  return true;
-}
-
-// `cache peers`: the membership of the running daemon and each peer's state.
-int cmd_peers(const CacheArgs& a, const std::string& home) {
-  std::string socket = daemon_socket(a.cache, home);
-  auto client = running_daemon(a, home);
-  if (!client) return report_error(client.error());
-  if (!*client)
-    return report_error(Error(Code::kUnavailable, "cache peers: no sluiced answers on " + socket));
-  auto body = (*client)->cache_stat();
-  if (!body) return report_error(body.error());
-  nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("peers") || !j["peers"].is_array())
-    return report_error(Error(Code::kCorruption, "sluiced sent a stat reply without peers"));
-  if (a.json) {
-    std::printf(
-        "%s\n",
-        nlohmann::json({{"peers", j["peers"]}, {"bytes_from", j["bytes_from"]}}).dump().c_str());
-    return 0;
-  }
-  if (j["peers"].empty()) {
-    std::printf("sluiced on %s has no peers (start it with --peers)\n", socket.c_str());
-    return 0;
-  }
-  std::printf("%-20s %-22s %-5s %10s %12s %7s  %s\n", "NAME", "ADDRESS", "STATE", "CHUNKS",
-              "FETCHED", "ERRORS", "LAST ERROR");
-  for (const nlohmann::json& p : j["peers"]) {
-    auto num = [&](const char* k) { return p.value(k, 0.0); };
-    std::string state = p.value("self", false) ? "self" : p.value("up", false) ? "up" : "down";
-    std::printf("%-20s %-22s %-5s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
-                printable(p.value("address", "")).c_str(), state.c_str(), num("fetched_chunks"),
-                format_size(num("fetched_bytes")).c_str(), num("errors"),
-                printable(p.value("last_error", "")).c_str());
-  }
   return 0;
 }
 
-int cmd_stat(const CacheArgs& a, const std::string& home) {
-  if (int rc = 0; daemon_stat(a, home, rc)) return rc;
-  auto c = open_directory_only(a, home);
-  if (!c) return report_error(c.error());
-  cache::CacheStats s = (*c)->stats();
+// `cache stat` of the directory: its NVMe tier and what each source store has there.
+int print_directory_stat(const CacheArgs& a, cache::Control& control, const cache::CacheStats& s) {
+  auto listing = control.chunks("", "");
+  if (!listing) return report_error(listing.error());
   struct PerStore {
     uint64_t chunks = 0, bytes = 0, pinned = 0, objects = 0;
     std::string last_key;
   };
   std::map<std::string, PerStore> stores;
-  for (const cache::CachedChunk& ch : (*c)->chunks("", true)) {
+  for (const cache::CachedChunk& ch : listing->chunks) {
     PerStore& p = stores[ch.store];
     ++p.chunks;
     p.bytes += ch.length;
@@ -272,95 +134,96 @@ int cmd_stat(const CacheArgs& a, const std::string& home) {
   return 0;
 }
 
-// `cache ls` of a running daemon: the chunks of the roots this caller's team may read.
-int daemon_ls(const CacheArgs& a, node::NodeClient& d) {
-  Named n;
-  if (!a.target.empty()) {
-    auto named = name_in_store(a.target);
-    if (!named) return report_error(named.error());
-    n = *named;
+int cmd_stat(const CacheArgs& a) {
+  auto control = open_control(a);
+  if (!control) return report_error(control.error());
+  auto st = (*control)->status();
+  if (!st) return report_error(st.error());
+  return st->daemon ? print_daemon_stat(a, *st) : print_directory_stat(a, **control, st->stats);
+}
+
+// `cache peers`: the membership of the running daemon and each peer's state.
+int cmd_peers(const CacheArgs& a) {
+  auto session = open_session(a.aws, {}, a.cache);
+  if (!session) return report_error(session.error());
+  auto control = session->cache_control();
+  if (!control) return report_error(control.error());
+  auto st = (*control)->status();
+  if (!st) return report_error(st.error());
+  if (!st->daemon)
+    return report_error(Error(Code::kUnavailable,
+                              "cache peers: no sluiced answers on " + session->daemon_socket()));
+  const std::string& socket = st->daemon->socket;
+  nlohmann::json j = nlohmann::json::parse(st->daemon->stat_json, nullptr, false);
+  if (!j.is_object() || !j.contains("peers") || !j["peers"].is_array())
+    return report_error(Error(Code::kCorruption, "sluiced sent a stat reply without peers"));
+  if (a.json) {
+    std::printf(
+        "%s\n",
+        nlohmann::json({{"peers", j["peers"]}, {"bytes_from", j["bytes_from"]}}).dump().c_str());
+    return 0;
   }
-  auto j = reply_json(d.chunks(n.store_uri, n.key));
-  if (!j) return report_error(j.error());
-  const nlohmann::json& chunks = (*j)["chunks"];
-  if (!chunks.is_array()) return report_error(Error(Code::kCorruption, "sluiced: no chunk list"));
+  if (j["peers"].empty()) {
+    std::printf("sluiced on %s has no peers (start it with --peers)\n", socket.c_str());
+    return 0;
+  }
+  std::printf("%-20s %-22s %-5s %10s %12s %7s  %s\n", "NAME", "ADDRESS", "STATE", "CHUNKS",
+              "FETCHED", "ERRORS", "LAST ERROR");
+  for (const nlohmann::json& p : j["peers"]) {
+    auto num = [&](const char* k) { return p.value(k, 0.0); };
+    std::string state = p.value("self", false) ? "self" : p.value("up", false) ? "up" : "down";
+    std::printf("%-20s %-22s %-5s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
+                printable(p.value("address", "")).c_str(), state.c_str(), num("fetched_chunks"),
+                format_size(num("fetched_bytes")).c_str(), num("errors"),
+                printable(p.value("last_error", "")).c_str());
+  }
+  return 0;
+}
+
+// `cache ls`: the cached chunks of every store (through sluiced: of the roots this caller's
+// team may read), or under a URI prefix.
+int cmd_ls(const CacheArgs& a) {
+  client::StoreKey where;
+  if (!a.target.empty()) {
+    auto named = client::store_key(a.target);
+    if (!named) return report_error(named.error());
+    where = *named;
+  }
+  auto control = open_control(a);
+  if (!control) return report_error(control.error());
+  auto listing = (*control)->chunks(where.store_uri, where.key);
+  if (!listing) return report_error(listing.error());
   nlohmann::json out = nlohmann::json::array();
-  for (const nlohmann::json& c : chunks) {
-    std::string where = std::string(c.value("in_ram", false) ? "ram" : "") +
-                        (c.value("in_ram", false) && c.value("on_disk", false) ? "+" : "") +
-                        (c.value("on_disk", false) ? "nvme" : "");
-    std::string root = c.value("root", ""), key = c.value("key", "");
+  for (const cache::CachedChunk& c : listing->chunks) {
     if (a.json) {
-      out.push_back({{"store", root},
-                     {"key", key},
-                     {"etag", c.value("etag", "")},
-                     {"chunk", c.value("index", 0)},
-                     {"bytes", c.value("length", 0)},
-                     {"tiers", where},
-                     {"pinned", c.value("pinned", false)}});
+      out.push_back({{"store", c.store},
+                     {"key", c.key},
+                     {"etag", c.etag},
+                     {"chunk", c.index},
+                     {"bytes", c.length},
+                     {"tiers", tiers(c)},
+                     {"pinned", c.pinned}});
     } else {
       // "file:///" + "/" + "tmp/x" would print four slashes.
-      const char* sep = root.ends_with('/') ? "" : "/";
-      std::printf("%-5s %10lu %s%s%s chunk %lu%s\n", where.c_str(),
-                  static_cast<unsigned long>(c.value("length", 0ul)), printable(root).c_str(), sep,
-                  printable(key).c_str(), static_cast<unsigned long>(c.value("index", 0ul)),
-                  c.value("pinned", false) ? " pinned" : "");
+      const char* sep = c.store.ends_with('/') ? "" : "/";
+      std::printf("%-5s %10lu %s%s%s chunk %lu%s\n", tiers(c).c_str(),
+                  static_cast<unsigned long>(c.length), printable(c.store).c_str(), sep,
+                  printable(c.key).c_str(), static_cast<unsigned long>(c.index),
+                  c.pinned ? " pinned" : "");
     }
   }
   if (a.json) std::printf("%s\n", out.dump().c_str());
-  if (j->value("truncated", false))
+  if (listing->truncated)
     std::fprintf(stderr, "sluice: cache ls: the daemon sent the first %zu chunks only\n",
-                 chunks.size());
+                 listing->chunks.size());
   return 0;
 }
 
-int cmd_ls(const CacheArgs& a, const std::string& home) {
-  auto d = running_daemon(a, home);
-  if (!d) return report_error(d.error());
-  if (*d) return daemon_ls(a, **d);
-  std::vector<cache::CachedChunk> chunks;
-  if (a.target.empty()) {
-    auto c = open_directory_only(a, home);
-    if (!c) return report_error(c.error());
-    chunks = (*c)->chunks("", true);
-  } else {
-    auto t = open_target(a.target, a);
-    if (!t) return report_error(t.error());
-    chunks = t->cache->chunks(t->key);
-  }
-  nlohmann::json j = nlohmann::json::array();
-  for (const cache::CachedChunk& c : chunks) {
-    if (a.json) {
-      j.push_back({{"store", c.store},
-                   {"key", c.key},
-                   {"etag", c.etag},
-                   {"chunk", c.index},
-                   {"bytes", c.length},
-                   {"tiers", tiers(c)},
-                   {"pinned", c.pinned}});
-    } else {
-      std::printf("%-5s %10lu %s%s chunk %lu%s\n", tiers(c).c_str(),
-                  static_cast<unsigned long>(c.length), c.store.c_str(), printable(c.key).c_str(),
-                  static_cast<unsigned long>(c.index), c.pinned ? " pinned" : "");
-    }
-  }
-  if (a.json) std::printf("%s\n", j.dump().c_str());
-  return 0;
-}
-
-int cmd_verify(const CacheArgs& a, const std::string& home) {
-  auto d = running_daemon(a, home);
-  if (!d) return report_error(d.error());
-  if (*d)
-    return report_error(Error(Code::kUnavailable,
-                              "cache verify: sluiced (pid " + std::to_string((*d)->daemon().pid) +
-                                  ") owns " + (*d)->daemon().directory +
-                                  " and checks every chunk it reads from NVMe; stop it to "
-                                  "re-check the whole directory"));
-  auto c = open_directory_only(a, home);
-  if (!c) return report_error(c.error());
-  auto rep = (*c)->verify();
-  if (!rep) return report_error(rep.error());
+int cmd_verify(const CacheArgs& a) {
+  auto control = open_control(a);
+  if (!control) return report_error(control.error());
+  auto rep = (*control)->verify();
+  if (!rep) return report_error(rep.error().with_context("cache verify"));
   if (a.json) {
     std::printf(
         "%s\n",
@@ -379,20 +242,13 @@ int cmd_verify(const CacheArgs& a, const std::string& home) {
 }
 
 // evict, pin, unpin: one call on a URI prefix.
-int cmd_prefix(const CacheArgs& a, const std::string& home, const std::string& verb) {
-  auto d = running_daemon(a, home);
-  if (!d) return report_error(d.error());
-  Result<uint64_t> n = uint64_t{0};
-  if (*d) {
-    auto named = name_in_store(a.target);
-    if (!named) return report_error(named.error());
-    n = verb == "evict" ? (*d)->evict(named->store_uri, named->key)
-                        : (*d)->pin(named->store_uri, named->key, verb == "pin");
-  } else {
-    auto t = open_target(a.target, a);
-    if (!t) return report_error(t.error());
-    n = verb == "evict" ? t->cache->evict(t->key) : t->cache->pin(t->key, verb == "pin");
-  }
+int cmd_prefix(const CacheArgs& a, const std::string& verb) {
+  auto where = client::store_key(a.target);
+  if (!where) return report_error(where.error());
+  auto control = open_control(a);
+  if (!control) return report_error(control.error());
+  auto n = verb == "evict" ? (*control)->evict(where->store_uri, where->key)
+                           : (*control)->pin(where->store_uri, where->key, verb == "pin");
   if (!n) return report_error(n.error());
   if (a.json) {
     std::printf("%s\n", nlohmann::json({{verb, a.target}, {"chunks", *n}}).dump().c_str());
@@ -407,164 +263,74 @@ int cmd_prefix(const CacheArgs& a, const std::string& home, const std::string& v
   return 0;
 }
 
-// The keys `warm --list FILE` names: one URI or path per line, all in one store.
-Result<std::vector<xfer::CopyItem>> list_file_items(const std::string& file,
-                                                    const std::string& store_uri,
-                                                    const std::string& first_text) {
-  std::ifstream in(file);
-  if (!in) return fail_errno(errno, "open " + file);
-  std::vector<xfer::CopyItem> items;
-  std::string line;
+// What `warm PREFIX` or `warm --list FILE` (one URI or path per line, all in one store)
+// names.
+Result<client::WarmRequest> warm_request(const CacheArgs& a) {
+  client::WarmRequest r;
+  if (a.list_file.empty()) {
+    if (a.target.empty())
+      return fail(Code::kInvalidArgument, "warm: give a URI prefix, or --list FILE of URIs");
+    SLUICE_ASSIGN_OR_RETURN(client::StoreKey k, client::store_key(a.target));
+    r.store_uri = k.store_uri;
+    r.prefix = k.key;
+    return r;
+  }
+  std::ifstream in(a.list_file);
+  if (!in) return fail_errno(errno, "open " + a.list_file);
+  std::string line, first;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.empty() || line[0] == '#') continue;
-    auto where = [&] { return file + " line " + std::to_string(n); };
-    auto loc = parse_location(line);
-    if (!loc) return std::unexpected(loc.error().with_context(where()));
-    std::string uri = loc->local ? "file:///" : loc->store_uri;
-    std::string key = loc->path;
-    if (loc->local) {
-      std::error_code ec;  // a path the file system refuses is this line's error, not a throw
-      fs::path p = fs::weakly_canonical(loc->path, ec);
-      if (ec) return fail_errno(ec.value(), where() + ": resolve '" + loc->path + "'");
-      key = p.string().substr(1);
+    const std::string where = a.list_file + " line " + std::to_string(n);
+    auto k = client::store_key(line);
+    if (!k) return std::unexpected(k.error().with_context(where));
+    if (first.empty()) {
+      first = line;
+      r.store_uri = k->store_uri;
+    } else if (k->store_uri != r.store_uri) {
+      return fail(Code::kInvalidArgument,
+                  where + ": '" + line + "' is not in the same store as '" + first + "'");
     }
-    if (uri != store_uri && !(loc->local && store_uri == "file:///")) {
-      return fail(Code::kInvalidArgument, file + " line " + std::to_string(n) + ": '" + line +
-                                              "' is not in the same store as '" + first_text + "'");
-    }
-    items.push_back(xfer::CopyItem{key, key, std::nullopt});
+    r.keys.push_back(k->key);
   }
-  return items;
+  if (r.keys.empty())
+    return fail(Code::kInvalidArgument, "warm: " + a.list_file + " names no URI to warm");
+  return r;
 }
 
-// A cache (the daemon's, or the embedded one) as a copy source whose reads make their range
-// resident and carry no byte back (TieredCache::warm, NodeClient::warm): copied into the
-// discard store, it warms with copy_all's parts, jobs, progress and cancellation. What a
-// read leaves in its buffer is not the object's bytes; nothing but the discard store may
-// receive them. Counts what the warms fetched and what the cache could not keep.
-class WarmingSource final : public store::StoreWrapper {
- public:
-  struct Warmed {
-    uint64_t size = 0, fetched = 0, not_kept = 0;
-    std::string etag;
-  };
-  using WarmFn =
-      std::function<Result<Warmed>(const std::string& key, uint64_t offset, uint64_t length)>;
-  WarmingSource(std::shared_ptr<store::Store> lister, WarmFn warm)
-      : StoreWrapper(std::move(lister)), warm_(std::move(warm)) {}
-  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
-                      const store::ReadOptions& options) override {
-    SLUICE_ASSIGN_OR_RETURN(Warmed w, warm_(std::string(key), offset, dst.size()));
-    fetched.fetch_add(w.fetched, std::memory_order_relaxed);
-    not_kept.fetch_add(w.not_kept, std::memory_order_relaxed);
-    if (!options.if_match.empty() && w.etag != options.if_match)
-      return fail(Code::kConflict, "'" + std::string(key) + "' changed during the warm");
-    return offset >= w.size ? size_t{0}
-                            : static_cast<size_t>(std::min<uint64_t>(dst.size(), w.size - offset));
-  }
-  std::atomic<uint64_t> fetched{0}, not_kept{0};  // relaxed: read once the copy is over
-
- private:
-  WarmFn warm_;
-};
-
-int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& cancel) {
-  std::string first = a.target;
-  if (first.empty() && !a.list_file.empty()) {
-    std::ifstream in(a.list_file);
-    while (std::getline(in, first) && (first.empty() || first[0] == '#')) {
-    }
-  }
-  if (first.empty()) {
-    return report_error(
-        Error(Code::kInvalidArgument, "warm: give a URI prefix, or --list FILE of URIs"));
-  }
+int cmd_warm(const CacheArgs& a, const CancelHook& cancel) {
+  auto what = warm_request(a);
+  if (!what) return report_error(what.error());
   // Through the running daemon (its cache fills), else the embedded cache.
-  auto d = running_daemon(a, home);
-  if (!d) return report_error(d.error());
-  std::optional<Target> t;
-  std::unique_ptr<WarmingSource> src;
-  std::string key;
-  if (*d) {
-    auto named = name_in_store(first);
-    if (!named) return report_error(named.error());
-    node::NodeOptions no;
-    no.socket = daemon_socket(a.cache, home);
-    no.fallback = false;
-    auto ns = node::NodeStore::open(named->store_uri, no);
-    if (!ns) return report_error(ns.error());
-    std::shared_ptr<node::NodeStore> node = std::move(*ns);
-    src = std::make_unique<WarmingSource>(
-        node,
-        [node, root = named->store_uri](const std::string& k, uint64_t off,
-                                        uint64_t len) -> Result<WarmingSource::Warmed> {
-          SLUICE_ASSIGN_OR_RETURN(node::NodeClient::Warmed w,
-                                  node->client().warm(root, k, off, len));
-          return WarmingSource::Warmed{w.size, w.fetched, w.not_kept, w.etag};
-        });
-    key = named->key;
-  } else {
-    auto opened = open_target(first, a);
-    if (!opened) return report_error(opened.error());
-    t = std::move(*opened);
-    cache::TieredCache* cache = t->cache.get();
-    // Not owned: `t` holds the cache past the copy.
-    std::shared_ptr<store::Store> lister(cache, [](store::Store*) {});
-    src = std::make_unique<WarmingSource>(
-        lister,
-        [cache](const std::string& k, uint64_t off, uint64_t len) -> Result<WarmingSource::Warmed> {
-          SLUICE_ASSIGN_OR_RETURN(cache::TieredCache::Warmed w, cache->warm(k, off, len));
-          return WarmingSource::Warmed{w.info.size, w.fetched, w.not_kept, w.info.etag};
-        });
-    key = t->key;
-  }
-  std::vector<xfer::CopyItem> items;
-  if (!a.list_file.empty()) {
-    auto loc = parse_location(first);
-    std::string uri = loc && !loc->local ? loc->store_uri : "file:///";
-    auto li = list_file_items(a.list_file, uri, first);
-    if (!li) return report_error(li.error());
-    items = std::move(*li);
-  } else {
-    auto plan = xfer::plan_prefix(*src, key, key);
-    if (!plan) return report_error(plan.error());
-    items = std::move(plan->items);
-    if (items.empty() && plan->rejected.empty()) {  // a typo must not look like a warm cache
-      return report_error(Error(Code::kNotFound, "cache warm: nothing under '" + a.target + "'"));
-    }
-    for (const xfer::CopyFailure& f : plan->rejected) {
-      std::fprintf(stderr, "sluice: cache warm: skipped '%s': %s\n", f.src_key.c_str(),
-                   f.error.message().c_str());
-    }
-  }
-  auto discard = store::make_discard_store();
-  xfer::CopyOptions co;
-  co.jobs = a.jobs;
-  co.cancel = cancel.flag;
-  if (cancel.install) cancel.install();
+  auto control = open_control(a);
+  if (!control) return report_error(control.error());
+  client::WarmOptions how;
+  how.jobs = a.jobs;
+  how.cancel = cancel.flag;
   auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
   bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
   if (progress)
-    co.on_progress = [&](const xfer::CopyProgress& p) { draw_progress(p, elapsed(), false); };
-  xfer::CopyReport rep = xfer::copy_all(*src, *discard, items, co);
+    how.on_progress = [&](const xfer::CopyProgress& p) {
+      draw_progress(p, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                    false);
+    };
+  if (cancel.install) cancel.install();
+  auto warmed = client::warm(**control, *what, how);
   if (progress) std::fputc('\n', stderr);
-  for (const xfer::CopyFailure& f : rep.failures) {
+  if (!warmed) return report_error(warmed.error());
+  const xfer::CopyReport& rep = warmed->copy;
+  for (const xfer::CopyFailure& f : warmed->skipped)
+    std::fprintf(stderr, "sluice: cache warm: skipped '%s': %s\n", f.src_key.c_str(),
+                 f.error.message().c_str());
+  for (const xfer::CopyFailure& f : rep.failures)
     std::fprintf(stderr, "sluice: cache warm %s: %s\n", f.src_key.c_str(),
                  f.error.to_string().c_str());
-  }
-  const uint64_t fetched = src->fetched.load(std::memory_order_relaxed);
-  const uint64_t not_kept = src->not_kept.load(std::memory_order_relaxed);
-  uint64_t hit = rep.bytes > fetched ? rep.bytes - fetched : 0;
   if (a.json) {
     std::printf("%s\n", nlohmann::json({{"objects", rep.objects},
                                         {"bytes", rep.bytes},
                                         {"seconds", rep.seconds},
-                                        {"already_cached_bytes", hit},
-                                        {"fetched_bytes", fetched},
-                                        {"not_kept_bytes", not_kept},
+                                        {"already_cached_bytes", warmed->already_cached()},
+                                        {"fetched_bytes", warmed->fetched},
+                                        {"not_kept_bytes", warmed->not_kept},
                                         {"failed", rep.failures.size()},
                                         {"cancelled", rep.cancelled}})
                             .dump()
@@ -573,22 +339,22 @@ int cmd_warm(const CacheArgs& a, const std::string& home, const CancelHook& canc
     std::printf("warmed %lu objects, %s in %.2f s: %s fetched, %s already cached%s%s\n",
                 static_cast<unsigned long>(rep.objects),
                 format_size(static_cast<double>(rep.bytes)).c_str(), rep.seconds,
-                format_size(static_cast<double>(fetched)).c_str(),
-                format_size(static_cast<double>(hit)).c_str(),
+                format_size(static_cast<double>(warmed->fetched)).c_str(),
+                format_size(static_cast<double>(warmed->already_cached())).c_str(),
                 rep.failures.empty()
                     ? ""
                     : (", " + std::to_string(rep.failures.size()) + " FAILED").c_str(),
                 rep.cancelled ? ", INTERRUPTED" : "");
   }
   // A warm that could not keep what it fetched did not do its job: said, and not exit 0.
-  if (not_kept > 0)
+  if (warmed->not_kept > 0)
     std::fprintf(stderr,
                  "sluice: cache warm: %s of it could not be kept (the object changed, or the cache "
                  "is too small, its disk full, its chunks pinned, the team over quota); reads of "
                  "it will fetch again\n",
-                 format_size(static_cast<double>(not_kept)).c_str());
+                 format_size(static_cast<double>(warmed->not_kept)).c_str());
   if (rep.cancelled) return cancel.exit_code();
-  return rep.failures.empty() && not_kept == 0 ? 0 : 1;
+  return rep.failures.empty() && warmed->not_kept == 0 ? 0 : 1;
 }
 
 // "A-B" (inclusive, as HTTP and curl -r), "A-" (to the end), or "-N" (the last N bytes).
@@ -623,7 +389,7 @@ int cmd_cat(const CacheArgs& a) {
   auto session = open_session(a.aws, {}, a.cache);
   if (!session) return report_error(session.error());
   if (loc->cached || a.use_cache) {
-    auto n = name_in_store(a.target);
+    auto n = client::store_key(a.target);
     if (!n) return report_error(n.error());
     auto s = session->open_cached(n->store_uri);
     if (!s) return report_error(s.error());
@@ -656,7 +422,7 @@ int cmd_cat(const CacheArgs& a) {
   // device and the daemon stay busy between requests. Aligned for O_DIRECT: handed-off
   // chunks are read straight into them, not through a bounce buffer and a copy (which cost
   // a quarter of cat's time on a RAM-backed device).
-  if (auto* ahead = dynamic_cast<cache::ReadAhead*>(src); ahead && from < to) {
+  if (auto* ahead = src->capability<cache::ReadAhead>(); ahead && from < to) {
     // At most what one declaration may name (256 GiB at 4 MiB chunks): the rest is read
     // without prefetch.
     // (kMax - 1) chunks of bytes touch at most kMax chunks wherever they start.
@@ -740,7 +506,7 @@ int cmd_cat(const CacheArgs& a) {
 
 }  // namespace
 
-void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHook cancel, int& rc) {
+void add_cache_commands(CLI::App& app, CacheArgs& a, CancelHook cancel, int& rc) {
   auto* cat = app.add_subcommand("cat",
                                  "Write an object (or --range of it) to stdout; through the cache "
                                  "for cache+ URIs or with --cache");
@@ -755,7 +521,7 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHoo
   cat->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
   cat->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
   add_cache_flags(cat, a.cache);
-  cat->callback([&, home] { rc = cmd_cat(a); });
+  cat->callback([&] { rc = cmd_cat(a); });
 
   auto* cache = app.add_subcommand(
       "cache",
@@ -776,12 +542,12 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHoo
   with_common(
       cache->add_subcommand("stat", "Tier sizes and what each source store has in the cache"),
       false)
-      ->callback([&, home] { rc = cmd_stat(a, home); });
+      ->callback([&] { rc = cmd_stat(a); });
   auto* ls = with_common(
       cache->add_subcommand("ls", "List cached chunks (of every store, or under a URI prefix)"),
       true);
   ls->add_option("PREFIX", a.target, "URI prefix: s3://bucket/data/, /local/dir/");
-  ls->callback([&, home] { rc = cmd_ls(a, home); });
+  ls->callback([&] { rc = cmd_ls(a); });
   auto* warm = with_common(
       cache->add_subcommand("warm",
                             "Read objects into the cache ahead of use, in parallel, with progress"),
@@ -792,7 +558,7 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHoo
       ->default_val(16)
       ->check(CLI::Range(1u, 1024u));
   warm->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
-  warm->callback([&, home, cancel] { rc = cmd_warm(a, home, cancel); });
+  warm->callback([&, cancel] { rc = cmd_warm(a, cancel); });
   for (const char* verb : {"evict", "pin", "unpin"}) {
     const char* what = std::string(verb) == "evict" ? "Drop every cached chunk under a URI prefix"
                        : std::string(verb) == "pin"
@@ -800,16 +566,16 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, std::string home, CancelHoo
                            : "Undo pin";
     auto* c = with_common(cache->add_subcommand(verb, what), true);
     c->add_option("PREFIX", a.target, "URI prefix: s3://bucket/data/, /local/dir/")->required();
-    c->callback([&, home, v = std::string(verb)] { rc = cmd_prefix(a, home, v); });
+    c->callback([&, v = std::string(verb)] { rc = cmd_prefix(a, v); });
   }
   with_common(cache->add_subcommand(
                   "peers", "The running sluiced's peer daemons: membership, state, bytes fetched"),
               false)
-      ->callback([&, home] { rc = cmd_peers(a, home); });
+      ->callback([&] { rc = cmd_peers(a); });
   with_common(cache->add_subcommand(
                   "verify", "Re-read every NVMe chunk and check its checksum; drop corrupt ones"),
               false)
-      ->callback([&, home] { rc = cmd_verify(a, home); });
+      ->callback([&] { rc = cmd_verify(a); });
 }
 
 }  // namespace sluice::cli

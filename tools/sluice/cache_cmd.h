@@ -41,8 +41,7 @@ struct CancelHook {
   }
 };
 
-// Adds `cat` and `cache` to the app; each sets rc when it runs. `home` is $SLUICE_HOME.
-void add_cache_commands(CLI::App& app, CacheArgs& args, std::string home, CancelHook cancel,
-                        int& rc);
+// Adds `cat` and `cache` to the app; each sets rc when it runs.
+void add_cache_commands(CLI::App& app, CacheArgs& args, CancelHook cancel, int& rc);
 
 }  // namespace sluice::cli

@@ -369,8 +369,7 @@ int main(int argc, char** argv) {
   CpArgs cp;
   add_cp(app, cp, rc);
   CacheArgs cache_args;
-  add_cache_commands(app, cache_args, client::home_from_environment(),
-                     CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
+  add_cache_commands(app, cache_args, CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
   add_ckpt_commands(app, client::home_from_environment(),
                     CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
   add_dataset_commands(app, client::home_from_environment(),

@@ -31,4 +31,13 @@ std::string_view scheme_of(std::string_view s);
 // InvalidArgument for text that names no path, bucket or store, or "cache+" on a plain path.
 Result<Location> parse_location(const std::string& text);
 
+// A key (or prefix) in a store, as the node's cache knows it.
+struct StoreKey {
+  std::string store_uri, key;
+};
+// What `text` (a URI, cache+ or not, or a local path) names in a store: a URI's store and
+// key; a local path's from the root, as cached reads of local files name them ("file:///"
+// and the absolute path without its first '/'; a '/' at the end is kept).
+Result<StoreKey> store_key(const std::string& text);
+
 }  // namespace sluice::client

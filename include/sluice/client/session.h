@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "sluice/cache/control.h"
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/core/status.h"
 #include "sluice/ledger/ledger.h"
@@ -78,6 +79,11 @@ class Session {
   // socket, else the embedded cache (on_fallback says why).
   Result<std::unique_ptr<store::Store>> open_cached(const std::string& store_uri,
                                                     const OpenOptions& how = {}) const;
+
+  // The node's cache to look after (what it holds, warm, pin, evict, verify): sluiced's
+  // when it answers on the socket, else the cache directory itself. An error when a socket
+  // was chosen and nothing answers there, or when the daemon refuses this caller.
+  Result<std::unique_ptr<cache::Control>> cache_control() const;
 
   // The ledger's URI (the embedded one's when none was chosen).
   std::string ledger_uri() const;

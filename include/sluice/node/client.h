@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "sluice/cache/control.h"
 #include "sluice/cache/read_ahead.h"
 #include "sluice/core/status.h"
 #include "sluice/store/store.h"
@@ -95,6 +96,8 @@ class NodeStore final : public store::Store, public cache::ReadAhead {
 
   // The reads to come, for the daemon's cache to fetch ahead (sent in frames of at most
   // kMaxDeclareReads reads; keys under this store's root).
+  // ReadAhead and NodeStore (read_stats) through any decorator.
+  void* find_capability(const std::type_info& type) override;
   Status declare(std::span<const cache::PlannedRead> order) override;
   uint64_t chunk_size() const override;
 
@@ -130,22 +133,17 @@ class NodeClient {
 
   // Makes bytes [offset, offset + length) of `key` in `root` resident in the daemon's
   // cache (whole chunks; the tiers decide what they keep) without carrying any of them
-  // here: one WARM request per 64 MiB. `end` is where the warmed chunks end.
-  struct Warmed {
-    uint64_t size = 0, end = 0, fetched = 0;  // fetched: bytes the daemon read from the source
-    uint64_t not_kept = 0;                    // bytes of chunks the daemon's cache could not keep
-    std::string etag;
-  };
-  Result<Warmed> warm(const std::string& root, const std::string& key, uint64_t offset,
-                      uint64_t length);
+  // here: one WARM request per 64 MiB.
+  Result<cache::Warmed> warm(const std::string& root, const std::string& key, uint64_t offset,
+                             uint64_t length);
 
   // Drops (evict) or pins / unpins (pin) every cached chunk under `prefix` of `root`, as
   // the caller's team may: the number of chunks.
   Result<uint64_t> evict(const std::string& root, const std::string& prefix);
   Result<uint64_t> pin(const std::string& root, const std::string& prefix, bool pinned);
   // The cached chunks under `prefix` of `root` (root empty: of every root the team may
-  // read), as the JSON body of the CHUNKS reply.
-  Result<std::string> chunks(const std::string& root, const std::string& prefix);
+  // read); each chunk's `store` is its root.
+  Result<cache::ChunkListing> chunks(const std::string& root, const std::string& prefix);
 
   const DaemonInfo& daemon() const;
 
@@ -155,6 +153,29 @@ class NodeClient {
  private:
   explicit NodeClient(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// The daemon's cache as a cache::Control (sluice cache ... through sluiced). verify() is
+// Unavailable: the daemon checks every chunk it reads, and only it may open the directory.
+class DaemonControl final : public cache::Control {
+ public:
+  DaemonControl(std::unique_ptr<NodeClient> client, std::string socket);
+  ~DaemonControl() override;
+
+  Result<cache::ControlStatus> status() override;
+  Result<cache::ChunkListing> chunks(std::string_view store_uri, std::string_view prefix) override;
+  Result<cache::Warmed> warm(std::string_view store_uri, std::string_view key, uint64_t offset,
+                             uint64_t length) override;
+  Result<uint64_t> evict(std::string_view store_uri, std::string_view prefix) override;
+  Result<uint64_t> pin(std::string_view store_uri, std::string_view prefix, bool pinned) override;
+  Result<cache::VerifyReport> verify() override;
+  Result<std::shared_ptr<store::Store>> store(std::string_view store_uri) override;
+
+  NodeClient& client() { return *client_; }
+
+ private:
+  std::unique_ptr<NodeClient> client_;
+  std::string socket_;
 };
 
 // Registers "node+<scheme>://" for every scheme open_store knows now.

@@ -21,6 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "node/frame.h"
+#include "sluice/cache/control.h"
+#include "sluice/client/warm.h"
 #include "sluice/io/file_handle.h"
 #include "sluice/mem/target.h"
 #include "sluice/node/client.h"
@@ -519,9 +521,10 @@ TEST(NodeServer, LocalFilesAreOpenedWithTheCallersRights) {
     for (const auto& obj : listed.value_or(std::vector<store::ObjectInfo>{}))
       if (obj.key != "open") bad |= 32;
     auto chunks = (*s)->client().chunks("", "");
-    if (!chunks || chunks->find("secret") != std::string::npos ||
-        chunks->find("closed") != std::string::npos)
-      bad |= 64;
+    if (!chunks) bad |= 64;
+    for (const auto& c : chunks ? chunks->chunks : std::vector<cache::CachedChunk>{})
+      if (c.key.find("secret") != std::string::npos || c.key.find("closed") != std::string::npos)
+        bad |= 64;
     ::_exit(bad);
   }
   int status = 0;
@@ -544,14 +547,18 @@ TEST(NodeServer, ChunksWithAPrefixAndNoRootKeepToThePrefix) {
   ASSERT_TRUE(s);
   EXPECT_EQ(read_all(*s, "set/obj", fx.data.size()).size(), fx.data.size());
   EXPECT_EQ(read_all(*s, "other/x", fx.data.size()).size(), fx.data.size());
-  auto all = nlohmann::json::parse(s->client().chunks("", "").value());
-  auto some = nlohmann::json::parse(s->client().chunks("", "set/").value());
+  auto all = s->client().chunks("", "").value();
+  auto some = s->client().chunks("", "set/").value();
   size_t set = 0, other = 0;
-  for (const auto& c : all["chunks"]) (c["key"] == "set/obj" ? set : other) += 1;
+  for (const auto& c : all.chunks) (c.key == "set/obj" ? set : other) += 1;
   EXPECT_GT(set, 0u);
   EXPECT_GT(other, 0u);
-  EXPECT_EQ(some["chunks"].size(), set);
-  for (const auto& c : some["chunks"]) EXPECT_EQ(c["key"], "set/obj");
+  EXPECT_FALSE(all.truncated);
+  EXPECT_EQ(some.chunks.size(), set);
+  for (const auto& c : some.chunks) {
+    EXPECT_EQ(c.key, "set/obj");
+    EXPECT_EQ(c.store, fx.root);
+  }
 }
 
 TEST(NodeServer, AUidInNoTeamIsRefusedAndLogged) {
@@ -820,6 +827,73 @@ TEST(NodeStore, WithoutADaemonTheUriFallsBackToTheEmbeddedCache) {
   no.fallback = false;
   so.backend.set(no);
   EXPECT_EQ(store::open_store("node+" + fx.root, so).error().code(), Code::kUnavailable);
+}
+
+// The one cache control plane: the embedded cache (DirectoryControl) and sluiced's
+// (DaemonControl) answer the same calls the same way, and client::warm runs on either.
+void exercise_control(cache::Control& control, const Fixture& fx, bool daemon) {
+  SCOPED_TRACE(daemon ? "through sluiced" : "embedded");
+  const uint64_t chunks = (fx.data.size() + kChunk - 1) / kChunk;
+  auto st = control.status();
+  ASSERT_TRUE(st) << st.error().to_string();
+  EXPECT_EQ(st->daemon.has_value(), daemon);
+  EXPECT_FALSE(st->stats.directory.empty());
+
+  auto warmed = client::warm(control, {.store_uri = fx.root, .prefix = "set/"}, {});
+  ASSERT_TRUE(warmed) << warmed.error().to_string();
+  EXPECT_EQ(warmed->copy.objects, 1u);
+  EXPECT_EQ(warmed->copy.bytes, fx.data.size());
+  EXPECT_EQ(warmed->fetched, fx.data.size());
+  EXPECT_EQ(warmed->not_kept, 0u);
+  auto again = control.warm(fx.root, "set/obj", 0, UINT64_MAX);
+  ASSERT_TRUE(again) << again.error().to_string();
+  EXPECT_EQ(again->fetched, 0u);
+  EXPECT_EQ(again->size, fx.data.size());
+  EXPECT_EQ(again->end, fx.data.size());
+  EXPECT_EQ(client::warm(control, {.store_uri = fx.root, .prefix = "nothing/"}, {}).error().code(),
+            Code::kNotFound);
+
+  auto listed = control.chunks(fx.root, "set/");
+  ASSERT_TRUE(listed) << listed.error().to_string();
+  EXPECT_EQ(listed->chunks.size(), chunks);
+  for (const cache::CachedChunk& c : listed->chunks) EXPECT_EQ(c.key, "set/obj");
+  EXPECT_EQ(control.chunks("", "").value().chunks.size(), chunks);
+  EXPECT_TRUE(control.chunks(fx.root, "other/").value().chunks.empty());
+
+  EXPECT_GE(control.pin(fx.root, "set/", true).value(), chunks);
+  const cache::ChunkListing pinned = control.chunks(fx.root, "set/").value();
+  for (const cache::CachedChunk& c : pinned.chunks) EXPECT_TRUE(c.pinned);
+  EXPECT_GE(control.pin(fx.root, "set/", false).value(), chunks);
+  EXPECT_GE(control.evict(fx.root, "set/").value(), chunks);
+  EXPECT_TRUE(control.chunks(fx.root, "set/").value().chunks.empty());
+
+  auto verified = control.verify();
+  if (daemon) {
+    ASSERT_FALSE(verified);
+    EXPECT_EQ(verified.error().code(), Code::kUnavailable);
+  } else {
+    ASSERT_TRUE(verified) << verified.error().to_string();
+    EXPECT_TRUE(verified->corrupt.empty());
+  }
+}
+
+TEST(CacheControl, TheEmbeddedCacheAndSluicedAnswerAlike) {
+  Fixture fx;
+  {
+    cache::CacheOptions o;
+    o.directory = fx.dir.file("embedded-cache");
+    o.chunk_size = kChunk;
+    o.ram_bytes = 64 << 20;
+    o.disk_bytes = 256 << 20;
+    cache::DirectoryControl embedded(
+        o, [](const std::string& uri) { return store::open_store(uri, {}); });
+    exercise_control(embedded, fx, false);
+  }
+  Daemon d(fx.dir);
+  auto client = NodeClient::connect(d.socket(), std::chrono::seconds(10));
+  ASSERT_TRUE(client) << client.error().to_string();
+  DaemonControl daemon(std::move(*client), d.socket());
+  exercise_control(daemon, fx, true);
 }
 
 }  // namespace

@@ -1,0 +1,103 @@
+// The daemon's cache as a cache::Control (sluice/node/client.h), over a NodeClient.
+#include <utility>
+
+#include "node/wire.h"
+#include "sluice/node/client.h"
+
+namespace sluice::node {
+
+namespace {
+
+uint64_t number(const Json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+}
+
+std::string text(const Json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+cache::TierStats tier(const Json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end() || !it->is_object()) return {};
+  return {number(*it, "bytes"), number(*it, "capacity"), number(*it, "chunks"), number(*it, "hits"),
+          number(*it, "hit_bytes")};
+}
+
+// The counters of a CACHE_STAT reply; a field an older daemon lacks reads as 0.
+cache::CacheStats stats_of(const Json& j) {
+  cache::CacheStats s;
+  s.ram = tier(j, "ram");
+  s.disk = tier(j, "disk");
+  s.misses = number(j, "misses");
+  s.miss_bytes = number(j, "miss_bytes");
+  s.evictions = number(j, "evictions");
+  s.checksum_failures = number(j, "checksum_failures");
+  s.stale_drops = number(j, "stale_drops");
+  s.singleflight_joins = number(j, "singleflight_joins");
+  s.disk_writes_skipped = number(j, "disk_writes_skipped");
+  if (auto p = j.find("prefetch"); p != j.end() && p->is_object()) {
+    s.prefetched = number(*p, "fetched");
+    s.prefetch_hits = number(*p, "hits");
+    s.prefetch_wasted = number(*p, "wasted");
+  }
+  s.directory = text(j, "directory");
+  s.policy = text(j, "policy");
+  s.io_path = text(j, "io_path");
+  return s;
+}
+
+}  // namespace
+
+DaemonControl::DaemonControl(std::unique_ptr<NodeClient> client, std::string socket)
+    : client_(std::move(client)), socket_(std::move(socket)) {}
+
+DaemonControl::~DaemonControl() = default;
+
+Result<cache::ControlStatus> DaemonControl::status() {
+  SLUICE_ASSIGN_OR_RETURN(std::string body, client_->cache_stat());
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return fail(Code::kCorruption, "sluiced sent a stat reply that is not a JSON object");
+  const DaemonInfo& d = client_->daemon();
+  return cache::ControlStatus{stats_of(j),
+                              cache::DaemonStatus{socket_, d.team, d.pid, std::move(body)}};
+}
+
+Result<cache::ChunkListing> DaemonControl::chunks(std::string_view store_uri,
+                                                  std::string_view prefix) {
+  return client_->chunks(std::string(store_uri), std::string(prefix));
+}
+
+Result<cache::Warmed> DaemonControl::warm(std::string_view store_uri, std::string_view key,
+                                          uint64_t offset, uint64_t length) {
+  return client_->warm(std::string(store_uri), std::string(key), offset, length);
+}
+
+Result<uint64_t> DaemonControl::evict(std::string_view store_uri, std::string_view prefix) {
+  return client_->evict(std::string(store_uri), std::string(prefix));
+}
+
+Result<uint64_t> DaemonControl::pin(std::string_view store_uri, std::string_view prefix,
+                                    bool pinned) {
+  return client_->pin(std::string(store_uri), std::string(prefix), pinned);
+}
+
+Result<cache::VerifyReport> DaemonControl::verify() {
+  const DaemonInfo& d = client_->daemon();
+  return fail(Code::kUnavailable, "sluiced (pid " + std::to_string(d.pid) + ") owns " +
+                                      d.directory +
+                                      " and checks every chunk it reads from NVMe; stop it to "
+                                      "re-check the whole directory");
+}
+
+Result<std::shared_ptr<store::Store>> DaemonControl::store(std::string_view store_uri) {
+  NodeOptions o;
+  o.socket = socket_;
+  o.fallback = false;
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<NodeStore> s, NodeStore::open(std::string(store_uri), o));
+  return std::shared_ptr<store::Store>(std::move(s));
+}
+
+}  // namespace sluice::node

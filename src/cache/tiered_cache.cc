@@ -609,7 +609,7 @@ struct TieredCache::Impl {
     ro.if_match = info.etag;
     ro.object_size = info.size;
     std::optional<uint64_t> hashed;  // by a backend that checked the bytes (a peer's chunk)
-    ro.xxh3 = &hashed;
+    ro.hooks.xxh3 = &hashed;
     auto dst = std::span<std::byte>(c->buf.data(), length);
     SLUICE_ASSIGN_OR_RETURN(size_t n,
                             backing->read_full(key.key, key.index * options.chunk_size, dst, ro));
@@ -891,7 +891,7 @@ struct TieredCache::Impl {
     size_t next = 0;
     uint64_t landed_pos = 0;
     if (through)
-      ro.on_landed = [&](uint64_t end) {
+      ro.hooks.on_landed = [&](uint64_t end) {
         write_landed(info, run, out, early, start, end, next, landed_pos);
       };
     auto n = backing->read_full(info.key, start, out, ro);
@@ -1164,6 +1164,12 @@ std::string TieredCache::uri() const {
 
 std::string TieredCache::identity() const {
   return "cache+" + impl_->backing->identity();
+}
+
+void* TieredCache::find_capability(const std::type_info& type) {
+  if (type == typeid(ReadAhead)) return static_cast<ReadAhead*>(this);
+  if (type == typeid(TieredCache)) return this;
+  return nullptr;  // not the backing store's: what it offers is not offered through a cache
 }
 
 uint64_t TieredCache::chunk_size() const {

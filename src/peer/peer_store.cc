@@ -363,10 +363,9 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
       slash != std::string_view::npos && i.o.root_of && i.o.chunk_size > 0)
     root = i.o.root_of(key.substr(0, slash));
   if (!root) return i.from_backing(key, offset, dst, options, target());
-  // Split across peers: the backing store's progress on one segment says nothing of the
-  // read as a whole (ReadOptions::on_landed).
+  // Split across peers: what a segment's read tells (progress, a hash) is not the read's.
   store::ReadOptions sub = options;
-  sub.on_landed = nullptr;
+  sub.hooks = {};
 
   std::vector<Impl::Segment> segs = i.plan(key, offset, dst);
   const std::string_view key_in_root = key.substr(slash + 1);
@@ -406,8 +405,8 @@ Result<size_t> PeerStore::read(std::string_view key, uint64_t offset, std::span<
       ++waited;
       launch();
       if (got) {
-        // The whole read came from one peer: its bytes' hash is known (ReadOptions::xxh3).
-        if (options.xxh3 && segs.size() == 1) *options.xxh3 = *got;
+        // The whole read came from one peer: its bytes' hash is known (ReadHooks::xxh3).
+        if (options.hooks.xxh3 && segs.size() == 1) *options.hooks.xxh3 = *got;
         sg.owner->chunks.fetch_add(1, std::memory_order_relaxed);
         sg.owner->bytes.fetch_add(sg.out.size(), std::memory_order_relaxed);
         i.fetched.fetch_add(sg.out.size(), std::memory_order_relaxed);

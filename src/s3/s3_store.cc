@@ -445,10 +445,10 @@ class S3Store : public store::Store {
     if (dst.empty()) return size_t{0};
     std::string fk = full_key(key);
     const size_t part = options.split ? opts_.part_size : dst.size();
-    // ReadOptions::on_landed, for a read that is one request.
+    // ReadHooks::on_landed, for a read that is one request.
     std::function<void(size_t)> landed;
-    if (options.on_landed && dst.size() <= part)
-      landed = [&options, offset](size_t n) { options.on_landed(offset + n); };
+    if (options.hooks.on_landed && dst.size() <= part)
+      landed = [&options, offset](size_t n) { options.hooks.on_landed(offset + n); };
     if (offset == 0 && options.object_size && *options.object_size <= dst.size() &&
         *options.object_size <= part)
       return get_whole(fk, *options.object_size, dst, options.if_match, std::move(landed));

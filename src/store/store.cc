@@ -54,13 +54,17 @@ Result<size_t> Store::read_full(std::string_view key, uint64_t offset, std::span
     if (n == 0) break;
     done += n;
   }
-  // A hash a backend gave (ReadOptions::xxh3) covers one read's bytes, not the buffer's.
-  if (reads > 1 && options.xxh3) options.xxh3->reset();
+  // A hash a backend gave (ReadHooks::xxh3) covers one read's bytes, not the buffer's.
+  if (reads > 1 && options.hooks.xxh3) options.hooks.xxh3->reset();
   return done;
 }
 
 Status Store::can_write(std::string_view, uint64_t, uint64_t) {
   return ok();
+}
+
+void* Store::find_capability(const std::type_info&) {
+  return nullptr;
 }
 
 Status Store::remove_many(std::span<const std::string> keys) {

@@ -742,7 +742,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     m.bad_options = st.error();
     return;
   }
-  m.cache = dynamic_cast<cache::ReadAhead*>(&m.ds->store());
+  m.cache = m.ds->store().capability<cache::ReadAhead>();
   if (auto* r = m.o.registry) {
     m.m_samples = &r->counter("sluice_stream_samples_total", {}, "samples delivered by loaders");
     m.m_bytes = &r->counter("sluice_stream_bytes_total", {}, "sample bytes delivered by loaders");

@@ -13,6 +13,7 @@ class FaultInjectionStore::FaultWriter : public Writer {
       : owner_(owner), key_(std::move(key)), options_(options), epoch_(epoch) {}
 
   Status append(std::span<const std::byte> data) override {
+    if (done_) return fail(Code::kInvalidArgument, "append to finished writer for '" + key_ + "'");
     SLUICE_RETURN_IF_ERROR(alive());
     SLUICE_RETURN_IF_ERROR(owner_->before(FaultOp::kAppend, key_));
     SLUICE_RETURN_IF_ERROR(owner_->charge_space(data.size(), key_));
@@ -21,8 +22,10 @@ class FaultInjectionStore::FaultWriter : public Writer {
   }
 
   Status commit() override {
+    if (done_) return fail(Code::kInvalidArgument, "commit of finished writer for '" + key_ + "'");
     SLUICE_RETURN_IF_ERROR(alive());
     SLUICE_RETURN_IF_ERROR(owner_->before(FaultOp::kCommit, key_));
+    done_ = true;
     SLUICE_ASSIGN_OR_RETURN(auto inner, owner_->target().create(key_, options_));
     if (auto st = inner->append(pending_); !st) {
       inner->abort();
@@ -32,7 +35,10 @@ class FaultInjectionStore::FaultWriter : public Writer {
     return inner->commit();
   }
 
-  void abort() override { pending_.clear(); }
+  void abort() override {
+    pending_.clear();
+    done_ = true;
+  }
   uint64_t size() const override { return pending_.size(); }
 
  private:
@@ -51,6 +57,7 @@ class FaultInjectionStore::FaultWriter : public Writer {
   WriteOptions options_;
   uint64_t epoch_;
   std::vector<std::byte> pending_;
+  bool done_ = false;  // committed (or its commit was tried) or aborted: a writer publishes once
 };
 
 FaultInjectionStore::FaultInjectionStore(std::unique_ptr<Store> target)

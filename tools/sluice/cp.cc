@@ -221,7 +221,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
                        .durable = o.fsync,
                        .cancel = o.cancel};
   // Through a cache, parts start on its chunk bounds: no chunk is read by two parts.
-  if (auto* chunked = dynamic_cast<cache::ReadAhead*>(src_store.get()))
+  if (auto* chunked = src_store->capability<cache::ReadAhead>())
     co.part_align = chunked->chunk_size();
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] {
@@ -240,13 +240,13 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   sum.cancelled = report.cancelled;
   sum.seconds = report.seconds;
   sum.retries = registry.counter("sluice_s3_retries_total").value();
-  if (auto* c = dynamic_cast<cache::TieredCache*>(src_store.get())) {
+  if (auto* c = src_store->capability<cache::TieredCache>()) {
     cache::CacheStats cs = c->stats();
     sum.cached = true;
     sum.cache_hit_bytes = cs.ram.hit_bytes + cs.disk.hit_bytes;
     sum.cache_miss_bytes = cs.miss_bytes;
     sum.cache_not_kept = cs.disk_writes_skipped;
-  } else if (auto* n = dynamic_cast<node::NodeStore*>(src_store.get())) {
+  } else if (auto* n = src_store->capability<node::NodeStore>()) {
     node::NodeReadStats ns = n->read_stats();
     sum.via_daemon = true;
     sum.handoff_bytes = ns.handoff_bytes;

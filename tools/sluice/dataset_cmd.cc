@@ -400,7 +400,7 @@ int run_read(DatasetArgs& a, const std::string& home) {
       if (!ds) return report_error(ds.error());
     }
   }
-  auto* cache = dynamic_cast<cache::TieredCache*>(&(*ds)->store());
+  auto* cache = (*ds)->store().capability<cache::TieredCache>();
   cache::CacheStats before;
   if (cache) before = cache->stats();
   std::unique_ptr<telemetry::TextfileExporter> exporter;

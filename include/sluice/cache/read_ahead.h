@@ -3,7 +3,7 @@
 // A store that caches (the tiered cache, or sluiced through a node+ store) takes the order
 // its caller will read in: it fetches ahead and, under the declared policy, evicts what is
 // read furthest away. Advice only: a failed declaration costs prefetch, never a read. The
-// streaming loader finds it with dynamic_cast on the dataset's store.
+// streaming loader finds it with store.capability<cache::ReadAhead>(), through any decorator.
 #pragma once
 
 #include <cstdint>

@@ -181,6 +181,8 @@ class TieredCache : public store::Store, public ReadAhead {
   Status remove(std::string_view key) override;
   std::string uri() const override;
   std::string identity() const override;
+  // ReadAhead and TieredCache (stats, pin, warm) through any decorator.
+  void* find_capability(const std::type_info& type) override;
 
   // Declares reads to come, in order: the cache fetches ahead (within prefetch_bytes) and,
   // under PolicyKind::kDeclared, evicts by the declared order. Appends to what was

@@ -38,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <typeindex>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -72,6 +73,23 @@ struct ListPage {
   std::vector<std::string> skipped;
 };
 
+// Callbacks and results a backend may give a read's caller (ReadOptions::hooks).
+struct ReadHooks {
+  // Told, on the reading thread, as the bytes of a read arrive in order: the bytes from
+  // the read's offset up to object offset `end` are in its buffer now (not yet checked:
+  // the read may still fail, and a retried request lands them again, usually with a
+  // lower `end` first). Only a read a backend does as one streamed request calls it
+  // (s3:// when the read is one GET); others never do, so it can hurry work along (write
+  // what has landed) but never replace checking the read's result. Never called at once
+  // from two threads, nor after the read returns; it must not throw, and while it runs
+  // the transfer waits.
+  std::function<void(uint64_t end)> on_landed;
+  // Where a backend that computed the XXH3-64 of exactly the bytes the read returned (to
+  // check them: a chunk from a peer) puts it, so the caller need not hash them again; left
+  // as it was by every other read.
+  std::optional<uint64_t>* xxh3 = nullptr;
+};
+
 struct ReadOptions {
   // Read only if the object's etag is still this one; Conflict otherwise. Pins a series
   // of ranged reads of one object to one version of it.
@@ -82,21 +100,10 @@ struct ReadOptions {
   // false: send one request per read, where a backend would otherwise split a large read
   // into parallel requests (s3://); for callers that keep their own reads in parallel.
   bool split = true;
-  // Told, on the reading thread, as the bytes of a read arrive in order: the bytes from
-  // the read's offset up to object offset `end` are in its buffer now (not yet checked:
-  // the read may still fail, and a retried request lands them again, usually with a
-  // lower `end` first). Only a read a backend does as one streamed request calls it
-  // (s3:// when the read is one GET); others never do, so it can hurry work along (write
-  // what has landed) but never replace checking the read's result. Never called at once
-  // from two threads, nor after the read returns; it must not throw, and while it runs
-  // the transfer waits. A wrapper that splits a read, or reads into other memory, must
-  // clear it for its own sub-reads.
-  std::function<void(uint64_t end)> on_landed;
-  // Where a backend that computed the XXH3-64 of exactly the bytes the read returned (to
-  // check them: a chunk from a peer) puts it, so the caller need not hash them again; left
-  // as it was by every other read. A wrapper that reads into other memory or splits the
-  // read must clear it for its sub-reads.
-  std::optional<uint64_t>* xxh3 = nullptr;
+  // What a backend tells the caller during and after the read. They describe this read's
+  // bytes in this buffer, so a wrapper that splits a read, or reads into other memory, gives
+  // its sub-reads none (`sub.hooks = {}`) and fills them in itself where it can.
+  ReadHooks hooks;
 };
 
 // What a publish replaced: nothing (a new object), or an object of `size` bytes.
@@ -185,6 +192,14 @@ class Store {
   // Whether its writers call WriteOptions::on_publish with what each publish replaced
   // (file://, mem://). Object stores cannot know it.
   virtual bool reports_replaced() const { return false; }
+  // What this store offers beyond these calls (a cache's read-ahead, its counters), asked by
+  // type: the object of that type behind this store, or null. A decorator forwards the
+  // question to the store it wraps, so no wrapper hides a capability; use capability<T>().
+  virtual void* find_capability(const std::type_info& type);
+  template <class T>
+  T* capability() {
+    return static_cast<T*>(find_capability(typeid(T)));
+  }
 
   // Conveniences built on the methods above.
   Status put(std::string_view key, std::span<const std::byte> data,

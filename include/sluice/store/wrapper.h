@@ -33,6 +33,9 @@ class StoreWrapper : public Store {
   std::string uri() const override { return target_->uri(); }
   std::string identity() const override { return target_->identity(); }
   bool reports_replaced() const override { return target_->reports_replaced(); }
+  void* find_capability(const std::type_info& type) override {
+    return target_->find_capability(type);
+  }
   Status can_write(std::string_view key, uint64_t bytes, uint64_t objects) override {
     return target_->can_write(key, bytes, objects);
   }

@@ -23,9 +23,11 @@
 #include <thread>
 
 #include "cache/chunk.h"
+#include "contract/store_contract.h"
 #include "sluice/core/fd.h"
 #include "sluice/store/serving_peer.h"
 #include "sluice/store/wrapper.h"
+#include "sluice/telemetry/registry.h"
 #include "sluice/testing/fault_store.h"
 #include "test_util.h"
 
@@ -212,7 +214,7 @@ class Streaming : public store::StoreWrapper {
   Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
                       const store::ReadOptions& options) override {
     auto land = [&](size_t to) {
-      if (options.on_landed) options.on_landed(offset + to);
+      if (options.hooks.on_landed) options.hooks.on_landed(offset + to);
       if (watch) watch(offset + to);
     };
     SLUICE_ASSIGN_OR_RETURN(size_t n, target().read(key, offset, dst, options));
@@ -1410,6 +1412,48 @@ TEST(TieredCache, OpensByUri) {
   ASSERT_TRUE(s.has_value()) << s.error().to_string();
   EXPECT_EQ((*s)->uri(), "cache+mem://" + b.name);
   EXPECT_EQ(read_range(**s, "k", 0, 100), pattern(100, 1));
+}
+
+// The cache is a Store and keeps the store contract of its backing store: writes,
+// overwrites and removals through it are read back at once (RAM only, and RAM and NVMe).
+sluice::testing::TempDir& contract_dir() {
+  static sluice::testing::TempDir dir;
+  return dir;
+}
+std::unique_ptr<store::Store> cache_over_mem(const std::string& scope, bool disk) {
+  auto o = small_options(disk ? contract_dir().file(scope) : "");
+  if (!disk) o.disk_bytes = 0;
+  return open_cache(store::make_memory_store("contract-cache-" + std::to_string(disk) + scope), o);
+}
+using sluice::testing::ContractBackend;
+using sluice::testing::StoreContract;
+INSTANTIATE_TEST_SUITE_P(Cache, StoreContract,
+                         ::testing::Values(ContractBackend{"ram_over_mem",
+                                                           [](const std::string& scope) {
+                                                             return cache_over_mem(scope, false);
+                                                           }},
+                                           ContractBackend{"ram_and_nvme_over_mem",
+                                                           [](const std::string& scope) {
+                                                             return cache_over_mem(scope, true);
+                                                           }}),
+                         sluice::testing::contract_name);
+
+// Capabilities are asked for by type and forwarded by every decorator, so a cache wrapped in
+// telemetry and fault injection is still found (where dynamic_cast would see the wrapper).
+TEST(TieredCache, CapabilitiesAreFoundThroughDecorators) {
+  Backing b;
+  auto owned = open_cache(b.open(), small_options());
+  ASSERT_TRUE(owned);
+  TieredCache* cache = owned.get();
+  telemetry::Registry registry;
+  auto wrapped = std::make_unique<store::FaultInjectionStore>(
+      store::with_telemetry(std::move(owned), registry));
+  EXPECT_EQ(wrapped->capability<TieredCache>(), cache);
+  EXPECT_EQ(wrapped->capability<ReadAhead>(), static_cast<ReadAhead*>(cache));
+  EXPECT_EQ(wrapped->capability<ReadAhead>()->chunk_size(), kChunk);
+  EXPECT_EQ(wrapped->capability<store::StoreWrapper>(), nullptr);
+  // What the backing store offers is not offered through the cache.
+  EXPECT_EQ(b.open()->capability<ReadAhead>(), nullptr);
 }
 
 }  // namespace

@@ -145,7 +145,7 @@ TEST(PeerStore, AReadOfOnePeerReplyGivesItsChecksum) {
   store::ReadOptions ro;
   ro.if_match = f.etag;
   std::optional<uint64_t> sum;
-  ro.xxh3 = &sum;
+  ro.hooks.xxh3 = &sum;
   std::vector<std::byte> out(kChunk);
   ASSERT_EQ(f.store->read_full("r00t/obj", kChunk, out, ro).value(), kChunk);
   ASSERT_TRUE(sum);

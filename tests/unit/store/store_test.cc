@@ -16,6 +16,7 @@
 #include "sluice/store/store.h"
 #include "sluice/store/wrapper.h"
 #include "sluice/telemetry/registry.h"
+#include "sluice/testing/fault_store.h"
 #include "test_util.h"
 
 namespace sluice::store {
@@ -42,6 +43,18 @@ INSTANTIATE_TEST_SUITE_P(
             "file",
             [](const std::string& scope) {
               return open_store("file://" + contract_dir().path() + "/" + scope).value();
+            }},
+        // Decorators keep the contract of what they wrap.
+        ContractBackend{"telemetry_over_mem",
+                        [](const std::string& scope) {
+                          static telemetry::Registry registry;
+                          return with_telemetry(make_memory_store("contract-t-" + scope), registry);
+                        }},
+        ContractBackend{
+            "fault_store_over_file",
+            [](const std::string& scope) -> std::unique_ptr<Store> {
+              return std::make_unique<FaultInjectionStore>(
+                  open_store("file://" + contract_dir().path() + "/f-" + scope).value());
             }}),
     sluice::testing::contract_name);
 

@@ -138,4 +138,56 @@ Forecast forecast(std::span<const HistoryPoint> points, int64_t limit, int64_t n
   return f;
 }
 
+Result<std::vector<ForecastRow>> forecast_limits(Ledger& ledger, const ForecastQuery& query) {
+  if (query.options.window.count() <= 0)
+    return fail(Code::kInvalidArgument, "a forecast window must be longer than 0");
+  SLUICE_ASSIGN_OR_RETURN(std::vector<Account> accounts, ledger.accounts(query.team));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<Capacity> capacities, ledger.capacities());
+  const int64_t now = ledger.now_ns();
+  const int64_t since = now - query.options.window.count() * 1'000'000'000;
+  std::vector<ForecastRow> rows;
+  // `points` are (t, bytes, objects); each metric is forecast on its own.
+  auto add = [&](const std::string& team, Tier tier, std::vector<HistoryPoint> points,
+                 int64_t used_bytes, int64_t used_objects, std::optional<int64_t> bytes_limit,
+                 std::optional<int64_t> objects_limit, const std::string& bytes_kind,
+                 const std::string& objects_kind) {
+    points.push_back({now, used_bytes, used_objects});  // the figure as it is now
+    if (bytes_limit)
+      rows.push_back({team, tier, "bytes", bytes_kind,
+                      forecast(points, *bytes_limit, now, query.options), points});
+    if (objects_limit) {
+      std::vector<HistoryPoint> objects;
+      for (const HistoryPoint& p : points) objects.push_back({p.t_ns, p.objects, p.objects});
+      rows.push_back({team, tier, "objects", objects_kind,
+                      forecast(objects, *objects_limit, now, query.options), objects});
+    }
+  };
+  for (const Account& acc : accounts) {
+    if (query.tier && acc.tier != *query.tier) continue;
+    const Limits& lim = acc.limits;
+    if (!lim.soft_bytes && !lim.hard_bytes && !lim.soft_objects && !lim.hard_objects) continue;
+    SLUICE_ASSIGN_OR_RETURN(std::vector<HistoryPoint> h, ledger.history(acc.team, acc.tier, since));
+    add(acc.team, acc.tier, std::move(h), acc.used_bytes, acc.used_objects,
+        lim.soft_bytes ? lim.soft_bytes : lim.hard_bytes,
+        lim.soft_objects ? lim.soft_objects : lim.hard_objects,
+        lim.soft_bytes ? "soft limit" : "hard limit",
+        lim.soft_objects ? "soft limit" : "hard limit");
+  }
+  if (!query.team.empty()) return rows;
+  for (const Capacity& cap : capacities) {
+    if (query.tier && cap.tier != *query.tier) continue;
+    if (!cap.bytes && !cap.objects) continue;
+    int64_t bytes = 0, objects = 0;
+    for (const Account& acc : accounts)
+      if (acc.tier == cap.tier) {
+        bytes += acc.used_bytes;
+        objects += acc.used_objects;
+      }
+    SLUICE_ASSIGN_OR_RETURN(std::vector<HistoryPoint> h,
+                            ledger.history(kAllTeams, cap.tier, since));
+    add("", cap.tier, std::move(h), bytes, objects, cap.bytes, cap.objects, "capacity", "capacity");
+  }
+  return rows;
+}
+
 }  // namespace sluice::ledger

@@ -23,6 +23,8 @@
 #include "common.h"
 #include "ledger_cmd.h"
 #include "sluice/ckpt/checkpointer.h"
+#include "sluice/ckpt/files.h"
+#include "sluice/client/checkpoints.h"
 #include "sluice/core/fd.h"
 #include "sluice/core/sizes.h"
 #include "sluice/peer/object_store.h"
@@ -36,6 +38,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 struct CkptArgs {
+  std::string home;  // $SLUICE_HOME: the default tier is HOME/ckpt
   std::string series;
   std::string step = "latest";
   std::vector<std::string> tiers;  // --to (save) or --from (the others)
@@ -70,113 +73,58 @@ Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
   return *v;
 }
 
-// peer://FOLDER/ tiers, as sluiced://MEMBER@HOST:PORT/FOLDER/ of the members that keep
-// the series' copies (docs/ckpt.md). The membership's order for the series is the same on
-// every node: a write goes to the first member other than this node (the next one when it
-// does not answer), so the copy is on one of the first three members, which reads try in
-// turn (this node among them: a replacement node may be the one that kept the copy).
-// Other tiers pass through.
-Result<std::vector<std::string>> resolve_peer_tiers(const CkptArgs& a,
-                                                    std::vector<std::string> uris,
-                                                    const store::StoreOptions& so, bool writes) {
-  std::vector<std::string> out;
-  for (std::string& uri : uris) {
-    if (!uri.starts_with("peer://")) {
-      out.push_back(std::move(uri));
-      continue;
-    }
-    auto refuse = [&](const std::string& why) {
-      return fail(Code::kInvalidArgument, "tier " + uri + ": " + why);
-    };
-    if (a.peers.empty()) return refuse("a peer:// tier needs --peers FILE (or --peers slurm)");
-    if (a.series.empty()) return refuse("a peer:// tier needs --series");
-    if (a.world > 1)
-      return refuse(
-          "the ranks of a multi-rank save would choose different peers; name one "
-          "with sluiced://MEMBER@HOST:PORT/FOLDER/");
-    auto members = client::members_from_environment(a.peers, a.peer_port);
-    if (!members) return std::unexpected(members.error().with_context("--peers (and --peer-port)"));
-    const std::string self = a.node_name.empty() ? short_host_name() : a.node_name;
-    SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(*members), self));
-    std::vector<const peer::Member*> order = m.ranked(a.series);
-    if (order.size() > 3) order.resize(3);
-    auto uri_of = [&](const peer::Member* x) {
-      return "sluiced://" + x->name + "@" + x->address() + "/" + uri.substr(7);
-    };
-    if (!writes) {
-      for (const peer::Member* x : order) out.push_back(uri_of(x));
-      continue;
-    }
-    std::vector<std::string> picks;
-    for (const peer::Member* x : order)
-      if (!m.is_self(*x) && picks.size() < 2) picks.push_back(uri_of(x));
-    if (picks.empty())
-      return refuse("no member of --peers " + a.peers + " but this node ('" + self +
-                    "') keeps copies");
-    std::string pick = picks.front();
-    for (const std::string& p : picks) {  // a peer that does not answer passes its turn
-      auto s = store::open_store(p, so);
-      if (s) {
-        auto st = (*s)->stat(a.series + "/.probe");
-        if (!st &&
-            (st.error().code() == Code::kUnavailable || st.error().code() == Code::kTimedOut))
-          continue;
-      }
-      pick = p;
-      break;
-    }
-    out.push_back(pick);
-  }
-  return out;
-}
-
-// `writes`: the command writes new copies (save, sync), so a missing local tier is
-// created; the others refuse it, so a mistyped path is an error, not an empty tier.
-Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
-                                                              const std::string& home,
-                                                              uint64_t staging, bool writes,
-                                                              bool charge = false) {
+// The checkpointer the flags name. `writes`: the command writes new copies (save, sync), so
+// a missing local tier is created; the others refuse it, so a mistyped path is an error,
+// not an empty tier. `charge`: saves are charged to the project owning each tier.
+Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a, uint64_t staging,
+                                                              bool writes, bool charge = false) {
   SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
-  store::StoreOptions so = session.store_options();
-  if (std::any_of(a.tiers.begin(), a.tiers.end(), [](const std::string& t) {
-        return t.starts_with("sluiced://") || t.starts_with("peer://");
-      })) {
-    // A peer daemon's object space: this node signs as a member of the job.
+  client::CheckpointTiers tiers;
+  tiers.uris = a.tiers;
+  tiers.require_all = a.require == "all";
+  tiers.retention = {a.keep_last, a.keep_every};
+  tiers.writes = writes;
+  tiers.charge = charge;
+  tiers.peers.node = a.node_name.empty() ? short_host_name() : a.node_name;
+  const bool peer_tiers = std::any_of(a.tiers.begin(), a.tiers.end(), [](const std::string& t) {
+    return t.starts_with("sluiced://") || t.starts_with("peer://");
+  });
+  if (peer_tiers) {
     if (a.secret_file.empty())
       return fail(Code::kInvalidArgument,
                   "a sluiced:// or peer:// tier needs --node-secret-file FILE");
-    peer::register_object_scheme();
-    peer::ObjectStoreOptions po;
-    po.node = a.node_name.empty() ? short_host_name() : a.node_name;
-    SLUICE_ASSIGN_OR_RETURN(po.secret, read_secret(a.secret_file));
-    so.backend.set(po);
+    SLUICE_ASSIGN_OR_RETURN(tiers.peers.secret, read_secret(a.secret_file));
+  }
+  for (const std::string& t : a.tiers) {
+    if (!t.starts_with("peer://")) continue;
+    if (a.peers.empty())
+      return fail(Code::kInvalidArgument,
+                  "tier " + t + ": a peer:// tier needs --peers FILE (or --peers slurm)");
+    auto members = client::members_from_environment(a.peers, a.peer_port);
+    if (!members) return std::unexpected(members.error().with_context("--peers (and --peer-port)"));
+    tiers.peers.members = std::move(*members);
+    tiers.peers.members_source = "--peers " + a.peers;
+    break;
   }
   ckpt::CheckpointerOptions o;
   o.series = a.series;
   o.rank = a.rank;
   o.world = a.world;
   o.run_id = a.run_id;
-  SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> uris,
-                          resolve_peer_tiers(a, a.tiers, so, writes));
-  if (uris.empty()) uris.push_back(home + "/ckpt");
-  for (const auto& uri : uris) {
-    // The default tier is sluice's own directory: made on first use by any command.
-    SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t, ckpt::open_tier(uri, so, writes || a.tiers.empty()));
-    t.retention = {a.keep_last, a.keep_every};
-    // Saves are charged to the project owning the tier (and gc uncharges what it removes).
-    if (charge) {
-      SLUICE_ASSIGN_OR_RETURN(t.store, session.charged(t.store, ledger::Kind::kCheckpoint));
-    }
-    t.required = a.require == "all" || o.tiers.empty();
-    o.tiers.push_back(std::move(t));
-  }
   o.staging_bytes = staging;
   SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size_flag("--chunk-size", a.chunk));
   o.commit_timeout = std::chrono::seconds(a.commit_timeout_s);
   o.incomplete_grace = std::chrono::seconds(static_cast<int64_t>(a.grace_s));
   o.gc_after_save = a.keep_last || a.keep_every;
   o.cancel = a.cancel;
-  return ckpt::Checkpointer::open(std::move(o));
+  return client::open_checkpointer(session, std::move(o), tiers);
+}
+
+// `ckpt gc` and `save --keep-last` delete at once and know nothing of the ledger's pins.
+Status refuse_if_pinned(const CkptArgs& a) {
+  if (!a.keep_last && !a.keep_every) return {};
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
+  return client::check_no_pins(session, a.tiers);
 }
 
 // A step number; `what` says what else --step may be there ("" for a save, which names a
@@ -201,144 +149,6 @@ Result<uint64_t> resolve_step(ckpt::Checkpointer& cp, const std::string& text) {
 // ---------------------------------------------------------------------------------------
 // save
 
-// A file to save, pinned to what it was when the save began: its bytes are read only while
-// the file is still that (device, inode, size, modification and change times), so one
-// rewritten in place during the save fails it with Conflict instead of committing a mix.
-struct InputFile {
-  std::string name;  // the tensor name: the path relative to the argument
-  std::string path;
-  uint64_t size = 0;
-  uint32_t mode = 0;  // permission bits, restored with the file
-  struct stat identity {};
-};
-
-bool same_file(const struct stat& a, const struct stat& b) {
-  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
-         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
-         a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
-}
-
-// Whether `inner` is `outer` or lies below it (both canonical).
-bool within(const fs::path& inner, const fs::path& outer) {
-  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
-  return o == outer.end();
-}
-
-Result<std::vector<InputFile>> collect_files(const std::vector<std::string>& args) {
-  std::vector<InputFile> files;
-  std::map<std::string, std::string> seen;  // name -> path
-  // `follow`: p was a link (to a file inside the tree, checked) and is pinned to its target;
-  // anything else is pinned as itself, so a file swapped for a link later is a Conflict.
-  auto add = [&](std::string name, const fs::path& p, bool follow) -> Status {
-    // Names become paths on restore: refuse here what restore would refuse there.
-    Status st = store::validate_key(name);
-    if (st && store::is_reserved_key(name))
-      st = fail(Code::kInvalidArgument, "a .sluice-tmp component is reserved");
-    if (st && !ckpt::valid_utf8(name)) st = fail(Code::kInvalidArgument, "the name is not UTF-8");
-    if (!st)
-      return fail(Code::kInvalidArgument, p.string() + " cannot be saved under the name '" +
-                                              name.substr(0, 200) + "': " + st.error().message());
-    auto [it, fresh] = seen.emplace(name, p.string());
-    if (!fresh)
-      return fail(Code::kInvalidArgument, "two inputs would be saved as '" + name +
-                                              "': " + it->second + " and " + p.string());
-    InputFile f{std::move(name), p.string(), 0, 0, {}};
-    if ((follow ? ::stat(f.path.c_str(), &f.identity) : ::lstat(f.path.c_str(), &f.identity)) != 0)
-      return fail_errno(errno, "stat " + f.path);
-    if (!S_ISREG(f.identity.st_mode))
-      return fail(Code::kInvalidArgument, f.path + " is no longer a regular file");
-    f.size = static_cast<uint64_t>(f.identity.st_size);
-    f.mode = static_cast<uint32_t>(f.identity.st_mode & 07777);
-    files.push_back(std::move(f));
-    return ok();
-  };
-  for (const auto& arg : args) {
-    std::error_code ec;
-    auto st = fs::status(arg, ec);
-    if (ec) return fail(Code::kNotFound, "cannot read " + arg + ": " + ec.message());
-    if (fs::is_regular_file(st)) {
-      SLUICE_RETURN_IF_ERROR(add(fs::path(arg).filename().string(), arg, true));
-      continue;
-    }
-    const fs::path top = fs::canonical(arg, ec);
-    if (ec) return fail(Code::kNotFound, "cannot resolve " + arg + ": " + ec.message());
-    if (!fs::is_directory(st))
-      return fail(Code::kInvalidArgument, arg + " is not a regular file or a directory");
-    std::vector<fs::path> found;
-    for (auto it = fs::recursive_directory_iterator(arg, ec); !ec && it != fs::end(it);
-         it.increment(ec)) {
-      // A link to a file is saved under the link's own name; a link to a directory is
-      // refused rather than skipped (it is not followed: loops, and trees saved twice).
-      if (it->is_symlink(ec) && it->is_directory(ec))
-        return fail(Code::kInvalidArgument, it->path().string() +
-                                                " is a symbolic link to a directory: give the "
-                                                "directory as an argument of its own");
-      // A link to a file inside the tree is saved under its own name; one that leads out of
-      // the tree (to /etc/shadow, say) is refused, as `cp -r` does.
-      if (it->is_symlink(ec)) {
-        std::error_code rec;
-        const fs::path target = fs::canonical(it->path(), rec);
-        if (rec || !within(target, top))
-          return fail(Code::kInvalidArgument,
-                      it->path().string() + " is a symbolic link leading out of " + arg +
-                          (rec ? " (or dangling)" : " (to " + target.string() + ")") +
-                          ": only what lies in the tree is saved");
-      }
-      if (it->is_regular_file(ec))
-        found.push_back(it->path());
-      else if (!it->is_directory(ec))
-        return fail(Code::kInvalidArgument, it->path().string() +
-                                                " is not a regular file (FIFOs, devices, sockets "
-                                                "and dangling links are not saved)");
-    }
-    if (ec) return fail(Code::kIoError, "listing " + arg + ": " + ec.message());
-    std::sort(found.begin(), found.end());
-    for (const auto& p : found) {
-      std::error_code lec;
-      SLUICE_RETURN_IF_ERROR(
-          add(p.lexically_relative(arg).generic_string(), p, fs::is_symlink(p, lec)));
-    }
-  }
-  if (files.empty()) return fail(Code::kInvalidArgument, "nothing to save: no files in the inputs");
-  return files;
-}
-
-// Reads a file's bytes as staging asks for them (opened per call, so a directory of many
-// files holds no descriptors); a file that changes size while being saved fails the save.
-ckpt::TensorView file_tensor(const InputFile& f) {
-  ckpt::TensorView v;
-  v.name = f.name;
-  v.shape = {static_cast<int64_t>(f.size)};
-  v.bytes = f.size;
-  v.mode = f.mode;
-  v.source = [path = f.path, size = f.size, id = f.identity](uint64_t off,
-                                                             std::span<std::byte> dst) -> Status {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-    if (!fd.valid()) return fail_errno(errno, "open " + path);
-    auto changed = [&]() -> Status {
-      struct stat st;
-      if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
-      if (!S_ISREG(st.st_mode) || !same_file(st, id))
-        return fail(Code::kConflict, path + " changed while being saved (it was " +
-                                         std::to_string(size) +
-                                         " bytes): nothing of this step was committed");
-      return ok();
-    };
-    SLUICE_RETURN_IF_ERROR(changed());
-    size_t got = 0;
-    while (got < dst.size()) {
-      ssize_t n =
-          ::pread(fd.get(), dst.data() + got, dst.size() - got, static_cast<off_t>(off + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return fail_errno(errno, "read " + path);
-      if (n == 0) return fail(Code::kConflict, path + " shrank while being saved");
-      got += static_cast<size_t>(n);
-    }
-    return changed();  // a write during the read shows in the times
-  };
-  return v;
-}
-
 void print_progress(const ckpt::SaveProgress& p) {
   std::string line = "staged " + format_size(static_cast<double>(p.bytes_staged)) + "/" +
                      format_size(static_cast<double>(p.bytes_total));
@@ -350,87 +160,26 @@ void print_progress(const ckpt::SaveProgress& p) {
   std::fprintf(stderr, "\r%-100s", line.c_str());
 }
 
-// `ckpt gc` and `save --keep-last` delete at once and know nothing of the ledger's pins:
-// on a tier inside a project with pins they refuse, and send the user to `sluice gc`.
-Status refuse_if_pinned(const CkptArgs& a, const std::string& home) {
-  if (!a.keep_last && !a.keep_every) return {};
-  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
-  SLUICE_ASSIGN_OR_RETURN(auto ledger, session.ledger_for_writes());
-  if (!ledger) return {};
-  SLUICE_ASSIGN_OR_RETURN(auto projects, ledger->projects());
-  SLUICE_ASSIGN_OR_RETURN(auto pins, ledger->pins());
-  std::vector<std::string> tiers = a.tiers;
-  if (tiers.empty()) tiers.push_back(home + "/ckpt");
-  for (const auto& tier : tiers) {
-    std::string location = tier;
-    if (location.find("://") == std::string::npos) {
-      std::error_code ec;
-      location = fs::absolute(location, ec).string();
-    }
-    const ledger::Project* p = ledger::Ledger::owner_of(projects, location);
-    if (!p) continue;
-    for (const auto& [project, prefix] : pins)
-      if (project == p->id)
-        return fail(Code::kPermissionDenied,
-                    "tier " + tier + " belongs to project '" + p->id +
-                        "', which has pinned data (" + prefix +
-                        "): --keep-last/--keep-every here would not honour it; use "
-                        "sluice gc rule set and sluice gc run, which do");
-  }
-  return {};
-}
-
-// A local tier inside a saved directory would have every save take in the earlier ones (and
-// one holding an input would save its own shards): refused, as `cp -r` refuses a
-// destination inside its source.
-Status refuse_tier_in_inputs(const CkptArgs& a, const std::string& home) {
-  std::vector<std::string> tiers = a.tiers;
-  if (tiers.empty()) tiers.push_back(home + "/ckpt");
-  for (const auto& tier : tiers) {
-    std::string dir = tier;
-    if (dir.starts_with("file://"))
-      dir = dir.substr(7);
-    else if (dir.find("://") != std::string::npos)
-      continue;
-    std::error_code ec;
-    const fs::path t = fs::weakly_canonical(dir, ec);
-    if (ec) continue;  // opening the tier reports it
-    for (const auto& input : a.paths) {
-      const fs::path in = fs::weakly_canonical(input, ec);
-      if (ec) continue;  // collecting the inputs reports it
-      if (within(t, in) || within(in, t))
-        return fail(Code::kInvalidArgument,
-                    "tier " + tier + " and input " + input +
-                        " overlap: a tier inside a saved directory would save every earlier "
-                        "step again (put the tier elsewhere)");
-    }
-  }
-  return ok();
-}
-
-int run_save(const CkptArgs& a, const std::string& home) {
+int run_save(const CkptArgs& a) {
   auto number = parse_step(a.step, "");
   if (!number) return report_error(number.error());
   const uint64_t step = *number;
-  if (auto s = refuse_if_pinned(a, home); !s) return report_error(s.error());
-  if (auto st = refuse_tier_in_inputs(a, home); !st) return report_error(st.error());
-  auto files = collect_files(a.paths);
-  if (!files) return report_error(files.error());
+  if (auto s = refuse_if_pinned(a); !s) return report_error(s.error());
+  const std::vector<std::string> tiers = a.tiers.empty() ? std::vector{a.home + "/ckpt"} : a.tiers;
+  if (auto st = ckpt::check_tiers_outside_inputs(tiers, a.paths); !st)
+    return report_error(st.error());
+  auto views = ckpt::file_tensors(a.paths);
+  if (!views) return report_error(views.error());
   uint64_t total = 0;
-  std::vector<ckpt::TensorView> views;
-  for (const auto& f : *files) {
-    total += f.size;
-    views.push_back(file_tensor(f));
-  }
+  for (const auto& v : *views) total += v.bytes;
   auto staging = size_flag("--staging", a.staging);
   if (!staging) return report_error(staging.error());
   // No more staging than the files need (a small save does not touch 1 GiB of memory).
-  auto cp =
-      open_checkpointer(a, home, std::min(*staging, total + (uint64_t{32} << 20)), true, true);
+  auto cp = open_checkpointer(a, std::min(*staging, total + (uint64_t{32} << 20)), true, true);
   if (!cp) return report_error(cp.error());
   const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
   const auto t0 = std::chrono::steady_clock::now();
-  auto h = (*cp)->save(step, views);
+  auto h = (*cp)->save(step, *views);
   if (!h) return report_error(h.error());
   const double staged_s = seconds_since(t0);
   std::vector<double> tier_s((*cp)->options().tiers.size(), 0);
@@ -447,7 +196,7 @@ int run_save(const CkptArgs& a, const std::string& home) {
   if (progress) std::fprintf(stderr, "\r%-100s\r", "");
   auto p = (*h)->progress();
   if (a.json) {
-    json j = {{"series", a.series}, {"step", step},         {"files", files->size()},
+    json j = {{"series", a.series}, {"step", step},         {"files", views->size()},
               {"bytes", total},     {"staged_s", staged_s}, {"ok", static_cast<bool>(st)}};
     for (size_t i = 0; i < p.tiers.size(); ++i)
       j["tiers"].push_back({{"tier", p.tiers[i].tier},
@@ -457,7 +206,7 @@ int run_save(const CkptArgs& a, const std::string& home) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("saved step %llu of series %s: %zu file(s), %s; staged in %.3f s\n",
-                static_cast<unsigned long long>(step), a.series.c_str(), files->size(),
+                static_cast<unsigned long long>(step), a.series.c_str(), views->size(),
                 format_size(static_cast<double>(total)).c_str(), staged_s);
     for (size_t i = 0; i < p.tiers.size(); ++i) {
       const auto& t = p.tiers[i];
@@ -475,7 +224,7 @@ int run_save(const CkptArgs& a, const std::string& home) {
 // ---------------------------------------------------------------------------------------
 // ls, show
 
-int run_ls(const CkptArgs& a, const std::string& home) {
+int run_ls(const CkptArgs& a) {
   if (a.series.empty()) {
     // Every series on the tiers: the first component of keys that look like a step's.
     if (std::any_of(a.tiers.begin(), a.tiers.end(),
@@ -487,7 +236,7 @@ int run_ls(const CkptArgs& a, const std::string& home) {
     std::set<std::string> names;
     CkptArgs any = a;
     any.series = "x";
-    auto cp = open_checkpointer(any, home, 0, false);
+    auto cp = open_checkpointer(any, 0, false);
     if (!cp) return report_error(cp.error());
     for (const auto& t : (*cp)->options().tiers) {
       auto objs = t.store->list_all("");
@@ -505,7 +254,7 @@ int run_ls(const CkptArgs& a, const std::string& home) {
     }
     return 0;
   }
-  auto cp = open_checkpointer(a, home, 0, false);
+  auto cp = open_checkpointer(a, 0, false);
   if (!cp) return report_error(cp.error());
   auto steps = (*cp)->list();
   if (!steps) return report_error(steps.error());
@@ -530,8 +279,8 @@ int run_ls(const CkptArgs& a, const std::string& home) {
   return 0;
 }
 
-int run_show(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0, false);
+int run_show(const CkptArgs& a) {
+  auto cp = open_checkpointer(a, 0, false);
   if (!cp) return report_error(cp.error());
   auto step = resolve_step(**cp, a.step);
   if (!step) return report_error(step.error());
@@ -562,8 +311,8 @@ int run_show(const CkptArgs& a, const std::string& home) {
 // ---------------------------------------------------------------------------------------
 // verify
 
-int run_verify(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0, false);
+int run_verify(const CkptArgs& a) {
+  auto cp = open_checkpointer(a, 0, false);
   if (!cp) return report_error(cp.error());
   std::vector<uint64_t> steps;
   if (a.step == "all") {
@@ -607,168 +356,51 @@ int run_verify(const CkptArgs& a, const std::string& home) {
 // ---------------------------------------------------------------------------------------
 // restore
 
-// Writes restored tensors as files under the output directory, through a file:// store:
-// each name is checked as a key (relative, no "..", no empty parts), resolved beneath the
-// directory (a symlink cannot lead out), and published atomically.
-int run_restore(const CkptArgs& a, const std::string& home) {
+int run_restore(const CkptArgs& a) {
   if (a.out_dir.empty())
     return report_error(Error(Code::kInvalidArgument, "restore needs --to DIR"));
-  auto cp = open_checkpointer(a, home, 0, false);
+  auto cp = open_checkpointer(a, 0, false);
   if (!cp) return report_error(cp.error());
   auto step = resolve_step(**cp, a.step);
   if (!step) return report_error(step.error());
-  auto m = (*cp)->manifest(*step);
-  if (!m) return report_error(m.error());
-  std::error_code ec;
-  fs::create_directories(a.out_dir, ec);
-  if (ec) return report_error(Error(Code::kIoError, "create " + a.out_dir + ": " + ec.message()));
-  auto out = store::open_store(a.out_dir);
-  if (!out) return report_error(out.error());
-
-  struct Item {
-    unsigned rank;
-    const ckpt::TensorEntry* t;
-    std::string key;
+  ckpt::RestoreFilesOptions o;
+  o.directory = a.out_dir;
+  o.only_rank = a.only_rank;
+  o.replace = a.force;
+  o.on_problem = [](const std::string& p) {
+    std::fprintf(stderr, "sluice: warning: %s\n", printable(p).c_str());
   };
-  std::vector<Item> items;
-  for (const auto& s : m->shards) {
-    if (a.only_rank >= 0 && s.rank != static_cast<unsigned>(a.only_rank)) continue;
-    for (const auto& t : s.tensors) {
-      std::string key =
-          (m->world > 1 && a.only_rank < 0 ? "rank-" + std::to_string(s.rank) + "/" : "") + t.name;
-      Status st = store::validate_key(key);
-      if (st && store::is_reserved_key(key))
-        st = fail(Code::kInvalidArgument, "a .sluice-tmp component is reserved");
-      if (!st)
-        return report_error(Error(
-            Code::kCorruption,
-            "tensor name '" + t.name + "' is not a safe relative path: " + st.error().message()));
-      std::error_code lec;
-      if (!a.force &&
-          (fs::symlink_status(fs::path(a.out_dir) / key, lec).type() != fs::file_type::not_found ||
-           (*out)->stat(key)))
-        return report_error(Error(Code::kAlreadyExists,
-                                  a.out_dir + "/" + key + " exists (use --force to replace it)"));
-      items.push_back({s.rank, &t, std::move(key)});
-    }
-  }
-  if (items.empty()) return report_error(Error(Code::kNotFound, "no tensors to restore"));
-  // All or nothing: every file is written to a temporary file and published (renamed into
-  // place) only once every byte of the step has been read and checked, so a failure leaves
-  // the directory as it was. That holds one descriptor per file until the end.
-  struct rlimit nofile {};
-  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
-    (void)::getrlimit(RLIMIT_NOFILE, &nofile);
-  }
-  if (items.size() + 64 > nofile.rlim_cur)
-    return report_error(
-        Error(Code::kInvalidArgument, "restoring " + std::to_string(items.size()) +
-                                          " files at once needs as many open files; " +
-                                          "the limit here is " + std::to_string(nofile.rlim_cur) +
-                                          " (raise ulimit -n, or restore part with --rank)"));
-  // Pieces of at most one window (whole small files, large ones cut on chunk bounds) are
-  // restored into one reused buffer and written at their offsets: memory stays bounded
-  // whatever the checkpoint holds.
-  const uint64_t cs = m->shards.empty() ? kDirectAlignment : m->shards[0].chunk_size;
-  const uint64_t window = std::max(cs, (uint64_t{256} << 20) / cs * cs);
-  auto buf = AlignedBuffer::allocate(window);
-  if (!buf) return report_error(buf.error());
-  struct Piece {
-    size_t item;
-    uint64_t offset, bytes, at;  // in the tensor; in the buffer
-  };
-  std::vector<Piece> batch;
-  std::map<size_t, std::unique_ptr<store::Writer>> writers;
-  uint64_t used = 0, bytes = 0, failed_over = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  auto flush = [&]() -> Status {
-    std::vector<ckpt::TensorDest> dests;
-    for (const Piece& p : batch)
-      dests.push_back({items[p.item].t->name, static_cast<int>(items[p.item].rank),
-                       buf->data() + p.at, p.bytes, nullptr, p.offset});
-    SLUICE_ASSIGN_OR_RETURN(auto r, (*cp)->restore(*step, dests));
-    failed_over += r.chunks_failed_over;
-    for (const auto& p : r.problems)
-      std::fprintf(stderr, "sluice: warning: %s\n", printable(p).c_str());
-    for (const Piece& p : batch) {
-      auto& w = writers[p.item];
-      if (!w) {
-        store::WriteOptions wo;
-        wo.overwrite = a.force;
-        wo.size_hint = items[p.item].t->bytes;
-        wo.mode = 0600;  // until published with the mode the file was saved with
-        SLUICE_ASSIGN_OR_RETURN(w, (*out)->create(items[p.item].key, wo));
-      }
-      std::span<const std::byte> piece(buf->data() + p.at, p.bytes);
-      SLUICE_RETURN_IF_ERROR(w->positional() ? w->write_at(p.offset, piece) : w->append(piece));
-      bytes += p.bytes;
-    }
-    batch.clear();
-    used = 0;
-    return ok();
-  };
-  for (size_t i = 0; i < items.size(); ++i) {
-    const uint64_t size = items[i].t->bytes;
-    for (uint64_t off = 0; off < size || (size == 0 && off == 0); off += window) {
-      const uint64_t n = std::min(window, size - off);
-      if (used + n > window)
-        if (auto st = flush(); !st) return report_error(st.error());
-      batch.push_back({i, off, n, used});
-      used = (used + n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-      if (size == 0) break;
-    }
-  }
-  if (!batch.empty())
-    if (auto st = flush(); !st) return report_error(st.error());
-  // Every byte is in: publish. A file saved with its mode gets it back; one saved without
-  // (a tensor, an older checkpoint) gets 0644 less the umask, as a new file would.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  for (size_t i = 0; i < items.size(); ++i) {
-    auto& w = writers[i];
-    if (!w) continue;
-    // The manifest is untrusted: no setuid, setgid or sticky bit comes back from it, and the
-    // umask narrows a mode as it would a new file's.
-    const mode_t mode =
-        (items[i].t->mode ? static_cast<mode_t>(items[i].t->mode) : mode_t{0644}) & 0777 & ~mask;
-    if (const std::string tmp = w->local_path(); !tmp.empty() && ::chmod(tmp.c_str(), mode) != 0)
-      return report_error(Error(
-          Code::kIoError, "chmod " + a.out_dir + "/" + items[i].key + ": " + std::strerror(errno)));
-    if (auto st = w->commit(); !st)
-      return report_error(st.error().with_context(std::to_string(i) + " of " +
-                                                  std::to_string(items.size()) +
-                                                  " files were published before this one failed"));
-  }
+  auto r = ckpt::restore_files(**cp, *step, o);
+  if (!r) return report_error(r.error());
   const double secs = seconds_since(t0);
   if (a.json) {
     std::printf("%s\n", json({{"series", a.series},
                               {"step", *step},
-                              {"files", items.size()},
-                              {"bytes", bytes},
+                              {"files", r->files},
+                              {"bytes", r->bytes},
                               {"seconds", secs},
-                              {"chunks_failed_over", failed_over}})
+                              {"chunks_failed_over", r->chunks_failed_over}})
                             .dump()
                             .c_str());
-  } else {
-    std::printf(
-        "restored step %llu of series %s: %zu file(s), %s in %.3f s to %s%s\n",
-        static_cast<unsigned long long>(*step), a.series.c_str(), items.size(),
-        format_size(static_cast<double>(bytes)).c_str(), secs, a.out_dir.c_str(),
-        failed_over
-            ? (" (" + std::to_string(failed_over) + " chunk(s) read from a later tier)").c_str()
-            : "");
+    return 0;
   }
+  std::printf("restored step %llu of series %s: %zu file(s), %s in %.3f s to %s%s\n",
+              static_cast<unsigned long long>(*step), a.series.c_str(), r->files,
+              format_size(static_cast<double>(r->bytes)).c_str(), secs, a.out_dir.c_str(),
+              r->chunks_failed_over ? (" (" + std::to_string(r->chunks_failed_over) +
+                                       " chunk(s) read from a later tier)")
+                                          .c_str()
+                                    : "");
   return 0;
 }
 
 // ---------------------------------------------------------------------------------------
 // gc
 
-int run_gc(const CkptArgs& a, const std::string& home) {
-  if (auto s = refuse_if_pinned(a, home); !s) return report_error(s.error());
-  auto cp = open_checkpointer(a, home, 0, false, true);
+int run_gc(const CkptArgs& a) {
+  if (auto s = refuse_if_pinned(a); !s) return report_error(s.error());
+  auto cp = open_checkpointer(a, 0, false, true);
   if (!cp) return report_error(cp.error());
   auto r = (*cp)->gc();
   if (!r) return report_error(r.error());
@@ -794,8 +426,8 @@ int run_gc(const CkptArgs& a, const std::string& home) {
 // ---------------------------------------------------------------------------------------
 // sync
 
-int run_sync(const CkptArgs& a, const std::string& home) {
-  auto cp = open_checkpointer(a, home, 0, true, true);
+int run_sync(const CkptArgs& a) {
+  auto cp = open_checkpointer(a, 0, true, true);
   if (!cp) return report_error(cp.error());
   std::optional<uint64_t> only;
   if (a.step != "all") {
@@ -825,11 +457,11 @@ int run_sync(const CkptArgs& a, const std::string& home) {
 void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
   static CkptArgs a;  // CLI11 binds to it; one command runs per process
   // Long commands stop on Ctrl-C or SIGTERM: writers are aborted, and the exit is 130 or 143.
-  auto interruptible = [cancel, &rc](int (*run)(const CkptArgs&, const std::string&),
-                                     const std::string& home_dir) {
+  a.home = home;
+  auto interruptible = [cancel, &rc](int (*run)(const CkptArgs&)) {
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();
-    rc = run(a, home_dir);
+    rc = run(a);
     if (cancel.stopped()) rc = cancel.exit_code();
   };
   auto* ck = app.add_subcommand(
@@ -889,18 +521,18 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
                    "Seconds rank 0 waits for every rank's shard")
       ->default_val(600);
   save->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
-  save->callback([interruptible, home] { interruptible(run_save, home); });
+  save->callback([interruptible] { interruptible(run_save); });
 
   auto* ls = ck->add_subcommand("ls", "List series, or the committed steps of one series");
   ls->add_option("--series", a.series, "The series (none: list the series)");
   common(ls, "--from", from_help);
-  ls->callback([&rc, home] { rc = run_ls(a, home); });
+  ls->callback([&rc] { rc = run_ls(a); });
 
   auto* show = ck->add_subcommand("show", "Show a step's manifest: ranks, tensors, sizes");
   show->add_option("--series", a.series, "The series")->required();
   show->add_option("--step", a.step, "A step number or latest")->default_str("latest");
   common(show, "--from", from_help);
-  show->callback([&rc, home] { rc = run_show(a, home); });
+  show->callback([&rc] { rc = run_show(a); });
 
   auto* verify = ck->add_subcommand(
       "verify",
@@ -910,7 +542,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   verify->add_option("--step", a.step, "A step number, latest or all")->default_str("latest");
   verify->add_option("--tier", a.tier, "Only the tier at this index (0 = first --from)");
   common(verify, "--from", from_help);
-  verify->callback([&rc, home] { rc = run_verify(a, home); });
+  verify->callback([&rc] { rc = run_verify(a); });
 
   auto* restore = ck->add_subcommand(
       "restore",
@@ -926,7 +558,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   restore->add_flag("--force", a.force, "Replace files that exist");
   location_flags(restore);
   restore->add_flag("--json", a.json, "Print the result as JSON");
-  restore->callback([interruptible, home] { interruptible(run_restore, home); });
+  restore->callback([interruptible] { interruptible(run_restore); });
 
   auto* sync = ck->add_subcommand(
       "sync",
@@ -936,9 +568,9 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   auto* sync_step =
       sync->add_option("--step", a.step, "A step number, latest or all")->default_str("all");
   common(sync, "--from", from_help);
-  sync->callback([interruptible, home, sync_step] {
+  sync->callback([interruptible, sync_step] {
     if (sync_step->count() == 0) a.step = "all";
-    interruptible(run_sync, home);
+    interruptible(run_sync);
   });
 
   auto* gc = ck->add_subcommand(
@@ -951,7 +583,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   gc->add_option("--grace", a.grace_s, "Seconds an incomplete step is left alone")
       ->default_val(3600);
   common(gc, "--from", from_help);
-  gc->callback([&rc, home] { rc = run_gc(a, home); });
+  gc->callback([&rc] { rc = run_gc(a); });
 }
 
 }  // namespace sluice::cli

@@ -403,116 +403,43 @@ int run_capacity_set(const LedgerArgs& a, const std::string& home) {
   return 0;
 }
 
-// One forecast line: a team (or every team, "*") on a tier, bytes or objects.
-struct ForecastRow {
-  std::string subject;
-  Tier tier;
-  std::string metric, limit_name;
-  Forecast f;
-  std::vector<HistoryPoint> points;
-};
-
-int run_forecast(const LedgerArgs& a, const std::string& home) {
-  auto window = parse_duration("--window", a.window);
-  if (!window) return report_error(window.error());
-  if (window->count() == 0)
-    return report_error(Error(Code::kInvalidArgument, "--window must be longer than 0"));
-  std::optional<Tier> only_tier;
-  if (!a.tier.empty()) {
-    auto t = parse_tier(a.tier);
-    if (!t) return report_error(t.error());
-    only_tier = *t;
-  }
-  auto l = open_ledger(a, home);
-  if (!l) return report_error(l.error());
-  auto accs = (*l)->accounts(a.team);
-  if (!accs) return report_error(accs.error());
-  auto caps = (*l)->capacities();
-  if (!caps) return report_error(caps.error());
-  const int64_t now = (*l)->now_ns();
-  const int64_t since = now - window->count() * 1'000'000'000;
-  ForecastOptions fo;
-  fo.window = *window;
-
-  std::vector<ForecastRow> rows;
-  // `points` are (t, bytes, objects); each metric is forecast on its own.
-  auto add = [&](const std::string& subject, Tier tier, std::vector<HistoryPoint> points,
-                 int64_t used_bytes, int64_t used_objects, std::optional<int64_t> bytes_limit,
-                 std::optional<int64_t> objects_limit, const std::string& bytes_limit_name,
-                 const std::string& objects_limit_name) {
-    points.push_back({now, used_bytes, used_objects});  // the figure as it is now
-    if (bytes_limit)
-      rows.push_back({subject, tier, "bytes", bytes_limit_name,
-                      forecast(points, *bytes_limit, now, fo), points});
-    if (objects_limit) {
-      std::vector<HistoryPoint> objs;
-      for (auto& p : points) objs.push_back({p.t_ns, p.objects, p.objects});
-      rows.push_back({subject, tier, "objects", objects_limit_name,
-                      forecast(objs, *objects_limit, now, fo), objs});
-    }
-  };
-  for (const Account& acc : *accs) {
-    if (only_tier && acc.tier != *only_tier) continue;
-    const Limits& lim = acc.limits;
-    if (!lim.soft_bytes && !lim.hard_bytes && !lim.soft_objects && !lim.hard_objects) continue;
-    auto h = (*l)->history(acc.team, acc.tier, since);
-    if (!h) return report_error(h.error());
-    // The nearest limit: the soft one when there is one.
-    auto b = lim.soft_bytes ? lim.soft_bytes : lim.hard_bytes;
-    auto o = lim.soft_objects ? lim.soft_objects : lim.hard_objects;
-    add(acc.team, acc.tier, std::move(*h), acc.used_bytes, acc.used_objects, b, o,
-        lim.soft_bytes ? "soft limit" : "hard limit",
-        lim.soft_objects ? "soft limit" : "hard limit");
-  }
-  if (a.team.empty()) {
-    auto all = (*l)->accounts();
-    if (!all) return report_error(all.error());
-    for (const Capacity& cap : *caps) {
-      if (only_tier && cap.tier != *only_tier) continue;
-      if (!cap.bytes && !cap.objects) continue;
-      int64_t ub = 0, uo = 0;
-      for (auto& acc : *all)
-        if (acc.tier == cap.tier) {
-          ub += acc.used_bytes;
-          uo += acc.used_objects;
-        }
-      auto h = (*l)->history(kAllTeams, cap.tier, since);
-      if (!h) return report_error(h.error());
-      add("(all teams)", cap.tier, std::move(*h), ub, uo, cap.bytes, cap.objects, "capacity",
-          "capacity");
-    }
-  }
-
+// `forecast --json`: one object per line, with the history it came from.
+void print_forecast_json(const std::vector<ForecastRow>& rows) {
   auto eta = [&](const std::optional<int64_t>& t) { return t ? json(*t) : json(nullptr); };
+  json out = json::array();
+  for (auto& r : rows) {
+    json pts = json::array();
+    for (auto& p : r.points) pts.push_back({p.t_ns, p.bytes});
+    json line = nullptr;
+    if (r.forecast.line)
+      line = {{"rate_per_day", r.forecast.linear.rate_per_day},
+              {"r2", r.forecast.line->r2},
+              {"points", r.forecast.line->points},
+              {"from_ns", r.forecast.line->from_ns},
+              {"to_ns", r.forecast.line->to_ns},
+              {"trusted", r.forecast.linear_trusted},
+              {"hits_at_ns", eta(r.forecast.linear.hits_at_ns)}};
+    out.push_back({{"team", r.team.empty() ? json(nullptr) : json(r.team)},
+                   {"tier", tier_name(r.tier)},
+                   {"metric", r.metric},
+                   {"limit", r.forecast.limit},
+                   {"limit_kind", r.limit_kind},
+                   {"now", r.forecast.now_value},
+                   {"linear", line},
+                   {"holt",
+                    {{"rate_per_day", r.forecast.holt.rate_per_day},
+                     {"hits_at_ns", eta(r.forecast.holt.hits_at_ns)}}},
+                   {"verdict", r.forecast.verdict},
+                   {"verdict_at_ns", eta(r.forecast.verdict_at_ns)},
+                   {"history", pts}});
+  }
+  std::printf("%s\n", out.dump().c_str());
+}
+
+// `forecast`: a table, one line per limit.
+int print_forecast(const LedgerArgs& a, const std::vector<ForecastRow>& rows) {
   if (a.json) {
-    json out = json::array();
-    for (auto& r : rows) {
-      json pts = json::array();
-      for (auto& p : r.points) pts.push_back({p.t_ns, p.bytes});
-      json line = nullptr;
-      if (r.f.line)
-        line = {{"rate_per_day", r.f.linear.rate_per_day},
-                {"r2", r.f.line->r2},
-                {"points", r.f.line->points},
-                {"from_ns", r.f.line->from_ns},
-                {"to_ns", r.f.line->to_ns},
-                {"trusted", r.f.linear_trusted},
-                {"hits_at_ns", eta(r.f.linear.hits_at_ns)}};
-      out.push_back(
-          {{"team", r.subject == "(all teams)" ? json(nullptr) : json(r.subject)},
-           {"tier", tier_name(r.tier)},
-           {"metric", r.metric},
-           {"limit", r.f.limit},
-           {"limit_kind", r.limit_name},
-           {"now", r.f.now_value},
-           {"linear", line},
-           {"holt",
-            {{"rate_per_day", r.f.holt.rate_per_day}, {"hits_at_ns", eta(r.f.holt.hits_at_ns)}}},
-           {"verdict", r.f.verdict},
-           {"verdict_at_ns", eta(r.f.verdict_at_ns)},
-           {"history", pts}});
-    }
-    std::printf("%s\n", out.dump().c_str());
+    print_forecast_json(rows);
     return 0;
   }
   if (rows.empty()) {
@@ -541,34 +468,47 @@ int run_forecast(const LedgerArgs& a, const std::string& home) {
               "LIMIT", "LINE (rate/day, R^2, date)", "HOLT (rate/day, date)", "VERDICT");
   for (auto& r : rows) {
     std::string line = "-";
-    if (r.f.line) {
+    if (r.forecast.line) {
       char buf[96];
       std::snprintf(buf, sizeof buf, "%s, %.2f, %s",
-                    amount(r.metric, r.f.linear.rate_per_day).c_str(), r.f.line->r2,
-                    day(r.f.linear.hits_at_ns).c_str());
+                    amount(r.metric, r.forecast.linear.rate_per_day).c_str(), r.forecast.line->r2,
+                    day(r.forecast.linear.hits_at_ns).c_str());
       line = buf;
     }
-    std::string holt = amount(r.metric, r.f.holt.rate_per_day) + ", " + day(r.f.holt.hits_at_ns);
-    std::printf("%-14s %-7s %-8s %11s %11s  %-28s %-22s %s (%s)\n", r.subject.c_str(),
+    std::string holt =
+        amount(r.metric, r.forecast.holt.rate_per_day) + ", " + day(r.forecast.holt.hits_at_ns);
+    std::printf("%-14s %-7s %-8s %11s %11s  %-28s %-22s %s (%s)\n",
+                (r.team.empty() ? "(all teams)" : r.team.c_str()),
                 std::string(tier_name(r.tier)).c_str(), r.metric.c_str(),
-                amount(r.metric, static_cast<double>(r.f.now_value)).c_str(),
-                amount(r.metric, static_cast<double>(r.f.limit)).c_str(), line.c_str(),
-                holt.c_str(), r.f.verdict.c_str(), r.limit_name.c_str());
+                amount(r.metric, static_cast<double>(r.forecast.now_value)).c_str(),
+                amount(r.metric, static_cast<double>(r.forecast.limit)).c_str(), line.c_str(),
+                holt.c_str(), r.forecast.verdict.c_str(), r.limit_kind.c_str());
   }
-  std::printf(
-      "history: %zu to %zu points per line over the last %s; --json prints them\n",
-      rows.empty()
-          ? 0
-          : std::min_element(rows.begin(), rows.end(),
-                             [](auto& x, auto& y) { return x.points.size() < y.points.size(); })
-                ->points.size(),
-      rows.empty()
-          ? 0
-          : std::max_element(rows.begin(), rows.end(),
-                             [](auto& x, auto& y) { return x.points.size() < y.points.size(); })
-                ->points.size(),
-      a.window.c_str());
+  auto [fewest, most] = std::minmax_element(
+      rows.begin(), rows.end(), [](auto& x, auto& y) { return x.points.size() < y.points.size(); });
+  std::printf("history: %zu to %zu points per line over the last %s; --json prints them\n",
+              fewest->points.size(), most->points.size(), a.window.c_str());
   return 0;
+}
+
+int run_forecast(const LedgerArgs& a, const std::string& home) {
+  auto window = parse_duration("--window", a.window);
+  if (!window) return report_error(window.error());
+  if (window->count() == 0)
+    return report_error(Error(Code::kInvalidArgument, "--window must be longer than 0"));
+  ForecastQuery q;
+  q.team = a.team;
+  q.options.window = *window;
+  if (!a.tier.empty()) {
+    auto t = parse_tier(a.tier);
+    if (!t) return report_error(t.error());
+    q.tier = *t;
+  }
+  auto l = open_ledger(a, home);
+  if (!l) return report_error(l.error());
+  auto forecast = forecast_limits(**l, q);
+  if (!forecast) return report_error(forecast.error());
+  return print_forecast(a, *forecast);
 }
 
 void ledger_flag(CLI::App* cmd, LedgerArgs& a) {

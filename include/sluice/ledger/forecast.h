@@ -61,4 +61,25 @@ struct Forecast {
 Forecast forecast(std::span<const HistoryPoint> points, int64_t limit, int64_t now_ns,
                   const ForecastOptions& options = {});
 
+// One line of a ledger's forecast: a team (or every team) on a tier, in bytes or objects.
+struct ForecastRow {
+  std::string team;  // empty: every team together, against the tier's capacity
+  Tier tier = Tier::kNvme;
+  std::string metric;      // "bytes" or "objects"
+  std::string limit_kind;  // "soft limit", "hard limit" or "capacity"
+  Forecast forecast;
+  std::vector<HistoryPoint> points;  // what it came from, ending with the figure now
+};
+
+struct ForecastQuery {
+  std::string team;          // empty: every team, and every tier's capacity
+  std::optional<Tier> tier;  // only this tier
+  ForecastOptions options;   // options.window is also how far back history is read
+};
+
+// Every limit in the ledger forecast from its history: each team's nearest limit (the soft
+// one where there is one) in bytes and in objects, then, for every team, each tier's
+// capacity. Accounts and tiers without a limit give no line.
+Result<std::vector<ForecastRow>> forecast_limits(Ledger& ledger, const ForecastQuery& query);
+
 }  // namespace sluice::ledger

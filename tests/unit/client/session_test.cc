@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "sluice/client/checkpoints.h"
 #include "sluice/client/location.h"
 #include "sluice/client/session.h"
 #include "test_util.h"
@@ -108,6 +109,43 @@ TEST(Session, ChargesWritesOnlyWhereALedgerHasProjects) {
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().message().find("--ledger"), std::string::npos)
       << refused.error().to_string();
+}
+
+// peer://FOLDER/ names the job's members that keep a series' copies: the same three, in the
+// same order, on every node; other tiers pass through; bad settings are refused by name.
+TEST(CheckpointTiers, PeerTiersResolveToTheMembersThatKeepTheSeries) {
+  PeerTierSettings peers;
+  peers.node = "n0";
+  peers.members_source = "the test's members";
+  for (int i = 0; i < 5; ++i)
+    peers.members.push_back({"n" + std::to_string(i), "127.0.0.1", uint16_t(9000 + i)});
+  const std::vector<std::string> uris = {"/nvme/ckpt", "peer://ckpt/", "s3://b/p"};
+  auto read = resolve_peer_tiers(uris, "llama", 1, peers, {}, /*writes=*/false);
+  ASSERT_TRUE(read) << read.error().to_string();
+  ASSERT_EQ(read->size(), 5u);
+  EXPECT_EQ((*read)[0], "/nvme/ckpt");
+  EXPECT_EQ((*read)[4], "s3://b/p");
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_TRUE((*read)[i].starts_with("sluiced://n")) << (*read)[i];
+    EXPECT_TRUE((*read)[i].ends_with("/ckpt/")) << (*read)[i];
+  }
+  PeerTierSettings other = peers;
+  other.node = "n3";
+  EXPECT_EQ(resolve_peer_tiers(uris, "llama", 1, other, {}, false).value(), *read);
+
+  auto refused = [&](const PeerTierSettings& p, const std::string& series, unsigned world) {
+    auto r = resolve_peer_tiers({"peer://ckpt/"}, series, world, p, {}, false);
+    return r ? std::string() : r.error().message();
+  };
+  EXPECT_NE(refused(PeerTierSettings{}, "llama", 1).find("members"), std::string::npos);
+  EXPECT_NE(refused(peers, "", 1).find("--series"), std::string::npos);
+  EXPECT_NE(refused(peers, "llama", 2).find("multi-rank"), std::string::npos);
+  PeerTierSettings alone;
+  alone.node = "n0";
+  alone.members = {peers.members[0]};
+  auto w = resolve_peer_tiers({"peer://ckpt/"}, "llama", 1, alone, {}, /*writes=*/true);
+  ASSERT_FALSE(w);
+  EXPECT_NE(w.error().message().find("keeps copies"), std::string::npos);
 }
 
 }  // namespace

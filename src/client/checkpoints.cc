@@ -1,0 +1,137 @@
+// Checkpointers opened from tier URIs (sluice/client/checkpoints.h).
+#include "sluice/client/checkpoints.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "sluice/peer/object_store.h"
+
+namespace sluice::client {
+
+namespace {
+
+// The sluiced:// URI of `folder` in member `m`'s object space.
+std::string member_uri(const peer::Member& m, std::string_view folder) {
+  return "sluiced://" + m.name + "@" + m.address() + "/" + std::string(folder);
+}
+
+// Of the first members other than this node, the first that answers (one that does not
+// passes its turn); the first of them when none does, so the save reports its error.
+Result<std::string> writable_peer(const std::string& uri, const std::string& series,
+                                  const peer::Membership& m,
+                                  const std::vector<const peer::Member*>& order,
+                                  const PeerTierSettings& peers, const store::StoreOptions& so) {
+  std::vector<std::string> picks;
+  for (const peer::Member* x : order)
+    if (!m.is_self(*x) && picks.size() < 2) picks.push_back(member_uri(*x, uri.substr(7)));
+  if (picks.empty())
+    return fail(Code::kInvalidArgument, "tier " + uri + ": no member of " + peers.members_source +
+                                            " but this node ('" + peers.node + "') keeps copies");
+  for (const std::string& p : picks) {
+    auto s = store::open_store(p, so);
+    if (s) {
+      auto st = (*s)->stat(series + "/.probe");
+      if (!st && (st.error().code() == Code::kUnavailable || st.error().code() == Code::kTimedOut))
+        continue;
+    }
+    return p;
+  }
+  return picks.front();
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> resolve_peer_tiers(const std::vector<std::string>& uris,
+                                                    const std::string& series, unsigned world,
+                                                    const PeerTierSettings& peers,
+                                                    const store::StoreOptions& so, bool writes) {
+  std::vector<std::string> out;
+  for (const std::string& uri : uris) {
+    if (!uri.starts_with("peer://")) {
+      out.push_back(uri);
+      continue;
+    }
+    auto refuse = [&](const std::string& why) {
+      return fail(Code::kInvalidArgument, "tier " + uri + ": " + why);
+    };
+    if (peers.members.empty()) return refuse("a peer:// tier needs the job's members (--peers)");
+    if (series.empty()) return refuse("a peer:// tier needs --series");
+    if (world > 1)
+      return refuse(
+          "the ranks of a multi-rank save would choose different peers; name one "
+          "with sluiced://MEMBER@HOST:PORT/FOLDER/");
+    SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(peers.members, peers.node));
+    std::vector<const peer::Member*> order = m.ranked(series);
+    if (order.size() > 3) order.resize(3);
+    if (!writes) {
+      for (const peer::Member* x : order) out.push_back(member_uri(*x, uri.substr(7)));
+      continue;
+    }
+    SLUICE_ASSIGN_OR_RETURN(std::string pick, writable_peer(uri, series, m, order, peers, so));
+    out.push_back(std::move(pick));
+  }
+  return out;
+}
+
+Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const Session& session,
+                                                              ckpt::CheckpointerOptions o,
+                                                              const CheckpointTiers& tiers) {
+  store::StoreOptions so = session.store_options();
+  if (std::any_of(tiers.uris.begin(), tiers.uris.end(), [](const std::string& t) {
+        return t.starts_with("sluiced://") || t.starts_with("peer://");
+      })) {
+    // A peer daemon's object space: this node signs as a member of the job.
+    if (tiers.peers.secret.empty())
+      return fail(Code::kInvalidArgument,
+                  "a sluiced:// or peer:// tier needs the job's node secret (--node-secret-file)");
+    peer::register_object_scheme();
+    peer::ObjectStoreOptions po;
+    po.node = tiers.peers.node;
+    po.secret = tiers.peers.secret;
+    so.backend.set(po);
+  }
+  SLUICE_ASSIGN_OR_RETURN(
+      std::vector<std::string> uris,
+      resolve_peer_tiers(tiers.uris, o.series, o.world, tiers.peers, so, tiers.writes));
+  if (uris.empty()) uris.push_back(session.options().home + "/ckpt");
+  for (const auto& uri : uris) {
+    // The default tier is sluice's own directory: made on first use by any command.
+    SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t,
+                            ckpt::open_tier(uri, so, tiers.writes || tiers.uris.empty()));
+    t.retention = tiers.retention;
+    if (tiers.charge) {
+      SLUICE_ASSIGN_OR_RETURN(t.store, session.charged(t.store, ledger::Kind::kCheckpoint));
+    }
+    t.required = tiers.require_all || o.tiers.empty();
+    o.tiers.push_back(std::move(t));
+  }
+  return ckpt::Checkpointer::open(std::move(o));
+}
+
+Status check_no_pins(const Session& session, const std::vector<std::string>& tier_uris) {
+  SLUICE_ASSIGN_OR_RETURN(auto ledger, session.ledger_for_writes());
+  if (!ledger) return ok();
+  SLUICE_ASSIGN_OR_RETURN(auto projects, ledger->projects());
+  SLUICE_ASSIGN_OR_RETURN(auto pins, ledger->pins());
+  std::vector<std::string> tiers = tier_uris;
+  if (tiers.empty()) tiers.push_back(session.options().home + "/ckpt");
+  for (const auto& tier : tiers) {
+    std::string location = tier;
+    if (location.find("://") == std::string::npos) {
+      std::error_code ec;
+      location = std::filesystem::absolute(location, ec).string();
+    }
+    const ledger::Project* p = ledger::Ledger::owner_of(projects, location);
+    if (!p) continue;
+    for (const auto& [project, prefix] : pins)
+      if (project == p->id)
+        return fail(Code::kPermissionDenied,
+                    "tier " + tier + " belongs to project '" + p->id +
+                        "', which has pinned data (" + prefix +
+                        "): --keep-last/--keep-every here would not honour it; use "
+                        "sluice gc rule set and sluice gc run, which do");
+  }
+  return ok();
+}
+
+}  // namespace sluice::client

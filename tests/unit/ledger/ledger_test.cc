@@ -960,6 +960,43 @@ TEST_P(LedgerTest, CapacitiesAndTierTotalsInTheHistory) {
   EXPECT_FALSE((*totals)[0].capacity_bytes);
 }
 
+// `sluice forecast`'s lines come from the ledger: each team's nearest limit in bytes and
+// objects, then every tier's capacity for all teams; a tier filter and a team keep to them.
+TEST_P(LedgerTest, ForecastLimitsGivesALinePerLimit) {
+  ChargeTarget a = team_with_project("a", "s3://b/a");
+  team_with_project("free", "s3://b/free");  // no limit: no line
+  Limits lim;
+  lim.soft_bytes = 1000;
+  lim.hard_objects = 10;
+  ASSERT_TRUE(ledger_->set_limits("a", Tier::kObject, lim));
+  ASSERT_TRUE(ledger_->set_capacity(Tier::kObject, 5000, std::nullopt));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(ledger_->charge(a, 100, 1));
+    g_now += 3600 * kSecond;
+    ASSERT_TRUE(ledger_->record_history());
+  }
+  auto rows = forecast_limits(*ledger_, {});
+  ASSERT_TRUE(rows) << rows.error().to_string();
+  ASSERT_EQ(rows->size(), 3u);
+  EXPECT_EQ((*rows)[0].team, "a");
+  EXPECT_EQ((*rows)[0].metric, "bytes");
+  EXPECT_EQ((*rows)[0].limit_kind, "soft limit");
+  EXPECT_EQ((*rows)[0].forecast.now_value, 500);
+  EXPECT_EQ((*rows)[0].forecast.limit, 1000);
+  EXPECT_EQ((*rows)[0].points.back().bytes, 500);
+  EXPECT_EQ((*rows)[1].metric, "objects");
+  EXPECT_EQ((*rows)[1].limit_kind, "hard limit");
+  EXPECT_EQ((*rows)[1].forecast.now_value, 5);
+  EXPECT_EQ((*rows)[2].team, "");  // every team, against the capacity
+  EXPECT_EQ((*rows)[2].limit_kind, "capacity");
+  EXPECT_EQ((*rows)[2].forecast.limit, 5000);
+  EXPECT_EQ(forecast_limits(*ledger_, {.team = "a"}).value().size(), 2u);
+  EXPECT_TRUE(forecast_limits(*ledger_, {.tier = Tier::kNvme}).value().empty());
+  ForecastQuery none;
+  none.options.window = std::chrono::seconds(0);
+  EXPECT_EQ(forecast_limits(*ledger_, none).error().code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 
 namespace {

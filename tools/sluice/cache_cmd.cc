@@ -19,6 +19,7 @@
 #include "cp.h"
 #include "sluice/cache/read_ahead.h"
 #include "sluice/client/location.h"
+#include "sluice/client/read.h"
 #include "sluice/client/warm.h"
 #include "sluice/core/sizes.h"
 #include "sluice/mem/buffer_pool.h"
@@ -416,90 +417,16 @@ int cmd_cat(const CacheArgs& a) {
     from = r->first;
     to = std::min(info->size, r->second.value_or(info->size));
   }
-  // Through a cache, the whole range is declared first: the cache (or sluiced) fetches
-  // ahead of the reads. Windows of 32 MiB (eight chunks a request), kDepth read at once
-  // (each request on its own connection to sluiced) while the one before is written, so the
-  // device and the daemon stay busy between requests. Aligned for O_DIRECT: handed-off
-  // chunks are read straight into them, not through a bounce buffer and a copy (which cost
-  // a quarter of cat's time on a RAM-backed device).
-  if (auto* ahead = src->capability<cache::ReadAhead>(); ahead && from < to) {
-    // At most what one declaration may name (256 GiB at 4 MiB chunks): the rest is read
-    // without prefetch.
-    // (kMax - 1) chunks of bytes touch at most kMax chunks wherever they start.
-    const uint64_t most =
-        (cache::kMaxDeclaredChunks - 1) * std::max<uint64_t>(ahead->chunk_size(), 1);
-    cache::PlannedRead whole{key, from, std::min(to - from, most)};
-    (void)ahead->declare(std::span(&whole, 1));  // advice only: a refusal costs prefetch
-  }
-  constexpr size_t kWindow = 32 << 20;
-  constexpr size_t kDepth = 2;
-  const size_t window = static_cast<size_t>(std::min<uint64_t>(kWindow, to - from));
-  AlignedBuffer bufs[kDepth + 1];
-  store::ReadOptions ro;
-  ro.if_match = info->etag;  // one version from the first byte to the last
-  ro.object_size = info->size;
-  // A --range that starts off a 4 KiB boundary reads up to the next one first, so every
-  // later window starts aligned and its whole chunks land on aligned addresses.
-  auto window_at = [&](uint64_t at) {
-    uint64_t len = std::min<uint64_t>(window, to - at);
-    if (at % kDirectAlignment != 0)
-      len = std::min<uint64_t>(len, kDirectAlignment - at % kDirectAlignment);
-    return len;
-  };
-  auto read_window = [&](uint64_t at, AlignedBuffer& buf) -> Result<size_t> {
-    if (!buf) {
-      SLUICE_ASSIGN_OR_RETURN(buf, AlignedBuffer::allocate(std::max<size_t>(window, 1)));
-    }
-    return src->read_full(key, at, std::span(buf.data(), window_at(at)), ro);
-  };
-  struct Pending {
-    std::future<Result<size_t>> read;
-    size_t buf = 0;
-    uint64_t at = 0, len = 0;
-  };
-  // The buffers go round: the kDepth reads in flight and the window being written always
-  // hold kDepth + 1 different ones.
-  std::deque<Pending> pending;
-  uint64_t next_at = from;
-  size_t next_buf = 0;
-  auto launch = [&] {
-    Pending p{{}, next_buf, next_at, window_at(next_at)};
-    // The first runs on this thread when it is waited for; the others on their own.
-    auto policy = pending.empty() ? std::launch::deferred : std::launch::async;
-    try {
-      p.read = std::async(policy, read_window, p.at, std::ref(bufs[p.buf]));
-    } catch (const std::system_error&) {  // no thread to be had: read it when waited for
-      p.read = std::async(std::launch::deferred, read_window, p.at, std::ref(bufs[p.buf]));
-    }
-    next_at += p.len;
-    next_buf = (next_buf + 1) % (kDepth + 1);
-    pending.push_back(std::move(p));
-  };
-  auto fill_pipe = [&] {
-    while (pending.size() < kDepth && next_at < to) launch();
-  };
-  // Reads write into bufs: every one started is waited for before they go away.
-  auto fail_with = [&](const Error& e) {
-    for (Pending& p : pending) {
-      // A deferred read has not started (and would run now if waited for).
-      if (p.read.wait_for(std::chrono::seconds(0)) != std::future_status::deferred) p.read.wait();
-    }
-    return report_error(e);
-  };
-  fill_pipe();
-  while (!pending.empty()) {
-    Pending p = std::move(pending.front());
-    pending.pop_front();
-    Result<size_t> n = p.read.get();
-    if (!n) return fail_with(n.error());
-    if (*n != p.len)
-      return fail_with(
-          Error(Code::kCorruption, "'" + a.target + "' ended at byte " + std::to_string(p.at + *n) +
-                                       ", before its size " + std::to_string(info->size)));
-    fill_pipe();
-    if (std::fwrite(bufs[p.buf].data(), 1, *n, stdout) != *n)
-      return fail_with(error_from_errno(errno, "write to stdout"));
-  }
+  client::ReadRangeOptions ro;
+  ro.offset = from;
+  ro.end = to;
+  auto written =
+      client::read_range(*src, key, *info, ro, [](std::span<const std::byte> b) -> Status {
+        if (std::fwrite(b.data(), 1, b.size(), stdout) != b.size())
+          return fail_errno(errno, "write to stdout");
+        return ok();
+      });
+  if (!written) return report_error(written.error().with_context(a.target));
   if (std::fflush(stdout) != 0) return report_error(error_from_errno(errno, "write to stdout"));
   return 0;
 }

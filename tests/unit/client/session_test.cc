@@ -8,6 +8,7 @@
 
 #include "sluice/client/checkpoints.h"
 #include "sluice/client/location.h"
+#include "sluice/client/read.h"
 #include "sluice/client/session.h"
 #include "test_util.h"
 
@@ -146,6 +147,39 @@ TEST(CheckpointTiers, PeerTiersResolveToTheMembersThatKeepTheSeries) {
   auto w = resolve_peer_tiers({"peer://ckpt/"}, "llama", 1, alone, {}, /*writes=*/true);
   ASSERT_FALSE(w);
   EXPECT_NE(w.error().message().find("keeps copies"), std::string::npos);
+}
+
+// A range read in windows, in order, whatever the window and depth; the sink's error and an
+// object shorter than its stat stop it.
+TEST(ReadRange, HandsTheRangeOverInOrder) {
+  auto store = store::make_memory_store("read-range-test");
+  std::vector<std::byte> data = sluice::testing::random_bytes(5'000'000, 3);
+  ASSERT_TRUE(store->put("obj", data));
+  auto info = store->stat("obj").value();
+  for (auto [window, depth] : {std::pair<size_t, size_t>{1 << 20, 2}, {4096, 1}, {3 << 20, 4}}) {
+    std::vector<std::byte> got;
+    ReadRangeOptions o;
+    o.offset = 100;
+    o.end = 4'000'007;
+    o.window = window;
+    o.depth = depth;
+    ASSERT_TRUE(read_range(*store, "obj", info, o, [&](std::span<const std::byte> b) -> Status {
+      got.insert(got.end(), b.begin(), b.end());
+      return ok();
+    }));
+    ASSERT_EQ(got.size(), 4'000'007u - 100);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), data.begin() + 100)) << window;
+  }
+  int calls = 0;
+  auto stopped = read_range(*store, "obj", info, {.window = 1 << 20}, [&](auto) -> Status {
+    return ++calls == 2 ? fail(Code::kIoError, "sink full") : ok();
+  });
+  EXPECT_EQ(stopped.error().code(), Code::kIoError);
+  EXPECT_EQ(calls, 2);
+  store::ObjectInfo longer = info;
+  longer.size += 10;
+  EXPECT_EQ(read_range(*store, "obj", longer, {}, [](auto) { return ok(); }).error().code(),
+            Code::kCorruption);
 }
 
 }  // namespace

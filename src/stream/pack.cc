@@ -1,9 +1,18 @@
 // ShardPacker: samples into tar shards with indexes; see stream/pack.h.
 #include "sluice/stream/pack.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
+#include <map>
+#include <vector>
 
+#include "sluice/core/fd.h"
 #include "sluice/core/hash.h"
 
 namespace sluice::stream {
@@ -129,6 +138,115 @@ Status ShardPacker::finish() {
     if (writer_) writer_->abort();
   }
   return st;
+}
+
+namespace {
+
+struct SourceFile {
+  std::string rel;
+  uint64_t size;
+};
+
+// Every sample file under `dir`, grouped into samples by key, in key order.
+struct SourceTree {
+  std::map<std::string, std::vector<SourceFile>> samples;
+  uint64_t files = 0, bytes = 0, skipped = 0;
+};
+
+Result<SourceTree> list_samples(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return fail(Code::kNotFound, "pack: " + dir + " is not a directory");
+  SourceTree t;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    std::string rel = fs::relative(it->path(), dir, ec).generic_string();
+    std::string key, field;
+    if (!split_sample_name(rel, key, field)) {
+      ++t.skipped;
+      continue;
+    }
+    uint64_t size = it->file_size(ec);
+    if (ec) break;
+    t.samples[key].push_back({rel, size});
+    t.bytes += size;
+    ++t.files;
+  }
+  if (ec) return fail_errno(ec.value(), "walk " + dir);
+  if (t.samples.empty())
+    return fail(Code::kNotFound,
+                "pack: no sample files under " + dir + " (a sample file is NAME.EXT)");
+  for (auto& [key, fields] : t.samples)
+    std::sort(fields.begin(), fields.end(),
+              [](const SourceFile& x, const SourceFile& y) { return x.rel < y.rel; });
+  return t;
+}
+
+// A file's bytes, which must still be the size it was listed at.
+Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return fail_errno(errno, "open " + path);
+  std::vector<std::byte> data(size);
+  size_t got = 0;
+  while (got < size) {
+    ssize_t n = ::pread(fd.get(), data.data() + got, size - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail_errno(errno, "read " + path);
+    if (n == 0) return fail(Code::kConflict, path + " shrank while it was packed");
+    got += static_cast<size_t>(n);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
+  if (static_cast<uint64_t>(st.st_size) != size)
+    return fail(Code::kConflict, path + " changed size while it was packed (" +
+                                     std::to_string(size) + " bytes when listed, " +
+                                     std::to_string(st.st_size) + " now)");
+  return data;
+}
+
+}  // namespace
+
+Result<PackReport> pack_directory(const std::string& directory, store::Store& store,
+                                  std::string prefix, const PackDirectoryOptions& o) {
+  SLUICE_ASSIGN_OR_RETURN(SourceTree tree, list_samples(directory));
+  // A dataset is everything under its prefix: packing into a used one would mix datasets.
+  SLUICE_ASSIGN_OR_RETURN(store::ListPage existing,
+                          store.list(store::ListOptions{.prefix = prefix, .max_keys = 1}));
+  if (!existing.objects.empty())
+    return fail(Code::kAlreadyExists,
+                "pack: " + store.uri() + "/" + prefix + " already holds objects (" +
+                    existing.objects.front().key + "); pack into an empty prefix");
+  ShardPacker packer(store, prefix, o.pack);
+  uint64_t packed_bytes = 0;
+  auto pack_all = [&]() -> Status {
+    std::vector<std::vector<std::byte>> data;
+    std::vector<PackFile> parts;
+    for (const auto& [key, fields] : tree.samples) {
+      if (o.cancel && o.cancel->load()) return fail(Code::kCancelled, "pack interrupted");
+      data.clear();
+      parts.clear();
+      for (const auto& f : fields) {
+        SLUICE_ASSIGN_OR_RETURN(auto bytes, read_file(directory + "/" + f.rel, f.size));
+        data.push_back(std::move(bytes));
+        packed_bytes += f.size;
+      }
+      for (size_t i = 0; i < fields.size(); ++i) parts.push_back({fields[i].rel, data[i]});
+      SLUICE_RETURN_IF_ERROR(packer.add(key, parts));
+      if (o.on_progress) o.on_progress(packer.samples(), tree.samples.size(), packed_bytes);
+    }
+    return packer.finish();
+  };
+  if (Status done = pack_all(); !done) {
+    if (packer.shards() == 0) return std::unexpected(done.error());
+    return std::unexpected(done.error().with_context(
+        "pack published " + std::to_string(packer.shards()) + " whole shards (" +
+        std::to_string(packer.samples()) + " samples) under " + store.uri() + "/" + prefix +
+        " before it failed: that dataset is incomplete; remove it and pack again"));
+  }
+  return PackReport{packer.shards(), packer.samples(), tree.files,
+                    tree.bytes,      packer.bytes(),   tree.skipped};
 }
 
 }  // namespace sluice::stream

@@ -19,6 +19,7 @@
 #include "ledger_cmd.h"
 #include "size_flag.h"
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/client/datasets.h"
 #include "sluice/client/location.h"
 #include "sluice/core/fd.h"
 #include "sluice/core/sizes.h"
@@ -108,24 +109,6 @@ void append_key_line(std::string& out, std::string_view key) {
   out.push_back('\n');
 }
 
-// The store and prefix a dataset URI names: a local directory is a file:// store of its
-// own; a URI's key part is a folder (a '/' is added).
-struct Where {
-  std::string store_uri, prefix;
-};
-Result<Where> where(const std::string& text) {
-  SLUICE_ASSIGN_OR_RETURN(Location loc, parse_location(text));
-  if (loc.local) {
-    std::error_code ec;
-    fs::path p = fs::absolute(loc.path, ec);
-    if (ec) return fail_errno(ec.value(), "resolve " + loc.path);
-    return Where{"file://" + p.lexically_normal().string(), ""};
-  }
-  std::string prefix = loc.path;
-  if (!prefix.empty() && !prefix.ends_with('/')) prefix += '/';
-  return Where{loc.store_uri, prefix};
-}
-
 Result<stream::Format> parse_format(const std::string& f) {
   if (f == "auto") return stream::Format::kAuto;
   if (f == "tar") return stream::Format::kTar;
@@ -133,39 +116,28 @@ Result<stream::Format> parse_format(const std::string& f) {
   return fail(Code::kInvalidArgument, "--format '" + f + "': auto, tar or objects");
 }
 
-Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, const std::string& home,
-                                                      bool through_cache, bool catalog = false) {
-  SLUICE_ASSIGN_OR_RETURN(Where w, where(a.uri));
+// `catalog`: a reader, listing through the node's catalog.
+Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, bool through_cache,
+                                                      bool catalog = false) {
   SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, {}, a.cache));
-  // ls, stat and read only read: a mistyped path is not a new directory.
-  const client::OpenOptions how{.create = false, .registry = a.registry};
-  // s3://bucket names a bucket on some server: the catalog must know which.
-  std::string store_id =
-      w.store_uri +
-      (w.store_uri.starts_with("s3://") ? " at " + s3::endpoint_url(session.options().s3) : "");
-  std::shared_ptr<store::Store> s;
-  if (through_cache) {
-    SLUICE_ASSIGN_OR_RETURN(s, session.open_cached(w.store_uri, how));
-  } else {
-    SLUICE_ASSIGN_OR_RETURN(s, session.open_store(w.store_uri, how));
-  }
-  stream::DatasetOptions o;
-  SLUICE_ASSIGN_OR_RETURN(o.format, parse_format(a.format));
-  o.skip_corrupt = a.skip_corrupt;
-  if (catalog) {  // a reader: one listing per node, through the catalog
-    o.store_id = store_id;
-    o.catalog_dir = a.catalog_dir.empty() ? home + "/datasets" : a.catalog_dir;
-    if (a.refresh) o.catalog_ttl = std::chrono::seconds(0);
-  }
-  return stream::Dataset::open(std::move(s), w.prefix, o);
+  client::DatasetSpec spec;
+  spec.uri = a.uri;
+  spec.through_cache = through_cache;
+  spec.catalog = catalog;
+  spec.catalog_dir = a.catalog_dir;
+  spec.refresh = a.refresh;
+  SLUICE_ASSIGN_OR_RETURN(spec.format, parse_format(a.format));
+  spec.skip_corrupt = a.skip_corrupt;
+  spec.registry = a.registry;
+  return client::open_dataset(session, spec);
 }
 
 const char* format_name(stream::Format f) {
   return f == stream::Format::kTar ? "tar" : "objects";
 }
 
-int run_stat(const DatasetArgs& a, const std::string& home) {
-  auto ds = open_dataset(a, home, false);
+int run_stat(const DatasetArgs& a) {
+  auto ds = open_dataset(a, false);
   if (!ds) return report_error(ds.error());
   const auto& d = **ds;
   uint64_t indexed = 0;
@@ -204,8 +176,8 @@ int run_stat(const DatasetArgs& a, const std::string& home) {
   return 0;
 }
 
-int run_ls(const DatasetArgs& a, const std::string& home) {
-  auto ds = open_dataset(a, home, false);
+int run_ls(const DatasetArgs& a) {
+  auto ds = open_dataset(a, false);
   if (!ds) return report_error(ds.error());
   const auto& d = **ds;
   json out = json::array();
@@ -226,32 +198,6 @@ int run_ls(const DatasetArgs& a, const std::string& home) {
 
 // ---- pack ------------------------------------------------------------------------------
 
-struct SourceFile {
-  std::string rel;
-  uint64_t size;
-};
-
-Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid()) return fail_errno(errno, "open " + path);
-  std::vector<std::byte> data(size);
-  size_t got = 0;
-  while (got < size) {
-    ssize_t n = ::pread(fd.get(), data.data() + got, size - got, static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return fail_errno(errno, "read " + path);
-    if (n == 0) return fail(Code::kConflict, path + " shrank while it was packed");
-    got += static_cast<size_t>(n);
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat " + path);
-  if (static_cast<uint64_t>(st.st_size) != size)
-    return fail(Code::kConflict, path + " changed size while it was packed (" +
-                                     std::to_string(size) + " bytes when listed, " +
-                                     std::to_string(st.st_size) + " now)");
-  return data;
-}
-
 int run_pack(const DatasetArgs& a) {
   auto t0 = Clock::now();
   auto target = parse_size(a.shard_size);
@@ -261,36 +207,7 @@ int run_pack(const DatasetArgs& a) {
                                   "': " + (target ? "at least 4K" : target.error().message())));
   if (a.name.empty() || a.name.find('/') != std::string::npos)
     return report_error(Error(Code::kInvalidArgument, "--name must be a plain word"));
-  // Every regular file under SRC, grouped into samples by key, in key order.
-  std::error_code ec;
-  if (!fs::is_directory(a.src, ec))
-    return report_error(Error(Code::kNotFound, "pack: " + a.src + " is not a directory"));
-  std::map<std::string, std::vector<SourceFile>> samples;
-  uint64_t skipped = 0, total_bytes = 0, files = 0;
-  for (auto it = fs::recursive_directory_iterator(a.src, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
-    std::string rel = fs::relative(it->path(), a.src, ec).generic_string();
-    std::string key, field;
-    if (!stream::split_sample_name(rel, key, field)) {
-      ++skipped;
-      continue;
-    }
-    uint64_t size = it->file_size(ec);
-    if (ec) break;
-    samples[key].push_back({rel, size});
-    total_bytes += size;
-    ++files;
-  }
-  if (ec) return report_error(error_from_errno(ec.value(), "walk " + a.src));
-  if (samples.empty())
-    return report_error(Error(
-        Code::kNotFound, "pack: no sample files under " + a.src + " (a sample file is NAME.EXT)"));
-  for (auto& [key, fields] : samples)
-    std::sort(fields.begin(), fields.end(),
-              [](const SourceFile& x, const SourceFile& y) { return x.rel < y.rel; });
-
-  auto w = where(a.uri);
+  auto w = client::dataset_location(a.uri);
   if (!w) return report_error(w.error());
   auto session = open_session(a.aws, {}, a.cache);
   if (!session) return report_error(session.error());
@@ -299,127 +216,58 @@ int run_pack(const DatasetArgs& a) {
   // Shards and indexes are charged to the project owning the destination, as datasets.
   auto st = session->charged(std::move(*opened), ledger::Kind::kDataset);
   if (!st) return report_error(st.error());
-  store::Store& dst = **st;
-  // A dataset is everything under its prefix: packing into a used one would mix datasets.
-  store::ListOptions lo{.prefix = w->prefix, .max_keys = 1};
-  auto existing = dst.list(lo);
-  if (!existing) return report_error(existing.error());
-  if (!existing->objects.empty())
-    return report_error(Error(Code::kAlreadyExists, "pack: " + a.uri + " already holds objects (" +
-                                                        existing->objects.front().key +
-                                                        "); pack into an empty prefix"));
-
   const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
-  stream::ShardPacker packer(dst, w->prefix, {.shard_bytes = *target, .name = a.name});
-  uint64_t packed_bytes = 0;
-  auto pack_all = [&]() -> Status {
-    std::vector<std::vector<std::byte>> data;
-    std::vector<stream::PackFile> parts;
-    for (const auto& [key, fields] : samples) {
-      if (cancelled(a)) return fail(Code::kCancelled, "pack interrupted");
-      data.clear();
-      parts.clear();
-      for (const auto& f : fields) {
-        SLUICE_ASSIGN_OR_RETURN(auto bytes, read_file(a.src + "/" + f.rel, f.size));
-        data.push_back(std::move(bytes));
-        packed_bytes += f.size;
-      }
-      for (size_t i = 0; i < fields.size(); ++i) parts.push_back({fields[i].rel, data[i]});
-      SLUICE_RETURN_IF_ERROR(packer.add(key, parts));
-      if (progress && packer.samples() % 1000 == 0)
-        std::fprintf(stderr, "\rpacked %lu of %lu samples (%s)",
-                     static_cast<unsigned long>(packer.samples()),
-                     static_cast<unsigned long>(samples.size()),
-                     format_size(static_cast<double>(packed_bytes)).c_str());
-    }
-    return packer.finish();
-  };
-  auto done = pack_all();
+  stream::PackDirectoryOptions po;
+  po.pack = {.shard_bytes = *target, .name = a.name};
+  po.cancel = a.cancel;
+  if (progress)
+    po.on_progress = [](uint64_t done, uint64_t samples, uint64_t bytes) {
+      if (done % 1000 == 0)
+        std::fprintf(stderr, "\rpacked %lu of %lu samples (%s)", static_cast<unsigned long>(done),
+                     static_cast<unsigned long>(samples),
+                     format_size(static_cast<double>(bytes)).c_str());
+    };
+  auto r = stream::pack_directory(a.src, **st, w->prefix, po);
   if (progress) std::fprintf(stderr, "\r%-90s\r", "");
-  if (!done) {
-    if (packer.shards())
-      return report_error(done.error().with_context(
-          "pack published " + std::to_string(packer.shards()) + " whole shards (" +
-          std::to_string(packer.samples()) + " samples) under " + a.uri +
-          " before it failed: that dataset is incomplete; remove it and pack again"));
-    return report_error(done.error());
-  }
-  const uint64_t shard_no = packer.shards(), packed = packer.samples(),
-                 shard_bytes_total = packer.bytes();
+  if (!r) return report_error(r.error());
   double secs = seconds_since(t0);
   if (a.json) {
     std::printf("%s\n", json{{"uri", a.uri},
-                             {"shards", shard_no},
-                             {"samples", packed},
-                             {"files", files},
-                             {"file_bytes", total_bytes},
-                             {"shard_bytes", shard_bytes_total},
-                             {"skipped_files", skipped},
+                             {"shards", r->shards},
+                             {"samples", r->samples},
+                             {"files", r->files},
+                             {"file_bytes", r->file_bytes},
+                             {"shard_bytes", r->shard_bytes},
+                             {"skipped_files", r->skipped_files},
                              {"seconds", secs}}
                             .dump()
                             .c_str());
   } else {
     std::printf("packed %lu samples (%lu files, %s) into %lu shards with indexes at %s in %.1f s\n",
-                static_cast<unsigned long>(packed), static_cast<unsigned long>(files),
-                format_size(static_cast<double>(total_bytes)).c_str(),
-                static_cast<unsigned long>(shard_no), printable(a.uri).c_str(), secs);
-    if (skipped)
+                static_cast<unsigned long>(r->samples), static_cast<unsigned long>(r->files),
+                format_size(static_cast<double>(r->file_bytes)).c_str(),
+                static_cast<unsigned long>(r->shards), printable(a.uri).c_str(), secs);
+    if (r->skipped_files)
       std::printf("skipped %lu files that are not sample files (NAME.EXT, not __*)\n",
-                  static_cast<unsigned long>(skipped));
+                  static_cast<unsigned long>(r->skipped_files));
   }
   return 0;
 }
 
 // ---- read ------------------------------------------------------------------------------
 
-int run_read(DatasetArgs& a, const std::string& home) {
-  auto memory = parse_size(a.memory);
-  if (!memory)
-    return report_error(
-        Error(Code::kInvalidArgument, "--memory '" + a.memory + "': " + memory.error().message()));
-  a.lo.memory_bytes = *memory;
-  a.lo.skip_corrupt = a.skip_corrupt;
-  if (a.batch == 0) a.batch = 1;
-  // Declared before the dataset, whose stores record into it until they close.
-  telemetry::Registry registry;
-  if (!a.metrics_file.empty()) a.registry = a.lo.registry = &registry;
-  auto ds = open_dataset(a, home, !a.no_cache, true);
-  if (!ds) return report_error(ds.error());
-  // A dataset replaced in place (packed again) within the catalog's lifetime: two stats
-  // catch it before any read fails on it, and the dataset is listed again.
-  if ((*ds)->from_catalog()) {
-    bool stale = false;
-    for (const auto* sh : {&(*ds)->shards().front(), &(*ds)->shards().back()}) {
-      auto info = (*ds)->store().stat(sh->key);
-      stale = stale || !info || info->etag != sh->etag || info->size != sh->size;
-    }
-    if (stale) {
-      ds->reset();  // first: its store holds the cache directory's lock
-      a.refresh = true;
-      ds = open_dataset(a, home, !a.no_cache, true);
-      if (!ds) return report_error(ds.error());
-    }
-  }
-  auto* cache = (*ds)->store().capability<cache::TieredCache>();
-  cache::CacheStats before;
-  if (cache) before = cache->stats();
-  std::unique_ptr<telemetry::TextfileExporter> exporter;
-  if (!a.metrics_file.empty()) {
-    auto e = telemetry::TextfileExporter::start(
-        registry, a.metrics_file,
-        std::chrono::milliseconds(static_cast<int64_t>(a.metrics_interval * 1000)));
-    if (!e) return report_error(e.error());
-    exporter = std::move(*e);
-  }
-  stream::Loader loader(*ds, a.lo);
+// Reads up to --limit samples in batches, printing keys (--keys) or progress; returns how
+// many were read.
+Result<uint64_t> read_samples(const DatasetArgs& a, stream::Loader& loader) {
   const bool progress = !a.keys && !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  const size_t batch_size = std::max<size_t>(a.batch, 1);
   auto last_progress = Clock::now();
   uint64_t n = 0;
   std::string out;
   Status status = ok();
   while (!a.limit || n < a.limit) {
     if (cancelled(a)) break;
-    size_t want = a.limit ? std::min<uint64_t>(a.batch, a.limit - n) : a.batch;
+    size_t want = a.limit ? std::min<uint64_t>(batch_size, a.limit - n) : batch_size;
     auto batch = loader.next_batch(want);
     if (!batch) {
       status = std::unexpected(batch.error());
@@ -441,12 +289,21 @@ int run_read(DatasetArgs& a, const std::string& home) {
     }
   }
   if (progress) std::fprintf(stderr, "\r%-70s\r", "");
-  if (!status) return report_error(status.error());
+  if (!status) return std::unexpected(status.error());
+  return n;
+}
+
+// What the read did, and what the cache served of it (`cache`: the counters before).
+void print_read_report(const DatasetArgs& a, stream::Loader& loader, bool stopped,
+                       cache::TieredCache* cache, const cache::CacheStats& before) {
   auto s = loader.stats();
-  const bool stopped = cancelled(a) || (a.limit && n >= a.limit);
-  if (!a.keys) {
-    double rate = s.elapsed_seconds > 0 ? static_cast<double>(s.samples) / s.elapsed_seconds : 0;
-    double bps = s.elapsed_seconds > 0 ? static_cast<double>(s.bytes) / s.elapsed_seconds : 0;
+  double rate = s.elapsed_seconds > 0 ? static_cast<double>(s.samples) / s.elapsed_seconds : 0;
+  double bps = s.elapsed_seconds > 0 ? static_cast<double>(s.bytes) / s.elapsed_seconds : 0;
+  cache::CacheStats after = cache ? cache->stats() : cache::CacheStats{};
+  const uint64_t ram = after.ram.hit_bytes - before.ram.hit_bytes;
+  const uint64_t nvme = after.disk.hit_bytes - before.disk.hit_bytes;
+  const uint64_t source = after.miss_bytes - before.miss_bytes;
+  if (a.json) {
     json j{{"samples", s.samples},
            {"bytes", s.bytes},
            {"seconds", s.elapsed_seconds},
@@ -458,38 +315,59 @@ int run_read(DatasetArgs& a, const std::string& home) {
            {"read_bytes", s.read_bytes},
            {"throttled", s.throttled},
            {"skipped_samples", s.skipped_samples}};
-    if (cache) {
-      auto after = cache->stats();
-      j["cache"] = {{"ram_hit_bytes", after.ram.hit_bytes - before.ram.hit_bytes},
-                    {"nvme_hit_bytes", after.disk.hit_bytes - before.disk.hit_bytes},
-                    {"miss_bytes", after.miss_bytes - before.miss_bytes}};
-    }
-    if (a.json) {
-      if (stopped) j["resume"] = loader.state();
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf("read %lu samples (%s) in %.2f s: %.0f samples/s, %s/s\n",
-                  static_cast<unsigned long>(s.samples),
-                  format_size(static_cast<double>(s.bytes)).c_str(), s.elapsed_seconds, rate,
-                  format_size(bps).c_str());
-      std::printf("first sample after %.1f ms; waited on data %.1f%% of the time\n",
-                  s.first_batch_seconds * 1e3,
-                  s.elapsed_seconds > 0 ? 100 * s.stall_seconds / s.elapsed_seconds : 0.0);
-      std::printf("%lu requests (%s read)%s\n", static_cast<unsigned long>(s.requests),
-                  format_size(static_cast<double>(s.read_bytes)).c_str(),
-                  s.throttled ? (", " + std::to_string(s.throttled) + " throttled").c_str() : "");
-      if (cache) {
-        auto after = cache->stats();
-        std::printf(
-            "cache: RAM %s, NVMe %s, source %s\n",
-            format_size(static_cast<double>(after.ram.hit_bytes - before.ram.hit_bytes)).c_str(),
-            format_size(static_cast<double>(after.disk.hit_bytes - before.disk.hit_bytes)).c_str(),
-            format_size(static_cast<double>(after.miss_bytes - before.miss_bytes)).c_str());
-      }
-      if (s.skipped_samples)
-        std::printf("skipped %lu corrupt samples\n", static_cast<unsigned long>(s.skipped_samples));
-    }
+    if (cache)
+      j["cache"] = {{"ram_hit_bytes", ram}, {"nvme_hit_bytes", nvme}, {"miss_bytes", source}};
+    if (stopped) j["resume"] = loader.state();
+    std::printf("%s\n", j.dump().c_str());
+    return;
   }
+  std::printf("read %lu samples (%s) in %.2f s: %.0f samples/s, %s/s\n",
+              static_cast<unsigned long>(s.samples),
+              format_size(static_cast<double>(s.bytes)).c_str(), s.elapsed_seconds, rate,
+              format_size(bps).c_str());
+  std::printf("first sample after %.1f ms; waited on data %.1f%% of the time\n",
+              s.first_batch_seconds * 1e3,
+              s.elapsed_seconds > 0 ? 100 * s.stall_seconds / s.elapsed_seconds : 0.0);
+  std::printf("%lu requests (%s read)%s\n", static_cast<unsigned long>(s.requests),
+              format_size(static_cast<double>(s.read_bytes)).c_str(),
+              s.throttled ? (", " + std::to_string(s.throttled) + " throttled").c_str() : "");
+  if (cache)
+    std::printf("cache: RAM %s, NVMe %s, source %s\n",
+                format_size(static_cast<double>(ram)).c_str(),
+                format_size(static_cast<double>(nvme)).c_str(),
+                format_size(static_cast<double>(source)).c_str());
+  if (s.skipped_samples)
+    std::printf("skipped %lu corrupt samples\n", static_cast<unsigned long>(s.skipped_samples));
+}
+
+int run_read(DatasetArgs& a) {
+  auto memory = parse_size(a.memory);
+  if (!memory)
+    return report_error(
+        Error(Code::kInvalidArgument, "--memory '" + a.memory + "': " + memory.error().message()));
+  a.lo.memory_bytes = *memory;
+  a.lo.skip_corrupt = a.skip_corrupt;
+  // Declared before the dataset, whose stores record into it until they close.
+  telemetry::Registry registry;
+  if (!a.metrics_file.empty()) a.registry = a.lo.registry = &registry;
+  auto ds = open_dataset(a, !a.no_cache, true);
+  if (!ds) return report_error(ds.error());
+  auto* cache = (*ds)->store().capability<cache::TieredCache>();
+  cache::CacheStats before;
+  if (cache) before = cache->stats();
+  std::unique_ptr<telemetry::TextfileExporter> exporter;
+  if (!a.metrics_file.empty()) {
+    auto e = telemetry::TextfileExporter::start(
+        registry, a.metrics_file,
+        std::chrono::milliseconds(static_cast<int64_t>(a.metrics_interval * 1000)));
+    if (!e) return report_error(e.error());
+    exporter = std::move(*e);
+  }
+  stream::Loader loader(*ds, a.lo);
+  auto n = read_samples(a, loader);
+  if (!n) return report_error(n.error());
+  const bool stopped = cancelled(a) || (a.limit && *n >= a.limit);
+  if (!a.keys) print_read_report(a, loader, stopped, cache, before);
   // The resume token is the last line whenever the read stopped before the end.
   if (stopped && !a.json) std::printf("%s\n", loader.state().c_str());
   std::fflush(stdout);
@@ -498,66 +376,32 @@ int run_read(DatasetArgs& a, const std::string& home) {
   return cancelled(a) ? 130 : 0;
 }
 
-}  // namespace
+// S3 settings and --json, which every dataset command takes.
+void add_common(CLI::App* c, DatasetArgs& a) {
+  c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// datasets");
+  c->add_option("--profile", a.aws.profile, "AWS profile for s3:// datasets");
+  c->add_option("--region", a.aws.region, "Region for s3:// datasets");
+  c->add_flag("--json", a.json, "Print the result as JSON");
+}
 
-void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
-  static DatasetArgs a;  // CLI11 binds to it; one command runs per process
-  auto* ds = app.add_subcommand(
-      "dataset", "Datasets: list, describe, pack a directory into WebDataset shards, read");
-  ds->require_subcommand(1);
-  auto common = [&](CLI::App* c) {
-    c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// datasets");
-    c->add_option("--profile", a.aws.profile, "AWS profile for s3:// datasets");
-    c->add_option("--region", a.aws.region, "Region for s3:// datasets");
-    c->add_flag("--json", a.json, "Print the result as JSON");
-  };
-  auto uri_help = "The dataset: a directory, file:///dir, s3://bucket/prefix (a folder)";
-  auto formats = [&](CLI::App* c) {
-    c->add_option("--format", a.format,
-                  "tar (WebDataset shards), objects (one sample per object), or auto (tar when "
-                  "the folder holds only .tar shards and their .idx indexes)")
-        ->default_str("auto");
-    c->add_flag("--skip-corrupt", a.skip_corrupt,
-                "Skip (and count) shards and samples that are not valid tar, instead of failing");
-  };
+void add_formats(CLI::App* c, DatasetArgs& a) {
+  c->add_option("--format", a.format,
+                "tar (WebDataset shards), objects (one sample per object), or auto (tar when "
+                "the folder holds only .tar shards and their .idx indexes)")
+      ->default_str("auto");
+  c->add_flag("--skip-corrupt", a.skip_corrupt,
+              "Skip (and count) shards and samples that are not valid tar, instead of failing");
+}
 
-  auto* ls = ds->add_subcommand("ls", "List a dataset's shards (or objects) and sample counts");
-  ls->add_option("URI", a.uri, uri_help)->required();
-  common(ls);
-  formats(ls);
-  ls->callback([&rc, home] { rc = run_ls(a, home); });
+constexpr const char* kUriHelp =
+    "The dataset: a directory, file:///dir, s3://bucket/prefix (a folder)";
 
-  auto* st = ds->add_subcommand("stat", "Describe a dataset: format, shards, samples, bytes");
-  st->add_option("URI", a.uri, uri_help)->required();
-  common(st);
-  formats(st);
-  st->callback([&rc, home] { rc = run_stat(a, home); });
-
-  auto* pack = ds->add_subcommand(
-      "pack",
-      "Pack a directory of files into WebDataset tar shards of a target size, each with its "
-      "index, under an empty destination folder");
-  pack->add_option("SRC_DIR", a.src, "The directory (files NAME.EXT; one sample per NAME)")
-      ->required();
-  pack->add_option("DST_URI", a.uri, "Where the shards go: a directory, s3://bucket/prefix")
-      ->required();
-  pack->add_option("--shard-size", a.shard_size, "Target shard size (a larger sample gets its own)")
-      ->default_str("256M");
-  pack->add_option("--name", a.name, "Shard names: NAME-000000.tar")->default_str("shard");
-  pack->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
-  common(pack);
-  pack->callback([&rc, home, cancel] {
-    a.cancel = cancel.flag;
-    if (cancel.install) cancel.install();
-    rc = run_pack(a);
-    if (cancelled(a)) rc = cancel.exit_code();
-  });
-
+void add_read(CLI::App* ds, DatasetArgs& a, CancelHook cancel, int& rc) {
   auto* rd = ds->add_subcommand(
       "read",
       "Read a dataset as one rank of a training job: keys in order (--keys) or a throughput "
       "summary; with --limit, the resume token is the last line");
-  rd->add_option("URI", a.uri, uri_help)->required();
+  rd->add_option("URI", a.uri, kUriHelp)->required();
   rd->add_option("--seed", a.lo.seed, "Shuffle seed")->default_val(0)->check(whole_number());
   rd->add_option("--epoch", a.lo.epoch, "First epoch")->default_val(0)->check(whole_number());
   rd->add_option("--epochs", a.lo.epochs, "Epochs to read (0: without end)")
@@ -608,15 +452,56 @@ void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, in
   rd->add_option("--metrics-interval", a.metrics_interval, "Seconds between metrics file writes")
       ->default_val(10)
       ->check(seconds_validator(0.1, 86400));
-  common(rd);
-  formats(rd);
+  add_common(rd, a);
+  add_formats(rd, a);
   add_cache_flags(rd, a.cache);
-  rd->callback([&rc, home, cancel] {
+  rd->callback([&rc, &a, cancel] {
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();
-    rc = run_read(a, home);
+    rc = run_read(a);
     if (cancelled(a)) rc = cancel.exit_code();
   });
+}
+
+}  // namespace
+
+void add_dataset_commands(CLI::App& app, CancelHook cancel, int& rc) {
+  static DatasetArgs a;  // CLI11 binds to it; one command runs per process
+  auto* ds = app.add_subcommand(
+      "dataset", "Datasets: list, describe, pack a directory into WebDataset shards, read");
+  ds->require_subcommand(1);
+  auto* ls = ds->add_subcommand("ls", "List a dataset's shards (or objects) and sample counts");
+  ls->add_option("URI", a.uri, kUriHelp)->required();
+  add_common(ls, a);
+  add_formats(ls, a);
+  ls->callback([&rc] { rc = run_ls(a); });
+
+  auto* st = ds->add_subcommand("stat", "Describe a dataset: format, shards, samples, bytes");
+  st->add_option("URI", a.uri, kUriHelp)->required();
+  add_common(st, a);
+  add_formats(st, a);
+  st->callback([&rc] { rc = run_stat(a); });
+
+  auto* pack = ds->add_subcommand(
+      "pack",
+      "Pack a directory of files into WebDataset tar shards of a target size, each with its "
+      "index, under an empty destination folder");
+  pack->add_option("SRC_DIR", a.src, "The directory (files NAME.EXT; one sample per NAME)")
+      ->required();
+  pack->add_option("DST_URI", a.uri, "Where the shards go: a directory, s3://bucket/prefix")
+      ->required();
+  pack->add_option("--shard-size", a.shard_size, "Target shard size (a larger sample gets its own)")
+      ->default_str("256M");
+  pack->add_option("--name", a.name, "Shard names: NAME-000000.tar")->default_str("shard");
+  pack->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
+  add_common(pack, a);
+  pack->callback([&rc, cancel] {
+    a.cancel = cancel.flag;
+    if (cancel.install) cancel.install();
+    rc = run_pack(a);
+    if (cancelled(a)) rc = cancel.exit_code();
+  });
+  add_read(ds, a, cancel, rc);
 }
 
 }  // namespace sluice::cli

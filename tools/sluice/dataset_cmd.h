@@ -9,7 +9,7 @@
 
 namespace sluice::cli {
 
-// Adds `dataset` to the app; it sets rc when it runs. `home` is $SLUICE_HOME.
-void add_dataset_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc);
+// Adds `dataset` to the app; it sets rc when it runs.
+void add_dataset_commands(CLI::App& app, CancelHook cancel, int& rc);
 
 }  // namespace sluice::cli

@@ -372,8 +372,7 @@ int main(int argc, char** argv) {
   add_cache_commands(app, cache_args, CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
   add_ckpt_commands(app, client::home_from_environment(),
                     CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
-  add_dataset_commands(app, client::home_from_environment(),
-                       CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
+  add_dataset_commands(app, CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
   add_ledger_commands(app, client::home_from_environment(), rc);
   add_gc_commands(app, client::home_from_environment(), rc);
   add_doctor_command(app, CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);

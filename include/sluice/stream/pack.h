@@ -18,7 +18,9 @@
 // record was not written by a packer: read as it is.)
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -83,5 +85,28 @@ class ShardPacker {
   bool failed_ = false;
   bool begun_ = false;  // the "packing" record is written
 };
+
+// Packing a directory of sample files (`sluice dataset pack`): every regular file under it
+// named NAME.EXT (split_sample_name) is a field of sample NAME; samples go in key order,
+// each sample's files in name order.
+struct PackDirectoryOptions {
+  PackOptions pack;
+  const std::atomic<bool>* cancel = nullptr;  // set: stops before the next sample (kCancelled)
+  std::function<void(uint64_t samples_done, uint64_t samples, uint64_t bytes)> on_progress;
+};
+
+struct PackReport {
+  uint64_t shards = 0, samples = 0;
+  uint64_t files = 0, file_bytes = 0;  // the sample files packed
+  uint64_t shard_bytes = 0;            // of the shards published
+  uint64_t skipped_files = 0;          // not sample files
+};
+
+// Packs `directory` into `prefix` of `store`, which must hold nothing under it (a dataset
+// is everything under its prefix: AlreadyExists). NotFound for a directory without sample
+// files; Conflict for a file that changes while it is packed. A pack that fails after it
+// published shards says so: that dataset is incomplete.
+Result<PackReport> pack_directory(const std::string& directory, store::Store& store,
+                                  std::string prefix, const PackDirectoryOptions& options);
 
 }  // namespace sluice::stream

@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "sluice/client/checkpoints.h"
+#include "sluice/client/datasets.h"
 #include "sluice/client/location.h"
 #include "sluice/client/read.h"
 #include "sluice/client/session.h"
+#include "sluice/stream/pack.h"
 #include "test_util.h"
 
 namespace sluice::client {
@@ -180,6 +183,40 @@ TEST(ReadRange, HandsTheRangeOverInOrder) {
   longer.size += 10;
   EXPECT_EQ(read_range(*store, "obj", longer, {}, [](auto) { return ok(); }).error().code(),
             Code::kCorruption);
+}
+
+// A dataset opened by URI, listed once per node through the catalog, and listed again when
+// it was packed anew in place (before any read fails on the old listing).
+TEST(Datasets, TheCatalogListsOnceAndNoticesARepack) {
+  TempDir dir;
+  Session s(options_in(dir));
+  auto pack = [&](int samples, char fill) {
+    std::filesystem::remove_all(dir.file("src"));
+    std::filesystem::remove_all(dir.file("ds"));
+    std::filesystem::create_directories(dir.file("src"));
+    std::filesystem::create_directories(dir.file("ds"));
+    for (int i = 0; i < samples; ++i)
+      std::ofstream(dir.file("src/s" + std::to_string(i) + ".bin")) << std::string(100, fill);
+    auto st = store::open_store("file://" + dir.file("ds")).value();
+    ASSERT_TRUE(stream::pack_directory(dir.file("src"), *st, "", {}));
+  };
+  pack(10, 'a');
+  DatasetSpec spec{.uri = dir.file("ds"), .through_cache = false, .catalog = true};
+  auto first = open_dataset(s, spec);
+  ASSERT_TRUE(first) << first.error().to_string();
+  EXPECT_EQ((*first)->samples(), 10u);
+  EXPECT_FALSE((*first)->from_catalog());
+  first->reset();
+  auto second = open_dataset(s, spec).value();
+  EXPECT_TRUE(second->from_catalog());
+  EXPECT_EQ(second->samples(), 10u);
+  second.reset();
+  pack(12, 'b');
+  auto third = open_dataset(s, spec).value();
+  EXPECT_EQ(third->samples(), 12u);
+  EXPECT_TRUE(std::filesystem::exists(s.options().home + "/datasets"));
+  EXPECT_EQ(open_dataset(s, {.uri = dir.file("missing")}).error().code(), Code::kNotFound);
+  EXPECT_EQ(dataset_location("s3://b/data").value().prefix, "data/");
 }
 
 }  // namespace

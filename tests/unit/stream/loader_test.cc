@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -725,6 +726,46 @@ TEST(Loader, ASampleLargerThanTheBudgetIsAnErrorNamingIt) {
   EXPECT_EQ(r.error().code(), Code::kNoSpace);
   EXPECT_NE(r.error().message().find("'big'"), std::string::npos) << r.error().message();
   EXPECT_NE(r.error().message().find("memory budget"), std::string::npos) << r.error().message();
+}
+
+// `sluice dataset pack` as a library call: a directory of NAME.EXT files becomes a whole,
+// indexed dataset; what is not a sample file is counted, not packed; a used prefix, an
+// empty directory and cancellation are refused with their own codes.
+TEST(PackDirectory, ADirectoryOfSampleFilesBecomesAWholeDataset) {
+  sluice::testing::TempDir dir;
+  for (int i = 0; i < 30; ++i) {
+    std::string key = dir.file("k" + std::to_string(100 + i));
+    std::ofstream(key + ".bin") << std::string(1000 + i, 'b');
+    std::ofstream(key + ".cls") << i;
+  }
+  std::ofstream(dir.file("__notes")) << "not a sample";
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  uint64_t last_done = 0;
+  PackDirectoryOptions o;
+  o.pack = {.shard_bytes = 8 << 10, .name = "part"};
+  o.on_progress = [&](uint64_t done, uint64_t samples, uint64_t) {
+    EXPECT_EQ(done, last_done + 1);
+    EXPECT_EQ(samples, 30u);
+    last_done = done;
+  };
+  auto r = pack_directory(dir.path(), *s, "ds/", o);
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_EQ(r->samples, 30u);
+  EXPECT_EQ(r->files, 60u);
+  EXPECT_EQ(r->skipped_files, 1u);
+  EXPECT_GT(r->shards, 1u);
+  auto ds = open_ds(s, "ds/");
+  ASSERT_TRUE(ds);
+  EXPECT_EQ(ds->samples(), 30u);
+  EXPECT_EQ(ds->shards().size(), r->shards);
+
+  EXPECT_EQ(pack_directory(dir.path(), *s, "ds/", o).error().code(), Code::kAlreadyExists);
+  sluice::testing::TempDir empty;
+  EXPECT_EQ(pack_directory(empty.path(), *s, "other/", {}).error().code(), Code::kNotFound);
+  std::atomic<bool> cancel{true};
+  PackDirectoryOptions stop;
+  stop.cancel = &cancel;
+  EXPECT_EQ(pack_directory(dir.path(), *s, "stopped/", stop).error().code(), Code::kCancelled);
 }
 
 }  // namespace

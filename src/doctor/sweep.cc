@@ -3,18 +3,29 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "sluice/core/fd.h"
+#include "sluice/core/sizes.h"
 #include "sluice/doctor/observe.h"
 #include "sluice/io/bench.h"
+#include "sluice/io/file_handle.h"
+#include "sluice/mem/buffer_pool.h"
+#include "sluice/mem/target.h"
+
+#include <nlohmann/json.hpp>
 
 namespace sluice::doctor {
 
@@ -169,6 +180,133 @@ Result<Ceiling> sweep(const std::string& file, const SweepOptions& options) {
         {"buffered", o.bs, 1, r.throughput_gib_s * (1 << 30), r.lat_avg_us, r.cpu_pct / 100});
   }
   return c;
+}
+
+namespace {
+
+// Scratch files left by a doctor that was killed (its process is gone) are removed.
+void remove_stale_scratch(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(".sluice-doctor-")) continue;
+    char* end = nullptr;
+    long owner = std::strtol(name.c_str() + 15, &end, 10);
+    if (owner <= 0 || *end != '\0') continue;
+    if (::kill(static_cast<pid_t>(owner), 0) != 0 && errno == ESRCH) fs::remove(it->path(), ec);
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ScratchFile>> ScratchFile::create(const std::string& dir,
+                                                         const ScratchOptions& o) {
+  struct statvfs vf;
+  if (::statvfs(dir.c_str(), &vf) != 0) return fail_errno(errno, "statvfs " + dir);
+  const uint64_t free_bytes = static_cast<uint64_t>(vf.f_bavail) * vf.f_frsize;
+  uint64_t size = o.size ? o.size : std::min<uint64_t>(uint64_t{1} << 30, free_bytes / 4);
+  size = size / (1 << 20) * (1 << 20);
+  if (size < (uint64_t{16} << 20) || size > free_bytes)
+    return fail(Code::kNoSpace, dir + " has " + format_size(static_cast<double>(free_bytes)) +
+                                    " free: too little for a scratch file to measure");
+  remove_stale_scratch(dir);
+  const std::string path =
+      (std::filesystem::path(dir) / (".sluice-doctor-" + std::to_string(::getpid()))).string();
+  {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.valid()) {
+      int err = errno;
+      return fail(Code::kAlreadyExists,
+                  "cannot create the scratch file in " + dir + ": " + std::strerror(err) +
+                      (err == EEXIST ? " (a file of that name is there; it is left alone)" : ""));
+    }
+  }
+  std::unique_ptr<ScratchFile> scratch(new ScratchFile(path, size));  // removes it from here on
+  io::BenchOptions lay;
+  lay.file = path;
+  lay.rw = io::BenchRw::kRead;
+  lay.bs = 1 << 20;
+  lay.qd = 4;
+  lay.size = size;
+  lay.runtime = 0.01;  // lays the file out; the run itself is cut short
+  lay.cancel = o.cancel;
+  lay.on_lay_out = o.on_lay_out;
+  if (auto laid = io::run_bench(lay); !laid)
+    return std::unexpected(laid.error().with_context("scratch file in " + dir));
+  drop_cached_pages(path);
+  return scratch;
+}
+
+ScratchFile::~ScratchFile() {
+  ::unlink(path_.c_str());
+}
+
+std::string GpuProbe::json() const {
+  nlohmann::json j = {{"found", found}};
+  if (!why.empty()) j["why"] = why;
+  if (found) {
+    j["name"] = name;
+    j["pinned_h2d_bytes_s"] = pinned_h2d_bytes_s;
+    j["pageable_h2d_bytes_s"] = pageable_h2d_bytes_s;
+  }
+  if (cufile) j["cufile"] = *cufile;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string GpuProbe::text() const {
+  if (!found) return "gpu: none found (" + why + ")\n";
+  std::string out = "gpu: " + name + "\n";
+  out += "  host to device, pinned    " + format_rate(pinned_h2d_bytes_s) + "\n";
+  out += "  host to device, pageable  " + format_rate(pageable_h2d_bytes_s) + "\n";
+  if (cufile) out += "  cuFile                    " + *cufile + "\n";
+  return out;
+}
+
+GpuProbe probe_gpu(const std::string& file) {
+  GpuProbe g;
+  auto cuda = mem::open_cuda_target();
+  if (!cuda) {
+    g.why = cuda.error().message();
+    return g;
+  }
+  g.found = true;
+  g.name = (*cuda)->name();
+  const size_t n = size_t{256} << 20;
+  auto dev = (*cuda)->allocate(n);
+  auto pinned = (*cuda)->staging(n).acquire();
+  auto pageable = AlignedBuffer::allocate(n);
+  if (!dev || !pinned || !pageable) {
+    g.why = "could not allocate 256 MiB on the device and the host";
+    return g;
+  }
+  std::memset(pinned->data(), 1, n);
+  std::memset(pageable->data(), 1, n);
+  auto rate = [&](const std::byte* src) -> double {
+    double best = 0;
+    for (int round = 0; round < 3; ++round) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto tk = (*cuda)->copy_to_target(dev->get(), src, n);
+      if (!tk || !(*cuda)->wait(*tk)) return 0;
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, static_cast<double>(n) / s);
+    }
+    return best;
+  };
+  g.pinned_h2d_bytes_s = rate(pinned->data());
+  g.pageable_h2d_bytes_s = rate(pageable->data());
+  if (!file.empty()) {
+    auto ctx = io::Context::open({});
+    if (ctx) {
+      io::OpenOptions oo;
+      oo.compat = io::CompatMode::kOff;  // ask for cuFile: the answer says whether it loads
+      auto fh = io::FileHandle::open(*ctx, file, oo);
+      g.cufile =
+          fh ? fh->path_report().describe() + ": " + fh->path_report().why : fh.error().message();
+    }
+  }
+  return g;
 }
 
 }  // namespace sluice::doctor

@@ -75,170 +75,45 @@ Result<doctor::Ceiling> sweep(const std::string& file, double budget, bool with_
   return c;
 }
 
-// The GPU paths, where CUDA loads: pinned and pageable host-to-device copy rates and
-// whether cuFile loads; otherwise why not.
-nlohmann::json probe_gpu(const std::string& file) {
-  nlohmann::json j;
-  auto cuda = mem::open_cuda_target();
-  if (!cuda) {
-    j["found"] = false;
-    j["why"] = cuda.error().message();
-    return j;
-  }
-  j["found"] = true;
-  j["name"] = (*cuda)->name();
-  const size_t n = size_t{256} << 20;
-  auto dev = (*cuda)->allocate(n);
-  auto pinned = (*cuda)->staging(n).acquire();
-  auto pageable = AlignedBuffer::allocate(n);
-  if (!dev || !pinned || !pageable) {
-    j["why"] = "could not allocate 256 MiB on the device and the host";
-    return j;
-  }
-  std::memset(pinned->data(), 1, n);
-  std::memset(pageable->data(), 1, n);
-  auto rate = [&](const std::byte* src) -> double {
-    double best = 0;
-    for (int round = 0; round < 3; ++round) {
-      auto t0 = std::chrono::steady_clock::now();
-      auto tk = (*cuda)->copy_to_target(dev->get(), src, n);
-      if (!tk || !(*cuda)->wait(*tk)) return 0;
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = std::max(best, static_cast<double>(n) / s);
-    }
-    return best;
-  };
-  j["pinned_h2d_bytes_s"] = rate(pinned->data());
-  j["pageable_h2d_bytes_s"] = rate(pageable->data());
-  if (!file.empty()) {
-    auto ctx = io::Context::open({});
-    if (ctx) {
-      io::OpenOptions oo;
-      oo.compat = io::CompatMode::kOff;  // ask for cuFile: the answer says whether it loads
-      auto fh = io::FileHandle::open(*ctx, file, oo);
-      j["cufile"] =
-          fh ? fh->path_report().describe() + ": " + fh->path_report().why : fh.error().message();
-    }
-  }
-  return j;
-}
-
-std::string gpu_text(const nlohmann::json& g) {
-  if (!g.value("found", false)) return "gpu: none found (" + g.value("why", std::string()) + ")\n";
-  std::string out = "gpu: " + g.value("name", std::string()) + "\n";
-  out += "  host to device, pinned    " + doctor::format_rate(g.value("pinned_h2d_bytes_s", 0.0)) +
-         "\n";
-  out += "  host to device, pageable  " +
-         doctor::format_rate(g.value("pageable_h2d_bytes_s", 0.0)) + "\n";
-  if (g.contains("cufile"))
-    out += "  cuFile                    " + g["cufile"].get<std::string>() + "\n";
-  return out;
-}
-
-// Scratch files left by a doctor that was killed (its process is gone) are removed.
-void remove_stale_scratch(const std::string& dir) {
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (!name.starts_with(".sluice-doctor-")) continue;
-    char* end = nullptr;
-    long owner = std::strtol(name.c_str() + 15, &end, 10);
-    if (owner <= 0 || *end != '\0') continue;
-    if (::kill(static_cast<pid_t>(owner), 0) != 0 && errno == ESRCH) fs::remove(it->path(), ec);
-  }
-}
-
-// A scratch file of our own in a directory: created, read, and always removed.
-struct ScratchFile {
-  std::string path;
-  ~ScratchFile() {
-    if (!path.empty()) ::unlink(path.c_str());
-  }
-};
-
 int run_path(const DoctorArgs& a, const CancelHook& cancel) {
   struct stat sb;
   if (::stat(a.path.c_str(), &sb) != 0)
     return report_error(Error(Code::kNotFound, "--path " + a.path + ": " + std::strerror(errno)));
-  ScratchFile scratch;
-  std::string target = a.path;
-  const double budget = a.seconds > 0 ? a.seconds : 20;
+  if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode) && !S_ISBLK(sb.st_mode))
+    return report_error(
+        Error(Code::kInvalidArgument,
+              "--path " + a.path + " is not a directory, a regular file or a block device"));
   const bool progress = ::isatty(STDERR_FILENO);
   auto interrupted = [&cancel] {
     std::fprintf(stderr, "sluice doctor: interrupted; nothing was left behind\n");
     return cancel.exit_code();
   };
+  if (cancel.install) cancel.install();
+  // A directory is measured through a scratch file of our own, always removed.
+  std::unique_ptr<doctor::ScratchFile> scratch;
   if (S_ISDIR(sb.st_mode)) {
-    struct statvfs vf;
-    if (::statvfs(a.path.c_str(), &vf) != 0)
-      return report_error(Error(Code::kIoError, "statvfs " + a.path + ": " + std::strerror(errno)));
-    const uint64_t free_bytes = static_cast<uint64_t>(vf.f_bavail) * vf.f_frsize;
-    uint64_t size =
-        a.scratch_size ? a.scratch_size : std::min<uint64_t>(uint64_t{1} << 30, free_bytes / 4);
-    size = size / (1 << 20) * (1 << 20);
-    if (size < (uint64_t{16} << 20) || size > free_bytes)
-      return report_error(
-          Error(Code::kNoSpace, a.path + " has " + format_size(static_cast<double>(free_bytes)) +
-                                    " free: too little for a scratch file to measure"));
-    remove_stale_scratch(a.path);
-    scratch.path = (fs::path(a.path) / (".sluice-doctor-" + std::to_string(::getpid()))).string();
-    // Created here, exclusively and never through a symlink: a name planted in a shared
-    // directory must not make the layout below write over someone else's file.
-    {
-      UniqueFd fd(
-          ::open(scratch.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-      if (!fd.valid()) {
-        int err = errno;
-        scratch.path.clear();  // not ours: never removed
-        return report_error(
-            Error(Code::kAlreadyExists,
-                  "cannot create the scratch file in " + a.path + ": " + std::strerror(err) +
-                      (err == EEXIST ? " (a file of that name is there; it is left alone)" : "")));
-      }
-    }
-    target = scratch.path;
-    io::BenchOptions lay;
-    lay.file = target;
-    lay.rw = io::BenchRw::kRead;
-    lay.bs = 1 << 20;
-    lay.qd = 4;
-    lay.size = size;
-    lay.runtime = 0.01;  // lays the file out; the run itself is cut short
-    LayOutProgress shown(target);
-    if (progress) lay.on_lay_out = std::ref(shown);
-    lay.cancel = cancel.flag;
-    if (cancel.install) cancel.install();
-    auto laid = io::run_bench(lay);
+    LayOutProgress shown(a.path);
+    doctor::ScratchOptions so{.size = a.scratch_size, .cancel = cancel.flag};
+    if (progress) so.on_lay_out = std::ref(shown);
+    auto made = doctor::ScratchFile::create(a.path, so);
     shown.end();
-    if (!laid) {
-      if (cancel.stopped()) return interrupted();
-      return report_error(laid.error().with_context("scratch file in " + a.path));
-    }
-    if (auto fd = UniqueFd(::open(target.c_str(), O_RDONLY | O_CLOEXEC)); fd.valid())
-      (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
-  } else if (!S_ISREG(sb.st_mode) && !S_ISBLK(sb.st_mode)) {
-    return report_error(
-        Error(Code::kInvalidArgument,
-              "--path " + a.path + " is not a directory, a regular file or a block device"));
-  } else if (cancel.install) {
-    cancel.install();
+    if (!made) return cancel.stopped() ? interrupted() : report_error(made.error());
+    scratch = std::move(*made);
   }
-  auto c = sweep(target, budget, true, cancel, progress);
-  if (!c) {
-    if (cancel.stopped()) return interrupted();
-    return report_error(c.error());
-  }
-  if (!scratch.path.empty())
-    c->target = a.path + " (a scratch file of " +
-                format_size(static_cast<double>(std::filesystem::file_size(target))) + ")";
-  nlohmann::json gpu = probe_gpu(target);
+  const std::string target = scratch ? scratch->path() : a.path;
+  auto c = sweep(target, a.seconds > 0 ? a.seconds : 20, true, cancel, progress);
+  if (!c) return cancel.stopped() ? interrupted() : report_error(c.error());
+  if (scratch)
+    c->target =
+        a.path + " (a scratch file of " + format_size(static_cast<double>(scratch->size())) + ")";
+  const doctor::GpuProbe gpu = doctor::probe_gpu(target);
   if (a.json) {
-    nlohmann::json j = {{"ceiling", nlohmann::json::parse(c->json())}, {"gpu", gpu}};
+    nlohmann::json j = {{"ceiling", nlohmann::json::parse(c->json())},
+                        {"gpu", nlohmann::json::parse(gpu.json())}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("sluice doctor: %s\n%s%s", printable(a.path).c_str(),
-                doctor::ceiling_text(*c).c_str(), gpu_text(gpu).c_str());
+                doctor::ceiling_text(*c).c_str(), gpu.text().c_str());
   }
   return 0;
 }

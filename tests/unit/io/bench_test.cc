@@ -2,6 +2,7 @@
 // (sluice/doctor/sweep.h), called as a library: typed results, progress, cancellation and
 // the refusals that protect what --file names.
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -98,6 +99,38 @@ TEST(Sweep, MeasuresTheGridWithinItsBudgetAndStopsWhenCancelled) {
   o.cancel = &cancel;
   EXPECT_EQ(doctor::sweep(lay.file, o).error().code(), Code::kCancelled);
   EXPECT_EQ(doctor::sweep(dir.file("missing"), {}).error().code(), Code::kNotFound);
+}
+
+TEST(Sweep, AScratchFileIsOursAndGoesAway) {
+  TempDir dir;
+  std::string path;
+  {
+    uint64_t laid = 0;
+    doctor::ScratchOptions o;
+    o.size = 16 << 20;
+    o.on_lay_out = [&](uint64_t done, uint64_t) { laid = done; };
+    auto s = doctor::ScratchFile::create(dir.path(), o);
+    ASSERT_TRUE(s) << s.error().to_string();
+    path = (*s)->path();
+    EXPECT_EQ((*s)->size(), uint64_t{16} << 20);
+    EXPECT_EQ(laid, uint64_t{16} << 20);
+    EXPECT_EQ(std::filesystem::file_size(path), uint64_t{16} << 20);
+    // A second doctor of this process finds the name taken and leaves that file alone.
+    EXPECT_EQ(doctor::ScratchFile::create(dir.path(), o).error().code(), Code::kAlreadyExists);
+    EXPECT_TRUE(std::filesystem::exists(path));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  doctor::ScratchOptions tiny;
+  tiny.size = 1 << 20;  // under the 16 MiB least
+  EXPECT_EQ(doctor::ScratchFile::create(dir.path(), tiny).error().code(), Code::kNoSpace);
+}
+
+TEST(Sweep, TheGpuProbeSaysWhyWhereThereIsNone) {
+  doctor::GpuProbe g = doctor::probe_gpu("");
+  if (g.found) GTEST_SKIP() << "a GPU is here: " << g.name;
+  EXPECT_FALSE(g.why.empty());
+  EXPECT_NE(g.text().find("none found"), std::string::npos);
+  EXPECT_NE(g.json().find("\"found\":false"), std::string::npos);
 }
 
 }  // namespace

@@ -452,57 +452,50 @@ int run_sync(const CkptArgs& a) {
   return r->problems.empty() ? 0 : 1;
 }
 
-}  // namespace
+// Where the tiers are: S3 settings, and this node's place among the job's daemons.
+void add_location_flags(CLI::App* c, CkptArgs& a) {
+  c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
+  c->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
+  c->add_option("--region", a.aws.region, "Region for s3:// tiers");
+  c->add_option("--node-name", a.node_name,
+                "This node's member name, for sluiced:// and peer:// tiers (default: the "
+                "short host name)");
+  c->add_option("--node-secret-file", a.secret_file,
+                "The job's node secret (mode 600), for sluiced:// and peer:// tiers");
+  c->add_option("--peers", a.peers,
+                "For peer://FOLDER/ tiers: the job's daemons, a host list file ('NAME "
+                "HOST:PORT' a line, as sluiced --peers) or 'slurm' (SLURM_JOB_NODELIST)");
+  c->add_option("--peer-port", a.peer_port, "With --peers slurm: the members' peer port");
+}
 
-void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
-  static CkptArgs a;  // CLI11 binds to it; one command runs per process
-  // Long commands stop on Ctrl-C or SIGTERM: writers are aborted, and the exit is 130 or 143.
-  a.home = home;
-  auto interruptible = [cancel, &rc](int (*run)(const CkptArgs&)) {
-    a.cancel = cancel.flag;
-    if (cancel.install) cancel.install();
-    rc = run(a);
-    if (cancel.stopped()) rc = cancel.exit_code();
-  };
-  auto* ck = app.add_subcommand(
-      "ckpt",
-      "Checkpoints: save files (safetensors shards, a directory) to tiers, list, show, "
-      "verify, restore, gc");
-  ck->require_subcommand(1);
-  const std::string def_tier = home + "/ckpt";
-  // Where the tiers are: S3 settings, and this node's place among the job's daemons.
-  auto location_flags = [&](CLI::App* c) {
-    c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// tiers");
-    c->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
-    c->add_option("--region", a.aws.region, "Region for s3:// tiers");
-    c->add_option("--node-name", a.node_name,
-                  "This node's member name, for sluiced:// and peer:// tiers (default: the "
-                  "short host name)");
-    c->add_option("--node-secret-file", a.secret_file,
-                  "The job's node secret (mode 600), for sluiced:// and peer:// tiers");
-    c->add_option("--peers", a.peers,
-                  "For peer://FOLDER/ tiers: the job's daemons, a host list file ('NAME "
-                  "HOST:PORT' a line, as sluiced --peers) or 'slurm' (SLURM_JOB_NODELIST)");
-    c->add_option("--peer-port", a.peer_port, "With --peers slurm: the members' peer port");
-  };
-  auto common = [&](CLI::App* c, const char* tier_flag, const char* tier_help) {
-    // One value per --to/--from: a path after it is an input, not another tier.
-    c->add_option(tier_flag, a.tiers, tier_help)->default_str(def_tier)->allow_extra_args(false);
-    location_flags(c);
-    c->add_option("--chunk-size", a.chunk, "Checksum granularity (a multiple of 4K)")
-        ->default_str("4M");
-    c->add_flag("--json", a.json, "Print the result as JSON");
-  };
-  const char* from_help =
-      "A tier to read, nearest first (repeatable): a directory, file://, s3://bucket/prefix, "
-      "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)";
+// The tiers (--to or --from), where they are, the chunk size and --json.
+void add_common(CLI::App* c, CkptArgs& a, const char* tier_flag, const char* tier_help) {
+  // One value per --to/--from: a path after it is an input, not another tier.
+  c->add_option(tier_flag, a.tiers, tier_help)
+      ->default_str(a.home + "/ckpt")
+      ->allow_extra_args(false);
+  add_location_flags(c, a);
+  c->add_option("--chunk-size", a.chunk, "Checksum granularity (a multiple of 4K)")
+      ->default_str("4M");
+  c->add_flag("--json", a.json, "Print the result as JSON");
+}
+
+constexpr const char* kFromHelp =
+    "A tier to read, nearest first (repeatable): a directory, file://, s3://bucket/prefix, "
+    "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)";
+
+// Runs a long command: it stops on Ctrl-C or SIGTERM (writers are aborted, exit 130 or 143).
+using Interruptible = std::function<void(int (*)(const CkptArgs&))>;
+
+void add_save(CLI::App* ck, CkptArgs& a, const Interruptible& interruptible) {
   auto* save = ck->add_subcommand("save", "Save files or directories as one checkpoint step");
   save->add_option("--series", a.series, "The checkpoint series (A-Z a-z 0-9 . _ -)")->required();
   save->add_option("--step", a.step, "The step number")->required();
   save->add_option("PATH", a.paths, "Files or directories to save")->required();
-  common(save, "--to",
-         "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix, "
-         "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)");
+  add_common(
+      save, a, "--to",
+      "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix, "
+      "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)");
   save->add_option("--rank", a.rank, "This process's rank (each rank saves its own files)");
   save->add_option("--run-id", a.run_id,
                    "With --world above 1: an id every rank of this run shares (a job id and "
@@ -522,17 +515,19 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
       ->default_val(600);
   save->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   save->callback([interruptible] { interruptible(run_save); });
+}
 
+void add_readers(CLI::App* ck, CkptArgs& a, int& rc) {
   auto* ls = ck->add_subcommand("ls", "List series, or the committed steps of one series");
   ls->add_option("--series", a.series, "The series (none: list the series)");
-  common(ls, "--from", from_help);
-  ls->callback([&rc] { rc = run_ls(a); });
+  add_common(ls, a, "--from", kFromHelp);
+  ls->callback([&rc, &a] { rc = run_ls(a); });
 
   auto* show = ck->add_subcommand("show", "Show a step's manifest: ranks, tensors, sizes");
   show->add_option("--series", a.series, "The series")->required();
   show->add_option("--step", a.step, "A step number or latest")->default_str("latest");
-  common(show, "--from", from_help);
-  show->callback([&rc] { rc = run_show(a); });
+  add_common(show, a, "--from", kFromHelp);
+  show->callback([&rc, &a] { rc = run_show(a); });
 
   auto* verify = ck->add_subcommand(
       "verify",
@@ -541,9 +536,11 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   verify->add_option("--series", a.series, "The series")->required();
   verify->add_option("--step", a.step, "A step number, latest or all")->default_str("latest");
   verify->add_option("--tier", a.tier, "Only the tier at this index (0 = first --from)");
-  common(verify, "--from", from_help);
-  verify->callback([&rc] { rc = run_verify(a); });
+  add_common(verify, a, "--from", kFromHelp);
+  verify->callback([&rc, &a] { rc = run_verify(a); });
+}
 
+void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible& interruptible) {
   auto* restore = ck->add_subcommand(
       "restore",
       "Write a step's files back under --to DIR, each chunk from the nearest tier "
@@ -551,12 +548,14 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   restore->add_option("--series", a.series, "The series")->required();
   restore->add_option("--step", a.step, "A step number or latest")->default_str("latest");
   restore->add_option("--to", a.out_dir, "The directory to write the files into")->required();
-  restore->add_option("--from", a.tiers, from_help)->default_str(def_tier)->allow_extra_args(false);
+  restore->add_option("--from", a.tiers, kFromHelp)
+      ->default_str(a.home + "/ckpt")
+      ->allow_extra_args(false);
   restore->add_option("--rank", a.only_rank,
                       "Only this rank's files (default: every rank; "
                       "with several, each under rank-N/)");
   restore->add_flag("--force", a.force, "Replace files that exist");
-  location_flags(restore);
+  add_location_flags(restore, a);
   restore->add_flag("--json", a.json, "Print the result as JSON");
   restore->callback([interruptible] { interruptible(run_restore); });
 
@@ -567,8 +566,8 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   sync->add_option("--series", a.series, "The series")->required();
   auto* sync_step =
       sync->add_option("--step", a.step, "A step number, latest or all")->default_str("all");
-  common(sync, "--from", from_help);
-  sync->callback([interruptible, sync_step] {
+  add_common(sync, a, "--from", kFromHelp);
+  sync->callback([interruptible, sync_step, &a] {
     if (sync_step->count() == 0) a.step = "all";
     interruptible(run_sync);
   });
@@ -582,8 +581,29 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   gc->add_option("--keep-every", a.keep_every, "Also keep steps divisible by K");
   gc->add_option("--grace", a.grace_s, "Seconds an incomplete step is left alone")
       ->default_val(3600);
-  common(gc, "--from", from_help);
-  gc->callback([&rc] { rc = run_gc(a); });
+  add_common(gc, a, "--from", kFromHelp);
+  gc->callback([&rc, &a] { rc = run_gc(a); });
+}
+
+}  // namespace
+
+void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
+  static CkptArgs a;  // CLI11 binds to it; one command runs per process
+  a.home = std::move(home);
+  Interruptible interruptible = [cancel, &rc](int (*run)(const CkptArgs&)) {
+    a.cancel = cancel.flag;
+    if (cancel.install) cancel.install();
+    rc = run(a);
+    if (cancel.stopped()) rc = cancel.exit_code();
+  };
+  auto* ck = app.add_subcommand(
+      "ckpt",
+      "Checkpoints: save files (safetensors shards, a directory) to tiers, list, show, "
+      "verify, restore, gc");
+  ck->require_subcommand(1);
+  add_save(ck, a, interruptible);
+  add_readers(ck, a, rc);
+  add_restore_sync_gc(ck, a, rc, interruptible);
 }
 
 }  // namespace sluice::cli

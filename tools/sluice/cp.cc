@@ -179,6 +179,39 @@ void draw_progress(const xfer::CopyProgress& p, double seconds, bool final) {
                static_cast<unsigned long>(p.objects_total), final ? "\n" : "");
 }
 
+// What the copy did, with what the cache (or sluiced) served of it.
+CpSummary summarize(const xfer::CopyReport& report, store::Store& src_store,
+                    telemetry::Registry& registry) {
+  CpSummary sum;
+  sum.objects = report.objects;
+  sum.bytes = report.bytes;
+  sum.failed = report.failures.size();
+  sum.cancelled = report.cancelled;
+  sum.seconds = report.seconds;
+  sum.retries = registry.counter("sluice_s3_retries_total").value();
+  if (auto* c = src_store.capability<cache::TieredCache>()) {
+    cache::CacheStats cs = c->stats();
+    sum.cached = true;
+    sum.cache_hit_bytes = cs.ram.hit_bytes + cs.disk.hit_bytes;
+    sum.cache_miss_bytes = cs.miss_bytes;
+    sum.cache_not_kept = cs.disk_writes_skipped;
+  } else if (auto* n = src_store.capability<node::NodeStore>()) {
+    node::NodeReadStats ns = n->read_stats();
+    sum.via_daemon = true;
+    sum.handoff_bytes = ns.handoff_bytes;
+    sum.inline_bytes = ns.inline_bytes;
+  }
+  for (auto& f : report.failures) {
+    if (sum.first_error.empty()) sum.first_error = f.error.to_string();
+    std::fprintf(
+        stderr, "sluice: cp %s: %s\n",
+        printable(src_store.uri() + (src_store.uri().ends_with('/') ? "" : "/") + f.src_key)
+            .c_str(),
+        f.error.to_string().c_str());
+  }
+  return sum;
+}
+
 Result<CpSummary> run_cp(const CpOptions& o) {
   s3::register_scheme();
   cache::register_scheme();
@@ -233,34 +266,7 @@ Result<CpSummary> run_cp(const CpOptions& o) {
   report.failures.insert(report.failures.begin(), plan.rejected.begin(), plan.rejected.end());
   if (o.progress) std::fputc('\n', stderr);
 
-  CpSummary sum;
-  sum.objects = report.objects;
-  sum.bytes = report.bytes;
-  sum.failed = report.failures.size();
-  sum.cancelled = report.cancelled;
-  sum.seconds = report.seconds;
-  sum.retries = registry.counter("sluice_s3_retries_total").value();
-  if (auto* c = src_store->capability<cache::TieredCache>()) {
-    cache::CacheStats cs = c->stats();
-    sum.cached = true;
-    sum.cache_hit_bytes = cs.ram.hit_bytes + cs.disk.hit_bytes;
-    sum.cache_miss_bytes = cs.miss_bytes;
-    sum.cache_not_kept = cs.disk_writes_skipped;
-  } else if (auto* n = src_store->capability<node::NodeStore>()) {
-    node::NodeReadStats ns = n->read_stats();
-    sum.via_daemon = true;
-    sum.handoff_bytes = ns.handoff_bytes;
-    sum.inline_bytes = ns.inline_bytes;
-  }
-  for (auto& f : report.failures) {
-    if (sum.first_error.empty()) sum.first_error = f.error.to_string();
-    std::fprintf(
-        stderr, "sluice: cp %s: %s\n",
-        printable(src_store->uri() + (src_store->uri().ends_with('/') ? "" : "/") + f.src_key)
-            .c_str(),
-        f.error.to_string().c_str());
-  }
-  return sum;
+  return summarize(report, *src_store, registry);
 }
 
 }  // namespace sluice::cli

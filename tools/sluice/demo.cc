@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include <xxhash.h>
@@ -149,158 +150,195 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const DemoOptions&
   return ckpt::Checkpointer::open(std::move(co));
 }
 
-Status train(const DemoOptions& o, uint64_t crash_at_step, bool resume, EventLog& log, FILE* keys) {
-  cache::CacheOptions cop;
-  cop.directory = cache_dir(o);
-  cop.ram_bytes = kRamBytes;
-  cop.disk_bytes = kDiskBytes;
-  SLUICE_ASSIGN_OR_RETURN(auto cache_store,
-                          cache::TieredCache::open(store::make_posix_store(objects_dir(o)), cop));
-  cache::TieredCache* cache = cache_store.get();
-  auto t_open = Clock::now();
-  SLUICE_ASSIGN_OR_RETURN(auto ds, stream::Dataset::open(std::move(cache_store), kPrefix,
-                                                         {.catalog_dir = o.dir + "/catalogs"}));
-  log.write({{"event", "open"}, {"seconds", since(t_open)}, {"from_catalog", ds->from_catalog()}});
-  SLUICE_ASSIGN_OR_RETURN(auto cp, open_checkpointer(o));
+// One run of the training job: the dataset through the cache, the model, the loader and
+// asynchronous checkpoints of all three.
+class TrainingRun {
+ public:
+  TrainingRun(const DemoOptions& o, EventLog& log, FILE* keys)
+      : o_(o), log_(log), keys_(keys), model_(o.model_bytes / 8, 0x5eed) {}
 
-  // The model: its bytes change every step, so a checkpoint is of real, changing state.
-  std::vector<uint64_t> model(o.model_bytes / 8, 0x5eed);
-  char token[kTokenBytes] = {};
-  uint64_t step = 0;
-  if (resume) {
-    SLUICE_ASSIGN_OR_RETURN(uint64_t latest, cp->latest());
-    ckpt::TensorDest dests[] = {{.name = "model", .data = model.data(), .bytes = o.model_bytes},
-                                {.name = "loader", .data = token, .bytes = kTokenBytes},
-                                {.name = "step", .data = &step, .bytes = sizeof step}};
-    SLUICE_ASSIGN_OR_RETURN(auto report, cp->restore(latest, dests));
+  Status open(bool resume) {
+    cache::CacheOptions cop;
+    cop.directory = cache_dir(o_);
+    cop.ram_bytes = kRamBytes;
+    cop.disk_bytes = kDiskBytes;
+    SLUICE_ASSIGN_OR_RETURN(
+        auto cache_store, cache::TieredCache::open(store::make_posix_store(objects_dir(o_)), cop));
+    cache_ = cache_store.get();
+    auto t_open = Clock::now();
+    SLUICE_ASSIGN_OR_RETURN(ds_, stream::Dataset::open(std::move(cache_store), kPrefix,
+                                                       {.catalog_dir = o_.dir + "/catalogs"}));
+    log_.write(
+        {{"event", "open"}, {"seconds", since(t_open)}, {"from_catalog", ds_->from_catalog()}});
+    SLUICE_ASSIGN_OR_RETURN(cp_, open_checkpointer(o_));
+    if (resume) SLUICE_RETURN_IF_ERROR(restore());
+    cache0_ = cache_->stats();
+    loader_.emplace(ds_, stream::LoaderOptions{.seed = 42,
+                                               .epochs = 2,
+                                               .resume = std::string(token_),
+                                               .memory_bytes = 256 << 20,
+                                               .inflight = 8});
+    return ok();
+  }
+
+  Status run(uint64_t crash_at_step) {
+    auto device = mem::make_emulated_device(64 << 20);
+    meter_.cache0 = cache0_;
+    uint64_t step_count = 0;
+    while (true) {
+      SLUICE_ASSIGN_OR_RETURN(auto batch, loader_->next_batch(o_.batch));
+      if (batch.empty()) break;
+      if (step_count++ == 0)
+        log_.write({{"event", "first_batch"}, {"seconds", loader_->stats().first_batch_seconds}});
+      SLUICE_RETURN_IF_ERROR(train_step(batch, *device));
+      if (step_ % o_.ckpt_every == 0) {
+        auto t_wait = Clock::now();
+        SLUICE_RETURN_IF_ERROR(check_pending(true));  // one save in flight at a time
+        SLUICE_RETURN_IF_ERROR(save_now(since(t_wait)));
+      } else {
+        SLUICE_RETURN_IF_ERROR(check_pending(false));
+      }
+      if (crash_at_step && step_ == crash_at_step) {
+        log_.write(epoch_event(meter_, loader_->stats(), cache_->stats(), false, step_));
+        log_.write({{"event", "kill"}, {"step", step_}});
+        ::raise(SIGKILL);  // abrupt: no destructor runs, a save may be half-written
+      }
+    }
+    if (have_epoch_)
+      log_.write(epoch_event(meter_, loader_->stats(), cache_->stats(), true, step_));
+    SLUICE_RETURN_IF_ERROR(check_pending(true));
+    // The final state is checkpointed too, as a job does when it ends.
+    if (step_ % o_.ckpt_every != 0) {
+      SLUICE_RETURN_IF_ERROR(save_now(0));
+      SLUICE_RETURN_IF_ERROR(check_pending(true));
+    }
+    log_.write({{"event", "end"},
+                {"steps", step_},
+                {"first_batch_s", loader_->stats().first_batch_seconds}});
+    return ok();
+  }
+
+ private:
+  // The model, the loader's token and the step from the latest checkpoint.
+  Status restore() {
+    SLUICE_ASSIGN_OR_RETURN(uint64_t latest, cp_->latest());
+    ckpt::TensorDest dests[] = {{.name = "model", .data = model_.data(), .bytes = o_.model_bytes},
+                                {.name = "loader", .data = token_, .bytes = kTokenBytes},
+                                {.name = "step", .data = &step_, .bytes = sizeof step_}};
+    SLUICE_ASSIGN_OR_RETURN(auto report, cp_->restore(latest, dests));
     json from = json::object();
     for (size_t i = 0; i < report.bytes_by_tier.size(); ++i)
-      if (report.bytes_by_tier[i]) from[cp->options().tiers[i].name] = report.bytes_by_tier[i];
-    token[kTokenBytes - 1] = '\0';
-    log.write({{"event", "restore"},
-               {"step", step},
-               {"seconds", report.seconds},
-               {"bytes", report.bytes},
-               {"from", from},
-               {"token", std::string(token)}});
-  }
-  const cache::CacheStats before_loader = cache->stats();
-  stream::Loader loader(ds, {.seed = 42,
-                             .epochs = 2,
-                             .resume = std::string(token),
-                             .memory_bytes = 256 << 20,
-                             .inflight = 8});
-  auto device = mem::make_emulated_device(64 << 20);
-
-  std::shared_ptr<ckpt::SaveHandle> pending;
-  uint64_t pending_step = 0;
-  Clock::time_point pending_start;
-  double pending_stall = 0, pending_waited = 0;
-  auto check_pending = [&](bool wait) -> Status {
-    if (!pending) return ok();
-    if (!wait && !pending->progress().finished) return ok();
-    auto st = pending->wait();
-    json tiers = json::array();
-    for (const auto& t : pending->progress().tiers)
-      tiers.push_back({{"tier", t.tier}, {"state", ckpt::to_string(t.state)}});
-    log.write({{"event", "ckpt"},
-               {"step", pending_step},
-               {"stall_s", pending_stall},
-               {"waited_s", pending_waited},
-               {"persist_s", since(pending_start)},
-               {"tiers", tiers},
-               {"ok", bool(st)}});
-    pending.reset();
-    return st;
-  };
-
-  // Saves the model, the loader's token and the step; returns once they are staged.
-  auto save_now = [&](double waited) -> Status {
-    auto t0 = Clock::now();
-    std::string tok = loader.state();
-    std::memset(token, 0, sizeof token);
-    std::memcpy(token, tok.data(), std::min(tok.size(), kTokenBytes - 1));
-    ckpt::TensorView views[] = {
-        {.name = "model",
-         .dtype = "uint64",
-         .shape = {static_cast<int64_t>(model.size())},
-         .data = model.data(),
-         .bytes = o.model_bytes},
-        {.name = "loader", .data = token, .bytes = kTokenBytes},
-        {.name = "step", .dtype = "uint64", .data = &step, .bytes = sizeof step}};
-    SLUICE_ASSIGN_OR_RETURN(pending, cp->save(step, views));
-    pending_step = step;
-    pending_start = t0;
-    pending_stall = since(t0);
-    pending_waited = waited;
+      if (report.bytes_by_tier[i]) from[cp_->options().tiers[i].name] = report.bytes_by_tier[i];
+    token_[kTokenBytes - 1] = '\0';
+    log_.write({{"event", "restore"},
+                {"step", step_},
+                {"seconds", report.seconds},
+                {"bytes", report.bytes},
+                {"from", from},
+                {"token", std::string(token_)}});
     return ok();
-  };
+  }
 
-  EpochMeter meter;  // started with the loader
-  bool have_epoch = false;
-  meter.cache0 = before_loader;
-  auto t_step = std::chrono::duration<double, std::milli>(o.compute_ms);
-  uint64_t step_count = 0;
-  while (true) {
-    SLUICE_ASSIGN_OR_RETURN(auto batch, loader.next_batch(o.batch));
-    if (batch.empty()) break;
-    if (step_count++ == 0)
-      log.write({{"event", "first_batch"}, {"seconds", loader.stats().first_batch_seconds}});
-    ++step;
+  // The step: samples to the device (the emulated GPU), a pass over their bytes, and an
+  // update of the model; each sample's key goes to the keys file.
+  Status train_step(const std::vector<stream::Sample>& batch, mem::Target& device) {
+    ++step_;
     auto compute_start = Clock::now();
-    // The step: samples to the device (the emulated GPU), a pass over their bytes, and
-    // an update of the model.
-    SLUICE_ASSIGN_OR_RETURN(auto on_device, stream::copy_batch(batch, *device));
+    SLUICE_ASSIGN_OR_RETURN(auto on_device, stream::copy_batch(batch, device));
     uint64_t h = 0;
     for (const auto& s : batch) {
-      if (!have_epoch) {
+      if (!have_epoch_) {
         // The first epoch of a run counts from the loader's start: its first reads too.
-        meter.epoch = s.epoch;
-        meter.first_step = step;
-        meter.first_of_run = true;
-        have_epoch = true;
-      } else if (s.epoch != meter.epoch) {
-        log.write(epoch_event(meter, loader.stats(), cache->stats(), true, step - 1));
-        meter = EpochMeter{.epoch = s.epoch, .first_step = step};
-        meter.stall0 = loader.stats().stall_seconds;
-        meter.cache0 = cache->stats();
+        meter_.epoch = s.epoch;
+        meter_.first_step = step_;
+        meter_.first_of_run = true;
+        have_epoch_ = true;
+      } else if (s.epoch != meter_.epoch) {
+        log_.write(epoch_event(meter_, loader_->stats(), cache_->stats(), true, step_ - 1));
+        meter_ = EpochMeter{.epoch = s.epoch, .first_step = step_};
+        meter_.stall0 = loader_->stats().stall_seconds;
+        meter_.cache0 = cache_->stats();
       }
-      ++meter.samples;
-      meter.bytes += s.bytes();
+      ++meter_.samples;
+      meter_.bytes += s.bytes();
       for (const auto& f : s.fields) h ^= XXH3_64bits(f.data.data(), f.data.size());
-      std::fprintf(keys, "%llu %llu %.*s\n", static_cast<unsigned long long>(step),
+      std::fprintf(keys_, "%llu %llu %.*s\n", static_cast<unsigned long long>(step_),
                    static_cast<unsigned long long>(s.epoch), static_cast<int>(s.key.size()),
                    s.key.data());
     }
-    std::fflush(keys);
-    model[step % model.size()] ^= h;
-    for (size_t i = step % 4096; i < model.size(); i += 4096) model[i] += step;
-    std::this_thread::sleep_until(compute_start + t_step);
+    std::fflush(keys_);
+    model_[step_ % model_.size()] ^= h;
+    for (size_t i = step_ % 4096; i < model_.size(); i += 4096) model_[i] += step_;
+    std::this_thread::sleep_until(compute_start +
+                                  std::chrono::duration<double, std::milli>(o_.compute_ms));
+    return ok();
+  }
 
-    if (step % o.ckpt_every == 0) {
-      auto t_wait = Clock::now();
-      SLUICE_RETURN_IF_ERROR(check_pending(true));  // one save in flight at a time
-      double waited = since(t_wait);
-      SLUICE_RETURN_IF_ERROR(save_now(waited));
-    } else {
-      SLUICE_RETURN_IF_ERROR(check_pending(false));
-    }
-    if (crash_at_step && step == crash_at_step) {
-      log.write(epoch_event(meter, loader.stats(), cache->stats(), false, step));
-      log.write({{"event", "kill"}, {"step", step}});
-      ::raise(SIGKILL);  // abrupt: no destructor runs, a save may be half-written
-    }
+  // The save in flight, when it has finished (or `wait`): logged, and its error returned.
+  Status check_pending(bool wait) {
+    if (!pending_) return ok();
+    if (!wait && !pending_->progress().finished) return ok();
+    auto st = pending_->wait();
+    json tiers = json::array();
+    for (const auto& t : pending_->progress().tiers)
+      tiers.push_back({{"tier", t.tier}, {"state", ckpt::to_string(t.state)}});
+    log_.write({{"event", "ckpt"},
+                {"step", pending_step_},
+                {"stall_s", pending_stall_},
+                {"waited_s", pending_waited_},
+                {"persist_s", since(pending_start_)},
+                {"tiers", tiers},
+                {"ok", bool(st)}});
+    pending_.reset();
+    return st;
   }
-  if (have_epoch) log.write(epoch_event(meter, loader.stats(), cache->stats(), true, step));
-  SLUICE_RETURN_IF_ERROR(check_pending(true));
-  // The final state is checkpointed too, as a job does when it ends.
-  if (step % o.ckpt_every != 0) {
-    SLUICE_RETURN_IF_ERROR(save_now(0));
-    SLUICE_RETURN_IF_ERROR(check_pending(true));
+
+  // Saves the model, the loader's token and the step; returns once they are staged.
+  Status save_now(double waited) {
+    auto t0 = Clock::now();
+    std::string tok = loader_->state();
+    std::memset(token_, 0, sizeof token_);
+    std::memcpy(token_, tok.data(), std::min(tok.size(), kTokenBytes - 1));
+    ckpt::TensorView views[] = {
+        {.name = "model",
+         .dtype = "uint64",
+         .shape = {static_cast<int64_t>(model_.size())},
+         .data = model_.data(),
+         .bytes = o_.model_bytes},
+        {.name = "loader", .data = token_, .bytes = kTokenBytes},
+        {.name = "step", .dtype = "uint64", .data = &step_, .bytes = sizeof step_}};
+    SLUICE_ASSIGN_OR_RETURN(pending_, cp_->save(step_, views));
+    pending_step_ = step_;
+    pending_start_ = t0;
+    pending_stall_ = since(t0);
+    pending_waited_ = waited;
+    return ok();
   }
-  auto ls = loader.stats();
-  log.write({{"event", "end"}, {"steps", step}, {"first_batch_s", ls.first_batch_seconds}});
-  return ok();
+
+  const DemoOptions& o_;
+  EventLog& log_;
+  FILE* keys_;
+  cache::TieredCache* cache_ = nullptr;  // owned by the dataset's store
+  std::shared_ptr<stream::Dataset> ds_;
+  std::unique_ptr<ckpt::Checkpointer> cp_;
+  // The model: its bytes change every step, so a checkpoint is of real, changing state.
+  std::vector<uint64_t> model_;
+  char token_[kTokenBytes] = {};
+  uint64_t step_ = 0;
+  cache::CacheStats cache0_;
+  std::optional<stream::Loader> loader_;
+  std::shared_ptr<ckpt::SaveHandle> pending_;
+  uint64_t pending_step_ = 0;
+  Clock::time_point pending_start_;
+  double pending_stall_ = 0, pending_waited_ = 0;
+  EpochMeter meter_;  // started with the loader
+  bool have_epoch_ = false;
+};
+
+Status train(const DemoOptions& o, uint64_t crash_at_step, bool resume, EventLog& log, FILE* keys) {
+  TrainingRun run(o, log, keys);
+  SLUICE_RETURN_IF_ERROR(run.open(resume));
+  return run.run(crash_at_step);
 }
 
 // ---- the parent: the report ---------------------------------------------------------------
@@ -408,64 +446,45 @@ int run_training_child(const DemoOptions& o, uint64_t crash_at_step, bool resume
   return 0;
 }
 
-int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
-  auto t0 = Clock::now();
+// The demo's directories, emptied: every run starts from nothing, so it shows a cold
+// first epoch.
+Status fresh_directories(const DemoOptions& o) {
   std::error_code ec;
-  // The demo owns these: every run starts from nothing, so it shows a cold first epoch.
   for (const char* d : {"objects", "cache", "ckpt-nvme", "ckpt-durable", "runs", "catalogs"})
     fs::remove_all(o.dir + "/" + d, ec);
   for (const char* d : {"runs", "objects"}) {
     fs::create_directories(o.dir + "/" + d, ec);
-    if (ec) return report_error(error_from_errno(ec.value(), "create " + o.dir + "/" + d));
+    if (ec) return fail_errno(ec.value(), "create " + o.dir + "/" + d);
   }
+  return ok();
+}
 
+// Generates the dataset and says what the job will do.
+Status introduce(const DemoOptions& o) {
   std::printf(
       "sluice demo: a training job on the embedded default (local directories, no daemon)\n");
-  auto gen = generate(o);
-  if (!gen) return report_error(gen.error());
+  SLUICE_ASSIGN_OR_RETURN(double gen, generate(o));
   auto ds = stream::Dataset::open(store::make_posix_store(objects_dir(o)), kPrefix, {});
-  if (!ds) return report_error(ds.error());
+  if (!ds) return std::unexpected(ds.error());
   std::printf(
       "  dataset      %s/%s: %llu samples in %zu WebDataset shards with indexes (%s), "
       "made in %.1f s\n",
       objects_dir(o).c_str(), kPrefix, static_cast<unsigned long long>((*ds)->samples()),
-      (*ds)->shards().size(), format_size(static_cast<double>((*ds)->bytes())).c_str(), *gen);
+      (*ds)->shards().size(), format_size(static_cast<double>((*ds)->bytes())).c_str(), gen);
   std::printf("  cache        %s (RAM tier %s, NVMe tier %s)\n", cache_dir(o).c_str(),
               format_size(kRamBytes).c_str(), format_size(static_cast<double>(kDiskBytes)).c_str());
   std::printf("  checkpoints  nvme: %s, durable: %s (a directory standing in for object storage)\n",
               tier_dir(o, "nvme").c_str(), tier_dir(o, "durable").c_str());
-  uint64_t steps_per_epoch = (o.samples + o.batch - 1) / o.batch;
-  uint64_t crash_at = steps_per_epoch + steps_per_epoch / 2 + o.ckpt_every / 3;
   std::printf(
       "  job          2 epochs, batch %u, %.0f ms of compute a step, a %s model, a "
       "checkpoint every %u steps\n\n",
       o.batch, o.compute_ms, format_size(static_cast<double>(o.model_bytes)).c_str(), o.ckpt_every);
 
-  auto child = [&](const char* name, std::vector<std::string> extra) {
-    std::vector<std::string> args = {"demo",      "--child",
-                                     "--events",  o.dir + "/runs/" + name,
-                                     "--samples", std::to_string(o.samples)};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return spawn_child(self_exe, args);
-  };
-  std::fflush(stdout);
-  auto st1 = child("run1", {"--crash-at-step", std::to_string(crash_at)});
-  if (!st1) return report_error(st1.error());
-  auto ev1 = read_events(o.dir + "/runs/run1");
-  std::printf("run 1: from scratch; killed with SIGKILL at step %llu, mid-way through epoch 1\n",
-              static_cast<unsigned long long>(crash_at));
-  if (!WIFSIGNALED(*st1) || WTERMSIG(*st1) != SIGKILL) {
-    std::printf("  the run did not die as planned (status %d)\n", *st1);
-    return 1;
-  }
-  print_first_batch(ev1);
-  for (const auto& e : ev1)
-    if (e.value("event", "") == "epoch") print_epoch(e, e.value("epoch", 0) == 0);
-  print_ckpts(ev1);
+  return ok();
+}
 
-  auto st2 = child("run2", {"--resume"});
-  if (!st2) return report_error(st2.error());
-  auto ev2 = read_events(o.dir + "/runs/run2");
+// Run 2's events: what it restored (returns the step), its epochs and checkpoints.
+uint64_t print_resumed_run(const std::vector<json>& ev2) {
   uint64_t restored = 0;
   std::printf("run 2: restarted from the latest checkpoint and the loader's resume token\n");
   for (const auto& e : ev2) {
@@ -489,13 +508,12 @@ int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
     }
   }
   print_ckpts(ev2);
-  if (!WIFEXITED(*st2) || WEXITSTATUS(*st2) != 0) {
-    std::printf("run 2 failed (status %d)\n", *st2);
-    return 1;
-  }
+  return restored;
+}
 
-  // Exactly once: the steps the final model trained on are run 1's up to the restored step
-  // and run 2's after it. Each epoch must hold every sample once.
+// Exactly once: the steps the final model trained on are run 1's up to the restored step
+// and run 2's after it. Each epoch must hold every sample once.
+bool exactly_once(const DemoOptions& o, uint64_t restored) {
   std::map<uint64_t, std::map<std::string, int>> seen;
   uint64_t redone = 0;
   for (auto [name, keep_after] : {std::pair{"run1", false}, std::pair{"run2", true}}) {
@@ -526,6 +544,45 @@ int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
       "again, as the model had lost them) %s\n",
       verdict.c_str(), static_cast<unsigned long long>(redone),
       static_cast<unsigned long long>(restored), once ? "OK" : "FAILED");
+  return once;
+}
+
+int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
+  auto t0 = Clock::now();
+  if (Status st = fresh_directories(o); !st) return report_error(st.error());
+  const uint64_t steps_per_epoch = (o.samples + o.batch - 1) / o.batch;
+  const uint64_t crash_at = steps_per_epoch + steps_per_epoch / 2 + o.ckpt_every / 3;
+  if (Status st = introduce(o); !st) return report_error(st.error());
+  auto child = [&](const char* name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"demo",      "--child",
+                                     "--events",  o.dir + "/runs/" + name,
+                                     "--samples", std::to_string(o.samples)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return spawn_child(self_exe, args);
+  };
+  std::fflush(stdout);
+  auto st1 = child("run1", {"--crash-at-step", std::to_string(crash_at)});
+  if (!st1) return report_error(st1.error());
+  auto ev1 = read_events(o.dir + "/runs/run1");
+  std::printf("run 1: from scratch; killed with SIGKILL at step %llu, mid-way through epoch 1\n",
+              static_cast<unsigned long long>(crash_at));
+  if (!WIFSIGNALED(*st1) || WTERMSIG(*st1) != SIGKILL) {
+    std::printf("  the run did not die as planned (status %d)\n", *st1);
+    return 1;
+  }
+  print_first_batch(ev1);
+  for (const auto& e : ev1)
+    if (e.value("event", "") == "epoch") print_epoch(e, e.value("epoch", 0) == 0);
+  print_ckpts(ev1);
+
+  auto st2 = child("run2", {"--resume"});
+  if (!st2) return report_error(st2.error());
+  const uint64_t restored = print_resumed_run(read_events(o.dir + "/runs/run2"));
+  if (!WIFEXITED(*st2) || WEXITSTATUS(*st2) != 0) {
+    std::printf("run 2 failed (status %d)\n", *st2);
+    return 1;
+  }
+  const bool once = exactly_once(o, restored);
   std::printf("sluice demo: %s in %.1f s (the data-path comparison is `sluice demo --bench`)\n",
               once ? "done" : "FAILED", since(t0));
   return once ? 0 : 1;

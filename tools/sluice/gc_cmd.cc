@@ -277,29 +277,22 @@ int run_rule_ls(const GcArgs& a, const std::string& home) {
   return 0;
 }
 
-}  // namespace
+// Each command's callback: runs `fn` on the parsed flags and sets the exit code.
+using Runner = std::function<std::function<void()>(int (*)(const GcArgs&, const std::string&))>;
 
-void add_gc_commands(CLI::App& app, std::string home, int& rc) {
-  auto args = std::make_shared<GcArgs>();
-  GcArgs& a = *args;
-  auto run = [args, home, &rc](int (*fn)(const GcArgs&, const std::string&)) {
-    return [args, home, &rc, fn] { rc = fn(*args, home); };
-  };
-  auto ledger_flag = [&](CLI::App* c) {
-    c->add_option("--ledger", a.ledger,
-                  "The ledger (default: $SLUICE_LEDGER, else $SLUICE_HOME/ledger.db)");
-  };
-  auto aws = [&](CLI::App* c) {
-    c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// projects");
-    c->add_option("--profile", a.aws.profile, "AWS profile");
-    c->add_option("--region", a.aws.region, "Region");
-  };
-  auto* gc = app.add_subcommand(
-      "gc",
-      "Retention: rules per project or checkpoint series; plan, run (to a trash stage, "
-      "deleted for good after a delay), restore");
-  gc->require_subcommand(1);
+void add_ledger_flag(CLI::App* c, GcArgs& a) {
+  c->add_option("--ledger", a.ledger,
+                "The ledger (default: $SLUICE_LEDGER, else $SLUICE_HOME/ledger.db)");
+}
 
+void add_aws(CLI::App* c, GcArgs& a) {
+  c->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// projects");
+  c->add_option("--profile", a.aws.profile, "AWS profile");
+  c->add_option("--region", a.aws.region, "Region");
+}
+
+// gc rule set|ls, pin, unpin: what the ledger keeps.
+void add_rules_and_pins(CLI::App* gc, GcArgs& a, const Runner& run) {
   auto* rule = gc->add_subcommand("rule", "Retention rules");
   rule->require_subcommand(1);
   auto* rset = rule->add_subcommand(
@@ -318,17 +311,17 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
   rset->add_option("--max-idle", a.max_idle,
                    "Keep what was read within this (file:// atime; elsewhere the last write)")
       ->check(not_empty());
-  ledger_flag(rset);
+  add_ledger_flag(rset, a);
   rset->callback(run(run_rule_set));
   auto* rls = rule->add_subcommand("ls", "List the rules and pins");
   rls->add_flag("--json", a.json, "Print JSON");
-  ledger_flag(rls);
+  add_ledger_flag(rls, a);
   rls->callback(run(run_rule_ls));
 
   auto* pin = gc->add_subcommand("pin", "Never remove keys of a project under a prefix");
   pin->add_option("PROJECT", a.project, "Project ID")->required();
   pin->add_option("PREFIX", a.prefix, "Key prefix, e.g. llama/step-000000001000/")->required();
-  ledger_flag(pin);
+  add_ledger_flag(pin, a);
   pin->callback(run([](const GcArgs& x, const std::string& h) {
     auto l = open_ledger_at(x.ledger, h);
     if (!l) return report_error(l.error());
@@ -339,7 +332,7 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
   auto* unpin = gc->add_subcommand("unpin", "Remove a pin");
   unpin->add_option("PROJECT", a.project, "Project ID")->required();
   unpin->add_option("PREFIX", a.prefix, "The pinned prefix")->required();
-  ledger_flag(unpin);
+  add_ledger_flag(unpin, a);
   unpin->callback(run([](const GcArgs& x, const std::string& h) {
     auto l = open_ledger_at(x.ledger, h);
     if (!l) return report_error(l.error());
@@ -347,7 +340,10 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
     std::printf("unpinned %s %s\n", x.project.c_str(), x.prefix.c_str());
     return 0;
   }));
+}
 
+// gc plan, run, restore, trash: what retention does.
+void add_runs(CLI::App* gc, GcArgs& a, const Runner& run) {
   auto* plan =
       gc->add_subcommand("plan", "Print what the rules would remove and why; change nothing");
   plan->add_option("--project", a.project, "Only this project");
@@ -356,8 +352,8 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
       ->default_val("24h")
       ->check(not_empty());
   plan->add_flag("--json", a.json, "Print JSON");
-  ledger_flag(plan);
-  aws(plan);
+  add_ledger_flag(plan, a);
+  add_aws(plan, a);
   plan->callback(run(run_plan));
 
   auto* grun = gc->add_subcommand(
@@ -374,21 +370,37 @@ void add_gc_commands(CLI::App& app, std::string home, int& rc) {
       ->default_val("24h")
       ->check(not_empty());
   grun->add_flag("--json", a.json, "Print JSON");
-  ledger_flag(grun);
-  aws(grun);
+  add_ledger_flag(grun, a);
+  add_aws(grun, a);
   grun->callback(run(run_run));
 
   auto* restore =
       gc->add_subcommand("restore", "Bring back everything a gc run moved to the trash");
   restore->add_option("RUN", a.run, "The run ID (sluice gc trash lists them)")->required();
-  ledger_flag(restore);
-  aws(restore);
+  add_ledger_flag(restore, a);
+  add_aws(restore, a);
   restore->callback(run(run_restore));
 
   auto* trash = gc->add_subcommand("trash", "List what is in the trash, per run and project");
   trash->add_flag("--json", a.json, "Print JSON");
-  ledger_flag(trash);
+  add_ledger_flag(trash, a);
   trash->callback(run(run_trash));
+}
+
+}  // namespace
+
+void add_gc_commands(CLI::App& app, std::string home, int& rc) {
+  auto args = std::make_shared<GcArgs>();
+  Runner run = [args, home, &rc](int (*fn)(const GcArgs&, const std::string&)) {
+    return [args, home, &rc, fn] { rc = fn(*args, home); };
+  };
+  auto* gc = app.add_subcommand(
+      "gc",
+      "Retention: rules per project or checkpoint series; plan, run (to a trash stage, "
+      "deleted for good after a delay), restore");
+  gc->require_subcommand(1);
+  add_rules_and_pins(gc, *args, run);
+  add_runs(gc, *args, run);
 }
 
 }  // namespace sluice::cli

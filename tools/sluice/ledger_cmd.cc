@@ -532,13 +532,12 @@ CLI::Validator not_empty() {
       "");
 }
 
-void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
-  auto args = std::make_shared<LedgerArgs>();
-  LedgerArgs& a = *args;
-  auto run = [args, home, &rc](int (*fn)(const LedgerArgs&, const std::string&)) {
-    return [args, home, &rc, fn] { rc = fn(*args, home); };
-  };
+namespace {
 
+// Each command's callback: runs `fn` on the parsed flags and sets the exit code.
+using Runner = std::function<std::function<void()>(int (*)(const LedgerArgs&, const std::string&))>;
+
+void add_team_and_project(CLI::App& app, LedgerArgs& a, const Runner& run) {
   auto* team = app.add_subcommand("team", "Teams: who usage is charged to and quotas apply to");
   team->require_subcommand(1);
   auto* team_add = team->add_subcommand("add", "Add a team");
@@ -577,7 +576,9 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
   p_rm->add_option("ID", a.name, "Project ID")->required();
   ledger_flag(p_rm, a);
   p_rm->callback(run(run_project_rm));
+}
 
+void add_quota(CLI::App& app, LedgerArgs& a, const Runner& run) {
   auto* quota = app.add_subcommand("quota", "Quotas per team and tier, on bytes and objects");
   quota->require_subcommand(1);
   auto* q_set = quota->add_subcommand(
@@ -604,7 +605,11 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
   q_show->add_flag("--json", a.json, "Print JSON");
   ledger_flag(q_show, a);
   q_show->callback(run(run_quota_show));
+}
 
+void add_usage(CLI::App& app, std::shared_ptr<LedgerArgs> args, const std::string& home, int& rc,
+               const Runner& run) {
+  LedgerArgs& a = *args;
   auto* usage =
       app.add_subcommand("usage", "Bytes and objects charged, by team, project, tier or kind");
   usage->add_option("--by", a.by, "team, project, tier or kind")->default_val("team");
@@ -620,6 +625,26 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
   rec->add_option("--region", a.aws.region, "Region");
   ledger_flag(rec, a);
   rec->callback(run(run_reconcile));
+  auto* rec_h = usage->add_subcommand(
+      "record",
+      "Sample every account's usage into the history now (for a cron job; writes "
+      "also sample, at most hourly)");
+  ledger_flag(rec_h, a);
+  rec_h->callback(run([](const LedgerArgs& x, const std::string& h) {
+    auto l = open_ledger(x, h);
+    if (!l) return report_error(l.error());
+    if (auto st = (*l)->record_history(); !st) return report_error(st.error());
+    std::printf("usage recorded\n");
+    return 0;
+  }));
+  usage->callback([args, home, &rc, usage] {
+    if (usage->get_subcommands().empty()) rc = run_usage(*args, home);
+  });
+}
+
+void add_capacity_and_forecast(CLI::App& app, std::shared_ptr<LedgerArgs> args,
+                               const std::string& home, int& rc, const Runner& run) {
+  LedgerArgs& a = *args;
   auto* capacity = app.add_subcommand(
       "capacity", "Each tier's capacity across all teams (for forecasts), and what it holds");
   capacity->require_subcommand(1);
@@ -655,22 +680,19 @@ void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
   fc->add_flag("--json", a.json, "Print JSON, with the history each forecast came from");
   ledger_flag(fc, a);
   fc->callback(run(run_forecast));
+}
 
-  auto* rec_h = usage->add_subcommand(
-      "record",
-      "Sample every account's usage into the history now (for a cron job; writes "
-      "also sample, at most hourly)");
-  ledger_flag(rec_h, a);
-  rec_h->callback(run([](const LedgerArgs& x, const std::string& h) {
-    auto l = open_ledger(x, h);
-    if (!l) return report_error(l.error());
-    if (auto st = (*l)->record_history(); !st) return report_error(st.error());
-    std::printf("usage recorded\n");
-    return 0;
-  }));
-  usage->callback([args, home, &rc, usage] {
-    if (usage->get_subcommands().empty()) rc = run_usage(*args, home);
-  });
+}  // namespace
+
+void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
+  auto args = std::make_shared<LedgerArgs>();
+  Runner run = [args, home, &rc](int (*fn)(const LedgerArgs&, const std::string&)) {
+    return [args, home, &rc, fn] { rc = fn(*args, home); };
+  };
+  add_team_and_project(app, *args, run);
+  add_quota(app, *args, run);
+  add_usage(app, args, home, rc, run);
+  add_capacity_and_forecast(app, args, home, rc, run);
 }
 
 }  // namespace sluice::cli

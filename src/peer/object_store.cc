@@ -1,7 +1,6 @@
 // sluiced:// — a peer daemon's object space as a store (the client side).
 #include "sluice/peer/object_store.h"
 
-#include <curl/curl.h>
 #include <xxhash.h>
 
 #include <atomic>
@@ -12,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "http/client.h"
 #include "signing.h"
 #include "sluice/peer/peer_store.h"
 
@@ -61,13 +61,6 @@ Result<Where> parse_uri(std::string_view uri) {
   return w;
 }
 
-std::string escape(CURL* c, std::string_view s) {
-  char* e = curl_easy_escape(c, s.data(), static_cast<int>(s.size()));
-  std::string out = e ? e : "";
-  curl_free(e);
-  return out;
-}
-
 struct Reply {
   long status = 0;
   std::string body;
@@ -76,7 +69,8 @@ struct Reply {
 
 class ObjectClient {
  public:
-  ObjectClient(Where w, ObjectStoreOptions o) : w_(std::move(w)), o_(std::move(o)) {}
+  ObjectClient(Where w, ObjectStoreOptions o)
+      : w_(std::move(w)), o_(std::move(o)), http_(http_options(o_)) {}
 
   const Where& where() const { return w_; }
   const ObjectStoreOptions& options() const { return o_; }
@@ -90,48 +84,30 @@ class ObjectClient {
     r.time = std::time(nullptr);
     if (!body.empty() || r.op == "part") r.body_xxh3 = hex16(XXH3_64bits(body.data(), body.size()));
     const std::string sig = sign_object_request(r, o_.secret);
-    CURL* c = curl_easy_init();
-    if (!c) return fail(Code::kInternal, "curl_easy_init failed");
-    std::string url = "http://" + w_.address + "/v1/object?op=" + r.op +
-                      "&key=" + escape(c, r.key) + "&a=" + escape(c, r.a) + "&b=" + escape(c, r.b) +
-                      "&c=" + escape(c, r.c);
-    curl_slist* h = nullptr;
-    for (const std::string& line :
-         {"X-Sluice-Node: " + r.node, "X-Sluice-Target: " + r.target,
-          "X-Sluice-Time: " + std::to_string(r.time), "X-Sluice-Signature: " + sig,
-          "X-Sluice-Body-Xxh3: " + r.body_xxh3, std::string("Expect:"),
-          std::string("Content-Type: application/octet-stream")})
-      h = curl_slist_append(h, line.c_str());
-    Sink sink;
-    sink.into = out;
-    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(o_.connect_timeout.count()));
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(o_.timeout.count()));
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, r.method.c_str());
-    if (r.method == "PUT" || r.method == "POST") {
-      curl_easy_setopt(c, CURLOPT_POSTFIELDS,
-                       body.empty() ? "" : reinterpret_cast<const char*>(body.data()));
-      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
-    }
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &sink);
-    CURLcode rc = curl_easy_perform(c);
-    Reply reply;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &reply.status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
+    using http::HttpClient;
+    http::HttpRequest req;
+    req.method = r.method;
+    req.url = "http://" + w_.address + "/v1/object?op=" + r.op +
+              "&key=" + HttpClient::escape(r.key) + "&a=" + HttpClient::escape(r.a) +
+              "&b=" + HttpClient::escape(r.b) + "&c=" + HttpClient::escape(r.c);
+    req.headers = {{"X-Sluice-Node", r.node},
+                   {"X-Sluice-Target", r.target},
+                   {"X-Sluice-Time", std::to_string(r.time)},
+                   {"X-Sluice-Signature", sig},
+                   {"X-Sluice-Body-Xxh3", r.body_xxh3},
+                   {"Content-Type", "application/octet-stream"}};
+    req.body = body;
+    req.sink = out;
+    auto resp = http_.perform(req);
     const std::string what = r.op + " '" + r.key + "' on " + w_.member + " (" + w_.address + ")";
-    if (rc != CURLE_OK && !sink.overflow)
-      return fail(rc == CURLE_OPERATION_TIMEDOUT ? Code::kTimedOut : Code::kUnavailable,
-                  what + ": " + curl_easy_strerror(rc));
-    if (sink.overflow)
+    if (!resp)
+      return fail(resp.error().code() == Code::kTimedOut ? Code::kTimedOut : Code::kUnavailable,
+                  what + ": " + resp.error().message());
+    if (resp->sink_overflow || resp->body_overflow)
       return fail(Code::kCorruption, what + ": the reply is longer than asked for");
-    reply.body = std::move(sink.text);
+    Reply reply;
+    reply.status = resp->status;
+    reply.body = std::move(resp->body);
     if (reply.status != 200) {
       std::string msg = reply.body.substr(0, 300);
       while (!msg.empty() && msg.back() == '\n') msg.pop_back();
@@ -144,76 +120,37 @@ class ObjectClient {
                                         : Code::kUnavailable;
       return fail(code, what + ": HTTP " + std::to_string(reply.status) + ": " + msg);
     }
+    reply.xxh3 = resp->header("x-sluice-xxh3");
+    reply.signature = resp->header("x-sluice-reply-signature");
+    reply.etag = resp->header("x-sluice-etag");
     // The body is checked against the owner's signature over its XXH3 and length.
     std::string_view got =
-        sink.into.empty()
-            ? std::string_view(reply.body)
-            : std::string_view(reinterpret_cast<const char*>(sink.into.data()), sink.received);
+        out.empty() ? std::string_view(reply.body)
+                    : std::string_view(reinterpret_cast<const char*>(out.data()), resp->sink_bytes);
     const std::string sum = hex16(XXH3_64bits(got.data(), got.size()));
-    reply.xxh3 = sink.xxh3;
-    reply.signature = sink.signature;
-    reply.etag = sink.etag;
     uint64_t claimed = 0;
-    std::from_chars(sink.xxh3.data(), sink.xxh3.data() + sink.xxh3.size(), claimed, 16);
-    if (sum != sink.xxh3 ||
-        !equal_in_constant_time(sign_chunk_reply(sig, sink.etag, got.size(), claimed, o_.secret),
-                                sink.signature))
+    std::from_chars(reply.xxh3.data(), reply.xxh3.data() + reply.xxh3.size(), claimed, 16);
+    if (sum != reply.xxh3 ||
+        !equal_in_constant_time(sign_chunk_reply(sig, reply.etag, got.size(), claimed, o_.secret),
+                                reply.signature))
       return fail(Code::kCorruption, what + ": the reply fails its checksum or signature");
-    reply.body.resize(sink.into.empty() ? reply.body.size() : 0);
-    if (!sink.into.empty()) reply.body = std::to_string(sink.received);
+    if (!out.empty()) reply.body = std::to_string(resp->sink_bytes);
     return reply;
   }
 
  private:
-  struct Sink {
-    std::span<std::byte> into;  // a read's destination; empty: text
-    std::string text;
-    std::string xxh3, signature, etag;
-    size_t received = 0;
-    bool overflow = false;
-    long status = 0;  // from the status line: only a 200's body goes to `into`
-  };
-
-  static size_t on_body(char* p, size_t size, size_t n, void* ud) {
-    auto* s = static_cast<Sink*>(ud);
-    size_t len = size * n;
-    if (!s->into.empty() && s->status == 200) {
-      if (s->received + len > s->into.size()) return s->overflow = true, 0;
-      std::memcpy(s->into.data() + s->received, p, len);
-      s->received += len;
-      return len;
-    }
-    if (s->text.size() + len > (uint64_t{64} << 20)) return s->overflow = true, 0;
-    s->text.append(p, len);
-    return len;
-  }
-
-  static size_t on_header(char* p, size_t size, size_t n, void* ud) {
-    auto* s = static_cast<Sink*>(ud);
-    std::string_view line(p, size * n);
-    if (line.starts_with("HTTP/")) {  // a new status line (after a 100 Continue, say)
-      size_t sp = line.find(' ');
-      if (sp != std::string_view::npos)
-        std::from_chars(line.data() + sp + 1, line.data() + line.size(), s->status);
-    }
-    auto value = [&](std::string_view name) -> std::optional<std::string> {
-      if (line.size() <= name.size() + 1 ||
-          strncasecmp(line.data(), name.data(), name.size()) != 0 || line[name.size()] != ':')
-        return std::nullopt;
-      std::string_view v = line.substr(name.size() + 1);
-      while (!v.empty() && (v.front() == ' ')) v.remove_prefix(1);
-      while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' '))
-        v.remove_suffix(1);
-      return std::string(v);
-    };
-    if (auto v = value("X-Sluice-Xxh3")) s->xxh3 = *v;
-    if (auto v = value("X-Sluice-Reply-Signature")) s->signature = *v;
-    if (auto v = value("X-Sluice-Etag")) s->etag = *v;
-    return size * n;
+  static http::HttpOptions http_options(const ObjectStoreOptions& o) {
+    http::HttpOptions h;
+    h.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
+    h.timeout_ms = static_cast<long>(o.timeout.count());
+    h.http_only = true;
+    h.max_body_bytes = size_t{64} << 20;  // a listing's JSON; a read goes to the caller's buffer
+    return h;
   }
 
   Where w_;
   ObjectStoreOptions o_;
+  http::HttpClient http_;
 };
 
 store::ObjectInfo info_from(const json& j, std::string key) {

@@ -2,7 +2,6 @@
 // peer_store.h and docs/formats/peer-protocol.md.
 #include "sluice/peer/peer_store.h"
 
-#include <curl/curl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -16,6 +15,7 @@
 #include <semaphore>
 #include <system_error>
 
+#include "http/client.h"
 #include "signing.h"
 #include "sluice/core/hash.h"
 #include "sluice/store/serving_peer.h"
@@ -74,8 +74,8 @@ struct PeerStore::Impl {
     std::atomic<uint64_t> chunks{0}, bytes{0}, errors{0};  // relaxed: reported only
     std::counting_semaphore<1024> slots;                   // fetches from this peer at once
     std::mutex mu;
-    std::string last_error;        // guarded by mu
-    std::vector<CURL*> idle_curl;  // guarded by mu; one kept-alive connection each
+    std::string last_error;                  // guarded by mu
+    std::unique_ptr<http::HttpClient> http;  // kept-alive connections to it
   };
 
   PeerOptions o;
@@ -88,8 +88,16 @@ struct PeerStore::Impl {
 
   explicit Impl(PeerOptions opts) : o(std::move(opts)) {
     o.per_peer = std::clamp(o.per_peer, 1u, 1024u);
-    for (const Member& m : o.membership->members())
+    http::HttpOptions ho;
+    ho.max_in_flight = o.per_peer;
+    ho.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
+    ho.timeout_ms = static_cast<long>(o.timeout.count());
+    ho.http_only = true;
+    ho.max_body_bytes = 64 << 10;  // an error reply's text; a chunk goes to the caller's buffer
+    for (const Member& m : o.membership->members()) {
       peers.push_back(std::make_unique<Peer>(m, o.per_peer));
+      peers.back()->http = std::make_unique<http::HttpClient>(ho);
+    }
     if (o.registry) {
       m_peer_bytes = &o.registry->counter("sluice_bytes_total", {{"source", "peer"}},
                                           "Bytes fetched for the cache, by where they came from");
@@ -98,11 +106,6 @@ struct PeerStore::Impl {
                                            "Chunk fetches from a peer that failed");
       m_in_flight = &o.registry->gauge("sluice_fetches_in_flight", {},
                                        "Chunk fetches running (peers and backing store)");
-    }
-  }
-  ~Impl() {
-    for (auto& p : peers) {
-      for (CURL* c : p->idle_curl) curl_easy_cleanup(c);
     }
   }
 
@@ -141,63 +144,6 @@ struct PeerStore::Impl {
     }
   }
 
-  CURL* lease_curl(Peer& p) {
-    {
-      std::lock_guard lock(p.mu);
-      if (!p.idle_curl.empty()) {
-        CURL* c = p.idle_curl.back();
-        p.idle_curl.pop_back();
-        return c;
-      }
-    }
-    return curl_easy_init();
-  }
-  void return_curl(Peer& p, CURL* c) {
-    std::lock_guard lock(p.mu);
-    if (p.idle_curl.size() < o.per_peer) {
-      p.idle_curl.push_back(c);
-    } else {
-      curl_easy_cleanup(c);
-    }
-  }
-
-  struct Sink {
-    std::span<std::byte> out;
-    size_t got = 0;
-    bool overflow = false;
-    std::string etag, xxh3, signature;
-  };
-
-  static size_t on_body(char* p, size_t size, size_t n, void* cls) {
-    auto* s = static_cast<Sink*>(cls);
-    size_t len = size * n;
-    if (len > s->out.size() - s->got) {
-      s->overflow = true;
-      return 0;  // aborts the transfer
-    }
-    std::memcpy(s->out.data() + s->got, p, len);
-    s->got += len;
-    return len;
-  }
-
-  static size_t on_header(char* p, size_t size, size_t n, void* cls) {
-    auto* s = static_cast<Sink*>(cls);
-    std::string_view line(p, size * n);
-    auto take = [&](std::string_view name, std::string& into) {
-      if (line.size() <= name.size() || strncasecmp(line.data(), name.data(), name.size()) != 0)
-        return;
-      std::string_view v = line.substr(name.size());
-      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-      while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' '))
-        v.remove_suffix(1);
-      if (v.size() <= 1024) into = std::string(v);  // a header value of ours is short
-    };
-    take("X-Sluice-Etag:", s->etag);
-    take("X-Sluice-Xxh3:", s->xxh3);
-    take("X-Sluice-Reply-Signature:", s->signature);
-    return size * n;
-  }
-
   static Code code_of_status(long status) {
     switch (status) {
       case 400:
@@ -221,60 +167,39 @@ struct PeerStore::Impl {
     const Member& peer = *p.member;
     r.time = std::time(nullptr);
     const std::string signature = sign_chunk_request(r, o.secret);
-    CURL* c = lease_curl(p);
-    if (!c) return fail(Code::kUnavailable, "curl_easy_init failed");
-    auto esc = [&](const std::string& s) {
-      char* e = curl_easy_escape(c, s.data(), static_cast<int>(s.size()));
-      std::string v = e ? e : "";
-      curl_free(e);
-      return v;
-    };
-    std::string url = "http://" + peer.address() + "/v1/chunk?root=" + esc(r.root) +
-                      "&key=" + esc(r.key) + "&etag=" + esc(r.etag) +
-                      "&index=" + std::to_string(r.index) + "&offset=" + std::to_string(r.offset) +
-                      "&length=" + std::to_string(r.length) + (r.verify ? "&verify=1" : "");
-    curl_slist* headers = nullptr;
-    for (const std::string& h :
-         {"X-Sluice-Node: " + r.node, "X-Sluice-Target: " + r.target,
-          "X-Sluice-Time: " + std::to_string(r.time), "X-Sluice-Signature: " + signature})
-      headers = curl_slist_append(headers, h.c_str());
-    Sink sink{out};
-    curl_easy_reset(c);
-    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(o.connect_timeout.count()));
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(o.timeout.count()));
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &Impl::on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &Impl::on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &sink);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
-    curl_easy_setopt(c, CURLOPT_MAXCONNECTS, 1L);
-    CURLcode rc = curl_easy_perform(c);
-    long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(headers);
-    return_curl(p, c);
+    using http::HttpClient;
+    http::HttpRequest req;
+    req.url = "http://" + peer.address() + "/v1/chunk?root=" + HttpClient::escape(r.root) +
+              "&key=" + HttpClient::escape(r.key) + "&etag=" + HttpClient::escape(r.etag) +
+              "&index=" + std::to_string(r.index) + "&offset=" + std::to_string(r.offset) +
+              "&length=" + std::to_string(r.length) + (r.verify ? "&verify=1" : "");
+    req.headers = {{"X-Sluice-Node", r.node},
+                   {"X-Sluice-Target", r.target},
+                   {"X-Sluice-Time", std::to_string(r.time)},
+                   {"X-Sluice-Signature", signature}};
+    req.sink = out;
+    auto resp = p.http->perform(req);
     std::string where = "peer " + peer.name + " (" + peer.address() + ")";
-    if (sink.overflow) return fail(Code::kCorruption, where + ": answered more bytes than asked");
-    if (rc != CURLE_OK) return fail(Code::kUnavailable, where + ": " + curl_easy_strerror(rc));
-    if (status != 200)
-      return fail(code_of_status(status), where + ": HTTP " + std::to_string(status));
-    if (sink.got != out.size())
-      return fail(Code::kCorruption, where + ": " + std::to_string(sink.got) + " bytes, not " +
-                                         std::to_string(out.size()));
+    if (!resp) return fail(Code::kUnavailable, where + ": " + resp.error().message());
+    if (resp->sink_overflow)
+      return fail(Code::kCorruption, where + ": answered more bytes than asked");
+    if (resp->status != 200)
+      return fail(code_of_status(resp->status), where + ": HTTP " + std::to_string(resp->status));
+    if (resp->sink_bytes != out.size())
+      return fail(Code::kCorruption, where + ": " + std::to_string(resp->sink_bytes) +
+                                         " bytes, not " + std::to_string(out.size()));
+    const std::string xxh3 = resp->header("x-sluice-xxh3");
+    const std::string etag = resp->header("x-sluice-etag");
+    const std::string reply_signature = resp->header("x-sluice-reply-signature");
     uint64_t said = 0;
-    auto [end, ec] =
-        std::from_chars(sink.xxh3.data(), sink.xxh3.data() + sink.xxh3.size(), said, 16);
-    if (ec != std::errc() || end != sink.xxh3.data() + sink.xxh3.size())
+    auto [end, ec] = std::from_chars(xxh3.data(), xxh3.data() + xxh3.size(), said, 16);
+    if (ec != std::errc() || end != xxh3.data() + xxh3.size())
       return fail(Code::kCorruption, where + ": a reply without its XXH3");
     // The reply is the owner's (it knows the secret) and answers this request.
-    if (!equal_in_constant_time(sign_chunk_reply(signature, sink.etag, out.size(), said, o.secret),
-                                sink.signature))
+    if (!equal_in_constant_time(sign_chunk_reply(signature, etag, out.size(), said, o.secret),
+                                reply_signature))
       return fail(Code::kPermissionDenied, where + ": the reply's signature does not verify");
-    if (sink.etag != r.etag)
-      return fail(Code::kConflict, where + ": etag " + sink.etag + ", not " + r.etag);
+    if (etag != r.etag) return fail(Code::kConflict, where + ": etag " + etag + ", not " + r.etag);
     if (xxh3_64(out.data(), out.size()) != said)
       return fail(Code::kCorruption, where + ": the chunk failed its XXH3 check");
     return said;

@@ -13,13 +13,20 @@
 #include <random>
 #include <thread>
 
+#include "core/backoff.h"
 #include "core/executor.h"
-#include "http.h"
+#include "http/client.h"
 #include "sigv4.h"
 #include "sluice/telemetry/registry.h"
 #include "xml.h"
 
 namespace sluice::s3 {
+
+using http::HeaderList;
+using http::HttpClient;
+using http::HttpOptions;
+using http::HttpRequest;
+using http::HttpResponse;
 
 Result<S3Location> parse_s3_uri(std::string_view uri) {
   if (!uri.starts_with("s3://"))
@@ -297,10 +304,8 @@ class S3Store : public store::Store {
       return std::unexpected(why.with_context("retry budget exhausted"));
     }
     if (m_.retries) m_.retries->add();
-    uint64_t cap = std::min<uint64_t>(opts_.max_delay_ms,
-                                      uint64_t{opts_.base_delay_ms} << std::min(attempt, 20u));
-    thread_local std::mt19937_64 rng(std::random_device{}());
-    std::this_thread::sleep_for(std::chrono::milliseconds(cap ? rng() % (cap + 1) : 0));
+    sleep_backoff(attempt, std::chrono::milliseconds(opts_.base_delay_ms),
+                  std::chrono::milliseconds(opts_.max_delay_ms));
     return ok();
   }
 

@@ -1,25 +1,19 @@
 // Backing off a store that answers Unavailable (S3 SlowDown, 503): internal to the loader.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
-#include <cstdint>
-#include <random>
-#include <thread>
 
+#include "core/backoff.h"
 #include "sluice/core/status.h"
 
 namespace sluice::stream {
 
 inline constexpr int kMaxBackoffs = 8;
 
-// Sleeps before retry `attempt` (0-based): exponential with full jitter, 10 ms, 20 ms, ...
-// up to 2.5 s. The jitter is not part of any order, so a plain generator does.
+// Sleeps before retry `attempt` (0-based): core/backoff.h's, from 10 ms up to 2.5 s.
 inline void back_off(int attempt) {
-  thread_local std::minstd_rand rng(std::random_device{}());
-  uint64_t cap_us = std::min<uint64_t>(uint64_t{10'000} << attempt, 2'500'000);
-  std::uniform_int_distribution<uint64_t> jitter(cap_us / 2, cap_us);
-  std::this_thread::sleep_for(std::chrono::microseconds(jitter(rng)));
+  sleep_backoff(static_cast<unsigned>(attempt), std::chrono::milliseconds(10),
+                std::chrono::milliseconds(2500));
 }
 
 // Runs `call` (returning a Result) again after a back-off while it fails with Unavailable,

@@ -1,4 +1,5 @@
-// A small HTTP/1.1 client over libcurl for the S3 store. Internal.
+// The one HTTP/1.1 client over libcurl, for the S3 store and the peer stores (chunks from a
+// peer's cache, a peer's object space). Internal: no public header names it.
 //
 // - Connection reuse: a pool of curl easy handles, each keeping its connection alive
 //   between requests; a request borrows one and gives it back.
@@ -6,7 +7,10 @@
 //   more wait for a slot. Too many concurrent requests collapse an object store's
 //   throughput, so this is the knob.
 // - Bodies: uploads come from a caller span; downloads go straight into a caller span
-//   (no intermediate copy) when one is given and the status is 2xx, else into `body`.
+//   (no intermediate copy) when one is given and the status is 2xx, else into `body`
+//   (at most `max_body_bytes` of it).
+// - Retries are the caller's (it knows which requests may be resent); core/backoff.h gives
+//   every caller the same backoff.
 //
 // Thread safety: `perform` may be called from any number of threads.
 #pragma once
@@ -23,7 +27,7 @@
 
 #include "sluice/core/status.h"
 
-namespace sluice::s3 {
+namespace sluice::http {
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
@@ -43,16 +47,22 @@ struct HttpResponse {
   std::string body;            // the body, unless it went to the sink
   size_t sink_bytes = 0;       // bytes written into the sink
   bool sink_overflow = false;  // the server sent more than the sink holds
+  bool body_overflow = false;  // the body passed HttpOptions::max_body_bytes
 
   // The first header called `name` (lower-case), or empty.
   std::string header(std::string_view name) const;
 };
 
 struct HttpOptions {
-  unsigned max_in_flight = 16;
+  unsigned max_in_flight = 16;  // requests at once; also the connections kept for reuse
   long connect_timeout_ms = 5000;
   // A transfer slower than 1 KiB/s for this long is abandoned (a stalled server).
   long low_speed_time_s = 30;
+  long timeout_ms = 0;     // a whole request at most this long (TimedOut); 0: no limit
+  bool http_only = false;  // refuse any scheme but http:// (a peer never speaks another)
+  // A body that is not going to a sink is cut off past this (the response then has
+  // body_overflow set and the connection is dropped); 0: no limit.
+  size_t max_body_bytes = 0;
 };
 
 class HttpClient {
@@ -67,9 +77,12 @@ class HttpClient {
   // status is a successful result.
   Result<HttpResponse> perform(const HttpRequest& request);
 
+  // `text` escaped for a URL's query or path component (RFC 3986 unreserved kept).
+  static std::string escape(std::string_view text);
+
  private:
   struct Pool;
   std::unique_ptr<Pool> pool_;
 };
 
-}  // namespace sluice::s3
+}  // namespace sluice::http

@@ -1,13 +1,15 @@
-#include "http.h"
+// The shared HTTP client (client.h).
+#include "http/client.h"
 
 #include <curl/curl.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>
 #include <cstring>
 
-namespace sluice::s3 {
+namespace sluice::http {
 
 std::string HttpResponse::header(std::string_view name) const {
   for (auto& [k, v] : headers)
@@ -29,6 +31,7 @@ struct Transfer {
   const HttpRequest* req;
   HttpResponse* resp;
   CURL* handle;
+  size_t max_body = 0;
   size_t upload_pos = 0;
 };
 
@@ -72,6 +75,11 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
       }
     }
     return len;
+  }
+  const size_t most = t->max_body;
+  if (most && t->resp->body.size() + len > most) {
+    t->resp->body_overflow = true;
+    return 0;  // aborts the transfer
   }
   t->resp->body.append(data, len);
   return len;
@@ -160,7 +168,7 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
   curl_easy_reset(h);  // keeps the live connection and DNS cache
 
   HttpResponse resp;
-  Transfer t{&req, &resp, h};
+  Transfer t{&req, &resp, h, pool_->options.max_body_bytes};
   char errbuf[CURL_ERROR_SIZE] = {};
   curl_easy_setopt(h, CURLOPT_URL, req.url.c_str());
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -168,6 +176,9 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, pool_->options.connect_timeout_ms);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, pool_->options.low_speed_time_s);
+  if (pool_->options.timeout_ms > 0)
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, pool_->options.timeout_ms);
+  if (pool_->options.http_only) curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -193,20 +204,33 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
     headers = curl_slist_append(headers, (v.empty() ? k + ";" : k + ": " + v).c_str());
   // No "Expect: 100-continue" round trip before uploads, and no body rewriting.
   headers = curl_slist_append(headers, "Expect:");
-  if (req.method == "POST" && req.body.empty())
+  // An empty POST sends no form content type, unless the caller gave one.
+  const bool typed = std::any_of(req.headers.begin(), req.headers.end(), [](const auto& kv) {
+    return strcasecmp(kv.first.c_str(), "Content-Type") == 0;
+  });
+  if (req.method == "POST" && req.body.empty() && !typed)
     headers = curl_slist_append(headers, "Content-Type:");
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
 
   CURLcode rc = curl_easy_perform(h);
   curl_slist_free_all(headers);
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
-  if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && resp.sink_overflow)) {
+  const bool overflow = resp.sink_overflow || resp.body_overflow;
+  if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && overflow)) {
     Error e = transport_error(rc, errbuf);
     release(false);
     return std::unexpected(std::move(e));
   }
-  release(!resp.sink_overflow);
+  release(!overflow);
   return resp;
 }
 
-}  // namespace sluice::s3
+std::string HttpClient::escape(std::string_view text) {
+  // The handle argument is ignored by libcurl since 7.82.
+  char* e = curl_easy_escape(nullptr, text.data(), static_cast<int>(text.size()));
+  std::string out = e ? e : "";
+  curl_free(e);
+  return out;
+}
+
+}  // namespace sluice::http

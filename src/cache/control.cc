@@ -39,7 +39,14 @@ DirectoryControl::DirectoryControl(CacheOptions options, OpenStore open_store)
 DirectoryControl::~DirectoryControl() = default;
 
 Result<std::shared_ptr<TieredCache>> DirectoryControl::open(std::string_view store_uri) {
+  std::lock_guard lock(mu_);
   if (cache_ && open_uri_ == store_uri) return cache_;
+  if (cache_ && cache_.use_count() > 1)
+    return fail(Code::kUnavailable,
+                "the cache directory " + options_.directory + " is held open for " +
+                    (open_uri_.empty() ? std::string("looking") : open_uri_) +
+                    " by a store still in use; it cannot be opened for " +
+                    (store_uri.empty() ? std::string("looking") : std::string(store_uri)));
   cache_.reset();  // the directory's lock is released before it is taken again
   CacheOptions o = options_;
   std::unique_ptr<store::Store> backing;
@@ -61,7 +68,10 @@ Result<std::shared_ptr<TieredCache>> DirectoryControl::open(std::string_view sto
 
 Result<ControlStatus> DirectoryControl::status() {
   SLUICE_ASSIGN_OR_RETURN(auto c, open(""));
-  return ControlStatus{c->stats(), std::nullopt};
+  ControlStatus st{c->stats(), std::nullopt};
+  // Opened only to look, the tier has no limit; the one its readers keep it within is this.
+  st.stats.disk.capacity = options_.disk_bytes;
+  return st;
 }
 
 Result<ChunkListing> DirectoryControl::chunks(std::string_view store_uri, std::string_view prefix) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "sluice/ckpt/manifest.h"
@@ -196,15 +197,11 @@ Result<std::vector<RestoreItem>> restore_items(const Manifest& m, const RestoreF
   return items;
 }
 
-// All or nothing holds one descriptor per file until the end: the limit is raised to the
-// hard one, and a restore that would pass it is refused before it starts.
+// All or nothing holds one descriptor per file until the end: a restore that would pass
+// the limit is refused before it starts (the caller may raise it first).
 Status enough_descriptors(size_t files) {
   struct rlimit nofile {};
-  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
-    (void)::getrlimit(RLIMIT_NOFILE, &nofile);
-  }
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) return fail_errno(errno, "getrlimit");
   if (files + 64 > nofile.rlim_cur)
     return fail(Code::kInvalidArgument, "restoring " + std::to_string(files) +
                                             " files at once needs as many open files; " +
@@ -213,14 +210,24 @@ Status enough_descriptors(size_t files) {
   return ok();
 }
 
+// This process's umask, read without changing it (umask(2) can only set it, and setting it
+// back races with other threads creating files): /proc/self/status says it since Linux 4.7.
+mode_t current_umask() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.starts_with("Umask:"))
+      return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+  return 022;  // an older kernel: the common default
+}
+
 // Publishes every written file (renamed into place) with the mode it was saved with.
 Status publish(const std::vector<RestoreItem>& items,
                std::map<size_t, std::unique_ptr<store::Writer>>& writers,
                const RestoreFilesOptions& o) {
   // A file saved without a mode (a tensor, an older checkpoint) gets 0644 less the umask, as
   // a new file would.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
+  const mode_t mask = current_umask();
   for (size_t i = 0; i < items.size(); ++i) {
     auto& w = writers[i];
     if (!w) continue;

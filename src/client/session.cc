@@ -70,7 +70,8 @@ Result<std::unique_ptr<cache::Control>> Session::cache_control() const {
         [session = *this](const std::string& uri) { return session.open_store(uri); });
   };
   if (o_.daemon_socket == "none") return embedded();
-  auto client = node::NodeClient::connect(daemon_socket(), std::chrono::seconds(10));
+  // A WARM request fetches up to 64 MiB from the source: the node store's request timeout.
+  auto client = node::NodeClient::connect(daemon_socket(), node::NodeOptions{}.timeout);
   if (!client) {
     // The default socket with nobody on it: this node runs no daemon.
     if (client.error().code() == Code::kUnavailable && o_.daemon_socket.empty()) return embedded();

@@ -43,8 +43,8 @@ Result<WarmReport> warm(cache::Control& cache, const WarmRequest& what, const Wa
   WarmingSource src(std::move(lister), cache, what.store_uri);
   WarmReport report;
   std::vector<xfer::CopyItem> items;
-  if (!what.keys.empty()) {
-    for (const std::string& k : what.keys) items.push_back(xfer::CopyItem{k, k, std::nullopt});
+  if (what.keys) {
+    for (const std::string& k : *what.keys) items.push_back(xfer::CopyItem{k, k, std::nullopt});
   } else {
     SLUICE_ASSIGN_OR_RETURN(xfer::CopyPlan plan, xfer::plan_prefix(src, what.prefix, what.prefix));
     if (plan.items.empty() && plan.rejected.empty())

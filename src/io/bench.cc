@@ -152,7 +152,7 @@ Status lay_out(const std::shared_ptr<io::Context>& ctx, const std::string& path,
     fill_pattern(buf.data(), n, off);
     SLUICE_ASSIGN_OR_RETURN(size_t w, fh.write(io::Buffer::host(buf.data(), n), n, off));
     (void)w;
-    if (o.on_lay_out) o.on_lay_out(off + n - start, size - start);
+    if (o.on_lay_out) o.on_lay_out(off + n, size);
   }
   return fh.sync();
 }

@@ -142,48 +142,6 @@ Status ShardPacker::finish() {
 
 namespace {
 
-struct SourceFile {
-  std::string rel;
-  uint64_t size;
-};
-
-// Every sample file under `dir`, grouped into samples by key, in key order.
-struct SourceTree {
-  std::map<std::string, std::vector<SourceFile>> samples;
-  uint64_t files = 0, bytes = 0, skipped = 0;
-};
-
-Result<SourceTree> list_samples(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    return fail(Code::kNotFound, "pack: " + dir + " is not a directory");
-  SourceTree t;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
-    std::string rel = fs::relative(it->path(), dir, ec).generic_string();
-    std::string key, field;
-    if (!split_sample_name(rel, key, field)) {
-      ++t.skipped;
-      continue;
-    }
-    uint64_t size = it->file_size(ec);
-    if (ec) break;
-    t.samples[key].push_back({rel, size});
-    t.bytes += size;
-    ++t.files;
-  }
-  if (ec) return fail_errno(ec.value(), "walk " + dir);
-  if (t.samples.empty())
-    return fail(Code::kNotFound,
-                "pack: no sample files under " + dir + " (a sample file is NAME.EXT)");
-  for (auto& [key, fields] : t.samples)
-    std::sort(fields.begin(), fields.end(),
-              [](const SourceFile& x, const SourceFile& y) { return x.rel < y.rel; });
-  return t;
-}
-
 // A file's bytes, which must still be the size it was listed at.
 Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
@@ -208,16 +166,48 @@ Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t size)
 
 }  // namespace
 
-Result<PackReport> pack_directory(const std::string& directory, store::Store& store,
-                                  std::string prefix, const PackDirectoryOptions& o) {
-  SLUICE_ASSIGN_OR_RETURN(SourceTree tree, list_samples(directory));
+Result<SampleFiles> find_sample_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return fail(Code::kNotFound, "pack: " + dir + " is not a directory");
+  SampleFiles t;
+  t.directory = dir;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    std::string rel = fs::relative(it->path(), dir, ec).generic_string();
+    std::string key, field;
+    if (!split_sample_name(rel, key, field)) {
+      ++t.skipped;
+      continue;
+    }
+    uint64_t size = it->file_size(ec);
+    if (ec) break;
+    t.samples[key].push_back({rel, size});
+    t.bytes += size;
+    ++t.files;
+  }
+  if (ec) return fail_errno(ec.value(), "walk " + dir);
+  if (t.samples.empty())
+    return fail(Code::kNotFound,
+                "pack: no sample files under " + dir + " (a sample file is NAME.EXT)");
+  for (auto& [key, fields] : t.samples)
+    std::sort(fields.begin(), fields.end(),
+              [](const SampleFiles::File& x, const SampleFiles::File& y) { return x.rel < y.rel; });
+  return t;
+}
+
+Result<PackReport> pack_directory(const SampleFiles& tree, store::Store& store, std::string prefix,
+                                  const PackDirectoryOptions& o) {
+  const std::string dest = o.destination.empty() ? store.uri() : o.destination;
   // A dataset is everything under its prefix: packing into a used one would mix datasets.
   SLUICE_ASSIGN_OR_RETURN(store::ListPage existing,
                           store.list(store::ListOptions{.prefix = prefix, .max_keys = 1}));
   if (!existing.objects.empty())
-    return fail(Code::kAlreadyExists,
-                "pack: " + store.uri() + "/" + prefix + " already holds objects (" +
-                    existing.objects.front().key + "); pack into an empty prefix");
+    return fail(Code::kAlreadyExists, "pack: " + dest + " already holds objects (" +
+                                          existing.objects.front().key +
+                                          "); pack into an empty prefix");
   ShardPacker packer(store, prefix, o.pack);
   uint64_t packed_bytes = 0;
   auto pack_all = [&]() -> Status {
@@ -228,7 +218,7 @@ Result<PackReport> pack_directory(const std::string& directory, store::Store& st
       data.clear();
       parts.clear();
       for (const auto& f : fields) {
-        SLUICE_ASSIGN_OR_RETURN(auto bytes, read_file(directory + "/" + f.rel, f.size));
+        SLUICE_ASSIGN_OR_RETURN(auto bytes, read_file(tree.directory + "/" + f.rel, f.size));
         data.push_back(std::move(bytes));
         packed_bytes += f.size;
       }
@@ -242,7 +232,7 @@ Result<PackReport> pack_directory(const std::string& directory, store::Store& st
     if (packer.shards() == 0) return std::unexpected(done.error());
     return std::unexpected(done.error().with_context(
         "pack published " + std::to_string(packer.shards()) + " whole shards (" +
-        std::to_string(packer.samples()) + " samples) under " + store.uri() + "/" + prefix +
+        std::to_string(packer.samples()) + " samples) under " + dest +
         " before it failed: that dataset is incomplete; remove it and pack again"));
   }
   return PackReport{packer.shards(), packer.samples(), tree.files,

@@ -4,12 +4,9 @@
 
 #include <chrono>
 #include <cstdio>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <future>
-#include <limits>
 #include <map>
 #include <optional>
 
@@ -17,15 +14,10 @@
 
 #include "common.h"
 #include "cp.h"
-#include "sluice/cache/read_ahead.h"
 #include "sluice/client/location.h"
 #include "sluice/client/read.h"
 #include "sluice/client/warm.h"
 #include "sluice/core/sizes.h"
-#include "sluice/mem/buffer_pool.h"
-#include "sluice/node/client.h"
-#include "sluice/s3/store.h"
-#include "sluice/store/wrapper.h"
 #include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
@@ -42,8 +34,9 @@ std::string tiers(const cache::CachedChunk& c) {
 }
 
 // The node's cache these commands look after: sluiced's when it answers, else the directory.
-Result<std::unique_ptr<cache::Control>> open_control(const CacheArgs& a) {
-  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, {}, a.cache));
+// `sources`: the command opens source stores (S3 settings are read only then).
+Result<std::unique_ptr<cache::Control>> open_control(const CacheArgs& a, bool sources) {
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, {}, a.cache, sources));
   return session.cache_control();
 }
 
@@ -136,7 +129,7 @@ int print_directory_stat(const CacheArgs& a, cache::Control& control, const cach
 }
 
 int cmd_stat(const CacheArgs& a) {
-  auto control = open_control(a);
+  auto control = open_control(a, false);
   if (!control) return report_error(control.error());
   auto st = (*control)->status();
   if (!st) return report_error(st.error());
@@ -145,7 +138,7 @@ int cmd_stat(const CacheArgs& a) {
 
 // `cache peers`: the membership of the running daemon and each peer's state.
 int cmd_peers(const CacheArgs& a) {
-  auto session = open_session(a.aws, {}, a.cache);
+  auto session = open_session(a.aws, {}, a.cache, false);
   if (!session) return report_error(session.error());
   auto control = session->cache_control();
   if (!control) return report_error(control.error());
@@ -190,7 +183,7 @@ int cmd_ls(const CacheArgs& a) {
     if (!named) return report_error(named.error());
     where = *named;
   }
-  auto control = open_control(a);
+  auto control = open_control(a, !a.target.empty());
   if (!control) return report_error(control.error());
   auto listing = (*control)->chunks(where.store_uri, where.key);
   if (!listing) return report_error(listing.error());
@@ -221,7 +214,7 @@ int cmd_ls(const CacheArgs& a) {
 }
 
 int cmd_verify(const CacheArgs& a) {
-  auto control = open_control(a);
+  auto control = open_control(a, false);
   if (!control) return report_error(control.error());
   auto rep = (*control)->verify();
   if (!rep) return report_error(rep.error().with_context("cache verify"));
@@ -246,7 +239,7 @@ int cmd_verify(const CacheArgs& a) {
 int cmd_prefix(const CacheArgs& a, const std::string& verb) {
   auto where = client::store_key(a.target);
   if (!where) return report_error(where.error());
-  auto control = open_control(a);
+  auto control = open_control(a, true);
   if (!control) return report_error(control.error());
   auto n = verb == "evict" ? (*control)->evict(where->store_uri, where->key)
                            : (*control)->pin(where->store_uri, where->key, verb == "pin");
@@ -264,37 +257,36 @@ int cmd_prefix(const CacheArgs& a, const std::string& verb) {
   return 0;
 }
 
-// What `warm PREFIX` or `warm --list FILE` (one URI or path per line, all in one store)
-// names.
+// What `warm PREFIX` or `warm [PREFIX] --list FILE` names. The list holds one URI or path
+// a line, all in one store: PREFIX's when given, else the first line's.
 Result<client::WarmRequest> warm_request(const CacheArgs& a) {
-  client::WarmRequest r;
-  if (a.list_file.empty()) {
-    if (a.target.empty())
-      return fail(Code::kInvalidArgument, "warm: give a URI prefix, or --list FILE of URIs");
-    SLUICE_ASSIGN_OR_RETURN(client::StoreKey k, client::store_key(a.target));
-    r.store_uri = k.store_uri;
-    r.prefix = k.key;
-    return r;
+  std::string first = a.target;
+  if (first.empty() && !a.list_file.empty()) {
+    std::ifstream in(a.list_file);
+    while (std::getline(in, first) && (first.empty() || first[0] == '#')) {
+    }
   }
+  if (first.empty())
+    return fail(Code::kInvalidArgument, "warm: give a URI prefix, or --list FILE of URIs");
+  SLUICE_ASSIGN_OR_RETURN(client::StoreKey named, client::store_key(first));
+  client::WarmRequest r;
+  r.store_uri = named.store_uri;
+  r.prefix = named.key;
+  if (a.list_file.empty()) return r;
   std::ifstream in(a.list_file);
   if (!in) return fail_errno(errno, "open " + a.list_file);
-  std::string line, first;
+  r.keys.emplace();
+  std::string line;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.empty() || line[0] == '#') continue;
     const std::string where = a.list_file + " line " + std::to_string(n);
     auto k = client::store_key(line);
     if (!k) return std::unexpected(k.error().with_context(where));
-    if (first.empty()) {
-      first = line;
-      r.store_uri = k->store_uri;
-    } else if (k->store_uri != r.store_uri) {
+    if (k->store_uri != r.store_uri)
       return fail(Code::kInvalidArgument,
                   where + ": '" + line + "' is not in the same store as '" + first + "'");
-    }
-    r.keys.push_back(k->key);
+    r.keys->push_back(k->key);
   }
-  if (r.keys.empty())
-    return fail(Code::kInvalidArgument, "warm: " + a.list_file + " names no URI to warm");
   return r;
 }
 
@@ -302,7 +294,7 @@ int cmd_warm(const CacheArgs& a, const CancelHook& cancel) {
   auto what = warm_request(a);
   if (!what) return report_error(what.error());
   // Through the running daemon (its cache fills), else the embedded cache.
-  auto control = open_control(a);
+  auto control = open_control(a, true);
   if (!control) return report_error(control.error());
   client::WarmOptions how;
   how.jobs = a.jobs;

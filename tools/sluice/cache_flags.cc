@@ -54,8 +54,8 @@ std::string daemon_socket(const CacheFlags& f, const std::string& home) {
 }
 
 Result<client::SessionOptions> session_options(const client::AwsSettings& aws,
-                                               const std::string& ledger_flag,
-                                               const CacheFlags& f) {
+                                               const std::string& ledger_flag, const CacheFlags& f,
+                                               bool with_s3) {
   client::SessionOptions o;
   o.home = client::home_from_environment();
   SLUICE_ASSIGN_OR_RETURN(o.cache, cache_options(f, o.home));
@@ -63,14 +63,17 @@ Result<client::SessionOptions> session_options(const client::AwsSettings& aws,
   o.on_fallback = [](const std::string& why) {
     std::fprintf(stderr, "sluice: note: %s\n", why.c_str());
   };
-  SLUICE_ASSIGN_OR_RETURN(o.s3, client::s3_options_from_environment(aws));
+  if (with_s3) {
+    SLUICE_ASSIGN_OR_RETURN(o.s3, client::s3_options_from_environment(aws));
+  }
   o.ledger = client::ledger_from_environment(ledger_flag);
   return o;
 }
 
 Result<client::Session> open_session(const client::AwsSettings& aws, const std::string& ledger_flag,
-                                     const CacheFlags& cache) {
-  SLUICE_ASSIGN_OR_RETURN(client::SessionOptions o, session_options(aws, ledger_flag, cache));
+                                     const CacheFlags& cache, bool with_s3) {
+  SLUICE_ASSIGN_OR_RETURN(client::SessionOptions o,
+                          session_options(aws, ledger_flag, cache, with_s3));
   return client::Session(std::move(o));
 }
 

@@ -31,14 +31,15 @@ Result<cache::CacheOptions> cache_options(const CacheFlags& flags, const std::st
 std::string daemon_socket(const CacheFlags& flags, const std::string& home);
 
 // Everything a command opens things through: the cache flags, the S3 settings (`aws`,
-// then the environment and ~/.aws), the ledger (`ledger_flag`, then $SLUICE_LEDGER) and
-// $SLUICE_HOME; a read that falls back to the embedded cache says why on stderr.
+// then the environment and ~/.aws; none read without `with_s3`, for a command that opens
+// no store), the ledger (`ledger_flag`, then $SLUICE_LEDGER) and $SLUICE_HOME; a read that
+// falls back to the embedded cache says why on stderr.
 Result<client::SessionOptions> session_options(const client::AwsSettings& aws = {},
                                                const std::string& ledger_flag = {},
-                                               const CacheFlags& cache = {});
+                                               const CacheFlags& cache = {}, bool with_s3 = true);
 // The same, opened.
 Result<client::Session> open_session(const client::AwsSettings& aws = {},
                                      const std::string& ledger_flag = {},
-                                     const CacheFlags& cache = {});
+                                     const CacheFlags& cache = {}, bool with_s3 = true);
 
 }  // namespace sluice::cli

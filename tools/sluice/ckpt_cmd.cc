@@ -27,7 +27,6 @@
 #include "sluice/client/checkpoints.h"
 #include "sluice/core/fd.h"
 #include "sluice/core/sizes.h"
-#include "sluice/peer/object_store.h"
 #include "sluice/s3/store.h"
 
 namespace sluice::cli {
@@ -370,6 +369,12 @@ int run_restore(const CkptArgs& a) {
   o.on_problem = [](const std::string& p) {
     std::fprintf(stderr, "sluice: warning: %s\n", printable(p).c_str());
   };
+  // A restore holds a descriptor per file until every byte is in: as many as may be had.
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto r = ckpt::restore_files(**cp, *step, o);
   if (!r) return report_error(r.error());

@@ -114,12 +114,9 @@ Result<Side> source_object(const Location& l) {
 // A local source read through the cache is named from the root (file:///, the key its
 // absolute path), so every command names one file's chunks the same way.
 Result<Side> cached_local(const Side& s) {
-  std::error_code ec;
-  fs::path p = fs::weakly_canonical(fs::path(s.store_uri.substr(7)) / s.key, ec);
-  if (ec) return fail_errno(ec.value(), "resolve " + s.store_uri.substr(7) + "/" + s.key);
-  std::string key = p.string().substr(1);
-  if (s.key.empty() || s.key.ends_with('/')) key = as_prefix(key);
-  return Side{"file:///", key};
+  SLUICE_ASSIGN_OR_RETURN(client::StoreKey k,
+                          client::store_key(s.store_uri.substr(7) + "/" + s.key));
+  return Side{k.store_uri, k.key};
 }
 
 // The destination of a one-object copy whose source object is called `name`.

@@ -207,6 +207,9 @@ int run_pack(const DatasetArgs& a) {
                                   "': " + (target ? "at least 4K" : target.error().message())));
   if (a.name.empty() || a.name.find('/') != std::string::npos)
     return report_error(Error(Code::kInvalidArgument, "--name must be a plain word"));
+  // The source first: a missing one is its own error, and nothing is made for it.
+  auto files = stream::find_sample_files(a.src);
+  if (!files) return report_error(files.error());
   auto w = client::dataset_location(a.uri);
   if (!w) return report_error(w.error());
   auto session = open_session(a.aws, {}, a.cache);
@@ -219,6 +222,7 @@ int run_pack(const DatasetArgs& a) {
   const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
   stream::PackDirectoryOptions po;
   po.pack = {.shard_bytes = *target, .name = a.name};
+  po.destination = a.uri;
   po.cancel = a.cancel;
   if (progress)
     po.on_progress = [](uint64_t done, uint64_t samples, uint64_t bytes) {
@@ -227,7 +231,7 @@ int run_pack(const DatasetArgs& a) {
                      static_cast<unsigned long>(samples),
                      format_size(static_cast<double>(bytes)).c_str());
     };
-  auto r = stream::pack_directory(a.src, **st, w->prefix, po);
+  auto r = stream::pack_directory(*files, **st, w->prefix, po);
   if (progress) std::fprintf(stderr, "\r%-90s\r", "");
   if (!r) return report_error(r.error());
   double secs = seconds_since(t0);

@@ -5,11 +5,8 @@
 #include "doctor_cmd.h"
 
 #include <fcntl.h>
-#include <linux/fs.h>
 #include <signal.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -32,9 +29,6 @@
 #include "sluice/doctor/object_store.h"
 #include "sluice/doctor/observe.h"
 #include "sluice/doctor/sweep.h"
-#include "sluice/io/bench.h"
-#include "sluice/io/file_handle.h"
-#include "sluice/mem/target.h"
 #include "sluice/s3/store.h"
 #include "sluice/telemetry/registry.h"
 
@@ -92,7 +86,7 @@ int run_path(const DoctorArgs& a, const CancelHook& cancel) {
   // A directory is measured through a scratch file of our own, always removed.
   std::unique_ptr<doctor::ScratchFile> scratch;
   if (S_ISDIR(sb.st_mode)) {
-    LayOutProgress shown(a.path);
+    LayOutProgress shown("a scratch file in " + a.path);
     doctor::ScratchOptions so{.size = a.scratch_size, .cancel = cancel.flag};
     if (progress) so.on_lay_out = std::ref(shown);
     auto made = doctor::ScratchFile::create(a.path, so);

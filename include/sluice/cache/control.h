@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,6 +52,8 @@ struct Warmed {
   std::string etag;       // the version warmed
 };
 
+// Every call may be made from many threads at once (client::warm warms `jobs` objects
+// together).
 class Control {
  public:
   virtual ~Control() = default;
@@ -76,7 +79,8 @@ class Control {
 // The embedded cache: this process opens the cache directory (which no other process may
 // hold). Looking (status, a listing of every store, verify) opens it without a source and
 // evicts nothing, whatever size it was filled under; a call on one store opens the cache in
-// front of it, with `options`. One cache is open at a time. Not thread-safe.
+// front of it, with `options`. One cache is open at a time: a call on another store while
+// a store() handed out is still held is Unavailable (the directory is held for the first).
 class DirectoryControl final : public Control {
  public:
   using OpenStore = std::function<Result<std::unique_ptr<store::Store>>(const std::string& uri)>;
@@ -98,8 +102,9 @@ class DirectoryControl final : public Control {
 
   CacheOptions options_;
   OpenStore open_store_;
-  std::string open_uri_;
-  std::shared_ptr<TieredCache> cache_;
+  std::mutex mu_;
+  std::string open_uri_;                // guarded by mu_
+  std::shared_ptr<TieredCache> cache_;  // guarded by mu_
 };
 
 }  // namespace sluice::cache

@@ -47,8 +47,8 @@ struct RestoreFilesReport {
 // published only once every byte of the step was read and checked, so a failure leaves the
 // directory as it was. A file gets back the mode it was saved with, never setuid, setgid or
 // sticky, narrowed by the umask. Memory stays within one 256 MiB window whatever the step
-// holds; one descriptor per file is held until the end (the limit is raised, or the restore
-// refused up front).
+// holds; one descriptor per file is held until the end (a restore past RLIMIT_NOFILE is
+// refused up front: raise it first).
 Result<RestoreFilesReport> restore_files(Checkpointer& checkpointer, uint64_t step,
                                          const RestoreFilesOptions& options);
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,9 @@
 namespace sluice::client {
 
 struct WarmRequest {
-  std::string store_uri;          // the source store ("s3://bucket", "file:///")
-  std::string prefix;             // every object under it, when `keys` is empty
-  std::vector<std::string> keys;  // else exactly these
+  std::string store_uri;                         // the source store ("s3://bucket", "file:///")
+  std::string prefix;                            // every object under it, unless `keys` is set
+  std::optional<std::vector<std::string>> keys;  // exactly these (none: nothing to do)
 };
 
 struct WarmOptions {

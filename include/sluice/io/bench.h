@@ -25,7 +25,7 @@ struct BenchOptions {
   std::optional<uint64_t> size;  // unset: the file's size; needed to create a file
   double runtime = 0;            // seconds; 0: one pass over `size`
   bool verify = false;
-  // Called as the file is laid out (bytes written so far, bytes to write), after every 16 MiB.
+  // Called as the file is laid out (bytes of it laid out so far, its size), after every 16 MiB.
   std::function<void(uint64_t done, uint64_t total)> on_lay_out;
   // Set (by a signal handler): laying out the file stops at the next 16 MiB with kCancelled.
   const std::atomic<bool>* cancel = nullptr;

@@ -21,11 +21,13 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sluice/store/store.h"
 #include "sluice/stream/tar.h"
@@ -89,8 +91,22 @@ class ShardPacker {
 // Packing a directory of sample files (`sluice dataset pack`): every regular file under it
 // named NAME.EXT (split_sample_name) is a field of sample NAME; samples go in key order,
 // each sample's files in name order.
+struct SampleFiles {
+  struct File {
+    std::string rel;  // the path below the directory
+    uint64_t size = 0;
+  };
+  std::string directory;
+  std::map<std::string, std::vector<File>> samples;  // by sample key
+  uint64_t files = 0, bytes = 0;
+  uint64_t skipped = 0;  // regular files that are not sample files
+};
+// NotFound for what is not a directory, or holds no sample file.
+Result<SampleFiles> find_sample_files(const std::string& directory);
+
 struct PackDirectoryOptions {
   PackOptions pack;
+  std::string destination;  // names the destination in messages (default: the store's URI)
   const std::atomic<bool>* cancel = nullptr;  // set: stops before the next sample (kCancelled)
   std::function<void(uint64_t samples_done, uint64_t samples, uint64_t bytes)> on_progress;
 };
@@ -102,11 +118,10 @@ struct PackReport {
   uint64_t skipped_files = 0;          // not sample files
 };
 
-// Packs `directory` into `prefix` of `store`, which must hold nothing under it (a dataset
-// is everything under its prefix: AlreadyExists). NotFound for a directory without sample
-// files; Conflict for a file that changes while it is packed. A pack that fails after it
-// published shards says so: that dataset is incomplete.
-Result<PackReport> pack_directory(const std::string& directory, store::Store& store,
-                                  std::string prefix, const PackDirectoryOptions& options);
+// Packs the files into `prefix` of `store`, which must hold nothing under it (a dataset is
+// everything under its prefix: AlreadyExists). Conflict for a file that changes while it is
+// packed. A pack that fails after it published shards says so: that dataset is incomplete.
+Result<PackReport> pack_directory(const SampleFiles& files, store::Store& store, std::string prefix,
+                                  const PackDirectoryOptions& options);
 
 }  // namespace sluice::stream

@@ -198,7 +198,8 @@ TEST(Datasets, TheCatalogListsOnceAndNoticesARepack) {
     for (int i = 0; i < samples; ++i)
       std::ofstream(dir.file("src/s" + std::to_string(i) + ".bin")) << std::string(100, fill);
     auto st = store::open_store("file://" + dir.file("ds")).value();
-    ASSERT_TRUE(stream::pack_directory(dir.file("src"), *st, "", {}));
+    ASSERT_TRUE(
+        stream::pack_directory(stream::find_sample_files(dir.file("src")).value(), *st, "", {}));
   };
   pack(10, 'a');
   DatasetSpec spec{.uri = dir.file("ds"), .through_cache = false, .catalog = true};

@@ -748,7 +748,10 @@ TEST(PackDirectory, ADirectoryOfSampleFilesBecomesAWholeDataset) {
     EXPECT_EQ(samples, 30u);
     last_done = done;
   };
-  auto r = pack_directory(dir.path(), *s, "ds/", o);
+  auto files = find_sample_files(dir.path());
+  ASSERT_TRUE(files) << files.error().to_string();
+  EXPECT_EQ(files->samples.size(), 30u);
+  auto r = pack_directory(*files, *s, "ds/", o);
   ASSERT_TRUE(r) << r.error().to_string();
   EXPECT_EQ(r->samples, 30u);
   EXPECT_EQ(r->files, 60u);
@@ -759,13 +762,14 @@ TEST(PackDirectory, ADirectoryOfSampleFilesBecomesAWholeDataset) {
   EXPECT_EQ(ds->samples(), 30u);
   EXPECT_EQ(ds->shards().size(), r->shards);
 
-  EXPECT_EQ(pack_directory(dir.path(), *s, "ds/", o).error().code(), Code::kAlreadyExists);
+  EXPECT_EQ(pack_directory(*files, *s, "ds/", o).error().code(), Code::kAlreadyExists);
   sluice::testing::TempDir empty;
-  EXPECT_EQ(pack_directory(empty.path(), *s, "other/", {}).error().code(), Code::kNotFound);
+  EXPECT_EQ(find_sample_files(empty.path()).error().code(), Code::kNotFound);
+  EXPECT_EQ(find_sample_files(dir.file("missing")).error().code(), Code::kNotFound);
   std::atomic<bool> cancel{true};
   PackDirectoryOptions stop;
   stop.cancel = &cancel;
-  EXPECT_EQ(pack_directory(dir.path(), *s, "stopped/", stop).error().code(), Code::kCancelled);
+  EXPECT_EQ(pack_directory(*files, *s, "stopped/", stop).error().code(), Code::kCancelled);
 }
 
 }  // namespace

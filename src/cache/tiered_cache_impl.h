@@ -31,6 +31,10 @@
 
 namespace sluice::cache {
 
+// Shared by this layer's files only; in `detail`, so no other file's type of the same
+// name in this namespace is ever taken for one of these.
+namespace detail {
+
 using Clock = std::chrono::steady_clock;
 using ChunkResult = Result<std::shared_ptr<const Chunk>>;
 
@@ -86,6 +90,9 @@ struct Metrics {
   telemetry::Counter &prefetched, &prefetch_hits, &prefetch_wasted;
   telemetry::Histogram& fill_ns;
 };
+
+}  // namespace detail
+using namespace detail;
 
 struct TieredCache::Impl {
   Impl(std::unique_ptr<store::Store> b, CacheOptions o);

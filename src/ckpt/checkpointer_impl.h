@@ -34,6 +34,10 @@
 
 namespace sluice::ckpt {
 
+// Shared by this layer's files only; in `detail`, so no other file's type of the same
+// name in this namespace is ever taken for one of these.
+namespace detail {
+
 using Clock = std::chrono::steady_clock;
 
 inline int64_t now_ns() {
@@ -329,5 +333,8 @@ class CheckpointerImpl final : public Checkpointer {
   std::set<std::pair<size_t, std::string>> live_;          // (tier, marker key); by mu_
   std::thread stage_thread_, repl_thread_, lease_thread_;
 };
+
+}  // namespace detail
+using namespace detail;
 
 }  // namespace sluice::ckpt

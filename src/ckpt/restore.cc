@@ -12,6 +12,8 @@
 
 namespace sluice::ckpt {
 
+namespace detail {
+
 // The files one restore or verify reads: each local shard is opened once and shared by the
 // reading threads (a FileHandle may be used from many threads at once).
 class ShardFiles {
@@ -35,6 +37,8 @@ class ShardFiles {
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<io::FileHandle>> open_;  // guarded by mu_
 };
+
+}  // namespace detail
 
 // ---------------------------------------------------------------------------------------
 // Reading.

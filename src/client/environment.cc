@@ -2,6 +2,8 @@
 #include "sluice/client/environment.h"
 
 #include <INIReader.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -121,6 +123,28 @@ Result<std::vector<peer::Member>> members_from_environment(const std::string& sp
   std::vector<peer::Member> members;
   for (std::string& n : names) members.push_back(peer::Member{n, n, slurm_port});
   return members;
+}
+
+// The node secret: the file's first line, at least 16 bytes, in a file only its owner reads.
+Result<std::string> read_node_secret(const std::string& path) {
+  struct stat sb;
+  if (::stat(path.c_str(), &sb) != 0) return fail_errno(errno, "node secret file " + path);
+  if (sb.st_mode & 077)
+    return fail(Code::kPermissionDenied,
+                "node secret file " + path + " is readable by others: chmod 600 it");
+  SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(path, "node secret file"));
+  std::string secret = text.substr(0, text.find('\n'));
+  while (!secret.empty() && (secret.back() == '\r' || secret.back() == ' ')) secret.pop_back();
+  if (secret.size() < 16)
+    return fail(Code::kInvalidArgument, "node secret in " + path + " is under 16 bytes");
+  return secret;
+}
+
+std::string short_host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string s = host;
+  return s.substr(0, s.find('.'));
 }
 
 }  // namespace sluice::client

@@ -84,7 +84,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   tiers.retention = {a.keep_last, a.keep_every};
   tiers.writes = writes;
   tiers.charge = charge;
-  tiers.peers.node = a.node_name.empty() ? short_host_name() : a.node_name;
+  tiers.peers.node = a.node_name.empty() ? client::short_host_name() : a.node_name;
   const bool peer_tiers = std::any_of(a.tiers.begin(), a.tiers.end(), [](const std::string& t) {
     return t.starts_with("sluiced://") || t.starts_with("peer://");
   });
@@ -92,7 +92,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
     if (a.secret_file.empty())
       return fail(Code::kInvalidArgument,
                   "a sluiced:// or peer:// tier needs --node-secret-file FILE");
-    SLUICE_ASSIGN_OR_RETURN(tiers.peers.secret, read_secret(a.secret_file));
+    SLUICE_ASSIGN_OR_RETURN(tiers.peers.secret, client::read_node_secret(a.secret_file));
   }
   for (const std::string& t : a.tiers) {
     if (!t.starts_with("peer://")) continue;

@@ -1,16 +1,9 @@
 #include "common.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
-#include <span>
 
-#include "sluice/core/fd.h"
 #include "sluice/core/sizes.h"
 
 namespace sluice::cli {
@@ -19,28 +12,6 @@ int report_error(const Error& e) {
   // The program's own name: sluiced's errors say "sluiced: error".
   std::fprintf(stderr, "%s: error: %s\n", program_invocation_short_name, e.to_string().c_str());
   return e.code() == Code::kInvalidArgument ? 2 : 1;
-}
-
-// The node secret: the file's first line, at least 16 bytes, in a file only its owner reads.
-Result<std::string> read_secret(const std::string& path) {
-  struct stat sb;
-  if (::stat(path.c_str(), &sb) != 0) return fail_errno(errno, "node secret file " + path);
-  if (sb.st_mode & 077)
-    return fail(Code::kPermissionDenied,
-                "node secret file " + path + " is readable by others: chmod 600 it");
-  SLUICE_ASSIGN_OR_RETURN(std::string text, read_small_file(path, "node secret file"));
-  std::string secret = text.substr(0, text.find('\n'));
-  while (!secret.empty() && (secret.back() == '\r' || secret.back() == ' ')) secret.pop_back();
-  if (secret.size() < 16)
-    return fail(Code::kInvalidArgument, "node secret in " + path + " is under 16 bytes");
-  return secret;
-}
-
-std::string short_host_name() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string s = host;
-  return s.substr(0, s.find('.'));
 }
 
 std::string format_utc(int64_t ns, const char* format) {

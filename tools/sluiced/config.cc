@@ -147,12 +147,12 @@ Status configure_peers(const Args& a, node::PeerConfig& p) {
   if (a.peers.empty()) return ok();  // /metrics only
   auto members = client::members_from_environment(a.peers, p.port);
   if (!members) return std::unexpected(members.error().with_context("--peers (and --peer-listen)"));
-  std::string self = a.node_name.empty() ? cli::short_host_name() : a.node_name;
+  std::string self = a.node_name.empty() ? client::short_host_name() : a.node_name;
   SLUICE_ASSIGN_OR_RETURN(peer::Membership m, peer::Membership::make(std::move(*members), self));
   p.membership = std::make_shared<const peer::Membership>(std::move(m));
   if (a.secret_file.empty())
     return fail(Code::kInvalidArgument, "--peers needs --node-secret-file FILE");
-  SLUICE_ASSIGN_OR_RETURN(p.secret, cli::read_secret(a.secret_file));
+  SLUICE_ASSIGN_OR_RETURN(p.secret, client::read_node_secret(a.secret_file));
   return ok();
 }
 

@@ -44,4 +44,11 @@ LedgerChoice ledger_from_environment(const std::string& flag = {});
 Result<std::vector<peer::Member>> members_from_environment(const std::string& spec,
                                                            uint16_t slurm_port);
 
+// The job's node secret from a file: its first line, at least 16 bytes, in a file only its
+// owner may read (PermissionDenied otherwise: chmod 600 it).
+Result<std::string> read_node_secret(const std::string& path);
+
+// This host's name up to the first dot: a node's member name unless one is given.
+std::string short_host_name();
+
 }  // namespace sluice::client

@@ -41,6 +41,16 @@ Result<std::string> writable_peer(const std::string& uri, const std::string& ser
 
 }  // namespace
 
+std::string default_checkpoint_tier(const std::string& home) {
+  return home + "/ckpt";
+}
+
+bool names_peer_tier(const std::vector<std::string>& uris) {
+  return std::any_of(uris.begin(), uris.end(), [](const std::string& t) {
+    return t.starts_with("sluiced://") || t.starts_with("peer://");
+  });
+}
+
 Result<std::vector<std::string>> resolve_peer_tiers(const std::vector<std::string>& uris,
                                                     const std::string& series, unsigned world,
                                                     const PeerTierSettings& peers,
@@ -77,9 +87,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const Session& ses
                                                               ckpt::CheckpointerOptions o,
                                                               const CheckpointTiers& tiers) {
   store::StoreOptions so = session.store_options();
-  if (std::any_of(tiers.uris.begin(), tiers.uris.end(), [](const std::string& t) {
-        return t.starts_with("sluiced://") || t.starts_with("peer://");
-      })) {
+  if (names_peer_tier(tiers.uris)) {
     // A peer daemon's object space: this node signs as a member of the job.
     if (tiers.peers.secret.empty())
       return fail(Code::kInvalidArgument,
@@ -93,7 +101,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const Session& ses
   SLUICE_ASSIGN_OR_RETURN(
       std::vector<std::string> uris,
       resolve_peer_tiers(tiers.uris, o.series, o.world, tiers.peers, so, tiers.writes));
-  if (uris.empty()) uris.push_back(session.options().home + "/ckpt");
+  if (uris.empty()) uris.push_back(default_checkpoint_tier(session.options().home));
   for (const auto& uri : uris) {
     // The default tier is sluice's own directory: made on first use by any command.
     SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t,
@@ -114,7 +122,7 @@ Status check_no_pins(const Session& session, const std::vector<std::string>& tie
   SLUICE_ASSIGN_OR_RETURN(auto projects, ledger->projects());
   SLUICE_ASSIGN_OR_RETURN(auto pins, ledger->pins());
   std::vector<std::string> tiers = tier_uris;
-  if (tiers.empty()) tiers.push_back(session.options().home + "/ckpt");
+  if (tiers.empty()) tiers.push_back(default_checkpoint_tier(session.options().home));
   for (const auto& tier : tiers) {
     std::string location = tier;
     if (location.find("://") == std::string::npos) {

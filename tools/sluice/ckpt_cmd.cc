@@ -85,10 +85,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   tiers.writes = writes;
   tiers.charge = charge;
   tiers.peers.node = a.node_name.empty() ? client::short_host_name() : a.node_name;
-  const bool peer_tiers = std::any_of(a.tiers.begin(), a.tiers.end(), [](const std::string& t) {
-    return t.starts_with("sluiced://") || t.starts_with("peer://");
-  });
-  if (peer_tiers) {
+  if (client::names_peer_tier(a.tiers)) {
     if (a.secret_file.empty())
       return fail(Code::kInvalidArgument,
                   "a sluiced:// or peer:// tier needs --node-secret-file FILE");
@@ -164,7 +161,8 @@ int run_save(const CkptArgs& a) {
   if (!number) return report_error(number.error());
   const uint64_t step = *number;
   if (auto s = refuse_if_pinned(a); !s) return report_error(s.error());
-  const std::vector<std::string> tiers = a.tiers.empty() ? std::vector{a.home + "/ckpt"} : a.tiers;
+  const std::vector<std::string> tiers =
+      a.tiers.empty() ? std::vector{client::default_checkpoint_tier(a.home)} : a.tiers;
   if (auto st = ckpt::check_tiers_outside_inputs(tiers, a.paths); !st)
     return report_error(st.error());
   auto views = ckpt::file_tensors(a.paths);
@@ -477,7 +475,7 @@ void add_location_flags(CLI::App* c, CkptArgs& a) {
 void add_common(CLI::App* c, CkptArgs& a, const char* tier_flag, const char* tier_help) {
   // One value per --to/--from: a path after it is an input, not another tier.
   c->add_option(tier_flag, a.tiers, tier_help)
-      ->default_str(a.home + "/ckpt")
+      ->default_str(client::default_checkpoint_tier(a.home))
       ->allow_extra_args(false);
   add_location_flags(c, a);
   c->add_option("--chunk-size", a.chunk, "Checksum granularity (a multiple of 4K)")
@@ -554,7 +552,7 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
   restore->add_option("--step", a.step, "A step number or latest")->default_str("latest");
   restore->add_option("--to", a.out_dir, "The directory to write the files into")->required();
   restore->add_option("--from", a.tiers, kFromHelp)
-      ->default_str(a.home + "/ckpt")
+      ->default_str(client::default_checkpoint_tier(a.home))
       ->allow_extra_args(false);
   restore->add_option("--rank", a.only_rank,
                       "Only this rank's files (default: every rank; "

@@ -41,6 +41,13 @@ struct CheckpointTiers {
   bool charge = false;
 };
 
+// The tier a checkpointer uses when none is named: HOME/ckpt.
+std::string default_checkpoint_tier(const std::string& home);
+
+// Whether any of `uris` is a peer daemon's (sluiced:// or peer://): opening it needs this
+// node's member name and the job's node secret.
+bool names_peer_tier(const std::vector<std::string>& uris);
+
 // The tier URIs with every peer://FOLDER/ resolved to sluiced:// URIs of the members that
 // keep `series`' copies. The members' order for a series is the same on every node: a
 // write goes to the first member other than this node (the next when it does not answer),

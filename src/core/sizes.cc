@@ -5,6 +5,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <utility>
 
 namespace sluice {
 
@@ -76,6 +78,24 @@ Result<std::chrono::seconds> parse_duration(std::string_view what, std::string_v
                 std::string(what) + " '" + std::string(text) +
                     "': expected a duration such as 90s, 30m, 12h, 7d or 2w");
   return std::chrono::seconds(n * mult);
+}
+
+std::string format_duration(std::chrono::seconds d) {
+  const int64_t s = d.count();
+  for (auto [unit, secs] : {std::pair{'w', int64_t{604800}}, std::pair{'d', int64_t{86400}},
+                            std::pair{'h', int64_t{3600}}, std::pair{'m', int64_t{60}}})
+    if (s != 0 && s % secs == 0) return std::to_string(s / secs) + unit;
+  return std::to_string(s) + "s";
+}
+
+std::string format_utc(int64_t ns) {
+  if (ns <= 0) return "-";
+  time_t t = static_cast<time_t>(ns / 1'000'000'000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char buf[64];
+  if (std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%SZ", &tm) == 0) return "-";
+  return buf;
 }
 
 }  // namespace sluice

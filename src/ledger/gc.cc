@@ -8,6 +8,7 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
@@ -365,6 +366,26 @@ Result<GcRestoreReport> restore_gc(Ledger& ledger, std::string_view run, const G
     ++report.restored;
   }
   return report;
+}
+
+void to_json(nlohmann::json& j, const GcUnit& x) {
+  using nlohmann::json;
+  j = json{
+      {"project", x.project},        {"series", x.series.empty() ? json(nullptr) : json(x.series)},
+      {"unit", x.unit.name},         {"step", x.unit.step ? json(*x.unit.step) : json(nullptr)},
+      {"bytes", x.unit.bytes},       {"objects", x.unit.keys.size()},
+      {"remove", x.decision.remove}, {"reason", x.decision.reason}};
+}
+
+void to_json(nlohmann::json& j, const GcRunReport& r) {
+  j = nlohmann::json{{"run", r.run},
+                     {"trashed_units", r.trashed_units},
+                     {"trashed_bytes", r.trashed_bytes},
+                     {"purge_after_ns", r.purge_after_ns},
+                     {"purged_objects", r.purged_objects},
+                     {"purged_bytes", r.purged_bytes},
+                     {"errors", r.errors},
+                     {"skipped", r.skipped}};
 }
 
 }  // namespace sluice::ledger

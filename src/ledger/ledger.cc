@@ -1104,6 +1104,13 @@ Status Ledger::set_rule(const RetentionRule& r) {
   if (r.keep_every && *r.keep_every == 0)
     return fail(Code::kInvalidArgument, "retention rule for project " + quote(r.project) +
                                             ": keep-every must be at least 1");
+  if (r.series.empty() && r.keep_every)
+    return fail(Code::kInvalidArgument, "retention rule for project " + quote(r.project) +
+                                            ": keep-every keeps checkpoint steps: give a series");
+  if (!r.series.empty() &&
+      (r.series.find('/') != std::string::npos || !store::validate_key(r.series + "/x")))
+    return fail(Code::kInvalidArgument, "retention rule for project " + quote(r.project) +
+                                            ": series " + quote(r.series) + " is not a name");
   return db_->transaction([&](Conn& c) -> Status {
     SLUICE_RETURN_IF_ERROR(require_project(c, r.project));
     std::vector<Value> key{r.project, r.series};

@@ -2,7 +2,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <ctime>
 
 #include "sluice/core/sizes.h"
 
@@ -12,15 +11,6 @@ int report_error(const Error& e) {
   // The program's own name: sluiced's errors say "sluiced: error".
   std::fprintf(stderr, "%s: error: %s\n", program_invocation_short_name, e.to_string().c_str());
   return e.code() == Code::kInvalidArgument ? 2 : 1;
-}
-
-std::string format_utc(int64_t ns, const char* format) {
-  time_t t = static_cast<time_t>(ns / 1'000'000'000);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char buf[64];
-  if (std::strftime(buf, sizeof buf, format, &tm) == 0) return {};
-  return buf;
 }
 
 void LayOutProgress::operator()(uint64_t done, uint64_t total) {

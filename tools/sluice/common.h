@@ -11,8 +11,6 @@ namespace sluice::cli {
 
 // Prints "sluice: error: ..." to stderr; returns the exit code (2 for a usage error).
 int report_error(const Error& e);
-// A time (nanoseconds since the Unix epoch) in UTC, formatted with strftime's `format`.
-std::string format_utc(int64_t ns, const char* format);
 
 // Progress of laying out a bench file (io::BenchOptions::on_lay_out, by std::ref): "laying
 // out PATH: N% of SIZE" on stderr at every 10%; the line ends when the file is whole, or at

@@ -5,7 +5,6 @@
 
 #include <charconv>
 #include <cstdio>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cache_flags.h"
@@ -15,6 +14,7 @@
 #include "sluice/client/session.h"
 #include "sluice/core/sizes.h"
 #include "sluice/ledger/gc.h"
+#include "sluice/ledger/json.h"
 
 namespace sluice::cli {
 
@@ -57,10 +57,6 @@ Result<GcOptions> gc_options(const GcArgs& a) {
   return o;
 }
 
-std::string utc(int64_t ns) {
-  return format_utc(ns, "%Y-%m-%d %H:%M:%SZ");
-}
-
 void print_errors(const std::vector<std::string>& errors) {
   for (auto& e : errors) std::fprintf(stderr, "sluice: error: %s\n", e.c_str());
 }
@@ -86,14 +82,7 @@ int run_plan(const GcArgs& a, const std::string& home) {
       ++units;
     }
     if (a.json) {
-      out.push_back({{"project", x.project},
-                     {"series", x.series.empty() ? json(nullptr) : json(x.series)},
-                     {"unit", x.unit.name},
-                     {"step", x.unit.step ? json(*x.unit.step) : json(nullptr)},
-                     {"bytes", x.unit.bytes},
-                     {"objects", x.unit.keys.size()},
-                     {"remove", x.decision.remove},
-                     {"reason", x.decision.reason}});
+      out.push_back(x);
     } else {
       std::printf("%-6s %-16s %-12s %-48s %11s  %s\n", x.decision.remove ? "trash" : "keep",
                   x.project.c_str(), x.series.empty() ? "-" : x.series.c_str(), x.unit.name.c_str(),
@@ -129,23 +118,15 @@ int run_run(const GcArgs& a, const std::string& home) {
   for (const auto& why : r->skipped)
     std::fprintf(stderr, "sluice: warning: left alone: %s\n", why.c_str());
   if (a.json) {
-    std::printf("%s\n", json{{"run", r->run},
-                             {"trashed_units", r->trashed_units},
-                             {"trashed_bytes", r->trashed_bytes},
-                             {"purge_after_ns", r->purge_after_ns},
-                             {"purged_objects", r->purged_objects},
-                             {"purged_bytes", r->purged_bytes},
-                             {"errors", r->errors},
-                             {"skipped", r->skipped}}
-                            .dump()
-                            .c_str());
+    std::printf("%s\n", json(*r).dump().c_str());
   } else {
     std::printf(
         "run %s: %lld unit(s), %s moved to the trash (deleted for good after %s; "
         "sluice gc restore %s brings them back); purged %lld object(s), %s\n",
         r->run.c_str(), static_cast<long long>(r->trashed_units),
-        format_size(static_cast<double>(r->trashed_bytes)).c_str(), utc(r->purge_after_ns).c_str(),
-        r->run.c_str(), static_cast<long long>(r->purged_objects),
+        format_size(static_cast<double>(r->trashed_bytes)).c_str(),
+        format_utc(r->purge_after_ns).c_str(), r->run.c_str(),
+        static_cast<long long>(r->purged_objects),
         format_size(static_cast<double>(r->purged_bytes)).c_str());
   }
   print_errors(r->errors);
@@ -173,38 +154,18 @@ int run_trash(const GcArgs& a, const std::string& home) {
   if (!l) return report_error(l.error());
   auto entries = (*l)->trash();
   if (!entries) return report_error(entries.error());
-  struct Run {
-    std::string project;
-    int64_t objects = 0, bytes = 0, trashed = 0, purge = 0;
-  };
-  std::map<std::pair<std::string, std::string>, Run> runs;
-  for (auto& e : *entries) {
-    Run& r = runs[{e.run, e.project}];
-    r.project = e.project;
-    ++r.objects;
-    r.bytes += e.bytes;
-    r.trashed = e.trashed_ns;
-    r.purge = e.purge_after_ns;
-  }
+  std::vector<TrashRun> runs = trash_runs(*entries);
   if (a.json) {
-    json out = json::array();
-    for (auto& [k, r] : runs)
-      out.push_back({{"run", k.first},
-                     {"project", r.project},
-                     {"objects", r.objects},
-                     {"bytes", r.bytes},
-                     {"trashed_ns", r.trashed},
-                     {"purge_after_ns", r.purge}});
-    std::printf("%s\n", out.dump().c_str());
+    std::printf("%s\n", json(runs).dump().c_str());
     return 0;
   }
   std::printf("%-24s %-16s %8s %11s  %-21s %s\n", "RUN", "PROJECT", "OBJECTS", "BYTES", "TRASHED",
               "PURGED AFTER");
-  for (auto& [k, r] : runs)
-    std::printf("%-24s %-16s %8lld %11s  %-21s %s\n", k.first.c_str(), r.project.c_str(),
+  for (auto& r : runs)
+    std::printf("%-24s %-16s %8lld %11s  %-21s %s\n", r.run.c_str(), r.project.c_str(),
                 static_cast<long long>(r.objects),
-                format_size(static_cast<double>(r.bytes)).c_str(), utc(r.trashed).c_str(),
-                utc(r.purge).c_str());
+                format_size(static_cast<double>(r.bytes)).c_str(), format_utc(r.trashed_ns).c_str(),
+                format_utc(r.purge_after_ns).c_str());
   return 0;
 }
 
@@ -222,15 +183,9 @@ int run_rule_set(const GcArgs& a, const std::string& home) {
   r.keep_every = *ke;
   r.max_age = *ma;
   r.max_idle = *mi;
-  if (a.series.empty() && r.keep_every)
+  if (a.series.empty() && r.keep_every)  // the ledger refuses it too, without naming flags
     return report_error(Error(Code::kInvalidArgument,
                               "--keep-every keeps checkpoint steps: give it with --series"));
-  if (!a.series.empty()) {
-    if (auto k = store::validate_key(a.series + "/x");
-        !k || a.series.find('/') != std::string::npos)
-      return report_error(
-          Error(Code::kInvalidArgument, "--series '" + a.series + "' is not a series name"));
-  }
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
   if (auto s = (*l)->set_rule(r); !s) return report_error(s.error());
@@ -246,26 +201,15 @@ int run_rule_ls(const GcArgs& a, const std::string& home) {
   if (!rules) return report_error(rules.error());
   auto pins = (*l)->pins();
   if (!pins) return report_error(pins.error());
-  auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
-  auto dur = [](const std::optional<std::chrono::seconds>& d) {
-    return d ? json(d->count()) : json(nullptr);
-  };
   if (a.json) {
-    json rs = json::array(), ps = json::array();
-    for (auto& r : *rules)
-      rs.push_back({{"project", r.project},
-                    {"series", r.series},
-                    {"keep_last", opt(r.keep_last)},
-                    {"keep_every", opt(r.keep_every)},
-                    {"max_age_s", dur(r.max_age)},
-                    {"max_idle_s", dur(r.max_idle)}});
+    json ps = json::array();
     for (auto& [p, prefix] : *pins) ps.push_back({{"project", p}, {"prefix", prefix}});
-    std::printf("%s\n", json{{"rules", rs}, {"pins", ps}}.dump().c_str());
+    std::printf("%s\n", json{{"rules", *rules}, {"pins", ps}}.dump().c_str());
     return 0;
   }
   auto txt = [](const auto& v) { return v ? std::to_string(*v) : std::string("-"); };
   auto dtxt = [](const std::optional<std::chrono::seconds>& d) {
-    return d ? std::to_string(d->count()) + "s" : std::string("-");
+    return d ? format_duration(*d) : std::string("-");
   };
   std::printf("%-16s %-12s %9s %10s %12s %12s\n", "PROJECT", "SERIES", "KEEP-LAST", "KEEP-EVERY",
               "MAX-AGE", "MAX-IDLE");

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cache_flags.h"
@@ -19,6 +18,7 @@
 #include "sluice/core/sizes.h"
 #include "sluice/ledger/charging_store.h"
 #include "sluice/ledger/forecast.h"
+#include "sluice/ledger/json.h"
 #include "sluice/ledger/reconcile.h"
 
 namespace sluice::cli {
@@ -39,10 +39,6 @@ struct LedgerArgs {
   client::AwsSettings aws;
   bool json = false, dry_run = false;
 };
-
-std::string when(int64_t ns) {
-  return ns <= 0 ? "-" : format_utc(ns, "%Y-%m-%d %H:%M:%SZ");
-}
 
 Result<std::unique_ptr<Ledger>> open_ledger(const LedgerArgs& a, const std::string& home) {
   return open_ledger_at(a.uri, home);
@@ -72,36 +68,6 @@ Result<std::optional<int64_t>> limit_flag(const std::string& flag, const std::st
 std::string limit_text(const std::optional<int64_t>& v, bool is_size) {
   if (!v) return "-";
   return is_size ? format_size(static_cast<double>(*v)) : std::to_string(*v);
-}
-
-std::string account_state(const Account& a, int64_t now) {
-  const Limits& l = a.limits;
-  if ((l.hard_bytes && a.used_bytes >= *l.hard_bytes) ||
-      (l.hard_objects && a.used_objects >= *l.hard_objects))
-    return "at hard limit";
-  if (a.over_soft_since_ns) {
-    int64_t ends = *a.over_soft_since_ns + l.grace.count() * 1'000'000'000;
-    return now >= ends ? "over soft, grace over" : "over soft, grace until " + when(ends);
-  }
-  return "ok";
-}
-
-json account_json(const Account& a, int64_t now) {
-  auto opt = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
-  return json{{"team", a.team},
-              {"tier", tier_name(a.tier)},
-              {"used_bytes", a.used_bytes},
-              {"used_objects", a.used_objects},
-              {"reserved_bytes", a.reserved_bytes},
-              {"reserved_objects", a.reserved_objects},
-              {"soft_bytes", opt(a.limits.soft_bytes)},
-              {"hard_bytes", opt(a.limits.hard_bytes)},
-              {"soft_objects", opt(a.limits.soft_objects)},
-              {"hard_objects", opt(a.limits.hard_objects)},
-              {"grace_s", a.limits.grace.count()},
-              {"over_soft_since_ns", opt(a.over_soft_since_ns)},
-              {"state", account_state(a, now)},
-              {"updated_ns", a.updated_ns}};
 }
 
 int run_team_add(const LedgerArgs& a, const std::string& home) {
@@ -161,15 +127,7 @@ int run_project_ls(const LedgerArgs& a, const std::string& home) {
   auto ps = (*l)->projects();
   if (!ps) return report_error(ps.error());
   if (a.json) {
-    json out = json::array();
-    for (auto& p : *ps)
-      out.push_back({{"id", p.id},
-                     {"team", p.team},
-                     {"location", p.location},
-                     {"tier", tier_name(p.tier)},
-                     {"kind", kind_name(p.kind)},
-                     {"created_ns", p.created_ns}});
-    std::printf("%s\n", out.dump().c_str());
+    std::printf("%s\n", json(*ps).dump().c_str());
     return 0;
   }
   std::printf("%-20s %-16s %-7s %-11s %s\n", "PROJECT", "TEAM", "TIER", "KIND", "LOCATION");
@@ -216,12 +174,11 @@ int run_quota_set(const LedgerArgs& a, const std::string& home) {
     next.grace = *g;
   }
   if (auto s = (*l)->set_limits(a.team, *tier, next); !s) return report_error(s.error());
-  std::printf(
-      "quota of team %s on %s: bytes soft %s hard %s, objects soft %s hard %s, grace %llds\n",
-      a.team.c_str(), std::string(tier_name(*tier)).c_str(),
-      limit_text(next.soft_bytes, true).c_str(), limit_text(next.hard_bytes, true).c_str(),
-      limit_text(next.soft_objects, false).c_str(), limit_text(next.hard_objects, false).c_str(),
-      static_cast<long long>(next.grace.count()));
+  std::printf("quota of team %s on %s: bytes soft %s hard %s, objects soft %s hard %s, grace %s\n",
+              a.team.c_str(), std::string(tier_name(*tier)).c_str(),
+              limit_text(next.soft_bytes, true).c_str(), limit_text(next.hard_bytes, true).c_str(),
+              limit_text(next.soft_objects, false).c_str(),
+              limit_text(next.hard_objects, false).c_str(), format_duration(next.grace).c_str());
   return 0;
 }
 
@@ -233,7 +190,7 @@ int run_quota_show(const LedgerArgs& a, const std::string& home) {
   int64_t now = (*l)->now_ns();
   if (a.json) {
     json out = json::array();
-    for (auto& acc : *accs) out.push_back(account_json(acc, now));
+    for (auto& acc : *accs) out.push_back(ledger::account_json(acc, now));
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
@@ -254,43 +211,31 @@ int run_quota_show(const LedgerArgs& a, const std::string& home) {
 }
 
 int run_usage(const LedgerArgs& a, const std::string& home) {
-  if (a.by != "team" && a.by != "project" && a.by != "tier" && a.by != "kind")
-    return report_error(
-        Error(Code::kInvalidArgument, "--by '" + a.by + "': expected team, project, tier or kind"));
+  auto by = parse_usage_by(a.by);
+  if (!by) return report_error(Error(Code::kInvalidArgument, "--by " + by.error().message()));
   auto l = open_ledger(a, home);
   if (!l) return report_error(l.error());
   auto rows = (*l)->usage();
   if (!rows) return report_error(rows.error());
-  struct Sum {
-    int64_t bytes = 0, objects = 0, updated_ns = 0;
-  };
-  std::map<std::string, Sum> sums;
-  for (const Usage& u : *rows) {
-    std::string key = a.by == "team"      ? u.team
-                      : a.by == "project" ? u.project
-                      : a.by == "tier"    ? std::string(tier_name(u.tier))
-                                          : std::string(kind_name(u.kind));
-    Sum& s = sums[key];
-    s.bytes += u.bytes;
-    s.objects += u.objects;
-    s.updated_ns = std::max(s.updated_ns, u.updated_ns);
-  }
+  std::vector<UsageTotal> totals = usage_totals(*rows, *by);
   if (a.json) {
     json out = json::array();
-    for (auto& [k, s] : sums)
-      out.push_back(
-          {{a.by, k}, {"bytes", s.bytes}, {"objects", s.objects}, {"updated_ns", s.updated_ns}});
+    for (auto& t : totals)
+      out.push_back({{a.by, t.group},
+                     {"bytes", t.bytes},
+                     {"objects", t.objects},
+                     {"updated_ns", t.updated_ns}});
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
   std::string head = a.by;
   for (auto& c : head) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   std::printf("%-24s %12s %10s  %s\n", head.c_str(), "BYTES", "OBJECTS", "AS OF");
-  for (auto& [k, s] : sums)
-    std::printf("%-24s %12s %10lld  %s\n", k.c_str(),
-                format_size(static_cast<double>(s.bytes)).c_str(),
-                static_cast<long long>(s.objects), when(s.updated_ns).c_str());
-  if (sums.empty()) std::printf("(nothing charged yet)\n");
+  for (auto& t : totals)
+    std::printf("%-24s %12s %10lld  %s\n", t.group.c_str(),
+                format_size(static_cast<double>(t.bytes)).c_str(),
+                static_cast<long long>(t.objects), format_utc(t.updated_ns).c_str());
+  if (totals.empty()) std::printf("(nothing charged yet)\n");
   return 0;
 }
 
@@ -306,16 +251,7 @@ int run_reconcile(const LedgerArgs& a, const std::string& home) {
   for (auto& e : rep->projects) {
     if (e.error) ++failed;
     if (a.json) {
-      out.push_back({{"project", e.project},
-                     {"team", e.team},
-                     {"location", e.location},
-                     {"tier", tier_name(e.tier)},
-                     {"ledger_bytes", e.ledger_bytes},
-                     {"ledger_objects", e.ledger_objects},
-                     {"found_bytes", e.found_bytes},
-                     {"found_objects", e.found_objects},
-                     {"changed", e.changed},
-                     {"error", e.error ? json(e.error->to_string()) : json(nullptr)}});
+      out.push_back(e);
       continue;
     }
     if (e.error) {
@@ -364,13 +300,7 @@ int run_capacity_ls(const LedgerArgs& a, const std::string& home) {
   for (const TierTotal& t : *totals) {
     const std::string name(tier_name(t.tier));
     if (a.json) {
-      auto maybe = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
-      out.push_back({{"tier", name},
-                     {"used_bytes", t.used_bytes},
-                     {"used_objects", t.used_objects},
-                     {"reserved_bytes", t.reserved_bytes},
-                     {"capacity_bytes", maybe(t.capacity_bytes)},
-                     {"capacity_objects", maybe(t.capacity_objects)}});
+      out.push_back(t);
     } else {
       std::printf("%-7s %12s of %-12s %12s objects of %s\n", name.c_str(),
                   format_size(static_cast<double>(t.used_bytes)).c_str(),
@@ -403,43 +333,10 @@ int run_capacity_set(const LedgerArgs& a, const std::string& home) {
   return 0;
 }
 
-// `forecast --json`: one object per line, with the history it came from.
-void print_forecast_json(const std::vector<ForecastRow>& rows) {
-  auto eta = [&](const std::optional<int64_t>& t) { return t ? json(*t) : json(nullptr); };
-  json out = json::array();
-  for (auto& r : rows) {
-    json pts = json::array();
-    for (auto& p : r.points) pts.push_back({p.t_ns, p.bytes});
-    json line = nullptr;
-    if (r.forecast.line)
-      line = {{"rate_per_day", r.forecast.linear.rate_per_day},
-              {"r2", r.forecast.line->r2},
-              {"points", r.forecast.line->points},
-              {"from_ns", r.forecast.line->from_ns},
-              {"to_ns", r.forecast.line->to_ns},
-              {"trusted", r.forecast.linear_trusted},
-              {"hits_at_ns", eta(r.forecast.linear.hits_at_ns)}};
-    out.push_back({{"team", r.team.empty() ? json(nullptr) : json(r.team)},
-                   {"tier", tier_name(r.tier)},
-                   {"metric", r.metric},
-                   {"limit", r.forecast.limit},
-                   {"limit_kind", r.limit_kind},
-                   {"now", r.forecast.now_value},
-                   {"linear", line},
-                   {"holt",
-                    {{"rate_per_day", r.forecast.holt.rate_per_day},
-                     {"hits_at_ns", eta(r.forecast.holt.hits_at_ns)}}},
-                   {"verdict", r.forecast.verdict},
-                   {"verdict_at_ns", eta(r.forecast.verdict_at_ns)},
-                   {"history", pts}});
-  }
-  std::printf("%s\n", out.dump().c_str());
-}
-
 // `forecast`: a table, one line per limit.
 int print_forecast(const LedgerArgs& a, const std::vector<ForecastRow>& rows) {
   if (a.json) {
-    print_forecast_json(rows);
+    std::printf("%s\n", json(rows).dump().c_str());
     return 0;
   }
   if (rows.empty()) {
@@ -462,7 +359,7 @@ int print_forecast(const LedgerArgs& a, const std::vector<ForecastRow>& rows) {
     return v < 0 ? "-" + format_size(-v) : format_size(v);
   };
   auto day = [&](const std::optional<int64_t>& t) {
-    return t ? when(*t).substr(0, 10) : std::string("-");
+    return t ? format_utc(*t).substr(0, 10) : std::string("-");
   };
   std::printf("%-14s %-7s %-8s %11s %11s  %-28s %-22s %s\n", "TEAM", "TIER", "METRIC", "NOW",
               "LIMIT", "LINE (rate/day, R^2, date)", "HOLT (rate/day, date)", "VERDICT");

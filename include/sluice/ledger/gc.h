@@ -31,6 +31,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "sluice/ledger/ledger.h"
 #include "sluice/ledger/retention.h"
 #include "sluice/store/store.h"
@@ -87,5 +89,9 @@ struct GcRestoreReport {
 // Brings back everything run `run` moved to the trash. NotFound when the trash holds
 // nothing of it.
 Result<GcRestoreReport> restore_gc(Ledger& ledger, std::string_view run, const GcOptions& options);
+
+// As JSON, in the shapes of sluice/ledger/json.h.
+void to_json(nlohmann::json& j, const GcUnit& unit);
+void to_json(nlohmann::json& j, const GcRunReport& report);
 
 }  // namespace sluice::ledger

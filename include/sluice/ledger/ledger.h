@@ -118,6 +118,22 @@ struct TierTotal {
   std::optional<int64_t> capacity_bytes, capacity_objects;
 };
 
+// Where an account stands against its limits at `now_ns`: "ok", "over soft, grace until
+// <time>", "over soft, grace over" or "at hard limit".
+std::string account_state(const Account& account, int64_t now_ns);
+
+// Usage summed by one of its columns (`sluice usage --by`).
+enum class UsageBy { kTeam, kProject, kTier, kKind };
+Result<UsageBy> parse_usage_by(std::string_view name);  // "team", "project", "tier", "kind"
+std::string_view usage_by_name(UsageBy by);
+struct UsageTotal {
+  std::string group;  // the team, project, tier or kind
+  int64_t bytes = 0, objects = 0;
+  int64_t updated_ns = 0;  // the newest of the figures summed
+};
+// One total per group, in the group's order.
+std::vector<UsageTotal> usage_totals(const std::vector<Usage>& usage, UsageBy by);
+
 // The team name under which the history keeps each tier's total over all teams.
 inline constexpr std::string_view kAllTeams = "*";
 
@@ -132,6 +148,15 @@ struct TrashEntry {
   int64_t trashed_ns = 0, purge_after_ns = 0;
   Kind kind = Kind::kScratch;  // what it was charged as: the purge uncharges that
 };
+
+// What one gc run left in the trash of one project (`sluice gc trash`).
+struct TrashRun {
+  std::string run, project;
+  int64_t objects = 0, bytes = 0;
+  int64_t trashed_ns = 0, purge_after_ns = 0;
+};
+// The trash's entries grouped by run and project, in that order.
+std::vector<TrashRun> trash_runs(const std::vector<TrashEntry>& entries);
 
 // What a charge is against: a project's usage on one tier, of one kind.
 struct ChargeTarget {
@@ -258,7 +283,8 @@ class Ledger {
 
   // --- retention (retention.h) ----------------------------------------------------------
   // Sets the rule of a project (or of one checkpoint series in it); an empty rule removes
-  // it. NotFound for an unknown project.
+  // it. NotFound for an unknown project; InvalidArgument for a series that is not a name
+  // (no '/'), or keep_every without a series (it keeps checkpoint steps).
   Status set_rule(const RetentionRule& rule);
   Result<std::vector<RetentionRule>> rules();
   // Keys of a project starting with `prefix` are never removed by gc.

@@ -31,5 +31,19 @@ TEST(Sizes, Formats) {
   EXPECT_EQ(format_size(1.5 * (1ull << 30)), "1.50 GiB");
 }
 
+// Durations print as parse_duration reads them; times in UTC.
+TEST(Sizes, DurationsAndTimes) {
+  using std::chrono::seconds;
+  EXPECT_EQ(format_duration(seconds(604800)), "1w");
+  EXPECT_EQ(format_duration(seconds(86400 * 3)), "3d");
+  EXPECT_EQ(format_duration(seconds(5400)), "90m");
+  EXPECT_EQ(format_duration(seconds(45)), "45s");
+  EXPECT_EQ(format_duration(seconds(0)), "0s");
+  for (int64_t s : {0, 59, 3600, 90000, 1209600})
+    EXPECT_EQ(parse_duration("d", format_duration(seconds(s))).value(), seconds(s));
+  EXPECT_EQ(format_utc(0), "-");
+  EXPECT_EQ(format_utc(int64_t{86400} * 1'000'000'000 + 1), "1970-01-02 00:00:00Z");
+}
+
 }  // namespace
 }  // namespace sluice

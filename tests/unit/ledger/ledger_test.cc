@@ -24,6 +24,7 @@
 #include "sluice/ledger/charging_store.h"
 #include "sluice/ledger/forecast.h"
 #include "sluice/ledger/gc.h"
+#include "sluice/ledger/json.h"
 #include "sluice/ledger/ledger.h"
 #include "sluice/store/wrapper.h"
 #include "test_util.h"
@@ -1083,6 +1084,14 @@ TEST_P(LedgerTest, RulesPinsAndTrashRecords) {
             Code::kNotFound);
   EXPECT_EQ(ledger_->set_rule(RetentionRule{.project = "keep-p", .keep_every = 0}).error().code(),
             Code::kInvalidArgument);
+  // keep_every keeps checkpoint steps, so only a series has it; a series is a name.
+  EXPECT_EQ(ledger_->set_rule(RetentionRule{.project = "keep-p", .keep_every = 5}).error().code(),
+            Code::kInvalidArgument);
+  for (const char* series : {"a/b", ".."}) {
+    auto st =
+        ledger_->set_rule(RetentionRule{.project = "keep-p", .series = series, .keep_last = 2});
+    EXPECT_EQ(st.error().code(), Code::kInvalidArgument) << series;
+  }
   auto rules = ledger_->rules();
   ASSERT_TRUE(rules);
   ASSERT_EQ(rules->size(), 1u);
@@ -1177,3 +1186,43 @@ INSTANTIATE_TEST_SUITE_P(Backends, LedgerTest, ::testing::Values("sqlite", "post
 const auto* g_env = ::testing::AddGlobalTestEnvironment(new PgServer);
 
 }  // namespace
+
+// What `sluice quota show`, `usage` and `gc trash` print comes from these, not the CLI.
+TEST(LedgerSummary, AccountStatesUsageTotalsAndTrashRuns) {
+  Account a{.team = "t", .used_bytes = 50};
+  a.limits.soft_bytes = 40;
+  a.limits.hard_bytes = 100;
+  a.limits.grace = std::chrono::seconds(10);
+  EXPECT_EQ(account_state(a, 0), "ok");
+  a.over_soft_since_ns = 1'000'000'000;
+  EXPECT_EQ(account_state(a, 2'000'000'000), "over soft, grace until 1970-01-01 00:00:11Z");
+  EXPECT_EQ(account_state(a, 11'000'000'000), "over soft, grace over");
+  a.used_bytes = 100;
+  EXPECT_EQ(account_state(a, 0), "at hard limit");
+  EXPECT_EQ(account_json(a, 0)["state"], "at hard limit");
+  EXPECT_EQ(account_json(a, 0)["soft_objects"], nullptr);
+
+  std::vector<Usage> rows{{"t1", "p1", Tier::kNvme, Kind::kDataset, 10, 1, 5},
+                          {"t1", "p2", Tier::kObject, Kind::kCheckpoint, 20, 2, 9},
+                          {"t2", "p3", Tier::kNvme, Kind::kDataset, 30, 3, 7}};
+  auto by_team = usage_totals(rows, UsageBy::kTeam);
+  ASSERT_EQ(by_team.size(), 2u);
+  EXPECT_EQ(by_team[0].group, "t1");
+  EXPECT_EQ(by_team[0].bytes, 30);
+  EXPECT_EQ(by_team[0].updated_ns, 9);
+  auto by_kind = usage_totals(rows, UsageBy::kKind);
+  ASSERT_EQ(by_kind.size(), 2u);
+  EXPECT_EQ(by_kind[1].group, "dataset");
+  EXPECT_EQ(by_kind[1].objects, 4);
+  EXPECT_EQ(parse_usage_by("tier").value(), UsageBy::kTier);
+  EXPECT_EQ(parse_usage_by("colour").error().code(), Code::kInvalidArgument);
+
+  auto runs = trash_runs({TrashEntry{"r1", "p", "a", "", "", 10, 1, 2},
+                          TrashEntry{"r1", "p", "b", "", "", 5, 1, 2},
+                          TrashEntry{"r0", "q", "c", "", "", 1, 1, 2}});
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0].run, "r0");
+  EXPECT_EQ(runs[1].objects, 2);
+  EXPECT_EQ(runs[1].bytes, 15);
+  EXPECT_EQ(nlohmann::json(runs[1])["purge_after_ns"], 2);
+}

@@ -120,7 +120,7 @@ def peer_case(work, endpoint, size, rounds, rows):
                        stdout=subprocess.DEVNULL)
         chunks = (size + (4 << 20) - 1) // (4 << 20)
         for _ in range(600):
-            if stat(work, socks[0])["disk"]["chunks"] >= chunks:
+            if stat(work, socks[0])["nvme"]["chunks"] >= chunks:
                 break
             time.sleep(0.05)
         time.sleep(0.5)

@@ -62,7 +62,7 @@ def warm_case(directory, size, rounds, label, rows):
         sluice("cat", "--cache", "--daemon", sock, data, env=env)
         for _ in range(600):
             st = json.loads(sluice("cache", "stat", "--daemon", sock, "--json", env=env))
-            if st["disk"]["chunks"] >= chunks:
+            if st["nvme"]["chunks"] >= chunks:
                 break
             time.sleep(0.05)
 

@@ -2,6 +2,7 @@
 #include "sluice/cache/control.h"
 
 #include <limits>
+#include <map>
 
 namespace sluice::cache {
 
@@ -109,6 +110,21 @@ Result<std::shared_ptr<store::Store>> DirectoryControl::store(std::string_view s
   if (store_uri.empty()) return fail(Code::kInvalidArgument, "no store named");
   SLUICE_ASSIGN_OR_RETURN(auto c, open(store_uri));
   return std::shared_ptr<store::Store>(std::move(c));
+}
+
+std::vector<StoreHolding> holdings_by_store(const std::vector<CachedChunk>& chunks) {
+  std::map<std::string, std::pair<StoreHolding, std::string>> by_store;  // with its last key
+  for (const CachedChunk& c : chunks) {
+    auto& [h, last_key] = by_store[c.store];
+    h.store = c.store;
+    ++h.chunks;
+    h.bytes += c.length;
+    h.pinned_chunks += c.pinned;
+    if (h.objects == 0 || c.key != last_key) ++h.objects, last_key = c.key;
+  }
+  std::vector<StoreHolding> out;
+  for (auto& [_, held] : by_store) out.push_back(std::move(held.first));
+  return out;
 }
 
 }  // namespace sluice::cache

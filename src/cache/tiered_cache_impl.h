@@ -53,10 +53,10 @@ struct Metrics {
   explicit Metrics(telemetry::Registry& r)
       : ram_hits(r.counter("sluice_cache_hits_total", {{"tier", "ram"}},
                            "Chunk reads served by a tier")),
-        disk_hits(r.counter("sluice_cache_hits_total", {{"tier", "disk"}})),
+        disk_hits(r.counter("sluice_cache_hits_total", {{"tier", "nvme"}})),
         ram_hit_bytes(
             r.counter("sluice_cache_hit_bytes_total", {{"tier", "ram"}}, "Bytes served by a tier")),
-        disk_hit_bytes(r.counter("sluice_cache_hit_bytes_total", {{"tier", "disk"}})),
+        disk_hit_bytes(r.counter("sluice_cache_hit_bytes_total", {{"tier", "nvme"}})),
         misses(r.counter("sluice_cache_misses_total", {}, "Chunk reads sent to the backing store")),
         miss_bytes(
             r.counter("sluice_cache_miss_bytes_total", {}, "Bytes read from the backing store")),
@@ -64,10 +64,10 @@ struct Metrics {
                                 {{"tier", "ram"}, {"reason", "capacity"}},
                                 "Chunks dropped from a tier, by reason")),
         disk_evictions(
-            r.counter("sluice_cache_evictions_total", {{"tier", "disk"}, {"reason", "capacity"}})),
+            r.counter("sluice_cache_evictions_total", {{"tier", "nvme"}, {"reason", "capacity"}})),
         stale(r.counter("sluice_cache_evictions_total", {{"tier", "any"}, {"reason", "stale"}})),
         corrupt(
-            r.counter("sluice_cache_evictions_total", {{"tier", "disk"}, {"reason", "corrupt"}})),
+            r.counter("sluice_cache_evictions_total", {{"tier", "nvme"}, {"reason", "corrupt"}})),
         commanded(
             r.counter("sluice_cache_evictions_total", {{"tier", "any"}, {"reason", "command"}})),
         checksum_failures(r.counter("sluice_cache_checksum_failures_total", {},

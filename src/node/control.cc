@@ -2,53 +2,10 @@
 #include <utility>
 
 #include "node/wire.h"
+#include "sluice/cache/json.h"
 #include "sluice/node/client.h"
 
 namespace sluice::node {
-
-namespace {
-
-uint64_t number(const Json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
-}
-
-std::string text(const Json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-cache::TierStats tier(const Json& j, const char* name) {
-  auto it = j.find(name);
-  if (it == j.end() || !it->is_object()) return {};
-  return {number(*it, "bytes"), number(*it, "capacity"), number(*it, "chunks"), number(*it, "hits"),
-          number(*it, "hit_bytes")};
-}
-
-// The counters of a CACHE_STAT reply; a field an older daemon lacks reads as 0.
-cache::CacheStats stats_of(const Json& j) {
-  cache::CacheStats s;
-  s.ram = tier(j, "ram");
-  s.disk = tier(j, "disk");
-  s.misses = number(j, "misses");
-  s.miss_bytes = number(j, "miss_bytes");
-  s.evictions = number(j, "evictions");
-  s.checksum_failures = number(j, "checksum_failures");
-  s.stale_drops = number(j, "stale_drops");
-  s.singleflight_joins = number(j, "singleflight_joins");
-  s.disk_writes_skipped = number(j, "disk_writes_skipped");
-  if (auto p = j.find("prefetch"); p != j.end() && p->is_object()) {
-    s.prefetched = number(*p, "fetched");
-    s.prefetch_hits = number(*p, "hits");
-    s.prefetch_wasted = number(*p, "wasted");
-  }
-  s.directory = text(j, "directory");
-  s.policy = text(j, "policy");
-  s.io_path = text(j, "io_path");
-  return s;
-}
-
-}  // namespace
 
 DaemonControl::DaemonControl(std::unique_ptr<NodeClient> client, std::string socket)
     : client_(std::move(client)), socket_(std::move(socket)) {}
@@ -61,7 +18,7 @@ Result<cache::ControlStatus> DaemonControl::status() {
   if (j.is_discarded() || !j.is_object())
     return fail(Code::kCorruption, "sluiced sent a stat reply that is not a JSON object");
   const DaemonInfo& d = client_->daemon();
-  return cache::ControlStatus{stats_of(j),
+  return cache::ControlStatus{cache::cache_stats_from_json(j),
                               cache::DaemonStatus{socket_, d.team, d.pid, std::move(body)}};
 }
 

@@ -32,6 +32,7 @@
 #include "node/peer_http.h"
 #include "node/router_store.h"
 #include "node/wire.h"
+#include "sluice/cache/json.h"
 #include "sluice/core/hash.h"
 #include "sluice/ledger/cache_charger.h"
 #include "sluice/store/serving_peer.h"
@@ -954,44 +955,23 @@ struct NodeServer::Impl {
   }
 
   Result<Reply> cache_stat() {
-    cache::CacheStats s = cache->stats();
-    auto tier = [](const cache::TierStats& t) {
-      return Json{{"bytes", t.bytes},
-                  {"capacity", t.capacity},
-                  {"chunks", t.chunks},
-                  {"hits", t.hits},
-                  {"hit_bytes", t.hit_bytes}};
-    };
     Reply r;
-    r.body = {
-        {"ram", tier(s.ram)},
-        {"disk", tier(s.disk)},
-        {"misses", s.misses},
-        {"miss_bytes", s.miss_bytes},
-        {"evictions", s.evictions},
-        {"checksum_failures", s.checksum_failures},
-        {"stale_drops", s.stale_drops},
-        {"singleflight_joins", s.singleflight_joins},
-        {"prefetch",
-         {{"fetched", s.prefetched}, {"hits", s.prefetch_hits}, {"wasted", s.prefetch_wasted}}},
-        {"disk_writes_skipped", s.disk_writes_skipped},
-        {"directory", s.directory},
-        {"policy", s.policy},
-        {"io_path", s.io_path},
-        {"chunk_size", cache->options().chunk_size},
-        {"bytes_from", {{"backing", peers->backing_bytes()}, {"peer", peers->peer_bytes()}}},
-        {"peers", peers_json()},
-        {"charging", charging_json()},
-        {"server",
-         {{"connections", connections.load(std::memory_order_relaxed)},
-          {"connections_refused", refused.load(std::memory_order_relaxed)},
-          {"requests", requests.load(std::memory_order_relaxed)},
-          {"request_errors", errors.load(std::memory_order_relaxed)},
-          {"handoff_chunks", handoff_chunks.load(std::memory_order_relaxed)},
-          {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
-          {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)},
-          {"window_bytes", window_bytes.load(std::memory_order_relaxed)},
-          {"windows_bytes", windows_made()}}}};
+    r.body = cache->stats();  // sluice/cache/json.h, and what only the daemon knows:
+    r.body.update(
+        Json{{"chunk_size", cache->options().chunk_size},
+             {"bytes_from", {{"backing", peers->backing_bytes()}, {"peer", peers->peer_bytes()}}},
+             {"peers", peers_json()},
+             {"charging", charging_json()},
+             {"server",
+              {{"connections", connections.load(std::memory_order_relaxed)},
+               {"connections_refused", refused.load(std::memory_order_relaxed)},
+               {"requests", requests.load(std::memory_order_relaxed)},
+               {"request_errors", errors.load(std::memory_order_relaxed)},
+               {"handoff_chunks", handoff_chunks.load(std::memory_order_relaxed)},
+               {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
+               {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)},
+               {"window_bytes", window_bytes.load(std::memory_order_relaxed)},
+               {"windows_bytes", windows_made()}}}});
     return r;
   }
 
@@ -1116,11 +1096,11 @@ struct NodeServer::Impl {
     cache::CacheStats s = cache->stats();
     registry.gauge("sluice_cache_bytes", {{"tier", "ram"}}, "Bytes a tier holds")
         .set(static_cast<int64_t>(s.ram.bytes));
-    registry.gauge("sluice_cache_bytes", {{"tier", "disk"}})
+    registry.gauge("sluice_cache_bytes", {{"tier", "nvme"}})
         .set(static_cast<int64_t>(s.disk.bytes));
     registry.gauge("sluice_cache_capacity_bytes", {{"tier", "ram"}}, "A tier's byte limit")
         .set(static_cast<int64_t>(s.ram.capacity));
-    registry.gauge("sluice_cache_capacity_bytes", {{"tier", "disk"}})
+    registry.gauge("sluice_cache_capacity_bytes", {{"tier", "nvme"}})
         .set(static_cast<int64_t>(s.disk.capacity));
     registry.gauge("sluice_connections", {}, "Local client connections open")
         .set(static_cast<int64_t>(connections.load(std::memory_order_relaxed)));

@@ -151,8 +151,8 @@ def test_sixteen_clients_never_exceed_the_capacity(s3, digest):
         peak = 0
         while any(p.poll() is None for p in procs):
             st = daemon_stat()
-            peak = max(peak, st["disk"]["bytes"])
-            assert st["disk"]["bytes"] <= st["disk"]["capacity"] == 8 * MIB, st["disk"]
+            peak = max(peak, st["nvme"]["bytes"])
+            assert st["nvme"]["bytes"] <= st["nvme"]["capacity"] == 8 * MIB, st["nvme"]
             time.sleep(0.02)
         for p, o in zip(procs, outs):
             err = p.stderr.read()
@@ -332,9 +332,9 @@ def test_a_teams_cache_quota_keeps_only_what_it_allows(s3, digest):
         assert p.returncode == 0 and hashlib.sha256(out).hexdigest() == digest, err
         st = daemon_stat()
         # 10 MiB: ten whole chunks, or nine and the short one
-        assert st["disk"]["chunks"] == 10 and st["disk"]["bytes"] <= 10 * MIB, st["disk"]
+        assert st["nvme"]["chunks"] == 10 and st["nvme"]["bytes"] <= 10 * MIB, st["nvme"]
         assert st["charging"]["refused_chunks"] >= CHUNKS - 10, st["charging"]
-        kept = st["disk"]["bytes"]
+        kept = st["nvme"]["bytes"]
     finally:
         assert d.stop() == 0  # the last charges are committed as it stops
     log = open(os.path.join(WORK, "sluiced.log")).read()

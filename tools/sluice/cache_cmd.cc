@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "cp.h"
+#include "sluice/cache/json.h"
 #include "sluice/client/location.h"
 #include "sluice/client/read.h"
 #include "sluice/client/warm.h"
@@ -27,11 +28,6 @@ using client::parse_location;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string tiers(const cache::CachedChunk& c) {
-  return std::string(c.in_ram ? "ram" : "") + (c.in_ram && c.on_disk ? "+" : "") +
-         (c.on_disk ? "nvme" : "");
-}
 
 // The node's cache these commands look after: sluiced's when it answers, else the directory.
 // `sources`: the command opens source stores (S3 settings are read only then).
@@ -82,33 +78,10 @@ int print_daemon_stat(const CacheArgs& a, const cache::ControlStatus& st) {
 int print_directory_stat(const CacheArgs& a, cache::Control& control, const cache::CacheStats& s) {
   auto listing = control.chunks("", "");
   if (!listing) return report_error(listing.error());
-  struct PerStore {
-    uint64_t chunks = 0, bytes = 0, pinned = 0, objects = 0;
-    std::string last_key;
-  };
-  std::map<std::string, PerStore> stores;
-  for (const cache::CachedChunk& ch : listing->chunks) {
-    PerStore& p = stores[ch.store];
-    ++p.chunks;
-    p.bytes += ch.length;
-    p.pinned += ch.pinned;
-    if (ch.key != p.last_key) ++p.objects, p.last_key = ch.key;
-  }
+  std::vector<cache::StoreHolding> stores = cache::holdings_by_store(listing->chunks);
   if (a.json) {
-    nlohmann::json j = {
-        {"directory", s.directory},
-        {"policy", s.policy},
-        {"io_path", s.io_path},
-        {"nvme",
-         {{"bytes", s.disk.bytes}, {"capacity", s.disk.capacity}, {"chunks", s.disk.chunks}}}};
-    j["stores"] = nlohmann::json::array();
-    for (const auto& [name, p] : stores) {
-      j["stores"].push_back({{"store", name},
-                             {"objects", p.objects},
-                             {"chunks", p.chunks},
-                             {"bytes", p.bytes},
-                             {"pinned_chunks", p.pinned}});
-    }
+    nlohmann::json j = s;
+    j["stores"] = stores;
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -118,11 +91,12 @@ int print_directory_stat(const CacheArgs& a, cache::Control& control, const cach
               format_size(static_cast<double>(s.disk.bytes)).c_str(),
               format_size(static_cast<double>(s.disk.capacity)).c_str(),
               static_cast<unsigned long>(s.disk.chunks));
-  for (const auto& [name, p] : stores) {
-    std::printf("  %-40s %6lu objects %8lu chunks %12s%s\n", name.c_str(),
-                static_cast<unsigned long>(p.objects), static_cast<unsigned long>(p.chunks),
-                format_size(static_cast<double>(p.bytes)).c_str(),
-                p.pinned ? (" (" + std::to_string(p.pinned) + " pinned)").c_str() : "");
+  for (const cache::StoreHolding& p : stores) {
+    std::printf(
+        "  %-40s %6lu objects %8lu chunks %12s%s\n", p.store.c_str(),
+        static_cast<unsigned long>(p.objects), static_cast<unsigned long>(p.chunks),
+        format_size(static_cast<double>(p.bytes)).c_str(),
+        p.pinned_chunks ? (" (" + std::to_string(p.pinned_chunks) + " pinned)").c_str() : "");
   }
   if (stores.empty()) std::printf("  (empty)\n");
   return 0;
@@ -190,17 +164,11 @@ int cmd_ls(const CacheArgs& a) {
   nlohmann::json out = nlohmann::json::array();
   for (const cache::CachedChunk& c : listing->chunks) {
     if (a.json) {
-      out.push_back({{"store", c.store},
-                     {"key", c.key},
-                     {"etag", c.etag},
-                     {"chunk", c.index},
-                     {"bytes", c.length},
-                     {"tiers", tiers(c)},
-                     {"pinned", c.pinned}});
+      out.push_back(c);
     } else {
       // "file:///" + "/" + "tmp/x" would print four slashes.
       const char* sep = c.store.ends_with('/') ? "" : "/";
-      std::printf("%-5s %10lu %s%s%s chunk %lu%s\n", tiers(c).c_str(),
+      std::printf("%-8s %10lu %s%s%s chunk %lu%s\n", cache::chunk_tiers(c).c_str(),
                   static_cast<unsigned long>(c.length), printable(c.store).c_str(), sep,
                   printable(c.key).c_str(), static_cast<unsigned long>(c.index),
                   c.pinned ? " pinned" : "");
@@ -219,11 +187,7 @@ int cmd_verify(const CacheArgs& a) {
   auto rep = (*control)->verify();
   if (!rep) return report_error(rep.error().with_context("cache verify"));
   if (a.json) {
-    std::printf(
-        "%s\n",
-        nlohmann::json({{"chunks", rep->chunks}, {"bytes", rep->bytes}, {"corrupt", rep->corrupt}})
-            .dump()
-            .c_str());
+    std::printf("%s\n", nlohmann::json(*rep).dump().c_str());
   } else {
     for (const std::string& why : rep->corrupt)
       std::fprintf(stderr, "sluice: cache verify: %s\n", why.c_str());

@@ -29,6 +29,14 @@ struct ChunkListing {
   bool truncated = false;
 };
 
+// What one backing store has in the cache (`sluice cache stat` of a directory).
+struct StoreHolding {
+  std::string store;  // its URI
+  uint64_t objects = 0, chunks = 0, bytes = 0, pinned_chunks = 0;
+};
+// `chunks` (in a listing's order: by store, then key) summed per store, in store order.
+std::vector<StoreHolding> holdings_by_store(const std::vector<CachedChunk>& chunks);
+
 // The daemon behind a DaemonControl.
 struct DaemonStatus {
   std::string socket, team;

@@ -1,164 +1,61 @@
+// `sluice cp`'s output: the summary and the progress bar (the copy is client::copy).
 #include "cp.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cctype>
-#include <chrono>
 #include <cstdio>
-#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
-#include "sluice/cache/read_ahead.h"
-#include "sluice/client/location.h"
-#include "sluice/client/session.h"
 #include "sluice/core/sizes.h"
-#include "sluice/node/client.h"
-#include "sluice/store/store.h"
-#include "sluice/telemetry/registry.h"
-#include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
 
-using client::Location;
-using client::parse_location;
-namespace fs = std::filesystem;
-
-std::string CpSummary::text() const {
-  double mib_s = seconds > 0 ? static_cast<double>(bytes) / seconds / (1 << 20) : 0;
+std::string copy_text(const client::CopySummary& s) {
+  const double mib_s = s.seconds > 0 ? static_cast<double>(s.bytes) / s.seconds / (1 << 20) : 0;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "copied %lu object%s, %s in %.2f s (%.1f MiB/s), %lu retr%s%s%s",
-                static_cast<unsigned long>(objects), objects == 1 ? "" : "s",
-                format_size(static_cast<double>(bytes)).c_str(), seconds, mib_s,
-                static_cast<unsigned long>(retries), retries == 1 ? "y" : "ies",
-                failed ? (", " + std::to_string(failed) + " FAILED").c_str() : "",
-                cancelled ? ", INTERRUPTED (nothing partial was left behind)" : "");
+  std::snprintf(
+      buf, sizeof buf, "copied %lu object%s, %s in %.2f s (%.1f MiB/s), %lu retr%s%s%s",
+      static_cast<unsigned long>(s.objects), s.objects == 1 ? "" : "s",
+      format_size(static_cast<double>(s.bytes)).c_str(), s.seconds, mib_s,
+      static_cast<unsigned long>(s.retries), s.retries == 1 ? "y" : "ies",
+      s.failures.empty() ? "" : (", " + std::to_string(s.failures.size()) + " FAILED").c_str(),
+      s.cancelled ? ", INTERRUPTED (nothing partial was left behind)" : "");
   std::string out = buf;
-  if (via_daemon) {
-    out += "\ncache: through sluiced, " + format_size(static_cast<double>(handoff_bytes)) +
-           " read from its NVMe directly, " + format_size(static_cast<double>(inline_bytes)) +
+  if (s.via_daemon) {
+    out += "\ncache: through sluiced, " + format_size(static_cast<double>(s.handoff_bytes)) +
+           " read from its NVMe directly, " + format_size(static_cast<double>(s.inline_bytes)) +
            " sent by it";
-  } else if (cached) {
-    out += "\ncache: " + format_size(static_cast<double>(cache_hit_bytes)) + " from the cache, " +
-           format_size(static_cast<double>(cache_miss_bytes)) + " from the source";
-    if (cache_not_kept > 0)
+  } else if (s.cached) {
+    out += "\ncache: " + format_size(static_cast<double>(s.cache_hit_bytes)) + " from the cache, " +
+           format_size(static_cast<double>(s.cache_miss_bytes)) + " from the source";
+    if (s.cache_not_kept > 0)
       out +=
-          "; " + std::to_string(cache_not_kept) +
+          "; " + std::to_string(s.cache_not_kept) +
           " chunks could not be kept on NVMe (its disk full or failing, or its write queue full)";
   }
   return out;
 }
 
-std::string CpSummary::json() const {
-  nlohmann::json j = {
-      {"objects", objects},
-      {"bytes", bytes},
-      {"seconds", seconds},
-      {"throughput_mib_s", seconds > 0 ? static_cast<double>(bytes) / seconds / (1 << 20) : 0},
-      {"retries", retries},
-      {"failed", failed},
-      {"cancelled", cancelled}};
-  if (failed) j["error"] = first_error;
-  if (via_daemon) {
+std::string copy_json(const client::CopySummary& s) {
+  nlohmann::json j = {{"objects", s.objects},
+                      {"bytes", s.bytes},
+                      {"seconds", s.seconds},
+                      {"throughput_mib_s",
+                       s.seconds > 0 ? static_cast<double>(s.bytes) / s.seconds / (1 << 20) : 0},
+                      {"retries", s.retries},
+                      {"failed", s.failures.size()},
+                      {"cancelled", s.cancelled}};
+  if (!s.failures.empty()) j["error"] = s.failures.front().error.to_string();
+  if (s.via_daemon) {
     j["cache"] = {
-        {"daemon", true}, {"handoff_bytes", handoff_bytes}, {"inline_bytes", inline_bytes}};
-  } else if (cached) {
-    j["cache"] = {{"hit_bytes", cache_hit_bytes},
-                  {"miss_bytes", cache_miss_bytes},
-                  {"chunks_not_kept", cache_not_kept}};
+        {"daemon", true}, {"handoff_bytes", s.handoff_bytes}, {"inline_bytes", s.inline_bytes}};
+  } else if (s.cached) {
+    j["cache"] = {{"hit_bytes", s.cache_hit_bytes},
+                  {"miss_bytes", s.cache_miss_bytes},
+                  {"chunks_not_kept", s.cache_not_kept}};
   }
   return j.dump();
 }
-
-namespace {
-
-// A store and the key (one object) or prefix (recursive) within it.
-struct Side {
-  std::string store_uri;
-  std::string key;
-};
-
-std::string as_prefix(std::string p) {
-  if (!p.empty() && !p.ends_with('/')) p += '/';
-  return p;
-}
-
-std::string parent_or_dot(const fs::path& p) {
-  return p.has_parent_path() ? p.parent_path().string() : ".";
-}
-
-// The source of a one-object copy. A local source must be a regular file: a FIFO or a
-// device would hang or never end.
-Result<Side> source_object(const Location& l) {
-  if (!l.local) {
-    if (l.path.empty() || l.path.ends_with('/'))
-      return fail(Code::kInvalidArgument,
-                  "'" + l.text + "' names no object (use --recursive for a prefix)");
-    return Side{l.store_uri, l.path};
-  }
-  struct stat st;
-  if (::stat(l.path.c_str(), &st) != 0) return fail_errno(errno, "stat " + l.path);
-  if (S_ISDIR(st.st_mode))
-    return fail(Code::kInvalidArgument, "'" + l.path + "' is a directory (use --recursive)");
-  if (!S_ISREG(st.st_mode))
-    return fail(Code::kInvalidArgument,
-                "'" + l.path + "' is not a regular file (a FIFO, device or socket is not copied)");
-  // The user named this file: follow a symlink to wherever it points.
-  std::error_code ec;
-  fs::path real = fs::canonical(l.path, ec);
-  if (ec) return fail_errno(ec.value(), "resolve " + l.path);
-  return Side{"file://" + parent_or_dot(real), real.filename().string()};
-}
-
-// A local source read through the cache is named from the root (file:///, the key its
-// absolute path), so every command names one file's chunks the same way.
-Result<Side> cached_local(const Side& s) {
-  SLUICE_ASSIGN_OR_RETURN(client::StoreKey k,
-                          client::store_key(s.store_uri.substr(7) + "/" + s.key));
-  return Side{k.store_uri, k.key};
-}
-
-// The destination of a one-object copy whose source object is called `name`.
-Side destination_object(const Location& l, const std::string& name) {
-  if (!l.local)
-    return Side{l.store_uri, l.path.empty() || l.path.ends_with('/') ? l.path + name : l.path};
-  std::error_code ec;
-  if (l.path.ends_with('/') || fs::is_directory(l.path, ec)) return Side{"file://" + l.path, name};
-  fs::path p(l.path);
-  return Side{"file://" + parent_or_dot(p), p.filename().string()};
-}
-
-// The source or destination of a recursive copy.
-Result<Side> prefix_side(const Location& l, bool source) {
-  if (!l.local) return Side{l.store_uri, as_prefix(l.path)};
-  std::error_code ec;
-  if (source && !fs::is_directory(l.path, ec))
-    return fail(Code::kNotFound, "'" + l.path + "' is not a directory");
-  return Side{"file://" + l.path, ""};
-}
-
-std::string canonical_local(const std::string& store_uri, const std::string& key) {
-  std::error_code ec;
-  fs::path p = fs::weakly_canonical(fs::path(store_uri.substr(7)) / key, ec);
-  return ec ? store_uri + "/" + key : p.string();
-}
-
-// Copying an object onto itself (or a tree into itself) would destroy it.
-Status refuse_overlap(const Side& src, const Side& dst, bool recursive) {
-  bool local = src.store_uri.starts_with("file://") && dst.store_uri.starts_with("file://");
-  std::string a = local ? canonical_local(src.store_uri, src.key) : src.store_uri + "/" + src.key;
-  std::string b = local ? canonical_local(dst.store_uri, dst.key) : dst.store_uri + "/" + dst.key;
-  if (!local && src.store_uri != dst.store_uri) return ok();
-  if (a == b)
-    return fail(Code::kInvalidArgument, "source and destination are the same: '" + a + "'");
-  if (recursive && (b.starts_with(as_prefix(a)) || a.starts_with(as_prefix(b))))
-    return fail(Code::kInvalidArgument,
-                "source '" + a + "' and destination '" + b + "' overlap (one is inside the other)");
-  return ok();
-}
-
-}  // namespace
 
 void draw_progress(const xfer::CopyProgress& p, double seconds, bool final) {
   double frac = p.bytes_total
@@ -174,96 +71,6 @@ void draw_progress(const xfer::CopyProgress& p, double seconds, bool final) {
                seconds > 0 ? static_cast<double>(p.bytes_done) / seconds / (1 << 20) : 0.0,
                static_cast<unsigned long>(p.objects_done),
                static_cast<unsigned long>(p.objects_total), final ? "\n" : "");
-}
-
-// What the copy did, with what the cache (or sluiced) served of it.
-CpSummary summarize(const xfer::CopyReport& report, store::Store& src_store,
-                    telemetry::Registry& registry) {
-  CpSummary sum;
-  sum.objects = report.objects;
-  sum.bytes = report.bytes;
-  sum.failed = report.failures.size();
-  sum.cancelled = report.cancelled;
-  sum.seconds = report.seconds;
-  sum.retries = registry.counter("sluice_s3_retries_total").value();
-  if (auto* c = src_store.capability<cache::TieredCache>()) {
-    cache::CacheStats cs = c->stats();
-    sum.cached = true;
-    sum.cache_hit_bytes = cs.ram.hit_bytes + cs.disk.hit_bytes;
-    sum.cache_miss_bytes = cs.miss_bytes;
-    sum.cache_not_kept = cs.disk_writes_skipped;
-  } else if (auto* n = src_store.capability<node::NodeStore>()) {
-    node::NodeReadStats ns = n->read_stats();
-    sum.via_daemon = true;
-    sum.handoff_bytes = ns.handoff_bytes;
-    sum.inline_bytes = ns.inline_bytes;
-  }
-  for (auto& f : report.failures) {
-    if (sum.first_error.empty()) sum.first_error = f.error.to_string();
-    std::fprintf(
-        stderr, "sluice: cp %s: %s\n",
-        printable(src_store.uri() + (src_store.uri().ends_with('/') ? "" : "/") + f.src_key)
-            .c_str(),
-        f.error.to_string().c_str());
-  }
-  return sum;
-}
-
-Result<CpSummary> run_cp(const CpOptions& o) {
-  s3::register_scheme();
-  cache::register_scheme();
-  SLUICE_ASSIGN_OR_RETURN(Location from, parse_location(o.src));
-  SLUICE_ASSIGN_OR_RETURN(Location to, parse_location(o.dst));
-
-  Side src, dst;
-  if (o.recursive) {
-    SLUICE_ASSIGN_OR_RETURN(src, prefix_side(from, true));
-    SLUICE_ASSIGN_OR_RETURN(dst, prefix_side(to, false));
-  } else {
-    SLUICE_ASSIGN_OR_RETURN(src, source_object(from));
-    dst = destination_object(to, fs::path(src.key).filename().string());
-  }
-  SLUICE_RETURN_IF_ERROR(refuse_overlap(src, dst, o.recursive));
-  bool cached = o.cache || from.cached;
-  if (cached && from.local) {
-    SLUICE_ASSIGN_OR_RETURN(src, cached_local(src));
-  }
-
-  telemetry::Registry registry;
-  const client::Session session(o.session);
-  const client::OpenOptions how{.registry = &registry};
-  SLUICE_ASSIGN_OR_RETURN(auto src_store, cached ? session.open_cached(src.store_uri, how)
-                                                 : session.open_store(src.store_uri, how));
-  SLUICE_ASSIGN_OR_RETURN(auto plain_dst, session.open_store(dst.store_uri, how));
-  // Charged to the project that owns the destination, when the ledger has projects.
-  SLUICE_ASSIGN_OR_RETURN(auto dst_store, session.charged(std::move(plain_dst)));
-
-  xfer::CopyPlan plan;
-  if (o.recursive) {
-    SLUICE_ASSIGN_OR_RETURN(plan, xfer::plan_prefix(*src_store, src.key, dst.key));
-  } else {
-    plan.items.push_back(xfer::CopyItem{src.key, dst.key, std::nullopt});
-  }
-
-  xfer::CopyOptions co{.concurrency = o.session.s3.max_in_flight,
-                       .jobs = o.recursive ? o.jobs : 1,
-                       .part_size = o.part_size,
-                       .durable = o.fsync,
-                       .cancel = o.cancel};
-  // Through a cache, parts start on its chunk bounds: no chunk is read by two parts.
-  if (auto* chunked = src_store->capability<cache::ReadAhead>())
-    co.part_align = chunked->chunk_size();
-  auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  if (o.progress)
-    co.on_progress = [&](const xfer::CopyProgress& p) { draw_progress(p, elapsed(), false); };
-  xfer::CopyReport report = xfer::copy_all(*src_store, *dst_store, plan.items, co);
-  report.failures.insert(report.failures.begin(), plan.rejected.begin(), plan.rejected.end());
-  if (o.progress) std::fputc('\n', stderr);
-
-  return summarize(report, *src_store, registry);
 }
 
 }  // namespace sluice::cli

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "gc_cmd.h"
 #include "ledger_cmd.h"
 #include "size_flag.h"
+#include "sluice/client/copy.h"
 #include "sluice/client/environment.h"
 #include "sluice/core/sizes.h"
 #include "sluice/io/bench.h"
@@ -116,7 +118,7 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
 }
 
 struct CpArgs {
-  CpOptions cp;
+  client::CopyRequest cp;
   CacheFlags cache;
   client::AwsSettings aws;
   std::string ledger;  // --ledger
@@ -189,18 +191,17 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
                   "The ledger to charge writes under a project to (default: $SLUICE_LEDGER, "
                   "else $SLUICE_HOME/ledger.db when it exists)");
   cmd->add_flag("--no-progress", a.no_progress, "No progress bar, even on a terminal");
-  cmd->add_flag("--fsync", a.cp.fsync,
+  cmd->add_flag("--fsync", a.cp.durable,
                 "Make each downloaded file durable (fsync) before renaming it into place");
   cmd->add_flag("--cache", a.cp.cache,
                 "Read the source through the tiered cache (as a cache+ source URI does)");
   add_cache_flags(cmd, a.cache);
   cmd->callback([&] {
-    auto session = session_options(a.aws, a.ledger, a.cache);  // bad flags refused up front
-    if (!session) {
-      rc = report_error(session.error());
+    auto options = session_options(a.aws, a.ledger, a.cache);  // bad flags refused up front
+    if (!options) {
+      rc = report_error(options.error());
       return;
     }
-    a.cp.session = std::move(*session);
     if (a.part_size != "auto") {
       auto size = parse_size(a.part_size);
       if (!size || *size == 0 || *size > s3::kMaxPartSize) {
@@ -210,22 +211,32 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
         return;
       }
       a.cp.part_size = *size;
-      a.cp.session.s3.part_size = *size;
+      options->s3.part_size = *size;
     }
-    a.cp.session.s3.max_in_flight = a.max_in_flight;
-    a.cp.session.s3.stall_timeout_s = a.stall_timeout_s;
-    a.cp.progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+    options->s3.max_in_flight = a.max_in_flight;
+    options->s3.stall_timeout_s = a.stall_timeout_s;
+    auto t0 = std::chrono::steady_clock::now();
+    const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+    if (progress)
+      a.cp.on_progress = [t0](const xfer::CopyProgress& p) {
+        draw_progress(
+            p, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), false);
+      };
     a.cp.cancel = &g_cancel;
     catch_stop_signals();
-    auto sum = run_cp(a.cp);
+    auto sum = client::copy(client::Session(std::move(*options)), a.cp);
+    if (progress) std::fputc('\n', stderr);
     if (!sum) {
       rc = report_error(sum.error());
       return;
     }
-    std::printf("%s\n", a.json ? sum->json().c_str() : sum->text().c_str());
-    rc = sum->cancelled ? CancelHook{&g_cancel, catch_stop_signals, &g_signal}.exit_code()
-         : sum->failed  ? 1
-                        : 0;
+    for (const client::CopyFailure& f : sum->failures)
+      std::fprintf(stderr, "sluice: cp %s: %s\n", printable(f.source).c_str(),
+                   f.error.to_string().c_str());
+    std::printf("%s\n", a.json ? copy_json(*sum).c_str() : copy_text(*sum).c_str());
+    rc = sum->cancelled           ? CancelHook{&g_cancel, catch_stop_signals, &g_signal}.exit_code()
+         : !sum->failures.empty() ? 1
+                                  : 0;
   });
 }
 

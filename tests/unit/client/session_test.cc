@@ -1,6 +1,7 @@
 // The client layer: what a user's text names, and a Session opening stores, the node's cache
 // and the ledger from explicit options.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "sluice/client/checkpoints.h"
+#include "sluice/client/copy.h"
 #include "sluice/client/datasets.h"
 #include "sluice/client/location.h"
 #include "sluice/client/read.h"
@@ -218,6 +220,45 @@ TEST(Datasets, TheCatalogListsOnceAndNoticesARepack) {
   EXPECT_TRUE(std::filesystem::exists(s.options().home + "/datasets"));
   EXPECT_EQ(open_dataset(s, {.uri = dir.file("missing")}).error().code(), Code::kNotFound);
   EXPECT_EQ(dataset_location("s3://b/data").value().prefix, "data/");
+}
+
+// `sluice cp` as a call: a file into a directory gets its name, a tree goes whole, and what
+// would destroy or hang (a copy onto itself or into itself, a FIFO) is refused up front.
+TEST(Copy, CopiesObjectsAndTreesAndRefusesOverlaps) {
+  TempDir dir;
+  Session s(options_in(dir));
+  const std::string src = dir.path() + "/src", out = dir.path() + "/out";
+  std::filesystem::create_directories(src + "/sub");
+  std::filesystem::create_directories(out);
+  std::ofstream(src + "/a.bin") << std::string(300000, 'a');
+  std::ofstream(src + "/sub/b.bin") << "bee";
+
+  auto one = copy(s, {.src = src + "/a.bin", .dst = out + "/"});
+  ASSERT_TRUE(one) << one.error().to_string();
+  EXPECT_EQ(one->objects, 1u);
+  EXPECT_EQ(std::filesystem::file_size(out + "/a.bin"), 300000u);
+
+  std::vector<uint64_t> seen;
+  auto tree =
+      copy(s, {.src = src,
+               .dst = out + "/tree",
+               .recursive = true,
+               .on_progress = [&](const xfer::CopyProgress& p) { seen.push_back(p.bytes_done); }});
+  ASSERT_TRUE(tree) << tree.error().to_string();
+  EXPECT_EQ(tree->objects, 2u);
+  EXPECT_EQ(tree->bytes, 300003u);
+  EXPECT_TRUE(tree->failures.empty());
+  EXPECT_FALSE(seen.empty());
+  EXPECT_TRUE(std::filesystem::exists(out + "/tree/sub/b.bin"));
+
+  EXPECT_EQ(copy(s, {.src = src + "/a.bin", .dst = src + "/a.bin"}).error().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(copy(s, {.src = src, .dst = src + "/sub/x", .recursive = true}).error().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(copy(s, {.src = src, .dst = out}).error().code(), Code::kInvalidArgument);  // a dir
+  ASSERT_EQ(::mkfifo((src + "/fifo").c_str(), 0600), 0);
+  EXPECT_EQ(copy(s, {.src = src + "/fifo", .dst = out}).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(copy(s, {.src = dir.path() + "/nope", .dst = out}).error().code(), Code::kNotFound);
 }
 
 }  // namespace

@@ -165,6 +165,7 @@ Result<CopySummary> copy(const Session& session, const CopyRequest& o) {
   co.concurrency = session.options().s3.max_in_flight;
   co.jobs = o.recursive ? o.jobs : 1;
   co.part_size = o.part_size;
+  co.streams = o.streams;
   co.durable = o.durable;
   co.on_progress = o.on_progress;
   co.cancel = o.cancel;

@@ -1,6 +1,6 @@
 // Copying between stores. One object is copied by one job thread, its "owner": it reads the
-// first part itself, then keeps as many parts in flight on the copy's part pool as the
-// budget allows. A destination that takes positional writes (file://) gets each part
+// first part itself, then keeps up to `streams` parts in flight on the copy's part pool, as
+// the budget allows. A destination that takes positional writes (file://) gets each part
 // written at its offset by the pool thread that read it, as soon as it arrives; any other
 // destination gets the parts appended in order by the owner. The part budget bounds the
 // reads in flight and the bytes of their buffers across every owner at once.
@@ -23,6 +23,10 @@ namespace sluice::xfer {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
+// What of a multi-part object is read alone, before the other parts start.
+constexpr uint64_t kHeadBytes = kMiB;
+// A positional destination is written as a part's bytes land, this much at a time at least.
+constexpr uint64_t kLandBytes = kMiB;
 
 // A part buffer: uninitialised bytes, reused across parts (first touch of fresh memory
 // costs more than the copy itself on these machines). 4 KiB-aligned, so a source that
@@ -169,6 +173,21 @@ void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& 
   // Pinned to the version first seen; `split = false`: this copy already keeps parts in
   // parallel, the store must not fan one part out again.
   store::ReadOptions ro{.if_match = info.etag, .object_size = info.size, .split = false};
+  // A positional destination gets the bytes as they land, a MiB or more at a time, so the
+  // part's write overlaps its read instead of following it. A retry lands bytes again from
+  // a lower offset (the same bytes: the read is pinned to one version); they are written
+  // again as they come. The read's result still decides: a failed part fails the object,
+  // whose writer is then aborted.
+  uint64_t written = 0;  // bytes of the part at their place in the destination
+  Status landed_st = ok();
+  if (writer.positional())
+    ro.hooks.on_landed = [&](uint64_t end) {
+      const uint64_t have = std::min(end, p.offset + p.len) - std::min(end, p.offset);
+      if (have < written) written = have;
+      if (!landed_st || have - written < kLandBytes) return;
+      landed_st = writer.write_at(p.offset + written, dst.subspan(written, have - written));
+      written = have;
+    };
   auto n = src_.read_full(key, p.offset, dst, ro);
   if (!n) {
     p.result = std::unexpected(n.error());
@@ -178,14 +197,17 @@ void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& 
                                   " bytes, but its size was " + std::to_string(info.size) +
                                   " when the copy started (it shrank or was replaced)");
   } else if (writer.positional()) {
-    p.result = writer.write_at(p.offset, dst);
+    p.result = landed_st;
+    if (p.result && written < p.len)
+      p.result = writer.write_at(p.offset + written, dst.subspan(written));
     p.written = p.result.has_value();
   }
 }
 
 Status Copier::copy_parts(const CopyItem& item, const store::ObjectInfo& info,
                           store::Writer& writer) {
-  uint64_t part = options_.part_size ? options_.part_size : part_size_for(info.size);
+  const unsigned streams = std::max(1u, options_.streams);
+  uint64_t part = options_.part_size ? options_.part_size : part_size_for(info.size, streams);
   if (!options_.part_size && options_.part_align > 1 && part % options_.part_align != 0)
     part = (part / options_.part_align + 1) * options_.part_align;
   Arrivals arrivals;
@@ -217,8 +239,10 @@ Status Copier::copy_parts(const CopyItem& item, const store::ObjectInfo& info,
     }
   };
   // The next part with its buffer, or null when the budget is spent (or failed).
-  auto take = [&](bool wait) -> std::unique_ptr<Part> {
-    uint64_t len = std::min(part, info.size - next);
+  // Parts end on multiples of `part` (a cache's chunk bounds stay whole); the first may be
+  // cut shorter with `limit`.
+  auto take = [&](bool wait, uint64_t limit = UINT64_MAX) -> std::unique_ptr<Part> {
+    uint64_t len = std::min({(next / part + 1) * part - next, info.size - next, limit});
     auto buffer = budget_.acquire(len, wait);
     if (!buffer) st = std::unexpected(buffer.error());
     if (!buffer || !*buffer) return nullptr;
@@ -243,17 +267,25 @@ Status Copier::copy_parts(const CopyItem& item, const store::ObjectInfo& info,
 
   // The first part alone, on this thread: a refused or missing object costs one request,
   // the rest are read only once this version has been seen, and a small object needs no
-  // hand-off to the pool at all.
+  // hand-off to the pool at all. Of a larger object only its head goes alone (kHeadBytes):
+  // a whole first part read by one stream while the others wait cost an eighth of a large
+  // download at one stream's speed.
   if (next < info.size) {
-    if (auto p = take(true)) {
+    uint64_t head = UINT64_MAX;
+    if (info.size > part) {
+      const uint64_t align = std::max<uint64_t>(options_.part_align, 1);
+      head = (kHeadBytes + align - 1) / align * align;  // whole chunks: none read twice
+    }
+    if (auto p = take(true, head)) {
       transfer(*p, item.src_key, info, writer);
       land(std::move(p));
     }
   }
   while (in_flight > 0 || (st && next < info.size)) {
     if (st && cancelled()) st = fail(Code::kCancelled, "copy of '" + item.src_key + "' cancelled");
-    // As many parts as the budget allows; wait for room only with nothing in flight.
-    while (st && next < info.size && start(in_flight == 0)) {
+    // As many parts as its streams and the budget allow; wait for room only with nothing in
+    // flight.
+    while (st && next < info.size && in_flight < streams && start(in_flight == 0)) {
     }
     if (in_flight == 0) break;
     --in_flight;
@@ -414,9 +446,9 @@ Result<CopyPlan> plan_prefix(store::Store& src, std::string_view src_prefix,
   return plan;
 }
 
-uint64_t part_size_for(uint64_t object_size) {
-  uint64_t eighth = (object_size / 8 + kMiB - 1) / kMiB * kMiB;
-  return std::clamp<uint64_t>(eighth, 8 * kMiB, 32 * kMiB);
+uint64_t part_size_for(uint64_t object_size, unsigned streams) {
+  uint64_t share = (object_size / std::max(1u, streams) + kMiB - 1) / kMiB * kMiB;
+  return std::clamp<uint64_t>(share, 8 * kMiB, 32 * kMiB);
 }
 
 }  // namespace sluice::xfer

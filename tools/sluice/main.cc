@@ -175,12 +175,16 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   cmd->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
   cmd->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
   cmd->add_option("--part-size", a.part_size,
-                  "Bytes per part read and multipart part (at most 5G); auto: about 8 parts "
-                  "per object, 8M to 32M for reads, 8M for uploads")
+                  "Bytes per part read and multipart part (at most 5G); auto: one part per "
+                  "stream, 8M to 32M, for reads, 8M for uploads")
       ->default_str("auto");
   cmd->add_option("--max-in-flight", a.max_in_flight,
                   "Part reads and HTTP requests in flight at most, across all objects")
       ->default_val(16)
+      ->check(CLI::Range(1u, 1024u));
+  cmd->add_option("--streams", a.cp.streams,
+                  "Parts of one object in flight at once (within --max-in-flight)")
+      ->default_val(4)
       ->check(CLI::Range(1u, 1024u));
   cmd->add_option("--stall-timeout", a.stall_timeout_s,
                   "Seconds without progress before a request to S3 is abandoned")

@@ -30,6 +30,7 @@ struct CopyRequest {
   bool recursive = false;
   unsigned jobs = 16;      // objects copied at once (recursive)
   uint64_t part_size = 0;  // bytes per part; 0 chooses from each object's size
+  unsigned streams = 4;    // parts of one object in flight at once (xfer::CopyOptions)
   bool durable = false;    // make each local file durable before it is renamed into place
   bool cache = false;      // read the source through the node's cache (as cache+ does)
   const std::atomic<bool>* cancel = nullptr;  // stop at the next part; nothing partial left

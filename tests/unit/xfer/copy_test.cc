@@ -354,7 +354,8 @@ TEST(PartSize, ChosenFromTheObjectSize) {
   EXPECT_EQ(part_size_for(0), 8 * kMiB);
   EXPECT_EQ(part_size_for(10 * kMiB), 8 * kMiB);
   EXPECT_EQ(part_size_for(256 * kMiB), 32 * kMiB);
-  EXPECT_EQ(part_size_for(100 * kMiB), 13 * kMiB);
+  EXPECT_EQ(part_size_for(100 * kMiB), 25 * kMiB);
+  EXPECT_EQ(part_size_for(100 * kMiB, 8), 13 * kMiB);
   EXPECT_EQ(part_size_for(1024 * kMiB), 32 * kMiB);
   EXPECT_EQ(part_size_for(uint64_t{1} << 40), 32 * kMiB);
 }

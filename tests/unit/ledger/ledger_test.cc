@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "contract/store_contract.h"
 #include "ledger/uri.h"
 #include "sluice/ledger/cache_charger.h"
 #include "sluice/ledger/charging_store.h"
@@ -680,6 +681,44 @@ class Unreporting final : public store::StoreWrapper {
     return StoreWrapper::create(key, o);
   }
 };
+
+// The store contract through the charging layer, over a store that says what a publish
+// replaced and over one that does not (an object store's path, with the publish lock),
+// every key under a project with a quota that is never reached.
+std::unique_ptr<store::Store> charged_for_contract(const std::string& scope, bool reporting) {
+  static TempDir dir;
+  static std::shared_ptr<Ledger> ledger = [] {
+    auto l = Ledger::open(dir.path() + "/contract.db");
+    EXPECT_TRUE(l) << l.error().to_string();
+    std::shared_ptr<Ledger> shared(std::move(*l));
+    EXPECT_TRUE(shared->add_team("contract"));
+    return shared;
+  }();
+  static std::atomic<int> n{0};
+  const std::string name = "contract-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
+  auto added = ledger->add_project(Project{.id = "c" + std::to_string(n.load()),
+                                           .team = "contract",
+                                           .location = "mem://" + name,
+                                           .tier = Tier::kObject,
+                                           .kind = Kind::kScratch});
+  EXPECT_TRUE(added) << scope << ": " << added.error().to_string();
+  std::shared_ptr<store::Store> mem = store::open_named_memory_store(name);
+  if (!reporting) mem = std::make_shared<Unreporting>(std::move(mem));
+  return with_charging(std::move(mem), ledger, ChargingOptions{.require_project = true}).value();
+}
+
+using sluice::testing::ContractBackend;
+using sluice::testing::StoreContract;
+INSTANTIATE_TEST_SUITE_P(Charging, StoreContract,
+                         ::testing::Values(ContractBackend{"charged_mem",
+                                                           [](const std::string& s) {
+                                                             return charged_for_contract(s, true);
+                                                           }},
+                                           ContractBackend{"charged_unreporting_mem",
+                                                           [](const std::string& s) {
+                                                             return charged_for_contract(s, false);
+                                                           }}),
+                         sluice::testing::contract_name);
 
 // Defect 11 on object stores: writers racing on one key each charged against the size
 // create saw. With the key's publish lock, usage is the object left; two removals at once

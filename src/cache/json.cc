@@ -9,75 +9,60 @@ using nlohmann::json;
 
 namespace {
 
-json tier_json(const TierStats& t) {
-  return json{{"bytes", t.bytes},
-              {"capacity", t.capacity},
-              {"chunks", t.chunks},
-              {"hits", t.hits},
-              {"hit_bytes", t.hit_bytes}};
+// Each field once, for both directions: its name, and where it is in a path of objects.
+template <typename T>
+using Fields = std::initializer_list<std::pair<const char*, T CacheStats::*>>;
+const Fields<uint64_t> kCounters = {{"misses", &CacheStats::misses},
+                                    {"miss_bytes", &CacheStats::miss_bytes},
+                                    {"evictions", &CacheStats::evictions},
+                                    {"checksum_failures", &CacheStats::checksum_failures},
+                                    {"stale_drops", &CacheStats::stale_drops},
+                                    {"singleflight_joins", &CacheStats::singleflight_joins},
+                                    {"disk_writes_skipped", &CacheStats::disk_writes_skipped},
+                                    {"objects_known", &CacheStats::objects_known}};
+const Fields<uint64_t> kPrefetch = {{"fetched", &CacheStats::prefetched},
+                                    {"hits", &CacheStats::prefetch_hits},
+                                    {"wasted", &CacheStats::prefetch_wasted}};
+const Fields<std::string> kTexts = {{"directory", &CacheStats::directory},
+                                    {"policy", &CacheStats::policy},
+                                    {"io_path", &CacheStats::io_path}};
+const Fields<TierStats> kTiers = {{"ram", &CacheStats::ram}, {"nvme", &CacheStats::disk}};
+const std::initializer_list<std::pair<const char*, uint64_t TierStats::*>> kTierFields = {
+    {"bytes", &TierStats::bytes},
+    {"capacity", &TierStats::capacity},
+    {"chunks", &TierStats::chunks},
+    {"hits", &TierStats::hits},
+    {"hit_bytes", &TierStats::hit_bytes}};
+
+const json& member(const json& j, const char* name) {
+  static const json kNull;
+  auto it = j.is_object() ? j.find(name) : j.end();
+  return it != j.end() ? *it : kNull;
 }
 
-uint64_t number(const json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
-}
-
-std::string text(const json& j, const char* name) {
-  auto it = j.find(name);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-const json& object(const json& j, const char* name) {
-  static const json kEmpty = json::object();
-  auto it = j.find(name);
-  return it != j.end() && it->is_object() ? *it : kEmpty;
-}
-
-TierStats tier_of(const json& j) {
-  return {number(j, "bytes"), number(j, "capacity"), number(j, "chunks"), number(j, "hits"),
-          number(j, "hit_bytes")};
+uint64_t number(const json& j) {
+  return j.is_number_unsigned() ? j.get<uint64_t>() : 0;
 }
 
 }  // namespace
 
 void to_json(json& j, const CacheStats& s) {
-  j = json{{"ram", tier_json(s.ram)},
-           {"nvme", tier_json(s.disk)},
-           {"misses", s.misses},
-           {"miss_bytes", s.miss_bytes},
-           {"evictions", s.evictions},
-           {"checksum_failures", s.checksum_failures},
-           {"stale_drops", s.stale_drops},
-           {"singleflight_joins", s.singleflight_joins},
-           {"prefetch",
-            {{"fetched", s.prefetched}, {"hits", s.prefetch_hits}, {"wasted", s.prefetch_wasted}}},
-           {"disk_writes_skipped", s.disk_writes_skipped},
-           {"objects_known", s.objects_known},
-           {"directory", s.directory},
-           {"policy", s.policy},
-           {"io_path", s.io_path}};
+  j = json::object();
+  for (auto [name, tier] : kTiers)
+    for (auto [field, at] : kTierFields) j[name][field] = (s.*tier).*at;
+  for (auto [name, at] : kCounters) j[name] = s.*at;
+  for (auto [name, at] : kPrefetch) j["prefetch"][name] = s.*at;
+  for (auto [name, at] : kTexts) j[name] = s.*at;
 }
 
 CacheStats cache_stats_from_json(const json& j) {
   CacheStats s;
-  if (!j.is_object()) return s;
-  s.ram = tier_of(object(j, "ram"));
-  s.disk = tier_of(object(j, "nvme"));
-  s.misses = number(j, "misses");
-  s.miss_bytes = number(j, "miss_bytes");
-  s.evictions = number(j, "evictions");
-  s.checksum_failures = number(j, "checksum_failures");
-  s.stale_drops = number(j, "stale_drops");
-  s.singleflight_joins = number(j, "singleflight_joins");
-  s.disk_writes_skipped = number(j, "disk_writes_skipped");
-  const json& p = object(j, "prefetch");
-  s.prefetched = number(p, "fetched");
-  s.prefetch_hits = number(p, "hits");
-  s.prefetch_wasted = number(p, "wasted");
-  s.objects_known = number(j, "objects_known");
-  s.directory = text(j, "directory");
-  s.policy = text(j, "policy");
-  s.io_path = text(j, "io_path");
+  for (auto [name, tier] : kTiers)
+    for (auto [field, at] : kTierFields) (s.*tier).*at = number(member(member(j, name), field));
+  for (auto [name, at] : kCounters) s.*at = number(member(j, name));
+  for (auto [name, at] : kPrefetch) s.*at = number(member(member(j, "prefetch"), name));
+  for (auto [name, at] : kTexts)
+    if (const json& t = member(j, name); t.is_string()) s.*at = t.get<std::string>();
   return s;
 }
 

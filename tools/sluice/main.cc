@@ -154,6 +154,43 @@ void catch_stop_signals() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
+// `cp`'s flags to a request and a session; copies, prints the summary, gives the exit code.
+int run_cp_command(CpArgs& a) {
+  auto options = session_options(a.aws, a.ledger, a.cache);  // bad flags refused up front
+  if (!options) return report_error(options.error());
+  if (a.part_size != "auto") {
+    auto size = parse_size(a.part_size);
+    if (!size || *size == 0 || *size > s3::kMaxPartSize) {
+      return report_error(Error(Code::kInvalidArgument,
+                                "--part-size '" + a.part_size + "': " +
+                                    (size ? "must be 1 byte to 5G" : size.error().message())));
+    }
+    a.cp.part_size = *size;
+    options->s3.part_size = *size;
+  }
+  options->s3.max_in_flight = a.max_in_flight;
+  options->s3.stall_timeout_s = a.stall_timeout_s;
+  auto t0 = std::chrono::steady_clock::now();
+  const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  if (progress)
+    a.cp.on_progress = [t0](const xfer::CopyProgress& p) {
+      draw_progress(p, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                    false);
+    };
+  a.cp.cancel = &g_cancel;
+  catch_stop_signals();
+  auto sum = client::copy(client::Session(std::move(*options)), a.cp);
+  if (progress) std::fputc('\n', stderr);
+  if (!sum) return report_error(sum.error());
+  for (const client::CopyFailure& f : sum->failures)
+    std::fprintf(stderr, "sluice: cp %s: %s\n", printable(f.source).c_str(),
+                 f.error.to_string().c_str());
+  std::printf("%s\n", a.json ? copy_json(*sum).c_str() : copy_text(*sum).c_str());
+  return sum->cancelled           ? CancelHook{&g_cancel, catch_stop_signals, &g_signal}.exit_code()
+         : !sum->failures.empty() ? 1
+                                  : 0;
+}
+
 void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   auto* cmd = app.add_subcommand(
       "cp",
@@ -200,48 +237,7 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
   cmd->add_flag("--cache", a.cp.cache,
                 "Read the source through the tiered cache (as a cache+ source URI does)");
   add_cache_flags(cmd, a.cache);
-  cmd->callback([&] {
-    auto options = session_options(a.aws, a.ledger, a.cache);  // bad flags refused up front
-    if (!options) {
-      rc = report_error(options.error());
-      return;
-    }
-    if (a.part_size != "auto") {
-      auto size = parse_size(a.part_size);
-      if (!size || *size == 0 || *size > s3::kMaxPartSize) {
-        rc = report_error(Error(Code::kInvalidArgument,
-                                "--part-size '" + a.part_size + "': " +
-                                    (size ? "must be 1 byte to 5G" : size.error().message())));
-        return;
-      }
-      a.cp.part_size = *size;
-      options->s3.part_size = *size;
-    }
-    options->s3.max_in_flight = a.max_in_flight;
-    options->s3.stall_timeout_s = a.stall_timeout_s;
-    auto t0 = std::chrono::steady_clock::now();
-    const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
-    if (progress)
-      a.cp.on_progress = [t0](const xfer::CopyProgress& p) {
-        draw_progress(
-            p, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), false);
-      };
-    a.cp.cancel = &g_cancel;
-    catch_stop_signals();
-    auto sum = client::copy(client::Session(std::move(*options)), a.cp);
-    if (progress) std::fputc('\n', stderr);
-    if (!sum) {
-      rc = report_error(sum.error());
-      return;
-    }
-    for (const client::CopyFailure& f : sum->failures)
-      std::fprintf(stderr, "sluice: cp %s: %s\n", printable(f.source).c_str(),
-                   f.error.to_string().c_str());
-    std::printf("%s\n", a.json ? copy_json(*sum).c_str() : copy_text(*sum).c_str());
-    rc = sum->cancelled           ? CancelHook{&g_cancel, catch_stop_signals, &g_signal}.exit_code()
-         : !sum->failures.empty() ? 1
-                                  : 0;
-  });
+  cmd->callback([&] { rc = run_cp_command(a); });
 }
 
 // `sluice demo --bench`: every data path on one file, side by side.

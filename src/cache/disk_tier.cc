@@ -232,6 +232,24 @@ Status DiskTier::explain_header(std::span<const std::byte> head, const std::stri
                                      " (bad header); move the cache directory away");
 }
 
+Result<std::optional<uint64_t>> DiskTier::recorded_chunk_size(const std::string& directory) {
+  const std::string path = directory + "/index.log";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return std::optional<uint64_t>();
+    return fail_errno(errno, "open " + path);
+  }
+  std::vector<std::byte> head(kHeaderSize);
+  SLUICE_ASSIGN_OR_RETURN(size_t got, pread_full(fd.get(), head, 0, path));
+  if (got < kHeaderSize) return std::optional<uint64_t>();  // a first write cut short
+  Reader r{std::span<const std::byte>(head).subspan(12, 4)};
+  uint64_t size = 0;
+  (void)r.get(size, 4);
+  // A header that is not this version's says so when the tier opens.
+  if (head != header(size)) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(size);
+}
+
 Result<DiskTier::LogReplay> DiskTier::read_log() {
   std::string path = options_.directory + "/index.log";
   std::vector<std::byte> log;

@@ -56,6 +56,8 @@ class DiskTier {
   };
   // Takes the directory's lock (Unavailable if another process holds it), replays the
   // index, deletes orphan chunk files.
+  // The chunk size recorded in `directory`'s index; none when it has no index yet.
+  static Result<std::optional<uint64_t>> recorded_chunk_size(const std::string& directory);
   static Result<std::unique_ptr<DiskTier>> open(Options options);
   ~DiskTier();
 

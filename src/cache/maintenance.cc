@@ -207,6 +207,13 @@ Result<uint64_t> TieredCache::evict(std::string_view prefix) {
   return n;
 }
 
+uint64_t TieredCache::drop_other_stores() {
+  auto foreign = [id = impl_->store_id](const ChunkKey& k) { return k.store != id; };
+  uint64_t n = impl_->ram->drop_if(foreign);
+  if (impl_->disk) n += impl_->disk->drop_if(foreign);
+  return n;
+}
+
 Result<VerifyReport> TieredCache::verify() {
   VerifyReport rep;
   if (!impl_->disk) return rep;

@@ -188,9 +188,19 @@ class InvalidatingWriter final : public store::Writer {
 
 }  // namespace
 
+Result<uint64_t> chunk_size_for(const CacheOptions& options) {
+  if (options.chunk_size != 0) return options.chunk_size;
+  std::optional<uint64_t> recorded;
+  if (!options.directory.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(recorded, DiskTier::recorded_chunk_size(options.directory));
+  }
+  return recorded.value_or(kDefaultChunkSize);
+}
+
 Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::Store> backing,
                                                        CacheOptions options) {
   if (!backing) return fail(Code::kInvalidArgument, "cache: no backing store");
+  SLUICE_ASSIGN_OR_RETURN(options.chunk_size, chunk_size_for(options));
   if (options.chunk_size < (64 << 10) || options.chunk_size > (1ULL << 30)) {
     return fail(Code::kInvalidArgument, "cache: chunk size " + std::to_string(options.chunk_size) +
                                             " is outside 64 KiB to 1 GiB");

@@ -130,6 +130,13 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
                                             " is already committed on tier " + t.name);
     // An unreachable tier that is not required fails on its own later, and says so.
     if (st.error().code() != Code::kNotFound && t.required) return std::unexpected(st.error());
+    // A stat of a missing key cannot tell a missing bucket from a missing object; a listing
+    // can (S3's NoSuchBucket), so a tier that cannot take the step fails here, before any
+    // tier has a byte of it.
+    if (t.required)
+      if (auto page = t.store->list({.prefix = o_.series + "/", .max_keys = 1}); !page)
+        return std::unexpected(
+            page.error().with_context("checkpoint tier " + t.name + " cannot be reached"));
   }
 
   std::lock_guard staging(save_mu_);

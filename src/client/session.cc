@@ -57,6 +57,7 @@ Result<std::unique_ptr<store::Store>> Session::open_cached(const std::string& st
   node::NodeOptions no;
   no.socket = daemon_socket();
   no.on_fallback = o_.on_fallback;
+  if (!o_.s3.endpoint.empty()) no.s3_endpoint = s3::endpoint_url(o_.s3);
   so.backend.set(no);
   node::register_scheme();
   return store::open_store("node+" + store_uri, so);

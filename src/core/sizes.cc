@@ -82,8 +82,8 @@ Result<std::chrono::seconds> parse_duration(std::string_view what, std::string_v
 
 std::string format_duration(std::chrono::seconds d) {
   const int64_t s = d.count();
-  for (auto [unit, secs] : {std::pair{'w', int64_t{604800}}, std::pair{'d', int64_t{86400}},
-                            std::pair{'h', int64_t{3600}}, std::pair{'m', int64_t{60}}})
+  for (auto [unit, secs] :
+       {std::pair{'d', int64_t{86400}}, std::pair{'h', int64_t{3600}}, std::pair{'m', int64_t{60}}})
     if (s != 0 && s % secs == 0) return std::to_string(s / secs) + unit;
   return std::to_string(s) + "s";
 }

@@ -213,6 +213,7 @@ Result<std::unique_ptr<NodeClient>> NodeClient::connect(std::string socket,
   SLUICE_ASSIGN_OR_RETURN(uint64_t pid, get_u64_or(j, "pid", 0));
   d.pid = static_cast<int64_t>(pid);
   SLUICE_ASSIGN_OR_RETURN(d.windows, get_bool_or(j, "windows", false));
+  SLUICE_ASSIGN_OR_RETURN(d.s3_endpoint, get_string_or(j, "s3_endpoint", ""));
   return std::unique_ptr<NodeClient>(new NodeClient(std::move(impl)));
 }
 
@@ -517,6 +518,14 @@ Result<std::unique_ptr<NodeStore>> NodeStore::open(std::string root_uri, NodeOpt
   auto impl = std::make_unique<Impl>();
   impl->root = std::move(root_uri);
   SLUICE_ASSIGN_OR_RETURN(impl->client, NodeClient::connect(options.socket, options.timeout));
+  const std::string& theirs = impl->client->daemon().s3_endpoint;
+  if (impl->root.starts_with("s3://") && !options.s3_endpoint.empty() && !theirs.empty() &&
+      theirs != options.s3_endpoint)
+    return fail(Code::kInvalidArgument,
+                "sluiced at " + options.socket + " reads s3:// from " + theirs + ", not " +
+                    options.s3_endpoint +
+                    " as this command asks: start sluiced with --endpoint-url " +
+                    options.s3_endpoint + ", or read without it (--daemon none)");
   impl->options = std::move(options);
   return std::unique_ptr<NodeStore>(new NodeStore(std::move(impl)));
 }

@@ -255,11 +255,12 @@ Result<std::unique_ptr<PeerHttpServer>> PeerHttpServer::start(PeerHttpOptions op
                 "peer listen address '" + impl->o.host + "' is not an IPv4 literal");
   impl->daemon = MHD_start_daemon(
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-      impl->o.port, nullptr, nullptr, &Impl::on_request, impl.get(), MHD_OPTION_SOCK_ADDR, &addr,
-      MHD_OPTION_CONNECTION_LIMIT, impl->o.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-      impl->o.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, impl->o.timeout_s,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, static_cast<size_t>(32 << 10), MHD_OPTION_EXTERNAL_LOGGER,
-      &Impl::on_log, impl.get(), MHD_OPTION_NOTIFY_COMPLETED, &Impl::on_completed, impl.get(),
+      // The logger first: libmicrohttpd warns about any option given before it.
+      impl->o.port, nullptr, nullptr, &Impl::on_request, impl.get(), MHD_OPTION_EXTERNAL_LOGGER,
+      &Impl::on_log, impl.get(), MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_CONNECTION_LIMIT,
+      impl->o.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT, impl->o.max_per_ip,
+      MHD_OPTION_CONNECTION_TIMEOUT, impl->o.timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      static_cast<size_t>(32 << 10), MHD_OPTION_NOTIFY_COMPLETED, &Impl::on_completed, impl.get(),
       MHD_OPTION_END);
   if (!impl->daemon)
     return fail(Code::kUnavailable, "cannot listen on " + impl->o.host + ":" +

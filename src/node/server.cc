@@ -784,6 +784,7 @@ struct NodeServer::Impl {
               {"chunk_size", cache->options().chunk_size},
               {"directory", cache->options().directory},
               {"windows", true}};
+    if (!o.s3_endpoint.empty()) r.body["s3_endpoint"] = o.s3_endpoint;
     return r;
   }
 
@@ -1194,6 +1195,12 @@ namespace {
 
 // Refuses a socket path another daemon answers on; removes one a dead daemon left.
 Status claim_socket_path(const std::string& path) {
+  // Its directory is made as the cache's is (a --config naming /run/sluice/ on a fresh node).
+  if (auto dir = std::filesystem::path(path).parent_path(); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return fail_errno(ec.value(), "create the socket's directory " + dir.string());
+  }
   struct stat sb;
   if (::lstat(path.c_str(), &sb) != 0) return ok();
   if (!S_ISSOCK(sb.st_mode))
@@ -1271,6 +1278,7 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
     po.membership = std::make_shared<const peer::Membership>(std::move(*alone));
   }
   po.secret = o.peer.secret;
+  SLUICE_ASSIGN_OR_RETURN(o.cache.chunk_size, cache::chunk_size_for(o.cache));
   po.chunk_size = o.cache.chunk_size;
   po.timeout = o.peer.timeout;
   po.retry_after = o.peer.retry_after;
@@ -1285,6 +1293,12 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   }
   if (o.ledger) SLUICE_RETURN_IF_ERROR(impl->charge_cache());
   SLUICE_ASSIGN_OR_RETURN(impl->cache, cache::TieredCache::open(std::move(peers), o.cache));
+  // Chunks an embedded cache cut in this directory are keyed by their store, not by
+  // sluiced's roots: the daemon could never serve them (docs/sluiced.md).
+  if (uint64_t foreign = impl->cache->drop_other_stores())
+    impl->log("dropped " + std::to_string(foreign) + " chunks in " + o.cache.directory +
+              " that an embedded cache (sluice without sluiced) had kept: sluiced keys "
+              "chunks by root and could not serve them");
   // The cache adopted what it found: the charger may now tell the ledger.
   if (impl->charger) SLUICE_RETURN_IF_ERROR(impl->charger->start());
   // The cache holds its own copies; these would keep the charger alive past `registry`.

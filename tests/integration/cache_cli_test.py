@@ -79,6 +79,22 @@ def test_cat_and_ranges_through_the_cache():
     assert s["stores"][0]["store"] == "file:///", s
 
 
+def test_a_directory_keeps_its_chunk_size_and_stat_its_capacity():
+    # Made with --chunk-size 64K: every later command uses that size without the flag;
+    # another size is refused by name. cache stat shows the configured capacity.
+    fresh_cache()
+    d, objs = local_data()
+    big = objs[f"{d}/big.bin"]
+    assert run("cat", "--cache", f"{d}/big.bin", "--chunk-size", "64K").stdout == big
+    s = js("cache", "stat", "--cache-size", "3G")
+    assert s["nvme"]["chunks"] == (len(big) + (64 << 10) - 1) // (64 << 10), s
+    assert s["nvme"]["capacity"] == 3 << 30, s
+    assert run("cat", "--cache", f"{d}/big.bin", "--range", "0-9").stdout == big[:10]
+    assert len(js("cache", "ls", f"{d}/big.bin")) == s["nvme"]["chunks"]
+    p = run("cat", "--cache", f"{d}/big.bin", "--chunk-size", "1M", check=False)
+    assert p.returncode == 2 and b"65536" in p.stderr, p.stderr
+
+
 def test_cp_through_the_cache_counts_where_bytes_came_from():
     fresh_cache()
     d, objs = local_data()

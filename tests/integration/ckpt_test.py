@@ -410,6 +410,41 @@ def test_s3_503_during_upload(ctx):
     assert steps == [1], steps
 
 
+def test_nothing_on_the_tiers_is_an_error(ctx):
+    # verify --step all and gc on tiers that hold no step of the series (the empty default
+    # tier when --from is left out) are errors naming the tier, not a silent success.
+    home = ctx.dir("home")
+    env = {"SLUICE_HOME": home}
+    for args, verb in ((["verify", "--series", "ghost", "--step", "all"], "verify"),
+                       (["gc", "--series", "ghost", "--keep-last", "1"], "collect")):
+        r = sluice(BIN, "ckpt", *args, env=env)
+        failed_cleanly(r, f"nothing to {verb}", os.path.join(home, "ckpt"), "--from")
+    tier = ctx.dir("tier")
+    os.makedirs(tier)
+    r = run("verify", "--series", "ghost", "--step", "all", "--from", tier)
+    failed_cleanly(r, "nothing to verify", tier)
+    assert "--from)" not in r.stderr, r.stderr  # the tiers were named: no hint about the default
+
+
+def test_a_missing_bucket_fails_before_any_tier_is_written(ctx):
+    # The second tier's bucket does not exist: the save fails before the first byte, so the
+    # first tier holds nothing and a rerun is not "already exists".
+    src, tier = ctx.dir("src"), ctx.dir("tier")
+    make_state(src, 9, big=1 << 20)
+    r = run("save", "--series", "b", "--step", "1", "--to", tier, "--to", "s3://no-such-bucket/b",
+            src, endpoint=ctx.s3.endpoint)
+    failed_cleanly(r, "s3://no-such-bucket/b")
+    assert not os.path.exists(os.path.join(tier, "b", "step-000000000001", "manifest.json")), \
+        os.listdir(tier) if os.path.exists(tier) else None
+    # With --require first the later tier is best effort: the save commits on the first and
+    # says what completes it.
+    r = run("save", "--series", "b", "--step", "2", "--to", tier, "--to", "s3://no-such-bucket/b",
+            "--require", "first", src, endpoint=ctx.s3.endpoint)
+    assert r.returncode == 0, r.stderr
+    assert "committed on " + tier in r.stderr and "ckpt sync --series b --step 2 --from " + tier \
+        in r.stderr, r.stderr
+
+
 def main():
     global BIN
     if len(sys.argv) != 2:
@@ -427,9 +462,10 @@ def main():
         tests = [test_save_restore_local, test_retention_and_gc, test_sync_fills_a_new_tier, test_bad_input,
                  test_interrupted_save_leaves_nothing, test_hostile_saves_and_restores,
                  test_restore_refuses_a_reserved_name_before_writing,
-                 test_kill9_during_save]
+                 test_kill9_during_save, test_nothing_on_the_tiers_is_an_error]
         if have_s3:
-            tests += [test_local_then_s3_and_bitflip, test_s3_503_during_upload]
+            tests += [test_local_then_s3_and_bitflip, test_s3_503_during_upload,
+                      test_a_missing_bucket_fails_before_any_tier_is_written]
         else:
             print("SKIP - S3 tier tests: s3rver not installed")
         for t in tests:

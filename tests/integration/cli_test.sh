@@ -87,6 +87,14 @@ expect_usage() {  # like expect_fail, but the exit status must be 2
   if [[ $rc -eq 2 && "$err" == *"$want"* ]]; then ok "$name"; else bad "$name (rc=$rc, stderr: $err)"; fi
 }
 expect_usage "unknown command is named" "frobnicate" "$SLUICE" frobnicate
+expect_usage "unknown nested command is named" "sluice ckpt rm" "$SLUICE" ckpt rm --series x
+expect_usage "unknown nested command lists the others" "set" "$SLUICE" gc rule frob
+# Durations take units wherever a flag is a duration.
+SLUICE_HOME="$work/home" "$SLUICE" ckpt gc --series none --from "$work/no-tier" --grace 1h \
+  2>"$work/err" >/dev/null
+grep -q "Could not convert" "$work/err" && bad "ckpt gc --grace 1h: $(cat "$work/err")" \
+  || ok "ckpt gc --grace takes 1h"
+expect_usage "a duration with a bad unit" "not a duration" "$SLUICE" ckpt gc --series x --grace 1y
 printf 'x' > "$work/same"
 expect_usage "cp onto itself" "same" "$SLUICE" cp "$work/same" "$work/same"
 expect_usage "cp --part-size above 5G" "--part-size" "$SLUICE" cp "$work/same" "$work/other" --part-size 100G

@@ -141,6 +141,14 @@ def test_resume_exact_and_elastic(ctx):
     for rank in range(3):
         seen.update(read_keys(dst, "--seed", "3", "--world", "3", "--rank", str(rank), "--resume", token))
     assert len(seen) == 300 and set(seen.values()) == {1}
+    # A --limit past this rank's share still ends with a token (a script's next step needs
+    # it), and says the share ended first; resuming from it reads nothing more.
+    r = ok(run("read", dst, "--keys", "--daemon", "none", "--seed", "3", "--world", "8",
+               "--rank", "1", "--limit", "1000"))
+    lines = r.stdout.splitlines()
+    assert lines[-1].startswith("v2."), lines[-3:]
+    assert "ended after" in r.stderr and "--limit 1000" in r.stderr, r.stderr
+    assert read_keys(dst, "--seed", "3", "--world", "8", "--rank", "1", "--resume", lines[-1]) == []
 
 
 def gnu_tar(folder, out, fmt, names):

@@ -256,14 +256,22 @@ def test_a_job_that_exits_during_the_watch_is_reported(s):
     # Reaped the moment it dies, as a job's own parent would (a zombie still has a /proc entry).
     reaper = threading.Thread(target=job.wait)
     reaper.start()
-    killer = threading.Timer(2.5, job.kill)
-    killer.start()
+    # Killed 2 s into the watch, counted from the doctor's own "watching" line: on a slow
+    # day its start-up alone may take longer than any fixed delay.
+    doctor = subprocess.Popen([SLUICE, "doctor", "--pid", str(job.pid), "--seconds", "6",
+                               "--no-sweep", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        r = json.loads(sluice("doctor", "--pid", str(job.pid), "--seconds", "6", "--no-sweep",
-                              "--json").stdout)
-    finally:
-        killer.cancel()
+        first = doctor.stderr.readline()
+        assert "watching process" in first, first
+        time.sleep(2)
         job.kill()
+        out, err = doctor.communicate(timeout=120)
+        assert doctor.returncode == 0, err
+        r = json.loads(out)
+    finally:
+        job.kill()
+        doctor.kill()
         reaper.join()
     assert any("exited during the watch" in n for n in r["notes"]), r["notes"]
     assert 0.5 < r["job"]["seconds"] < 5.5, r["job"]
@@ -346,7 +354,10 @@ def test_a_noisy_neighbour_on_the_device(s):
     noisy = Job([SLUICE, "bench", "--file", s.loop, "--mode", "uring", "--bs", "1M", "--qd", "32",
                  "--runtime", "60"])
     try:
-        r = diagnose(Job(["dd", f"if={s.loop}", "of=/dev/null", "bs=1M", "iflag=direct"]), s.ceiling)
+        # The watched reader runs until it is stopped (dd over the loop device could end
+        # before a slow day's doctor took its first look).
+        r = diagnose(Job([SLUICE, "bench", "--file", s.loop, "--mode", "direct", "--bs", "1M",
+                          "--qd", "1", "--runtime", "60"]), s.ceiling)
     finally:
         noisy.stop()
     expect_top(r, "shared-device")

@@ -451,6 +451,13 @@ def t_gc_plan_run_restore_purge(env):
                                                       "--json").stdout)]
 
     assert "no retention rule" in env.run("gc", "plan").stdout
+    # A rule that matches nothing is not "no rule": the plan says what it found.
+    empty = env.path("empty")
+    os.makedirs(empty)
+    env.run("project", "add", "gc-empty", "--team", "gc", "--location", empty)
+    env.run("gc", "rule", "set", "gc-empty", "--max-age", "1d")
+    out = env.run("gc", "plan", "--project", "gc-empty").stdout
+    assert "no retention rule" not in out and "found no objects" in out, out
     env.run("gc", "rule", "set", "gc-p", "--series", "s", "--keep-last", "2", "--keep-every", "2000")
     env.run("gc", "pin", "gc-p", "s/step-000000001000/")
     expect_fail(env.run("gc", "rule", "set", "ghost", "--keep-last", "1", check=False), "not_found", "ghost")

@@ -345,6 +345,40 @@ def test_a_teams_cache_quota_keeps_only_what_it_allows(s3, digest):
     assert [(u["tier"], u["bytes"]) for u in by_tier] == [("nvme", kept)], by_tier
 
 
+def test_a_client_asking_for_another_endpoint_is_refused(s3, digest):
+    # The daemon reads s3:// from s3.endpoint; a command told another endpoint is refused
+    # with an error that names both, not served from the daemon's server (issue 30, item 1).
+    d = Daemon(s3.endpoint)
+    try:
+        p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", "--endpoint-url",
+                   "http://127.0.0.1:9", check=False)
+        err = p.stderr.decode()
+        assert p.returncode == 2, (p.returncode, err)
+        assert s3.endpoint in err and "http://127.0.0.1:9" in err and "--daemon none" in err, err
+        # The same endpoint, or none given, is served.
+        assert sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", "--endpoint-url",
+                      s3.endpoint).returncode == 0
+        assert "s3:// from " + s3.endpoint in open(d.log.name).read()
+    finally:
+        assert d.stop() == 0
+
+
+def test_chunks_an_embedded_cache_left_are_dropped(s3, digest):
+    # Warmed by the embedded cache (keyed by store), they could never be served by the
+    # daemon (keyed by root): it drops them at start, says so, and counts none of them.
+    sluice("cache", "warm", "s3://test/ds/", "--cache-dir", CACHE, "--chunk-size", "1M",
+           "--daemon", "none", "--endpoint-url", s3.endpoint)
+    d = Daemon(s3.endpoint)
+    try:
+        st = daemon_stat()
+        assert st["nvme"]["chunks"] == 0 and st["nvme"]["bytes"] == 0, st["nvme"]
+        assert "dropped " in open(d.log.name).read()
+        assert hashlib.sha256(cat("s3://test/ds/obj").communicate(timeout=300)[0]).hexdigest() \
+            == digest
+    finally:
+        assert d.stop() == 0
+
+
 def main():
     if not find_s3rver():
         print("SKIP: s3rver not found (npm install s3rver)")
@@ -375,7 +409,11 @@ def main():
                          ("SIGTERM is clean, kill -9 loses nothing",
                           test_sigterm_stops_cleanly_and_kill9_loses_nothing),
                          ("a team's cache quota keeps only what it allows",
-                          test_a_teams_cache_quota_keeps_only_what_it_allows)]:
+                          test_a_teams_cache_quota_keeps_only_what_it_allows),
+                         ("a client asking for another endpoint is refused",
+                          test_a_client_asking_for_another_endpoint_is_refused),
+                         ("chunks an embedded cache left are dropped",
+                          test_chunks_an_embedded_cache_left_are_dropped)]:
             shutil.rmtree(CACHE, ignore_errors=True)
             r.run(name, fn, s3, digest)
         r.finish()

@@ -13,10 +13,9 @@ void add_cache_flags(CLI::App* cmd, CacheFlags& f, bool client) {
                   "RAM tier limit (0, the default: none; one command reads each byte once)")
       ->default_str("0");
   cmd->add_option("--cache-size", f.disk, "NVMe tier limit")->default_str("16G");
-  cmd->add_option(
-         "--chunk-size", f.chunk,
-         "Chunk size, 64K to 1G (a cache directory's chunks keep the size they were cut at)")
-      ->default_str("4M");
+  cmd->add_option("--chunk-size", f.chunk,
+                  "Chunk size, 64K to 1G, for a new cache directory (default 4M); a directory's "
+                  "chunks keep the size they were cut at, which is used when this is left out");
   cmd->add_option("--policy", f.policy, "Eviction policy: s3fifo, lru or declared")
       ->default_str("s3fifo");
   cmd->add_option(
@@ -42,7 +41,9 @@ Result<cache::CacheOptions> cache_options(const CacheFlags& f, const std::string
   };
   SLUICE_ASSIGN_OR_RETURN(o.ram_bytes, size("--cache-ram", f.ram));
   SLUICE_ASSIGN_OR_RETURN(o.disk_bytes, size("--cache-size", f.disk));
-  SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size("--chunk-size", f.chunk));
+  if (!f.chunk.empty()) {
+    SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size("--chunk-size", f.chunk));
+  }
   SLUICE_ASSIGN_OR_RETURN(o.policy, cache::parse_policy(f.policy));
   o.revalidate_after = std::chrono::milliseconds(f.revalidate_ms);
   o.offline = f.offline;

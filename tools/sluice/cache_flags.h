@@ -14,8 +14,10 @@ namespace sluice::cli {
 
 // The cache settings every command that reads through the cache takes.
 struct CacheFlags {
-  std::string dir;                                    // --cache-dir; default $SLUICE_HOME/cache
-  std::string ram = "0", disk = "16G", chunk = "4M";  // one command reads a byte once: no RAM tier
+  std::string dir;        // --cache-dir; default $SLUICE_HOME/cache
+  std::string ram = "0";  // one command reads a byte once: no RAM tier
+  std::string disk = "16G";
+  std::string chunk;  // empty: the directory's own (4M for a new one)
   std::string policy = "s3fifo";
   unsigned revalidate_ms = 1000;
   bool offline = false;

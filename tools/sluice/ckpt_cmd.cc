@@ -22,6 +22,7 @@
 #include "cache_flags.h"
 #include "common.h"
 #include "ledger_cmd.h"
+#include "size_flag.h"
 #include "sluice/ckpt/checkpointer.h"
 #include "sluice/ckpt/files.h"
 #include "sluice/client/checkpoints.h"
@@ -44,6 +45,7 @@ struct CkptArgs {
   std::vector<std::string> paths;  // save
   std::string out_dir;             // restore --to
   client::AwsSettings aws;
+  std::string ledger;  // --ledger: the ledger saves, syncs and removals are charged to
   unsigned rank = 0, world = 1;
   std::string run_id;
   std::string node_name, secret_file;  // for sluiced:// and peer:// tiers
@@ -77,7 +79,7 @@ Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
 // not an empty tier. `charge`: saves are charged to the project owning each tier.
 Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a, uint64_t staging,
                                                               bool writes, bool charge = false) {
-  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
+  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws, a.ledger));
   client::CheckpointTiers tiers;
   tiers.uris = a.tiers;
   tiers.require_all = a.require == "all";
@@ -156,6 +158,26 @@ void print_progress(const ckpt::SaveProgress& p) {
   std::fprintf(stderr, "\r%-100s", line.c_str());
 }
 
+// After a save that committed on some tiers and not others: what is where, and the command
+// that completes it (a rerun would say the step already exists).
+void print_sync_hint(const CkptArgs& a, uint64_t step, const ckpt::SaveProgress& p) {
+  std::string committed, from;
+  bool all = true;
+  for (const auto& t : p.tiers) {
+    if (t.state == ckpt::TierState::kCommitted)
+      committed += (committed.empty() ? "" : ", ") + t.tier;
+    else
+      all = false;
+    from += " --from " + t.tier;
+  }
+  if (committed.empty() || all) return;
+  std::fprintf(stderr,
+               "sluice: step %llu of series %s is committed on %s; once the other tiers can be "
+               "reached, copy it there with:\n  sluice ckpt sync --series %s --step %llu%s\n",
+               static_cast<unsigned long long>(step), a.series.c_str(), committed.c_str(),
+               a.series.c_str(), static_cast<unsigned long long>(step), from.c_str());
+}
+
 int run_save(const CkptArgs& a) {
   auto number = parse_step(a.step, "");
   if (!number) return report_error(number.error());
@@ -202,9 +224,10 @@ int run_save(const CkptArgs& a) {
                             {"error", p.tiers[i].error ? p.tiers[i].error->message() : ""}});
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("saved step %llu of series %s: %zu file(s), %s; staged in %.3f s\n",
-                static_cast<unsigned long long>(step), a.series.c_str(), views->size(),
-                format_size(static_cast<double>(total)).c_str(), staged_s);
+    std::printf("%s step %llu of series %s: %zu file(s), %s; staged in %.3f s\n",
+                st ? "saved" : "NOT saved on every tier:", static_cast<unsigned long long>(step),
+                a.series.c_str(), views->size(), format_size(static_cast<double>(total)).c_str(),
+                staged_s);
     for (size_t i = 0; i < p.tiers.size(); ++i) {
       const auto& t = p.tiers[i];
       if (t.state == ckpt::TierState::kCommitted)
@@ -214,8 +237,9 @@ int run_save(const CkptArgs& a) {
                     t.error ? printable(t.error->message()).c_str() : "");
     }
   }
-  if (!st) return report_error(st.error());
-  return 0;
+  if (!st) report_error(st.error());
+  print_sync_hint(a, step, p);
+  return st ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -308,6 +332,19 @@ int run_show(const CkptArgs& a) {
 // ---------------------------------------------------------------------------------------
 // verify
 
+// "Nothing to do" is not success when the tiers looked at hold no step of the series:
+// most likely the wrong tiers (the default one when --from was left out).
+Error nothing_on(ckpt::Checkpointer& cp, const CkptArgs& a, const char* verb) {
+  std::string where;
+  for (const auto& t : cp.options().tiers) where += (where.empty() ? "" : ", ") + t.name;
+  return Error(Code::kNotFound,
+               std::string("nothing to ") + verb + ": no committed step of series " + a.series +
+                   " on " + where +
+                   (a.tiers.empty() ? " (the default tier: pass the tiers it was saved to with "
+                                      "--from)"
+                                    : ""));
+}
+
 int run_verify(const CkptArgs& a) {
   auto cp = open_checkpointer(a, 0, false);
   if (!cp) return report_error(cp.error());
@@ -321,6 +358,7 @@ int run_verify(const CkptArgs& a) {
     if (!s) return report_error(s.error());
     steps.push_back(*s);
   }
+  if (steps.empty()) return report_error(nothing_on(**cp, a, "verify"));
   bool bad = false;
   json out = json::array();
   for (uint64_t step : steps) {
@@ -407,6 +445,11 @@ int run_gc(const CkptArgs& a) {
   if (!cp) return report_error(cp.error());
   auto r = (*cp)->gc();
   if (!r) return report_error(r.error());
+  if (r->removed_steps.empty() && r->removed_incomplete.empty()) {
+    auto steps = (*cp)->list();
+    if (!steps) return report_error(steps.error());
+    if (steps->empty()) return report_error(nothing_on(**cp, a, "collect"));
+  }
   if (a.json) {
     std::printf("%s\n", json({{"removed_steps", r->removed_steps},
                               {"removed_incomplete", r->removed_incomplete},
@@ -483,6 +526,13 @@ void add_common(CLI::App* c, CkptArgs& a, const char* tier_flag, const char* tie
   c->add_flag("--json", a.json, "Print the result as JSON");
 }
 
+// Commands that write or remove a tier's bytes: which ledger they are charged to.
+void add_ledger_flag(CLI::App* c, CkptArgs& a) {
+  c->add_option("--ledger", a.ledger,
+                "The ledger charging tiers under a project (default: $SLUICE_LEDGER, else "
+                "$SLUICE_HOME/ledger.db when it exists)");
+}
+
 constexpr const char* kFromHelp =
     "A tier to read, nearest first (repeatable): a directory, file://, s3://bucket/prefix, "
     "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)";
@@ -499,6 +549,7 @@ void add_save(CLI::App* ck, CkptArgs& a, const Interruptible& interruptible) {
       save, a, "--to",
       "A tier to write, fastest first (repeatable): a directory, file://, s3://bucket/prefix, "
       "sluiced://MEMBER@HOST:PORT/FOLDER/, or peer://FOLDER/ (a peer chosen from --peers)");
+  add_ledger_flag(save, a);
   save->add_option("--rank", a.rank, "This process's rank (each rank saves its own files)");
   save->add_option("--run-id", a.run_id,
                    "With --world above 1: an id every rank of this run shares (a job id and "
@@ -514,8 +565,9 @@ void add_save(CLI::App* ck, CkptArgs& a, const Interruptible& interruptible) {
   save->add_option("--keep-last", a.keep_last, "After the save, keep this many (0: all)");
   save->add_option("--keep-every", a.keep_every, "After the save, also keep steps divisible by K");
   save->add_option("--commit-timeout", a.commit_timeout_s,
-                   "Seconds rank 0 waits for every rank's shard")
-      ->default_val(600);
+                   "How long rank 0 waits for every rank's shard (600s, 10m)")
+      ->transform(seconds_validator(1, 7 * 86400))
+      ->default_str("10m");
   save->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   save->callback([interruptible] { interruptible(run_save); });
 }
@@ -570,6 +622,7 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
   auto* sync_step =
       sync->add_option("--step", a.step, "A step number, latest or all")->default_str("all");
   add_common(sync, a, "--from", kFromHelp);
+  add_ledger_flag(sync, a);
   sync->callback([interruptible, sync_step, &a] {
     if (sync_step->count() == 0) a.step = "all";
     interruptible(run_sync);
@@ -582,9 +635,11 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
   gc->add_option("--series", a.series, "The series")->required();
   gc->add_option("--keep-last", a.keep_last, "Keep this many newest checkpoints (0: all)");
   gc->add_option("--keep-every", a.keep_every, "Also keep steps divisible by K");
-  gc->add_option("--grace", a.grace_s, "Seconds an incomplete step is left alone")
-      ->default_val(3600);
+  gc->add_option("--grace", a.grace_s, "How long an incomplete step is left alone (90s, 1h, 2d)")
+      ->transform(seconds_validator(0, 1e9))
+      ->default_str("1h");
   add_common(gc, a, "--from", kFromHelp);
+  add_ledger_flag(gc, a);
   gc->callback([&rc, &a] { rc = run_gc(a); });
 }
 

@@ -47,6 +47,7 @@ struct DatasetArgs {
   std::string name = "shard";  // pack: shard names
   std::string format = "auto";
   client::AwsSettings aws;
+  std::string ledger;  // pack --ledger
   CacheFlags cache;
   bool no_cache = false;
   stream::LoaderOptions lo;
@@ -212,7 +213,7 @@ int run_pack(const DatasetArgs& a) {
   if (!files) return report_error(files.error());
   auto w = client::dataset_location(a.uri);
   if (!w) return report_error(w.error());
-  auto session = open_session(a.aws, {}, a.cache);
+  auto session = open_session(a.aws, a.ledger, a.cache);
   if (!session) return report_error(session.error());
   auto opened = session->open_store(w->store_uri);
   if (!opened) return report_error(opened.error());
@@ -247,10 +248,12 @@ int run_pack(const DatasetArgs& a) {
                             .dump()
                             .c_str());
   } else {
-    std::printf("packed %lu samples (%lu files, %s) into %lu shards with indexes at %s in %.1f s\n",
-                static_cast<unsigned long>(r->samples), static_cast<unsigned long>(r->files),
-                format_size(static_cast<double>(r->file_bytes)).c_str(),
-                static_cast<unsigned long>(r->shards), printable(a.uri).c_str(), secs);
+    std::printf(
+        "packed %lu samples (%lu files, %s) into %lu shard%s with indexes at %s in %.1f s\n",
+        static_cast<unsigned long>(r->samples), static_cast<unsigned long>(r->files),
+        format_size(static_cast<double>(r->file_bytes)).c_str(),
+        static_cast<unsigned long>(r->shards), r->shards == 1 ? "" : "s", printable(a.uri).c_str(),
+        secs);
     if (r->skipped_files)
       std::printf("skipped %lu files that are not sample files (NAME.EXT, not __*)\n",
                   static_cast<unsigned long>(r->skipped_files));
@@ -370,10 +373,16 @@ int run_read(DatasetArgs& a) {
   stream::Loader loader(*ds, a.lo);
   auto n = read_samples(a, loader);
   if (!n) return report_error(n.error());
-  const bool stopped = cancelled(a) || (a.limit && *n >= a.limit);
-  if (!a.keys) print_read_report(a, loader, stopped, cache, before);
-  // The resume token is the last line whenever the read stopped before the end.
-  if (stopped && !a.json) std::printf("%s\n", loader.state().c_str());
+  // The resume token is the last line whenever the read was cut short or limited: with
+  // --limit a script always finds one, also when this rank's share ended first.
+  const bool token = cancelled(a) || a.limit;
+  if (!a.keys) print_read_report(a, loader, token, cache, before);
+  if (a.limit && *n < a.limit && !cancelled(a))
+    std::fprintf(stderr,
+                 "sluice: this rank's share of the epochs ended after %llu samples, before "
+                 "--limit %llu; the token resumes after them\n",
+                 static_cast<unsigned long long>(*n), static_cast<unsigned long long>(a.limit));
+  if (token && !a.json) std::printf("%s\n", loader.state().c_str());
   std::fflush(stdout);
   if (exporter)
     if (auto st = exporter->stop(); !st) return report_error(st.error());
@@ -455,7 +464,7 @@ void add_read(CLI::App* ds, DatasetArgs& a, CancelHook cancel, int& rc) {
                  "--metrics-interval seconds and at the end");
   rd->add_option("--metrics-interval", a.metrics_interval, "Seconds between metrics file writes")
       ->default_val(10)
-      ->check(seconds_validator(0.1, 86400));
+      ->transform(seconds_validator(0.1, 86400));
   add_common(rd, a);
   add_formats(rd, a);
   add_cache_flags(rd, a.cache);
@@ -497,6 +506,9 @@ void add_dataset_commands(CLI::App& app, CancelHook cancel, int& rc) {
   pack->add_option("--shard-size", a.shard_size, "Target shard size (a larger sample gets its own)")
       ->default_str("256M");
   pack->add_option("--name", a.name, "Shard names: NAME-000000.tar")->default_str("shard");
+  pack->add_option("--ledger", a.ledger,
+                   "The ledger to charge the shards to, under a project (default: "
+                   "$SLUICE_LEDGER, else $SLUICE_HOME/ledger.db when it exists)");
   pack->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   add_common(pack, a);
   pack->callback([&rc, cancel] {

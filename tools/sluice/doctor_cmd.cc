@@ -141,8 +141,8 @@ int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
     ceiling = std::move(*c);
   }
   const double window = a.seconds > 0 ? a.seconds : 5;
-  if (::isatty(STDERR_FILENO))
-    std::fprintf(stderr, "watching process %d for %.0f s...\n", a.pid, window);
+  // Always: a script (or a test) learns when the watch starts.
+  std::fprintf(stderr, "watching process %d for %.0f s...\n", a.pid, window);
   auto ob = doctor::observe(a.pid, window);
   if (!ob) return report_error(ob.error());
   if (!ceiling && !a.no_sweep) {
@@ -250,9 +250,9 @@ void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   cmd->add_option("--seconds", a.seconds,
                   "--path: the sweep's time budget (default 20); --pid: how long to watch (default "
                   "5); --url: the probe's budget (default 12)")
-      ->check(seconds_validator(0.5, 3600));
+      ->transform(seconds_validator(0.5, 3600));
   cmd->add_option("--sweep-seconds", a.sweep_seconds, "--pid: the ceiling sweep's budget")
-      ->check(seconds_validator(0.5, 3600))
+      ->transform(seconds_validator(0.5, 3600))
       ->default_val(10);
   cmd->add_option("--ceiling", a.ceiling_file,
                   "--pid: a ceiling saved from `doctor --path ... --json` instead of a sweep");

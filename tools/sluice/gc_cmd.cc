@@ -71,7 +71,19 @@ int run_plan(const GcArgs& a, const std::string& home) {
   for (const auto& why : plan->skipped)
     std::fprintf(stderr, "sluice: warning: left alone: %s\n", why.c_str());
   if (plan->units.empty() && plan->errors.empty() && !a.json) {
-    std::printf("nothing to do: no retention rule (sluice gc rule set)\n");
+    auto rules = (*l)->rules();
+    if (!rules) return report_error(rules.error());
+    std::erase_if(*rules, [&](const RetentionRule& r) {
+      return !a.project.empty() && r.project != a.project;
+    });
+    if (rules->empty())
+      std::printf("nothing to do: no retention rule%s (sluice gc rule set)\n",
+                  a.project.empty() ? "" : (" for project " + a.project).c_str());
+    else
+      std::printf(
+          "nothing to do: %zu rule(s) found no objects under their projects (sluice gc "
+          "rule ls shows them)\n",
+          rules->size());
     return 0;
   }
   int64_t bytes = 0, units = 0;

@@ -224,9 +224,9 @@ void add_cp(CLI::App& app, CpArgs& a, int& rc) {
       ->default_val(4)
       ->check(CLI::Range(1u, 1024u));
   cmd->add_option("--stall-timeout", a.stall_timeout_s,
-                  "Seconds without progress before a request to S3 is abandoned")
-      ->default_val(30)
-      ->check(CLI::Range(1u, 86400u));
+                  "How long a request to S3 may make no progress before it is abandoned (30s, 2m)")
+      ->transform(seconds_validator(1, 86400))
+      ->default_str("30s");
   cmd->add_flag("--json", a.json, "Print the summary as JSON");
   cmd->add_option("--ledger", a.ledger,
                   "The ledger to charge writes under a project to (default: $SLUICE_LEDGER, "
@@ -366,6 +366,32 @@ int run_bench_demo(uint64_t demo_size) {
 
 }  // namespace
 
+// CLI11 only says "A subcommand is required" for a word it does not know, at any depth
+// ("sluice ckpt rm"): name the word and the commands there are.
+int refuse_unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string path = "sluice";
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    auto subs = at->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty()) return 0;  // a command's own arguments
+    std::string known;
+    CLI::App* next = nullptr;
+    for (CLI::App* s : subs) {
+      known += (known.empty() ? "" : ", ") + s->get_name();
+      if (s->get_name() == argv[i]) next = s;
+    }
+    if (!next) {
+      std::fprintf(
+          stderr, "sluice: error: unknown command '%s %s' (commands of %s: %s; see %s --help)\n",
+          path.c_str(), printable(argv[i]).c_str(), path.c_str(), known.c_str(), path.c_str());
+      return 2;
+    }
+    at = next;
+    path += " " + next->get_name();
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"sluice: the data layer for GPU fleets"};
   app.require_subcommand(1);
@@ -387,20 +413,7 @@ int main(int argc, char** argv) {
   add_ledger_commands(app, client::home_from_environment(), rc);
   add_gc_commands(app, client::home_from_environment(), rc);
   add_doctor_command(app, CancelHook{&g_cancel, catch_stop_signals, &g_signal}, rc);
-  // CLI11 only says "A subcommand is required" for a word it does not know: name it.
-  if (argc > 1 && argv[1][0] != '-') {
-    std::string known;
-    bool found = false;
-    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-      known += (known.empty() ? "" : ", ") + sub->get_name();
-      found = found || sub->get_name() == argv[1];
-    }
-    if (!found) {
-      std::fprintf(stderr, "sluice: error: unknown command '%s' (commands: %s; see --help)\n",
-                   printable(argv[1]).c_str(), known.c_str());
-      return 2;
-    }
-  }
+  if (int bad = refuse_unknown_command(app, argc, argv)) return bad;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

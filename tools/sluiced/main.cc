@@ -19,6 +19,7 @@
 #include "cache_flags.h"
 #include "common.h"
 #include "config.h"
+#include "size_flag.h"
 #include "sluice/client/environment.h"
 #include "sluice/core/sizes.h"
 #include "sluice/node/server.h"
@@ -60,7 +61,8 @@ int run(Args& a, const CLI::App& app) {
   auto s3o = client::s3_options_from_environment(a.aws);
   if (!s3o) return cli::report_error(s3o.error());
   o.stores.backend.set(*s3o);
-  o.cache.store_id = "sluiced at " + s3::endpoint_url(*s3o);
+  o.s3_endpoint = s3::endpoint_url(*s3o);
+  o.cache.store_id = "sluiced at " + o.s3_endpoint;
   if (!teams_json->is_null()) {
     auto teams = sluiced::parse_teams(*teams_json, a.config, a.aws, *s3o);
     if (!teams) return cli::report_error(teams.error());
@@ -98,12 +100,12 @@ int run(Args& a, const CLI::App& app) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  const std::string dir = o.cache.directory, socket = o.socket_path;
+  const std::string dir = o.cache.directory, socket = o.socket_path, s3 = o.s3_endpoint;
   const std::string ledger_where = o.ledger ? o.ledger->describe() : "";
   auto server = node::NodeServer::open(std::move(o));
   if (!server) return cli::report_error(server.error());
   log_line("serving " + dir + " on " + socket + " (pid " + std::to_string(::getpid()) + ", " +
-           (*server)->cache().stats().io_path + ")");
+           (*server)->cache().stats().io_path + "); s3:// from " + s3);
   if (!ledger_where.empty())
     log_line("charging chunks kept on NVMe to their teams in the ledger " + ledger_where);
   if ((*server)->peer_port() != 0)
@@ -150,8 +152,9 @@ int main(int argc, char** argv) {
       ->default_val(256);
   app.add_option("--max-connections-per-uid", a.max_per_uid, "Connections one uid may hold")
       ->default_val(64);
-  app.add_option("--idle-timeout", a.idle_s, "Seconds before an idle connection is closed")
-      ->default_val(300);
+  app.add_option("--idle-timeout", a.idle_s, "How long an idle connection is kept (300s, 5m)")
+      ->transform(sluice::cli::seconds_validator(1, 86400))
+      ->default_str("5m");
   app.add_option("--window-memory", a.window_memory,
                  "Shared-memory reply windows of all connections together (one per reading "
                  "connection, 8 MiB; bytes not handed off as descriptors go there instead of "
@@ -179,9 +182,10 @@ int main(int argc, char** argv) {
                  "A chunk from a peer slower than this comes from the backing store")
       ->default_val(10000);
   app.add_option("--access-ttl", a.access_ttl_s,
-                 "Seconds a team's proven access to an object (teams with their own "
-                 "credentials in --config) is remembered")
-      ->default_val(60);
+                 "How long a team's proven access to an object (teams with their own "
+                 "credentials in --config) is remembered (60s, 5m)")
+      ->transform(sluice::cli::seconds_validator(0, 86400))
+      ->default_str("60s");
   app.add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// roots");
   app.add_option("--region", a.aws.region, "S3 region");
   app.add_option("--profile", a.aws.profile, "AWS profile for S3 credentials");

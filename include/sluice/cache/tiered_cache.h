@@ -58,6 +58,8 @@ class Registry;
 
 namespace sluice::cache {
 
+inline constexpr uint64_t kDefaultChunkSize = 4ULL << 20;
+
 struct CacheOptions {
   // The NVMe tier's directory (created if missing). Empty: a RAM tier only. One directory
   // may hold the chunks of many backing stores (one node-wide budget); they are told
@@ -69,7 +71,9 @@ struct CacheOptions {
   std::string store_id;
   uint64_t ram_bytes = 1ULL << 30;
   uint64_t disk_bytes = 16ULL << 30;
-  uint64_t chunk_size = 4ULL << 20;  // 64 KiB to 1 GiB
+  // 64 KiB to 1 GiB. 0: the size the directory's chunks were cut at (its index records it),
+  // else kDefaultChunkSize; another size than the directory's is refused.
+  uint64_t chunk_size = 0;
   PolicyKind policy = PolicyKind::kS3Fifo;
   // How old the cache's knowledge of an object (size, etag) may be before a read stats the
   // backing store again.
@@ -152,6 +156,10 @@ struct CacheStats {
   std::string directory, policy, io_path;
 };
 
+// The chunk size a cache opened with `options` uses: options.chunk_size, or (0) the size
+// recorded in its directory, else kDefaultChunkSize.
+Result<uint64_t> chunk_size_for(const CacheOptions& options);
+
 struct CachedChunk {
   std::string store;  // the backing store's identity
   std::string key;
@@ -215,6 +223,10 @@ class TieredCache : public store::Store, public ReadAhead {
   // chunk in RAM and on NVMe counts in each tier; a queued write counts once). May wait for
   // the writer, which calls admit_chunk: the hooks must not call evict.
   Result<uint64_t> evict(std::string_view prefix);
+  // Drops every chunk another backing store left in the directory (its store id is not this
+  // cache's): one that serves a single store of its own cannot reach them, so they would
+  // only take room and count as held. Returns the chunks dropped.
+  uint64_t drop_other_stores();
   // Re-reads every NVMe chunk and checks its checksum; corrupt ones are dropped.
   Result<VerifyReport> verify();
   // Cached chunks of keys under `prefix` of this cache's backing store, or of every store

@@ -19,8 +19,8 @@ std::string format_size(double bytes);
 // A duration: "90s", "30m", "12h", "7d", "2w" or plain seconds; `what` (a flag or setting)
 // names it in the error.
 Result<std::chrono::seconds> parse_duration(std::string_view what, std::string_view text);
-// A duration as parse_duration reads it back: "45s", "90m", "12h", "7d" (the largest unit
-// that divides it).
+// A duration as parse_duration reads it back: "45s", "90m", "12h", "7d" (the largest unit,
+// up to days, that divides it).
 std::string format_duration(std::chrono::seconds d);
 
 // A time (nanoseconds since the Unix epoch) in UTC: "2026-12-05 09:30:00Z"; "-" for 0 or less.

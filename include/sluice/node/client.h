@@ -54,6 +54,10 @@ struct NodeOptions {
   // Unavailable.
   bool fallback = true;
   std::function<void(const std::string&)> on_fallback;
+  // The S3 endpoint this process was told to read s3:// from (empty: none given, the
+  // daemon's serves). Opening an s3:// root through a daemon that reads another endpoint is
+  // refused (InvalidArgument), never served from the other server.
+  std::string s3_endpoint;
 };
 
 struct NodeReadStats {
@@ -67,7 +71,8 @@ struct DaemonInfo {
   std::string team, directory;
   uint64_t chunk_size = 0;
   int64_t pid = 0;
-  bool windows = false;  // it maps reply windows (WINDOW)
+  bool windows = false;     // it maps reply windows (WINDOW)
+  std::string s3_endpoint;  // where it reads s3:// roots from (empty: it did not say)
 };
 
 class NodeClient;

@@ -98,6 +98,9 @@ struct ServerOptions {
   cache::CacheOptions cache;
   // How roots are opened (S3 credentials and endpoint in backend options).
   store::StoreOptions stores;
+  // The S3 endpoint s3:// roots are read from, told to every client (HELLO): a client that
+  // asks for another is refused, not served another server's bucket of the same name.
+  std::string s3_endpoint;
   std::vector<TeamGrant> teams;  // empty: the daemon's own uid, every root
   // How long a team's proven access (or refusal) to an object or prefix is remembered.
   std::chrono::milliseconds access_ttl{std::chrono::seconds(60)};

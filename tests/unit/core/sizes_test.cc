@@ -34,7 +34,7 @@ TEST(Sizes, Formats) {
 // Durations print as parse_duration reads them; times in UTC.
 TEST(Sizes, DurationsAndTimes) {
   using std::chrono::seconds;
-  EXPECT_EQ(format_duration(seconds(604800)), "1w");
+  EXPECT_EQ(format_duration(seconds(604800)), "7d");
   EXPECT_EQ(format_duration(seconds(86400 * 3)), "3d");
   EXPECT_EQ(format_duration(seconds(5400)), "90m");
   EXPECT_EQ(format_duration(seconds(45)), "45s");

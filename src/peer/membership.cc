@@ -24,9 +24,17 @@ Result<Membership> Membership::make(std::vector<Member> members, std::string_vie
       found = true;
     }
   }
-  if (!found)
+  if (!found) {
+    std::string names_listed;
+    for (size_t i = 0; i < members.size() && i < 8; ++i)
+      names_listed += (i ? ", " : "") + members[i].name;
+    if (members.size() > 8) names_listed += ", ...";
     return fail(Code::kInvalidArgument,
-                "peers: this node ('" + std::string(self) + "') is not in the membership");
+                "peers: this node ('" + std::string(self) + "') is not in the membership (" +
+                    names_listed +
+                    "): give its name there with --node-name (a line with only HOST:PORT is "
+                    "named HOST:PORT)");
+  }
   if (std::none_of(members.begin(), members.end(), [](const Member& x) { return x.owns; }))
     return fail(Code::kInvalidArgument, "peers: every member is fetch-only: none owns a chunk");
   m.members_ = std::move(members);

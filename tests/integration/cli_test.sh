@@ -89,6 +89,7 @@ expect_usage() {  # like expect_fail, but the exit status must be 2
 expect_usage "unknown command is named" "frobnicate" "$SLUICE" frobnicate
 expect_usage "unknown nested command is named" "sluice ckpt rm" "$SLUICE" ckpt rm --series x
 expect_usage "unknown nested command lists the others" "set" "$SLUICE" gc rule frob
+expect_usage "a group without its command names them" "needs a command: ls, set" "$SLUICE" capacity
 # Durations take units wherever a flag is a duration.
 SLUICE_HOME="$work/home" "$SLUICE" ckpt gc --series none --from "$work/no-tier" --grace 1h \
   2>"$work/err" >/dev/null

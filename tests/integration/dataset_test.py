@@ -167,6 +167,11 @@ def test_repacked_dataset_is_listed_again(ctx):
         os.rename(os.path.join(b, d), os.path.join(b, d.replace("extra", "other").replace("train", "more")))
     ok(run("pack", b, dst))
     assert sorted(read_keys(dst)) == sorted(keys_b)
+    # The second read of an unchanged dataset comes from the catalog, and says so.
+    r = ok(run("read", dst, "--keys", "--daemon", "none"))
+    assert "node's catalog" in r.stderr and "--refresh" in r.stderr, r.stderr
+    r = ok(run("read", dst, "--keys", "--daemon", "none", "--refresh"))
+    assert "catalog" not in r.stderr, r.stderr
 
 
 def test_system_tar_formats(ctx):

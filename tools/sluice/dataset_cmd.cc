@@ -359,6 +359,11 @@ int run_read(DatasetArgs& a) {
   if (!a.metrics_file.empty()) a.registry = a.lo.registry = &registry;
   auto ds = open_dataset(a, !a.no_cache, true);
   if (!ds) return report_error(ds.error());
+  // A catalog hides objects added since it was made: say it was used, and the way out.
+  if ((*ds)->from_catalog())
+    std::fprintf(stderr,
+                 "sluice: note: the dataset's listing came from this node's catalog (at most "
+                 "10 minutes old): objects added since are not in it; --refresh lists again\n");
   auto* cache = (*ds)->store().capability<cache::TieredCache>();
   cache::CacheStats before;
   if (cache) before = cache->stats();

@@ -371,23 +371,34 @@ int run_bench_demo(uint64_t demo_size) {
 int refuse_unknown_command(CLI::App& app, int argc, char** argv) {
   CLI::App* at = &app;
   std::string path = "sluice";
-  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+  auto names = [](CLI::App* a) {
+    std::string known;
+    for (CLI::App* s : a->get_subcommands([](const CLI::App*) { return true; }))
+      known += (known.empty() ? "" : ", ") + s->get_name();
+    return known;
+  };
+  int i = 1;
+  for (; i < argc && argv[i][0] != '-'; ++i) {
     auto subs = at->get_subcommands([](const CLI::App*) { return true; });
     if (subs.empty()) return 0;  // a command's own arguments
-    std::string known;
     CLI::App* next = nullptr;
-    for (CLI::App* s : subs) {
-      known += (known.empty() ? "" : ", ") + s->get_name();
+    for (CLI::App* s : subs)
       if (s->get_name() == argv[i]) next = s;
-    }
     if (!next) {
-      std::fprintf(
-          stderr, "sluice: error: unknown command '%s %s' (commands of %s: %s; see %s --help)\n",
-          path.c_str(), printable(argv[i]).c_str(), path.c_str(), known.c_str(), path.c_str());
+      std::fprintf(stderr,
+                   "sluice: error: unknown command '%s %s' (commands of %s: %s; see %s --help)\n",
+                   path.c_str(), printable(argv[i]).c_str(), path.c_str(), names(at).c_str(),
+                   path.c_str());
       return 2;
     }
     at = next;
     path += " " + next->get_name();
+  }
+  // "sluice capacity" alone: say which commands it has.
+  if (i == argc && at != &app && at->get_require_subcommand_min() > 0) {
+    std::fprintf(stderr, "sluice: error: %s needs a command: %s (see %s --help)\n", path.c_str(),
+                 names(at).c_str(), path.c_str());
+    return 2;
   }
   return 0;
 }

@@ -420,6 +420,32 @@ JobActivity job_activity(const Snapshot& a, const Snapshot& b, long ticks_per_se
   return j;
 }
 
+namespace {
+
+// The processes whose parent is `pid` (from each /proc/N/stat: the kernel here has no
+// task/T/children).
+std::vector<pid_t> children_of(pid_t pid, const ObserveOptions& o) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(o.proc_root, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    auto stat = slurp(it->path().string() + "/stat");
+    if (!stat) continue;
+    const size_t close = stat->rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(stat->c_str() + close + 1, " %c %ld", &state, &ppid) == 2 && ppid == pid)
+      out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
 Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) {
   Observation ob;
   ob.pid = pid;
@@ -503,6 +529,18 @@ Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) 
     }
   }
   if (ob.files.empty()) ob.notes.push_back("the process had no regular file or block device open");
+  // A launcher (torchrun, a shell, srun) reads nothing itself: its workers do.
+  if (ob.job.read_bytes_s < 1024 * 1024 && ob.job.rchar_s < 1024 * 1024) {
+    if (std::vector<pid_t> kids = children_of(pid, o); !kids.empty()) {
+      std::string list;
+      for (size_t i = 0; i < kids.size() && i < 8; ++i)
+        list += (i ? ", " : "") + std::to_string(kids[i]);
+      if (kids.size() > 8) list += ", ...";
+      ob.notes.push_back("process " + std::to_string(pid) + " read almost nothing itself but has " +
+                         std::to_string(kids.size()) + " child process(es) (" + list +
+                         "): the I/O is likely in them; point --pid at the one that reads");
+    }
+  }
   // Whether the job's path can use pinned staging or GPUDirect Storage at all: the CUDA
   // runtime and cuFile mapped in its address space.
   if (auto maps = slurp(base + "/maps")) {

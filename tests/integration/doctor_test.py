@@ -278,6 +278,23 @@ def test_a_job_that_exits_during_the_watch_is_reported(s):
     assert r["job"]["read_bytes_s"] > 0, r["job"]
 
 
+def test_a_launcher_is_told_its_children_read(s):
+    # A shell that starts the reader: the doctor watching the shell says the I/O is in its
+    # child, and names it, instead of blaming the shell's own (idle) descriptors.
+    # (A reader that keeps running: a child's counters join its parent's once it is reaped.)
+    reader = f"{SLUICE} bench --file {s.loop} --mode direct --bs 4K --qd 1 --runtime 60"
+    job = subprocess.Popen(["sh", "-c", reader + "; sleep 30"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(0.5)
+        r = json.loads(sluice("doctor", "--pid", str(job.pid), "--seconds", "2", "--no-sweep",
+                              "--json").stdout)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert any("child process" in n and "--pid" in n for n in r["notes"]), r["notes"]
+
+
 def test_one_small_read_at_a_time(s):
     job = Job(["dd", f"if={s.loop}", "of=/dev/null", "bs=4k", "iflag=direct"])
     r = diagnose(job, s.ceiling)
@@ -495,7 +512,11 @@ def s3_cases(r):
 
 def main():
     r = Runner()
-    cases = sorted((k, v) for k, v in globals().items() if k.startswith("test_"))
+    # DOCTOR_TEST_ONLY=a,b: only the cases whose names hold one of these (and the sweep).
+    only = [w for w in os.environ.get("DOCTOR_TEST_ONLY", "").split(",") if w]
+    cases = sorted((k, v) for k, v in globals().items() if k.startswith("test_") and
+                   (not only or k == "test_sweep_reads_only_and_agrees_with_itself" or
+                    any(w in k for w in only)))
     why = None
     if os.geteuid() != 0:
         why = "needs root (loop devices, mount, cgroups)"

@@ -280,7 +280,7 @@ class CheckpointerImpl final : public Checkpointer {
   Result<RestoreReport> restore(uint64_t step, std::span<const TensorDest> dests) override;
   Result<VerifyReport> verify(uint64_t step, int tier) override;
   Result<GcReport> gc() override;
-  Result<SyncReport> sync(std::optional<uint64_t> step) override;
+  Result<SyncReport> sync(std::optional<uint64_t> step, std::span<const size_t> fill) override;
 
  private:
   // Staging: fills the job's segments from the tensors (the caller's thread).

@@ -153,7 +153,14 @@ Result<GcReport> CheckpointerImpl::gc() {
   return report;
 }
 
-Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only) {
+Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only,
+                                          std::span<const size_t> fill) {
+  for (size_t t : fill)
+    if (t >= o_.tiers.size())
+      return fail(Code::kInvalidArgument, "sync: no tier " + std::to_string(t) + " to fill");
+  auto wanted = [&](size_t t) {
+    return fill.empty() || std::find(fill.begin(), fill.end(), t) != fill.end();
+  };
   SyncReport report;
   SLUICE_ASSIGN_OR_RETURN(auto steps, list());
   for (const StepInfo& info : steps) {
@@ -169,8 +176,9 @@ Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only) {
     for (size_t i = 0; i < o_.tiers.size(); ++i) {
       auto got = manifest_on(i, step);
       if (!got) {
-        if (got.error().code() == Code::kNotFound)
-          missing.push_back(i);
+        if (got.error().code() == Code::kNotFound) {
+          if (wanted(i)) missing.push_back(i);
+        }
         else
           note("tier " + o_.tiers[i].name + ": " + got.error().message());
         continue;

@@ -208,9 +208,15 @@ Result<std::unique_ptr<ScratchFile>> ScratchFile::create(const std::string& dir,
   const uint64_t free_bytes = static_cast<uint64_t>(vf.f_bavail) * vf.f_frsize;
   uint64_t size = o.size ? o.size : std::min<uint64_t>(uint64_t{1} << 30, free_bytes / 4);
   size = size / (1 << 20) * (1 << 20);
+  if (o.size && size < (uint64_t{16} << 20))
+    return fail(Code::kInvalidArgument, "a scratch file of " +
+                                            format_size(static_cast<double>(o.size)) +
+                                            " is too small to measure: at least 16 MiB");
   if (size < (uint64_t{16} << 20) || size > free_bytes)
-    return fail(Code::kNoSpace, dir + " has " + format_size(static_cast<double>(free_bytes)) +
-                                    " free: too little for a scratch file to measure");
+    return fail(Code::kNoSpace,
+                dir + " has " + format_size(static_cast<double>(free_bytes)) +
+                    " free: too little for a scratch file of " +
+                    format_size(static_cast<double>(std::max<uint64_t>(size, uint64_t{16} << 20))));
   remove_stale_scratch(dir);
   const std::string path =
       (std::filesystem::path(dir) / (".sluice-doctor-" + std::to_string(::getpid()))).string();

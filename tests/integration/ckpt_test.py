@@ -131,6 +131,14 @@ def test_sync_fills_a_new_tier(ctx):
     ok(run("restore", "--series", "s", "--from", b, "--to", out))
     same_tree(out, files)
     ok(run("verify", "--series", "s", "--step", "all", "--from", b))
+    # --from and --to as everywhere else: read from a, write to c (and not back to a).
+    c = ctx.dir("c")
+    ok(run("save", "--series", "s", "--step", "3", "--to", b, src))
+    r = json.loads(ok(run("sync", "--series", "s", "--from", a, "--from", b, "--to", c,
+                          "--json")).stdout)
+    assert sorted((x["step"], x["tier"]) for x in r["copied"]) == [(1, c), (2, c), (3, c)], r
+    steps_a = json.loads(ok(run("ls", "--series", "s", "--from", a, "--json")).stdout)
+    assert [x["step"] for x in steps_a] == [1, 2], steps_a  # a got nothing
 
 
 def test_interrupted_save_leaves_nothing(ctx):

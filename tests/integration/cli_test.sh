@@ -90,6 +90,12 @@ expect_usage "unknown command is named" "frobnicate" "$SLUICE" frobnicate
 expect_usage "unknown nested command is named" "sluice ckpt rm" "$SLUICE" ckpt rm --series x
 expect_usage "unknown nested command lists the others" "set" "$SLUICE" gc rule frob
 expect_usage "a group without its command names them" "needs a command: ls, set" "$SLUICE" capacity
+expect_usage "a parse error reads like every error" "sluice: error: " "$SLUICE" cp
+expect_usage "doctor refuses /proc" "kernel interface" "$SLUICE" doctor --path /proc/self/status
+expect_usage "doctor refuses /sys" "kernel interface" "$SLUICE" doctor --path /sys
+mkdir -p "$work/dscratch"
+expect_usage "a scratch file too small is a usage error" "at least 16 MiB" \
+  "$SLUICE" doctor --path "$work/dscratch" --scratch-size 8M --seconds 1
 # Durations take units wherever a flag is a duration.
 SLUICE_HOME="$work/home" "$SLUICE" ckpt gc --series none --from "$work/no-tier" --grace 1h \
   2>"$work/err" >/dev/null

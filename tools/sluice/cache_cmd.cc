@@ -135,12 +135,16 @@ int cmd_peers(const CacheArgs& a) {
     std::printf("sluiced on %s has no peers (start it with --peers)\n", socket.c_str());
     return 0;
   }
-  std::printf("%-20s %-22s %-5s %10s %12s %7s  %s\n", "NAME", "ADDRESS", "STATE", "CHUNKS",
+  std::printf("%-20s %-22s %-7s %10s %12s %7s  %s\n", "NAME", "ADDRESS", "STATE", "CHUNKS",
               "FETCHED", "ERRORS", "LAST ERROR");
   for (const nlohmann::json& p : j["peers"]) {
     auto num = [&](const char* k) { return p.value(k, 0.0); };
-    std::string state = p.value("self", false) ? "self" : p.value("up", false) ? "up" : "down";
-    std::printf("%-20s %-22s %-5s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
+    // Up means "not marked down": a peer never asked yet is untried, not known to be up.
+    std::string state = p.value("self", false)                             ? "self"
+                        : !p.value("up", false)                            ? "down"
+                        : num("fetched_chunks") == 0 && num("errors") == 0 ? "untried"
+                                                                           : "up";
+    std::printf("%-20s %-22s %-7s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
                 printable(p.value("address", "")).c_str(), state.c_str(), num("fetched_chunks"),
                 format_size(num("fetched_bytes")).c_str(), num("errors"),
                 printable(p.value("last_error", "")).c_str());
@@ -293,8 +297,8 @@ int cmd_warm(const CacheArgs& a, const CancelHook& cancel) {
                             .dump()
                             .c_str());
   } else {
-    std::printf("warmed %lu objects, %s in %.2f s: %s fetched, %s already cached%s%s\n",
-                static_cast<unsigned long>(rep.objects),
+    std::printf("warmed %s, %s in %.2f s: %s fetched, %s already cached%s%s\n",
+                count_of(rep.objects, "object").c_str(),
                 format_size(static_cast<double>(rep.bytes)).c_str(), rep.seconds,
                 format_size(static_cast<double>(warmed->fetched)).c_str(),
                 format_size(static_cast<double>(warmed->already_cached())).c_str(),

@@ -41,9 +41,10 @@ struct CkptArgs {
   std::string home;  // $SLUICE_HOME: the default tier is HOME/ckpt
   std::string series;
   std::string step = "latest";
-  std::vector<std::string> tiers;  // --to (save) or --from (the others)
-  std::vector<std::string> paths;  // save
-  std::string out_dir;             // restore --to
+  std::vector<std::string> tiers;       // --to (save) or --from (the others)
+  std::vector<std::string> paths;       // save
+  std::string out_dir;                  // restore --to
+  std::vector<std::string> fill_tiers;  // sync --to
   client::AwsSettings aws;
   std::string ledger;  // --ledger: the ledger saves, syncs and removals are charged to
   unsigned rank = 0, world = 1;
@@ -164,11 +165,13 @@ void print_sync_hint(const CkptArgs& a, uint64_t step, const ckpt::SaveProgress&
   std::string committed, from;
   bool all = true;
   for (const auto& t : p.tiers) {
-    if (t.state == ckpt::TierState::kCommitted)
+    if (t.state == ckpt::TierState::kCommitted) {
       committed += (committed.empty() ? "" : ", ") + t.tier;
-    else
+      from = " --from " + t.tier + from;
+    } else {
       all = false;
-    from += " --from " + t.tier;
+      from += " --to " + t.tier;
+    }
   }
   if (committed.empty() || all) return;
   std::fprintf(stderr,
@@ -472,7 +475,15 @@ int run_gc(const CkptArgs& a) {
 // ---------------------------------------------------------------------------------------
 // sync
 
-int run_sync(const CkptArgs& a) {
+int run_sync(const CkptArgs& given) {
+  // --to: the tiers to fill, read from the --from tiers (which get nothing); without it,
+  // every --from tier lacking a step gets it.
+  CkptArgs a = given;
+  std::vector<size_t> fill;
+  for (const std::string& t : given.fill_tiers) {
+    fill.push_back(a.tiers.size());
+    a.tiers.push_back(t);
+  }
   auto cp = open_checkpointer(a, 0, true, true);
   if (!cp) return report_error(cp.error());
   std::optional<uint64_t> only;
@@ -481,7 +492,7 @@ int run_sync(const CkptArgs& a) {
     if (!s) return report_error(s.error());
     only = *s;
   }
-  auto r = (*cp)->sync(only);
+  auto r = (*cp)->sync(only, fill);
   if (!r) return report_error(r.error());
   if (a.json) {
     json copied = json::array();
@@ -616,12 +627,17 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
 
   auto* sync = ck->add_subcommand(
       "sync",
-      "Copy committed steps to the --from tiers that lack them (after a save whose "
-      "later tiers failed, or to fill a new tier); each copy is verified first");
+      "Copy committed steps from the --from tiers to the --to tiers that lack them (or, "
+      "without --to, to every --from tier lacking one): after a save whose later tiers "
+      "failed, or to fill a new tier; each copy is verified first");
   sync->add_option("--series", a.series, "The series")->required();
   auto* sync_step =
       sync->add_option("--step", a.step, "A step number, latest or all")->default_str("all");
   add_common(sync, a, "--from", kFromHelp);
+  sync->add_option("--to", a.fill_tiers,
+                   "A tier to copy the steps to, from the --from tiers (repeatable); without "
+                   "it, every --from tier lacking a step gets it")
+      ->allow_extra_args(false);
   add_ledger_flag(sync, a);
   sync->callback([interruptible, sync_step, &a] {
     if (sync_step->count() == 0) a.step = "all";

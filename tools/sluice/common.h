@@ -11,6 +11,10 @@ namespace sluice::cli {
 
 // Prints "sluice: error: ..." to stderr; returns the exit code (2 for a usage error).
 int report_error(const Error& e);
+// "1 object", "3 objects": a count with its noun, singular or plural.
+inline std::string count_of(uint64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
 
 // Progress of laying out a bench file (io::BenchOptions::on_lay_out, by std::ref): "laying
 // out PATH: N% of SIZE" on stderr at every 10%; the line ends when the file is whole, or at

@@ -1,6 +1,8 @@
 // `sluice cp`'s output: the summary and the progress bar (the copy is client::copy).
 #include "cp.h"
 
+#include "common.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -29,9 +31,9 @@ std::string copy_text(const client::CopySummary& s) {
     out += "\ncache: " + format_size(static_cast<double>(s.cache_hit_bytes)) + " from the cache, " +
            format_size(static_cast<double>(s.cache_miss_bytes)) + " from the source";
     if (s.cache_not_kept > 0)
-      out +=
-          "; " + std::to_string(s.cache_not_kept) +
-          " chunks could not be kept on NVMe (its disk full or failing, or its write queue full)";
+      out += "; " + count_of(s.cache_not_kept, "chunk") +
+             " could not be kept on NVMe (past its size limit, its disk full or failing, or its "
+             "write queue full)";
   }
   return out;
 }

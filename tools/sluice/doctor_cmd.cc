@@ -70,6 +70,14 @@ Result<doctor::Ceiling> sweep(const std::string& file, double budget, bool with_
 }
 
 int run_path(const DoctorArgs& a, const CancelHook& cancel) {
+  // Pseudo-files measure nothing, and some (kcore) are large: refused before any open.
+  std::error_code ec;
+  const std::string real = std::filesystem::weakly_canonical(a.path, ec).string();
+  for (const char* pseudo : {"/proc", "/sys"})
+    if (!ec && (real == pseudo || real.starts_with(std::string(pseudo) + "/")))
+      return report_error(Error(Code::kInvalidArgument,
+                                "--path " + a.path + " is under " + pseudo +
+                                    ", a kernel interface, not storage: nothing to measure"));
   struct stat sb;
   if (::stat(a.path.c_str(), &sb) != 0)
     return report_error(Error(Code::kNotFound, "--path " + a.path + ": " + std::strerror(errno)));

@@ -131,6 +131,10 @@ int run_run(const GcArgs& a, const std::string& home) {
     std::fprintf(stderr, "sluice: warning: left alone: %s\n", why.c_str());
   if (a.json) {
     std::printf("%s\n", json(*r).dump().c_str());
+  } else if (r->trashed_units == 0) {
+    std::printf("run %s: nothing moved to the trash; purged %lld object(s), %s\n", r->run.c_str(),
+                static_cast<long long>(r->purged_objects),
+                format_size(static_cast<double>(r->purged_bytes)).c_str());
   } else {
     std::printf(
         "run %s: %lld unit(s), %s moved to the trash (deleted for good after %s; "

@@ -257,9 +257,9 @@ int run_reconcile(const LedgerArgs& a, const std::string& home) {
     if (e.error) {
       std::printf("%-20s not recounted: %s\n", e.project.c_str(), e.error->to_string().c_str());
     } else if (!e.changed) {
-      std::printf("%-20s ok: %s in %lld objects\n", e.project.c_str(),
+      std::printf("%-20s ok: %s in %s\n", e.project.c_str(),
                   format_size(static_cast<double>(e.found_bytes)).c_str(),
-                  static_cast<long long>(e.found_objects));
+                  count_of(static_cast<uint64_t>(e.found_objects), "object").c_str());
     } else {
       std::printf("%-20s %s: ledger had %s in %lld objects, found %s in %lld objects\n",
                   e.project.c_str(), a.dry_run ? "would fix" : "fixed",

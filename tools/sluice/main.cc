@@ -385,10 +385,9 @@ int refuse_unknown_command(CLI::App& app, int argc, char** argv) {
     for (CLI::App* s : subs)
       if (s->get_name() == argv[i]) next = s;
     if (!next) {
-      std::fprintf(stderr,
-                   "sluice: error: unknown command '%s %s' (commands of %s: %s; see %s --help)\n",
-                   path.c_str(), printable(argv[i]).c_str(), path.c_str(), names(at).c_str(),
-                   path.c_str());
+      std::fprintf(
+          stderr, "sluice: error: unknown command '%s %s' (commands of %s: %s; see %s --help)\n",
+          path.c_str(), printable(argv[i]).c_str(), path.c_str(), names(at).c_str(), path.c_str());
       return 2;
     }
     at = next;
@@ -428,8 +427,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;  // usage errors exit 2, like other Unix tools
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // A usage error reads like every other error, and exits 2 like other Unix tools.
+    std::fprintf(stderr, "sluice: error: %s (see --help)\n", printable(e.what()).c_str());
+    return 2;
   }
   return rc;
 }

@@ -110,7 +110,7 @@ int run(Args& a, const CLI::App& app) {
     log_line("charging chunks kept on NVMe to their teams in the ledger " + ledger_where);
   if ((*server)->peer_port() != 0)
     log_line("HTTP on port " + std::to_string((*server)->peer_port()) + ": /metrics" +
-             (has_peers ? ", chunks for " + std::to_string(members - 1) + " peers" : ""));
+             (has_peers ? ", chunks for " + cli::count_of(members - 1, "peer") : ""));
   std::thread signals([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);

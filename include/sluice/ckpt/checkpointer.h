@@ -235,7 +235,10 @@ class Checkpointer {
   // Each copy is checked against the manifest's chunk checksums on its source first, then
   // committed on the new tier as a save would (shards, records, manifest last). Steps that
   // cannot be copied are named in the report; the call fails only when listing fails.
-  virtual Result<SyncReport> sync(std::optional<uint64_t> step = std::nullopt) = 0;
+  // `fill`: only these tiers (indices) get copies; empty: every tier lacking a step. The
+  // others are still read from.
+  virtual Result<SyncReport> sync(std::optional<uint64_t> step = std::nullopt,
+                                  std::span<const size_t> fill = {}) = 0;
 
   virtual const CheckpointerOptions& options() const = 0;
 };

@@ -337,6 +337,11 @@ TEST(Checkpointer, SyncCopiesWhatALaterTierMissed) {
   ASSERT_FALSE(bad.problems.empty());
   bytes[10] ^= std::byte{1};
   ASSERT_TRUE(near->put(key, bytes));
+  // Told to fill only the near tier (which has it), sync copies nothing to the later one.
+  const size_t near_only[] = {0};
+  EXPECT_TRUE(cp->sync(std::nullopt, near_only).value().copied.empty());
+  const size_t no_such[] = {7};
+  EXPECT_EQ(cp->sync(std::nullopt, no_such).error().code(), Code::kInvalidArgument);
   auto r = cp->sync().value();
   ASSERT_EQ(r.copied.size(), 1u);
   EXPECT_EQ(r.copied[0].tier, "later");

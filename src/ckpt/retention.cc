@@ -178,8 +178,7 @@ Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only,
       if (!got) {
         if (got.error().code() == Code::kNotFound) {
           if (wanted(i)) missing.push_back(i);
-        }
-        else
+        } else
           note("tier " + o_.tiers[i].name + ": " + got.error().message());
         continue;
       }

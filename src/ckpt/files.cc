@@ -301,7 +301,8 @@ Result<RestoreFilesReport> restore_files(Checkpointer& cp, uint64_t step,
   std::map<size_t, std::unique_ptr<store::Writer>> writers;
   RestoreFilesReport report;
   report.files = items.size();
-  uint64_t used = 0;
+  uint64_t used = 0, total = 0;
+  for (const RestoreItem& item : items) total += item.tensor->bytes;
   auto flush = [&]() -> Status {
     std::vector<TensorDest> dests;
     for (const Piece& p : batch)
@@ -326,6 +327,7 @@ Result<RestoreFilesReport> restore_files(Checkpointer& cp, uint64_t step,
     }
     batch.clear();
     used = 0;
+    if (o.on_progress) o.on_progress(report.bytes, total);
     return ok();
   };
   for (size_t i = 0; i < items.size(); ++i) {

@@ -415,7 +415,16 @@ int run_restore(const CkptArgs& a) {
     (void)::setrlimit(RLIMIT_NOFILE, &nofile);
   }
   const auto t0 = std::chrono::steady_clock::now();
+  const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  if (progress)
+    o.on_progress = [&](uint64_t done, uint64_t total) {
+      std::fprintf(stderr, "\rrestoring step %llu: %s of %s",
+                   static_cast<unsigned long long>(*step),
+                   format_size(static_cast<double>(done)).c_str(),
+                   format_size(static_cast<double>(total)).c_str());
+    };
   auto r = ckpt::restore_files(**cp, *step, o);
+  if (progress) std::fprintf(stderr, "\n");
   if (!r) return report_error(r.error());
   const double secs = seconds_since(t0);
   if (a.json) {
@@ -621,6 +630,7 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
                       "Only this rank's files (default: every rank; "
                       "with several, each under rank-N/)");
   restore->add_flag("--force", a.force, "Replace files that exist");
+  restore->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   add_location_flags(restore, a);
   restore->add_flag("--json", a.json, "Print the result as JSON");
   restore->callback([interruptible] { interruptible(run_restore); });

@@ -33,6 +33,8 @@ struct RestoreFilesOptions {
   int only_rank = -1;     // -1: every rank's files (of a multi-rank step, each under rank-N/)
   bool replace = false;   // false: a file there already is AlreadyExists, before any write
   std::function<void(const std::string&)> on_problem;  // a chunk read from a later tier
+  // After each window is read, checked and written: the step's bytes done and in all.
+  std::function<void(uint64_t done, uint64_t total)> on_progress;
 };
 
 struct RestoreFilesReport {

@@ -54,8 +54,13 @@ TEST(CheckpointFiles, ATreeComesBackByteForByteWithItsModes) {
   ASSERT_TRUE(cp->save(7, *views).value()->wait());
   RestoreFilesOptions o;
   o.directory = dir.file("out");
+  std::vector<std::pair<uint64_t, uint64_t>> told;
+  o.on_progress = [&](uint64_t done, uint64_t total) { told.emplace_back(done, total); };
   auto r = restore_files(*cp, 7, o);
   ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_FALSE(told.empty());  // progress ends with every byte done
+  EXPECT_EQ(told.back(), std::make_pair(uint64_t{big.size() + 3}, uint64_t{big.size() + 3}));
+  o.on_progress = nullptr;
   EXPECT_EQ(r->files, 3u);
   EXPECT_EQ(r->bytes, big.size() + 3);
   EXPECT_EQ(read(dir.file("out/a.bin")), big);

@@ -54,10 +54,10 @@ class DiskTier {
     std::function<uint32_t(const ChunkKey&, uint64_t bytes)> adopt;
     std::function<void(uint32_t tag, uint64_t bytes)> freed;
   };
-  // Takes the directory's lock (Unavailable if another process holds it), replays the
-  // index, deletes orphan chunk files.
   // The chunk size recorded in `directory`'s index; none when it has no index yet.
   static Result<std::optional<uint64_t>> recorded_chunk_size(const std::string& directory);
+  // Takes the directory's lock (Unavailable if another process holds it), replays the
+  // index, deletes orphan chunk files.
   static Result<std::unique_ptr<DiskTier>> open(Options options);
   ~DiskTier();
 

@@ -57,8 +57,13 @@ void to_json(json& j, const CacheStats& s) {
 
 CacheStats cache_stats_from_json(const json& j) {
   CacheStats s;
-  for (auto [name, tier] : kTiers)
-    for (auto [field, at] : kTierFields) (s.*tier).*at = number(member(member(j, name), field));
+  for (auto [name, tier] : kTiers) {
+    // An older sluiced called the NVMe tier "disk".
+    const json& t = member(j, name).is_null() && std::string_view(name) == "nvme"
+                        ? member(j, "disk")
+                        : member(j, name);
+    for (auto [field, at] : kTierFields) (s.*tier).*at = number(member(t, field));
+  }
   for (auto [name, at] : kCounters) s.*at = number(member(j, name));
   for (auto [name, at] : kPrefetch) s.*at = number(member(member(j, "prefetch"), name));
   for (auto [name, at] : kTexts)

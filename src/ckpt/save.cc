@@ -133,8 +133,11 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
     // A stat of a missing key cannot tell a missing bucket from a missing object; a listing
     // can (S3's NoSuchBucket), so a tier that cannot take the step fails here, before any
     // tier has a byte of it.
+    // (A tier whose credentials may write but not list is let through: the listing is a
+    // probe, not something a save needs.)
     if (t.required)
-      if (auto page = t.store->list({.prefix = o_.series + "/", .max_keys = 1}); !page)
+      if (auto page = t.store->list({.prefix = o_.series + "/", .max_keys = 1});
+          !page && page.error().code() != Code::kPermissionDenied)
         return std::unexpected(
             page.error().with_context("checkpoint tier " + t.name + " cannot be reached"));
   }

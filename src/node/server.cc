@@ -1297,8 +1297,8 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   // sluiced's roots: the daemon could never serve them (docs/sluiced.md).
   if (uint64_t foreign = impl->cache->drop_other_stores())
     impl->log("dropped " + std::to_string(foreign) + " chunks in " + o.cache.directory +
-              " that an embedded cache (sluice without sluiced) had kept: sluiced keys "
-              "chunks by root and could not serve them");
+              " kept for another store (an embedded cache, or sluiced on another endpoint): "
+              "this daemon keys chunks by its roots and could not serve them");
   // The cache adopted what it found: the charger may now tell the ledger.
   if (impl->charger) SLUICE_RETURN_IF_ERROR(impl->charger->start());
   // The cache holds its own copies; these would keep the charger alive past `registry`.

@@ -144,6 +144,9 @@ class Copier {
         dst_(dst),
         options_(options),
         budget_(options.concurrency, options.max_buffer_bytes),
+        // A local file takes small writes cheaply; a remote positional writer (node://)
+        // would send a request for each.
+        land_as_read_(dst.uri().starts_with("file://")),
         pool_(std::max(1u, options.concurrency)) {}
 
   bool cancelled() const { return options_.cancel && options_.cancel->load(); }
@@ -164,7 +167,8 @@ class Copier {
   store::Store& dst_;
   const CopyOptions& options_;
   PartBudget budget_;
-  Executor pool_;  // runs the part reads; as many threads as the budget has slots
+  const bool land_as_read_;  // write a part's bytes as they land (file:// destinations)
+  Executor pool_;            // runs the part reads; as many threads as the budget has slots
 };
 
 void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& info,
@@ -180,7 +184,7 @@ void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& 
   // whose writer is then aborted.
   uint64_t written = 0;  // bytes of the part at their place in the destination
   Status landed_st = ok();
-  if (writer.positional())
+  if (writer.positional() && land_as_read_)
     ro.hooks.on_landed = [&](uint64_t end) {
       const uint64_t have = std::min(end, p.offset + p.len) - std::min(end, p.offset);
       if (have < written) written = have;
@@ -206,8 +210,12 @@ void Copier::transfer(Part& p, const std::string& key, const store::ObjectInfo& 
 
 Status Copier::copy_parts(const CopyItem& item, const store::ObjectInfo& info,
                           store::Writer& writer) {
-  const unsigned streams = std::max(1u, options_.streams);
-  uint64_t part = options_.part_size ? options_.part_size : part_size_for(info.size, streams);
+  const unsigned streams = std::max(1u, options_.streams ? options_.streams : options_.concurrency);
+  // Without a stream count of its own, an object is cut in about eight parts, as before
+  // streams were counted.
+  uint64_t part = options_.part_size
+                      ? options_.part_size
+                      : part_size_for(info.size, options_.streams ? options_.streams : 8);
   if (!options_.part_size && options_.part_align > 1 && part % options_.part_align != 0)
     part = (part / options_.part_align + 1) * options_.part_align;
   Arrivals arrivals;

@@ -139,6 +139,13 @@ def test_sync_fills_a_new_tier(ctx):
     assert sorted((x["step"], x["tier"]) for x in r["copied"]) == [(1, c), (2, c), (3, c)], r
     steps_a = json.loads(ok(run("ls", "--series", "s", "--from", a, "--json")).stdout)
     assert [x["step"] for x in steps_a] == [1, 2], steps_a  # a got nothing
+    # --to alone reads from the default tier, as --from's default says.
+    home, d = ctx.dir("home"), ctx.dir("d")
+    env = {"SLUICE_HOME": home}
+    ok(sluice(BIN, "ckpt", "save", "--series", "s", "--step", "9", src, env=env))
+    r = json.loads(ok(sluice(BIN, "ckpt", "sync", "--series", "s", "--to", d, "--json",
+                             env=env)).stdout)
+    assert [(x["step"], x["tier"]) for x in r["copied"]] == [(9, d)], r
 
 
 def test_interrupted_save_leaves_nothing(ctx):

@@ -9,6 +9,7 @@ A block preceded by `<!-- readme_test: skip REASON -->` is not run (the set-up i
 make targets); the test says SKIP for it with the reason. The only substitution is the
 endpoint: the README's http://127.0.0.1:4568 and port 7470 become free ports here.
 """
+import contextlib
 import os
 import re
 import shutil
@@ -83,11 +84,20 @@ def main():
                AWS_SECRET_ACCESS_KEY="S3RVER", AWS_REGION="us-east-1")
     for k in ("SLUICE_LEDGER", "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         env.pop(k, None)
+    # Its own process group: on a timeout every daemon a block started goes with it.
+    proc = subprocess.Popen(["bash", "-c", "\n".join(script)], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        p = subprocess.run(["bash", "-c", "\n".join(script)], cwd=work, env=env,
-                           capture_output=True, text=True, timeout=500, start_new_session=True)
+        out, err = proc.communicate(timeout=500)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         srv.close()
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if p.returncode != 0:
         tail = "\n".join(p.stderr.splitlines()[-25:])
         print(f"FAIL - a README line exited {p.returncode}:\n{tail}\nstdout tail:\n"

@@ -162,17 +162,17 @@ void print_progress(const ckpt::SaveProgress& p) {
 // After a save that committed on some tiers and not others: what is where, and the command
 // that completes it (a rerun would say the step already exists).
 void print_sync_hint(const CkptArgs& a, uint64_t step, const ckpt::SaveProgress& p) {
-  std::string committed, from;
-  bool all = true;
+  std::string committed, from, to;
   for (const auto& t : p.tiers) {
     if (t.state == ckpt::TierState::kCommitted) {
       committed += (committed.empty() ? "" : ", ") + t.tier;
-      from = " --from " + t.tier + from;
+      from += " --from " + t.tier;  // nearest first: sync reads the nearest intact copy
     } else {
-      all = false;
-      from += " --to " + t.tier;
+      to += " --to " + t.tier;
     }
   }
+  const bool all = to.empty();
+  from += to;
   if (committed.empty() || all) return;
   std::fprintf(stderr,
                "sluice: step %llu of series %s is committed on %s; once the other tiers can be "
@@ -458,9 +458,14 @@ int run_gc(const CkptArgs& a) {
   auto r = (*cp)->gc();
   if (!r) return report_error(r.error());
   if (r->removed_steps.empty() && r->removed_incomplete.empty()) {
-    auto steps = (*cp)->list();
-    if (!steps) return report_error(steps.error());
-    if (steps->empty()) return report_error(nothing_on(**cp, a, "collect"));
+    // Nothing of the series at all (not even a save in progress) on these tiers: most
+    // likely the wrong ones.
+    bool any = false;
+    for (const auto& t : (*cp)->options().tiers) {
+      auto page = t.store->list({.prefix = a.series + "/", .max_keys = 1});
+      any = any || !page || !page->objects.empty();
+    }
+    if (!any) return report_error(nothing_on(**cp, a, "collect"));
   }
   if (a.json) {
     std::printf("%s\n", json({{"removed_steps", r->removed_steps},
@@ -488,6 +493,7 @@ int run_sync(const CkptArgs& given) {
   // --to: the tiers to fill, read from the --from tiers (which get nothing); without it,
   // every --from tier lacking a step gets it.
   CkptArgs a = given;
+  if (a.tiers.empty()) a.tiers.push_back(client::default_checkpoint_tier(a.home));
   std::vector<size_t> fill;
   for (const std::string& t : given.fill_tiers) {
     fill.push_back(a.tiers.size());

@@ -54,7 +54,9 @@ struct CopyOptions {
   // per-file streams. On loopback s3rver, 8 or 16 streams on one 256 MiB object ran slower
   // than 4 (the server's and the client's threads contend for two cores); a far server
   // with a per-stream limit wants more.
-  unsigned streams = 4;
+  // 0: as many as `concurrency` (what tier-to-tier checkpoint copies use); `sluice cp` and
+  // client::copy ask for 4.
+  unsigned streams = 0;
   // Bytes per part read; 0 chooses from the object's size (part_size_for).
   uint64_t part_size = 0;
   // With part_size 0: the chosen part size is rounded up to a multiple of this, so parts

@@ -34,7 +34,7 @@ TEST(CacheJson, StatsRoundTripWithTheTierNamesOfTheLedger) {
   EXPECT_EQ(odd.prefetch_hits, 0u);
   EXPECT_EQ(cache_stats_from_json(nlohmann::json::array()).misses, 0u);
   // An older sluiced's reply names the NVMe tier "disk".
-  EXPECT_EQ(cache_stats_from_json(nlohmann::json{{"disk", {{"bytes", 5}}}}).disk.bytes, 5u);
+  EXPECT_EQ(cache_stats_from_json(nlohmann::json{{"disk", {{"bytes", 5u}}}}).disk.bytes, 5u);
 }
 
 TEST(CacheJson, ChunksAndHoldingsByStore) {

@@ -37,13 +37,13 @@ Result<Side> source_object(const Location& l) {
   if (!l.local) {
     if (l.path.empty() || l.path.ends_with('/'))
       return fail(Code::kInvalidArgument,
-                  "'" + l.text + "' names no object (use --recursive for a prefix)");
+                  "'" + l.text + "' names no object but a prefix: copy it recursively");
     return Side{l.store_uri, l.path};
   }
   struct stat st;
   if (::stat(l.path.c_str(), &st) != 0) return fail_errno(errno, "stat " + l.path);
   if (S_ISDIR(st.st_mode))
-    return fail(Code::kInvalidArgument, "'" + l.path + "' is a directory (use --recursive)");
+    return fail(Code::kInvalidArgument, "'" + l.path + "' is a directory: copy it recursively");
   if (!S_ISREG(st.st_mode))
     return fail(Code::kInvalidArgument,
                 "'" + l.path + "' is not a regular file (a FIFO, device or socket is not copied)");

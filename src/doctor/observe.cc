@@ -538,7 +538,7 @@ Result<Observation> observe(pid_t pid, double seconds, const ObserveOptions& o) 
       if (kids.size() > 8) list += ", ...";
       ob.notes.push_back("process " + std::to_string(pid) + " read almost nothing itself but has " +
                          std::to_string(kids.size()) + " child process(es) (" + list +
-                         "): the I/O is likely in them; point --pid at the one that reads");
+                         "): the I/O is likely in them; watch the one that reads instead");
     }
   }
   // Whether the job's path can use pinned staging or GPUDirect Storage at all: the CUDA

@@ -524,8 +524,8 @@ Result<std::unique_ptr<NodeStore>> NodeStore::open(std::string root_uri, NodeOpt
     return fail(Code::kInvalidArgument,
                 "sluiced at " + options.socket + " reads s3:// from " + theirs + ", not " +
                     options.s3_endpoint +
-                    " as this command asks: start sluiced with --endpoint-url " +
-                    options.s3_endpoint + ", or read without it (--daemon none)");
+                    " as this process asks: start sluiced with that endpoint, or read "
+                    "without the daemon");
   impl->options = std::move(options);
   return std::unique_ptr<NodeStore>(new NodeStore(std::move(impl)));
 }

@@ -32,7 +32,7 @@ Result<Membership> Membership::make(std::vector<Member> members, std::string_vie
     return fail(Code::kInvalidArgument,
                 "peers: this node ('" + std::string(self) + "') is not in the membership (" +
                     names_listed +
-                    "): give its name there with --node-name (a line with only HOST:PORT is "
+                    "): this node's name must be one of them (a line with only HOST:PORT is "
                     "named HOST:PORT)");
   }
   if (std::none_of(members.begin(), members.end(), [](const Member& x) { return x.owns; }))

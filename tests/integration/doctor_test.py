@@ -292,7 +292,8 @@ def test_a_launcher_is_told_its_children_read(s):
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
-    assert any("child process" in n and "--pid" in n for n in r["notes"]), r["notes"]
+    assert any("child process" in n and "watch the one that reads" in n for n in r["notes"]), \
+        r["notes"]
 
 
 def test_one_small_read_at_a_time(s):

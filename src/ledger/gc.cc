@@ -159,6 +159,7 @@ std::string new_run_id(int64_t now_ns) {
 Status copy_within(store::Store& st, const std::string& from, const std::string& to) {
   xfer::CopyOptions co;
   co.overwrite = false;
+  co.keep_mtime = true;  // retention orders objects by it: a restore must not make one new
   SLUICE_RETURN_IF_ERROR(xfer::copy(st, from, st, to, co));
   return {};
 }

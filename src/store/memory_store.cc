@@ -49,7 +49,7 @@ class MemoryWriter : public Writer {
     done_ = true;
     auto obj = std::make_shared<Object>();
     obj->data = std::move(data_);
-    obj->mtime_ns = wall_ns();
+    obj->mtime_ns = options_.mtime_ns.value_or(wall_ns());
     std::lock_guard lock(state_->mu);
     if (!options_.overwrite && state_->objects.contains(key_))
       return fail(Code::kAlreadyExists, "object '" + key_ + "' already exists");

@@ -550,6 +550,13 @@ Status PosixWriter::commit() {
   if (options_.size_hint && *options_.size_hint != size &&
       ::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0)
     return failed(error_from_errno(errno, where("truncate")));
+  if (options_.mtime_ns) {
+    const timespec times[2] = {{0, UTIME_OMIT},
+                               {static_cast<time_t>(*options_.mtime_ns / 1'000'000'000),
+                                static_cast<long>(*options_.mtime_ns % 1'000'000'000)}};
+    if (::futimens(fd_.get(), times) != 0)
+      return failed(error_from_errno(errno, where("set the modification time of")));
+  }
   if (options_.durable && ::fdatasync(fd_.get()) != 0)
     return failed(error_from_errno(errno, where("sync")));
   auto parent = store_->open_parent(key_, true, options_.durable);

@@ -315,9 +315,14 @@ Result<store::ObjectInfo> Copier::copy_one(const CopyItem& item) {
     if (!item.info) bytes_total.fetch_add(info.size, std::memory_order_relaxed);
   }
   SLUICE_ASSIGN_OR_RETURN(
-      auto writer, dst_.create(item.dst_key, store::WriteOptions{.overwrite = options_.overwrite,
-                                                                 .durable = options_.durable,
-                                                                 .size_hint = info.size}));
+      auto writer,
+      dst_.create(item.dst_key,
+                  store::WriteOptions{.overwrite = options_.overwrite,
+                                      .durable = options_.durable,
+                                      .size_hint = info.size,
+                                      .mtime_ns = options_.keep_mtime && info.mtime_ns > 0
+                                                      ? std::optional<int64_t>(info.mtime_ns)
+                                                      : std::nullopt}));
   Status st = copy_parts(item, info, *writer);
   // The last chance to stop: once commit starts, the object is published whole.
   if (st && cancelled()) st = fail(Code::kCancelled, "copy of '" + item.src_key + "' cancelled");

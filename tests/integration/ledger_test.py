@@ -515,6 +515,27 @@ def t_gc_plan_run_restore_purge(env):
     assert not json.loads(env.run("usage", "reconcile", "--dry-run", "--json").stdout)["projects"][0]["changed"]
 
 
+def t_a_restored_object_keeps_its_age(env):
+    """keep-last 1: the older object goes to the trash; restored, it is still the older one,
+    so the next plan trashes it again, not the newer one."""
+    env.run("team", "add", "age")
+    d = env.path("age")
+    os.makedirs(d)
+    env.run("project", "add", "age-p", "--team", "age", "--location", d)
+    for name, t in (("a.bin", 1_600_000_000), ("c.bin", 1_700_000_000)):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(os.urandom(1000))
+        os.utime(os.path.join(d, name), (t, t))
+    env.run("gc", "rule", "set", "age-p", "--keep-last", "1")
+    run_id = json.loads(env.run("gc", "run", "--json").stdout)["run"]
+    assert not os.path.exists(os.path.join(d, "a.bin"))
+    env.run("gc", "restore", run_id)
+    assert os.stat(os.path.join(d, "a.bin")).st_mtime == 1_600_000_000
+    plan = json.loads(env.run("gc", "plan", "--project", "age-p", "--json").stdout)
+    gone = [u["unit"] for u in plan["units"] if u["remove"]]
+    assert gone == ["a.bin"], plan
+
+
 def t_gc_refuses_what_would_lose_data(env):
     """Bad flags fail before anything is purged; a newest step with a torn manifest does not
     shield itself at the cost of the good ones; pins must be real key prefixes, and
@@ -588,7 +609,8 @@ def main():
              t_sixteen_overwrites_on_s3_charge_what_is_left,
              t_upgrade_drops_cache_usage_charged_by_changes, t_reconcile_repairs_drift,
              t_ckpt_and_dataset_pack_are_charged, t_forecast, t_s3_projects_are_folders,
-             t_gc_plan_run_restore_purge, t_gc_refuses_what_would_lose_data,
+             t_gc_plan_run_restore_purge, t_a_restored_object_keeps_its_age,
+             t_gc_refuses_what_would_lose_data,
              t_a_link_out_of_a_project_stops_no_gc)
     for t in tests:
         env = Env(None)

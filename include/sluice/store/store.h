@@ -124,6 +124,10 @@ struct WriteOptions {
   // file://: the permission bits the object is created with (less the umask). Object
   // stores have no modes and ignore it.
   uint32_t mode = 0644;
+  // file://, mem://: the published object's modification time (a copy that keeps its
+  // source's, as gc's moves to and from the trash do, so retention still orders objects by
+  // when they were made). Object stores set their own and ignore it.
+  std::optional<int64_t> mtime_ns;
   // Called by commit once the object is published, with what the publish replaced, by
   // backends that know it exactly (file://, mem://), and while publishes of other writers
   // into the same folder wait (file://: an flock on the folder; mem://: the store's lock).

@@ -69,7 +69,9 @@ struct CopyOptions {
   // buffer costs its first touch (about 2 GiB/s).
   uint64_t max_buffer_bytes = uint64_t{256} << 20;
   bool overwrite = true;  // false: an existing destination fails with AlreadyExists
-  bool durable = true;    // see store::WriteOptions::durable
+  // The copy gets its source's modification time (where the destination can keep it).
+  bool keep_mtime = false;
+  bool durable = true;  // see store::WriteOptions::durable
   // Called about every `progress_interval` while copying, and once at the end.
   std::function<void(const CopyProgress&)> on_progress;
   std::chrono::milliseconds progress_interval{200};

@@ -2,6 +2,7 @@
 // cancellation, and untrusted listings.
 #include "sluice/xfer/copy.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -358,6 +359,26 @@ TEST(PartSize, ChosenFromTheObjectSize) {
   EXPECT_EQ(part_size_for(100 * kMiB, 8), 13 * kMiB);
   EXPECT_EQ(part_size_for(1024 * kMiB), 32 * kMiB);
   EXPECT_EQ(part_size_for(uint64_t{1} << 40), 32 * kMiB);
+}
+
+// gc moves objects to the trash and back with keep_mtime: retention orders objects by
+// their modification time, so a restored object must not come back as the newest.
+TEST(Copy, KeepMtimeGivesTheCopyItsSourcesTime) {
+  TempDir dir;
+  auto file = store::make_posix_store(dir.path());
+  auto mem = store::make_memory_store("keep-mtime");
+  ASSERT_TRUE(file->put("old", as_bytes("old bytes")));
+  const int64_t old_ns = int64_t{1'600'000'000} * 1'000'000'000 + 123'000;
+  const timespec times[2] = {{0, UTIME_OMIT}, {1'600'000'000, 123'000}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, dir.file("old").c_str(), times, 0), 0);
+  CopyOptions keep;
+  keep.keep_mtime = true;
+  ASSERT_TRUE(copy(*file, "old", *file, "copy", keep));
+  EXPECT_EQ(file->stat("copy").value().mtime_ns, old_ns);
+  ASSERT_TRUE(copy(*file, "old", *mem, "copy", keep));
+  EXPECT_EQ(mem->stat("copy").value().mtime_ns, old_ns);
+  ASSERT_TRUE(copy(*file, "old", *file, "fresh", CopyOptions{}));  // by default: now
+  EXPECT_GT(file->stat("fresh").value().mtime_ns, old_ns);
 }
 
 }  // namespace

@@ -181,7 +181,13 @@ int run_cp_command(CpArgs& a) {
   catch_stop_signals();
   auto sum = client::copy(client::Session(std::move(*options)), a.cp);
   if (progress) std::fputc('\n', stderr);
-  if (!sum) return report_error(sum.error());
+  if (!sum) {
+    // The library says what to do ("copy it recursively"); the command names its flag.
+    const Error& e = sum.error();
+    if (!a.cp.recursive && e.message().ends_with("copy it recursively"))
+      return report_error(Error(e.code(), e.message() + " (--recursive)"));
+    return report_error(e);
+  }
   for (const client::CopyFailure& f : sum->failures)
     std::fprintf(stderr, "sluice: cp %s: %s\n", printable(f.source).c_str(),
                  f.error.to_string().c_str());

@@ -1,5 +1,7 @@
 #include "cache_flags.h"
 
+#include "common.h"
+
 #include <cstdio>
 
 #include "sluice/core/sizes.h"
@@ -32,17 +34,10 @@ void add_cache_flags(CLI::App* cmd, CacheFlags& f, bool client) {
 Result<cache::CacheOptions> cache_options(const CacheFlags& f, const std::string& home) {
   cache::CacheOptions o;
   o.directory = f.dir.empty() ? home + "/cache" : f.dir;
-  auto size = [](const char* flag, const std::string& text) -> Result<uint64_t> {
-    auto v = parse_size(text);
-    if (!v)
-      return fail(Code::kInvalidArgument,
-                  std::string(flag) + " '" + text + "': " + v.error().message());
-    return v;
-  };
-  SLUICE_ASSIGN_OR_RETURN(o.ram_bytes, size("--cache-ram", f.ram));
-  SLUICE_ASSIGN_OR_RETURN(o.disk_bytes, size("--cache-size", f.disk));
+  SLUICE_ASSIGN_OR_RETURN(o.ram_bytes, size_flag("--cache-ram", f.ram));
+  SLUICE_ASSIGN_OR_RETURN(o.disk_bytes, size_flag("--cache-size", f.disk));
   if (!f.chunk.empty()) {
-    SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size("--chunk-size", f.chunk));
+    SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size_flag("--chunk-size", f.chunk));
   }
   SLUICE_ASSIGN_OR_RETURN(o.policy, cache::parse_policy(f.policy));
   o.revalidate_after = std::chrono::milliseconds(f.revalidate_ms);

@@ -65,16 +65,6 @@ struct CkptArgs {
   const std::atomic<bool>* cancel = nullptr;  // set by Ctrl-C (save, restore, sync)
 };
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
-  auto v = parse_size(text);
-  if (!v) return fail(Code::kInvalidArgument, flag + " '" + text + "': " + v.error().message());
-  return *v;
-}
-
 // The checkpointer the flags name. `writes`: the command writes new copies (save, sync), so
 // a missing local tier is created; the others refuse it, so a mistyped path is an error,
 // not an empty tier. `charge`: saves are charged to the project owning each tier.

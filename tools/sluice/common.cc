@@ -13,6 +13,16 @@ int report_error(const Error& e) {
   return e.code() == Code::kInvalidArgument ? 2 : 1;
 }
 
+Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
+  auto v = parse_size(text);
+  if (!v) return fail(Code::kInvalidArgument, flag + " '" + text + "': " + v.error().message());
+  return *v;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void LayOutProgress::operator()(uint64_t done, uint64_t total) {
   const int pct = total == 0 ? 100 : static_cast<int>(done * 100 / total);
   if (pct / 10 != last_pct_ / 10) {

@@ -1,6 +1,7 @@
 // What every sluice command shares: how an error is reported, times, progress lines.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -11,6 +12,10 @@ namespace sluice::cli {
 
 // Prints "sluice: error: ..." to stderr; returns the exit code (2 for a usage error).
 int report_error(const Error& e);
+// A flag's size ("4M"), or InvalidArgument naming the flag and the text.
+Result<uint64_t> size_flag(const std::string& flag, const std::string& text);
+// Seconds since `t0` on the steady clock.
+double seconds_since(std::chrono::steady_clock::time_point t0);
 // "1 object", "3 objects": a count with its noun, singular or plural.
 inline std::string count_of(uint64_t n, const std::string& noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");

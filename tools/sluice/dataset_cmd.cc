@@ -63,10 +63,6 @@ struct DatasetArgs {
   telemetry::Registry* registry = nullptr;  // where the stores opened for it record
 };
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 bool cancelled(const DatasetArgs& a) {
   return a.cancel && a.cancel->load();
 }

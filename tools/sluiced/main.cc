@@ -48,6 +48,18 @@ Result<Json> apply_config(Args& a, const CLI::App& app) {
                                [&](const char* flag) { return app.count(flag) > 0; });
 }
 
+// SIGTERM and SIGINT are taken by one thread (sigwait), so no handler runs inside the
+// server's threads; every thread started after this inherits the mask.
+sigset_t block_stop_signals() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return stop_signals;
+}
+
 int run(Args& a, const CLI::App& app) {
   auto teams_json = apply_config(a, app);
   if (!teams_json) return cli::report_error(teams_json.error());
@@ -91,14 +103,7 @@ int run(Args& a, const CLI::App& app) {
   const bool has_peers = o.peer.membership != nullptr;
   const size_t members = has_peers ? o.peer.membership->members().size() : 0;
 
-  // SIGTERM and SIGINT are taken by one thread (sigwait), so no handler runs inside the
-  // server's threads; every thread started below inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals = block_stop_signals();
 
   const std::string dir = o.cache.directory, socket = o.socket_path, s3 = o.s3_endpoint;
   const std::string ledger_where = o.ledger ? o.ledger->describe() : "";

@@ -199,19 +199,21 @@ Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
   return n;
 }
 
+template <class Match>
+uint64_t TieredCache::Impl::drop(const Match& match) {
+  uint64_t n = ram->drop_if(match);
+  if (disk) n += drop_queued(match) + disk->drop_if(match);
+  return n;
+}
+
 Result<uint64_t> TieredCache::evict(std::string_view prefix) {
-  auto match = key_under(impl_->store_id, std::string(prefix));
-  uint64_t n = impl_->ram->drop_if(match);
-  if (impl_->disk) n += impl_->drop_queued(match) + impl_->disk->drop_if(match);
+  uint64_t n = impl_->drop(key_under(impl_->store_id, std::string(prefix)));
   impl_->m.commanded.add(n);
   return n;
 }
 
 uint64_t TieredCache::drop_other_stores() {
-  auto foreign = [id = impl_->store_id](const ChunkKey& k) { return k.store != id; };
-  uint64_t n = impl_->ram->drop_if(foreign);
-  if (impl_->disk) n += impl_->disk->drop_if(foreign);
-  return n;
+  return impl_->drop([id = impl_->store_id](const ChunkKey& k) { return k.store != id; });
 }
 
 Result<VerifyReport> TieredCache::verify() {

@@ -242,6 +242,9 @@ struct TieredCache::Impl {
   // Evict and warm (maintenance.cc).
   template <class Match>
   uint64_t drop_queued(const Match& match);
+  // Drops every matching chunk: RAM, queued NVMe writes, NVMe. Returns how many entries went.
+  template <class Match>
+  uint64_t drop(const Match& match);
   Result<TieredCache::Warmed> warm_version(const store::ObjectInfo& info, uint64_t offset,
                                            uint64_t length);
 };

@@ -37,10 +37,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 std::string objects_dir(const DemoOptions& o) {
   return o.dir + "/objects";
 }
@@ -88,7 +84,7 @@ Result<double> generate(const DemoOptions& o) {
     SLUICE_RETURN_IF_ERROR(packer.add(key, files));
   }
   SLUICE_RETURN_IF_ERROR(packer.finish());
-  return since(t0);
+  return seconds_since(t0);
 }
 
 // ---- the child: one run of the job ------------------------------------------------------
@@ -127,7 +123,7 @@ json epoch_event(const EpochMeter& m, const stream::LoaderStats& ls, const cache
       {"epoch", m.epoch},
       {"samples", m.samples},
       {"bytes", m.bytes},
-      {"seconds", since(m.start)},
+      {"seconds", seconds_since(m.start)},
       {"stall_s", ls.stall_seconds - m.stall0 + (m.first_of_run ? ls.first_batch_seconds : 0)},
       {"ram_hit_bytes", cs.ram.hit_bytes - m.cache0.ram.hit_bytes},
       {"nvme_hit_bytes", cs.disk.hit_bytes - m.cache0.disk.hit_bytes},
@@ -168,8 +164,9 @@ class TrainingRun {
     auto t_open = Clock::now();
     SLUICE_ASSIGN_OR_RETURN(ds_, stream::Dataset::open(std::move(cache_store), kPrefix,
                                                        {.catalog_dir = o_.dir + "/catalogs"}));
-    log_.write(
-        {{"event", "open"}, {"seconds", since(t_open)}, {"from_catalog", ds_->from_catalog()}});
+    log_.write({{"event", "open"},
+                {"seconds", seconds_since(t_open)},
+                {"from_catalog", ds_->from_catalog()}});
     SLUICE_ASSIGN_OR_RETURN(cp_, open_checkpointer(o_));
     if (resume) SLUICE_RETURN_IF_ERROR(restore());
     cache0_ = cache_->stats();
@@ -194,7 +191,7 @@ class TrainingRun {
       if (step_ % o_.ckpt_every == 0) {
         auto t_wait = Clock::now();
         SLUICE_RETURN_IF_ERROR(check_pending(true));  // one save in flight at a time
-        SLUICE_RETURN_IF_ERROR(save_now(since(t_wait)));
+        SLUICE_RETURN_IF_ERROR(save_now(seconds_since(t_wait)));
       } else {
         SLUICE_RETURN_IF_ERROR(check_pending(false));
       }
@@ -286,7 +283,7 @@ class TrainingRun {
                 {"step", pending_step_},
                 {"stall_s", pending_stall_},
                 {"waited_s", pending_waited_},
-                {"persist_s", since(pending_start_)},
+                {"persist_s", seconds_since(pending_start_)},
                 {"tiers", tiers},
                 {"ok", bool(st)}});
     pending_.reset();
@@ -310,7 +307,7 @@ class TrainingRun {
     SLUICE_ASSIGN_OR_RETURN(pending_, cp_->save(step_, views));
     pending_step_ = step_;
     pending_start_ = t0;
-    pending_stall_ = since(t0);
+    pending_stall_ = seconds_since(t0);
     pending_waited_ = waited;
     return ok();
   }
@@ -584,7 +581,7 @@ int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
   }
   const bool once = exactly_once(o, restored);
   std::printf("sluice demo: %s in %.1f s (the data-path comparison is `sluice demo --bench`)\n",
-              once ? "done" : "FAILED", since(t0));
+              once ? "done" : "FAILED", seconds_since(t0));
   return once ? 0 : 1;
 }
 

@@ -163,14 +163,22 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
 Result<std::shared_ptr<const Chunk>> TieredCache::Impl::resident(const store::ObjectInfo& info,
                                                                  const ChunkKey& key,
                                                                  uint64_t length) {
+  // Served from here: a hit, counted as from_tiers counts one.
   std::shared_ptr<const Chunk> c = ram->find(key);
-  if (c || !disk) return c;
-  if ((c = queued(key))) return c;
+  if (!c && disk) c = queued(key);
+  if (c) {
+    m.ram_hits.add();
+    m.ram_hit_bytes.add(length);
+    return c;
+  }
+  if (!disk) return c;
   std::optional<DiskTier::Entry> e = disk->find(key);
   if (!e || e->length != length) return c;
   SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Chunk> read, new_chunk(key, length, info));
   if (!disk->read(*e, std::span<std::byte>(read->buf.data(), length))) return c;
   read->xxh3 = e->xxh3;
+  m.disk_hits.add();
+  m.disk_hit_bytes.add(length);
   return std::shared_ptr<const Chunk>(std::move(read));
 }
 

@@ -306,8 +306,11 @@ Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uin
   x.path = impl_->disk->path_of(e->file_id);
   x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!x.fd.valid()) return std::optional<ChunkExtent>();  // evicted just now
-  // The caller reads it from there: a prefetched chunk is used (and frees its budget).
+  // The caller reads it from there: a hit of the NVMe tier, and a prefetched chunk is used
+  // (and frees its budget).
   impl_->settle_prefetch(chunk, true);
+  impl_->m.disk_hits.add();
+  impl_->m.disk_hit_bytes.add(e->length);
   x.file_offset = DiskTier::offset_of(e->file_id);
   x.length = e->length;
   x.object_offset = index * impl_->options.chunk_size;

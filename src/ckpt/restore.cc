@@ -80,7 +80,14 @@ Result<Manifest> CheckpointerImpl::manifest(uint64_t step) {
     if (m) return m;
     if (!first || first->code() == Code::kNotFound) first = m.error();
   }
-  return std::unexpected(first.value_or(Error(Code::kNotFound, "no tiers")));
+  if (!first || first->code() == Code::kNotFound) {
+    std::string where;
+    for (const auto& t : o_.tiers) where += (where.empty() ? "" : ", ") + t.name;
+    return fail(Code::kNotFound, "no step " + std::to_string(step) + " of series " + o_.series +
+                                     " on " + (where.empty() ? "any tier" : where) +
+                                     " (sluice ckpt ls lists the steps)");
+  }
+  return std::unexpected(*first);
 }
 
 Result<std::vector<StepInfo>> CheckpointerImpl::list() {
@@ -263,7 +270,8 @@ Result<size_t> CheckpointerImpl::read_chunk(uint64_t step, const ShardRecord& sh
                                      std::to_string(shard.rank) + ") is intact on no tier: " + why);
 }
 
-Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, int tier) {
+Result<VerifyReport> CheckpointerImpl::verify_counting(
+    uint64_t step, int tier, const std::function<void(uint64_t)>& checked) {
   if (tier >= static_cast<int>(o_.tiers.size()))
     return fail(Code::kInvalidArgument, "no tier " + std::to_string(tier));
   VerifyReport report;
@@ -317,6 +325,7 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, int tier) {
           read_chunk(step, *it.shard, *it.tensor, it.chunk, only, {buf.data(), n}, files, why);
       std::lock_guard lk(mu);
       ++report.chunks;
+      if (checked) checked(n);
       if (!served) {
         ++report.bad_chunks;
         report.problems.push_back(why);

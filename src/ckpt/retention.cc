@@ -153,18 +153,22 @@ Result<GcReport> CheckpointerImpl::gc() {
   return report;
 }
 
-Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only,
-                                          std::span<const size_t> fill) {
-  for (size_t t : fill)
+Result<SyncReport> CheckpointerImpl::sync(const SyncOptions& so) {
+  for (size_t t : so.fill)
     if (t >= o_.tiers.size())
       return fail(Code::kInvalidArgument, "sync: no tier " + std::to_string(t) + " to fill");
   auto wanted = [&](size_t t) {
-    return fill.empty() || std::find(fill.begin(), fill.end(), t) != fill.end();
+    return so.fill.empty() || std::find(so.fill.begin(), so.fill.end(), t) != so.fill.end();
   };
+  auto cancelled = [&] { return so.cancel && so.cancel->load(); };
   SyncReport report;
   SLUICE_ASSIGN_OR_RETURN(auto steps, list());
   for (const StepInfo& info : steps) {
-    if (only && info.step != *only) continue;
+    if (so.step && info.step != *so.step) continue;
+    if (cancelled()) {
+      report.cancelled = true;
+      break;
+    }
     const uint64_t step = info.step;
     auto note = [&](const std::string& why) {
       report.problems.push_back("step " + std::to_string(step) + ": " + why);
@@ -173,69 +177,82 @@ Result<SyncReport> CheckpointerImpl::sync(std::optional<uint64_t> only,
     std::optional<size_t> src;
     std::optional<Manifest> m;
     std::vector<size_t> missing;
+    std::vector<std::pair<size_t, Manifest>> held;
     for (size_t i = 0; i < o_.tiers.size(); ++i) {
       auto got = manifest_on(i, step);
-      if (!got) {
-        if (got.error().code() == Code::kNotFound) {
-          if (wanted(i)) missing.push_back(i);
-        } else
-          note("tier " + o_.tiers[i].name + ": " + got.error().message());
-        continue;
-      }
-      if (src) continue;
-      auto v = verify(step, static_cast<int>(i));
-      if (v && v->bad_chunks == 0 && v->problems.empty()) {
-        src = i;
-        m = std::move(*got);
-      } else {
-        note("the copy on tier " + o_.tiers[i].name + " does not verify");
-      }
+      if (got)
+        held.emplace_back(i, std::move(*got));
+      else if (got.error().code() != Code::kNotFound)
+        note("tier " + o_.tiers[i].name + ": " + got.error().message());
+      else if (wanted(i))
+        missing.push_back(i);
     }
     if (missing.empty()) continue;
+    for (auto& [i, manifest] : held) {
+      const uint64_t total = manifest.bytes();
+      uint64_t done = 0;
+      auto checked = [&](uint64_t n) {
+        done += n;
+        if (so.on_progress) so.on_progress(step, "verifying", o_.tiers[i].name, done, total);
+      };
+      auto v = verify_counting(step, static_cast<int>(i), checked);
+      if (v && v->bad_chunks == 0 && v->problems.empty()) {
+        src = i;
+        m = std::move(manifest);
+        break;
+      }
+      note("the copy on tier " + o_.tiers[i].name + " does not verify");
+    }
     if (!src) {
       note("no intact copy to copy from");
       continue;
     }
     for (size_t t : missing) {
-      const Tier& dst = o_.tiers[t];
-      Manifest out = *m;
-      out.created_ns = now_ns();
-      uint64_t bytes = 0;
-      Status st = ok();
-      for (auto& shard : out.shards) {
-        const std::string key = shard_key(o_.series, step, shard.rank, shard.save_id);
-        auto copied = xfer::copy(*o_.tiers[*src].store, key, *dst.store, key);
-        if (!copied) {
-          st = std::unexpected(copied.error());
-          break;
-        }
-        auto stat = dst.store->stat(key);
-        if (!stat) {
-          st = std::unexpected(stat.error());
-          break;
-        }
-        shard.etag = stat->etag;
-        shard.created_ns = now_ns();
-        bytes += shard.bytes;
-        const std::string text = encode_record(shard);
-        st =
-            dst.store->put(record_key(o_.series, step, shard.rank), std::as_bytes(std::span(text)));
-        if (!st) break;
+      if (cancelled()) {
+        report.cancelled = true;
+        break;
       }
-      if (st) {
-        store::WriteOptions wo;
-        wo.overwrite = false;
-        const std::string text = encode_manifest(out);
-        st = dst.store->put(manifest_key(o_.series, step), std::as_bytes(std::span(text)), wo);
-      }
-      if (!st) {
-        note("copying to tier " + dst.name + ": " + st.error().message());
-        continue;
-      }
-      report.copied.push_back({step, dst.name, bytes});
+      auto bytes = copy_step(step, *m, *src, t, so);
+      if (!bytes)
+        note("copying to tier " + o_.tiers[t].name + ": " + bytes.error().message());
+      else
+        report.copied.push_back({step, o_.tiers[t].name, *bytes});
     }
   }
   return report;
+}
+
+Result<uint64_t> CheckpointerImpl::copy_step(uint64_t step, const Manifest& m, size_t src, size_t t,
+                                             const SyncOptions& so) {
+  const Tier& dst = o_.tiers[t];
+  Manifest out = m;
+  out.created_ns = now_ns();
+  uint64_t total = 0;
+  for (const auto& shard : out.shards) total += shard.bytes;
+  uint64_t bytes = 0;
+  xfer::CopyOptions co;
+  co.cancel = so.cancel;
+  if (so.on_progress)
+    co.on_progress = [&](const xfer::CopyProgress& p) {
+      so.on_progress(step, "copying", dst.name, bytes + p.bytes_done, total);
+    };
+  for (auto& shard : out.shards) {
+    const std::string key = shard_key(o_.series, step, shard.rank, shard.save_id);
+    SLUICE_RETURN_IF_ERROR(xfer::copy(*o_.tiers[src].store, key, *dst.store, key, co));
+    SLUICE_ASSIGN_OR_RETURN(auto stat, dst.store->stat(key));
+    shard.etag = stat.etag;
+    shard.created_ns = now_ns();
+    bytes += shard.bytes;
+    const std::string text = encode_record(shard);
+    SLUICE_RETURN_IF_ERROR(
+        dst.store->put(record_key(o_.series, step, shard.rank), std::as_bytes(std::span(text))));
+  }
+  store::WriteOptions wo;
+  wo.overwrite = false;
+  const std::string text = encode_manifest(out);
+  SLUICE_RETURN_IF_ERROR(
+      dst.store->put(manifest_key(o_.series, step), std::as_bytes(std::span(text)), wo));
+  return bytes;
 }
 
 }  // namespace sluice::ckpt

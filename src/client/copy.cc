@@ -140,6 +140,10 @@ Result<CopySummary> copy(const Session& session, const CopyRequest& o) {
   } else {
     SLUICE_ASSIGN_OR_RETURN(src, source_object(from));
     dst = destination_object(to, fs::path(src.key).filename().string());
+    // A destination no store can hold ("a//b", "..") is the caller's mistake, said before
+    // anything is opened, not a failed object in the report.
+    if (Status k = store::validate_key(dst.key); !k)
+      return std::unexpected(k.error().with_context("'" + o.dst + "'"));
   }
   SLUICE_RETURN_IF_ERROR(refuse_overlap(src, dst, o.recursive));
   const bool cached = o.cache || from.cached;

@@ -678,7 +678,9 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
                "): device memory goes through bounce buffers.");
     }
   } else {
-    st->note("Compat mode on: device memory goes through bounce buffers.");
+    st->note(
+        "Compat mode on: reads into device memory go through bounce buffers (host memory "
+        "is read into directly).");
   }
   return FileHandle(std::move(ctx), std::move(st));
 }

@@ -124,12 +124,20 @@ Result<GcPlan> plan_at(Ledger& l, const GcOptions& o, int64_t now) {
       std::none_of(projects.begin(), projects.end(), [&](auto& p) { return p.id == o.project; }))
     return fail(Code::kNotFound, "unknown project '" + o.project + "'");
   GcPlan out;
+  std::vector<const Project*> planned_projects;
   for (const Project& p : projects) {
     if (!o.project.empty() && p.id != o.project) continue;
+    if (std::any_of(rules.begin(), rules.end(), [&](auto& r) { return r.project == p.id; }))
+      planned_projects.push_back(&p);
+  }
+  GcProgress at{.phase = "planning", .total = planned_projects.size()};
+  for (const Project* pp : planned_projects) {
+    const Project& p = *pp;
+    if (o.on_progress) o.on_progress(at);
+    ++at.done;
     std::vector<RetentionRule> mine;
     for (auto& r : rules)
       if (r.project == p.id) mine.push_back(r);
-    if (mine.empty()) continue;
     std::vector<std::string> pinned;
     for (auto& [proj, prefix] : pins)
       if (proj == p.id) pinned.push_back(prefix);
@@ -231,9 +239,13 @@ Status trash_unit(Ledger& ledger, store::Store& st, const GcUnit& x, Kind kind,
 // uncharged as what it was charged as.
 Status purge(Ledger& ledger, ProjectStores& stores, const GcOptions& o, GcRunReport& report) {
   SLUICE_ASSIGN_OR_RETURN(auto trash, ledger.trash());
+  std::erase_if(trash, [&](const TrashEntry& e) {
+    return e.purge_after_ns > ledger.now_ns() || (!o.project.empty() && e.project != o.project);
+  });
+  GcProgress at{.phase = "purging", .total = trash.size()};
   for (const TrashEntry& e : trash) {
-    if (e.purge_after_ns > ledger.now_ns()) continue;
-    if (!o.project.empty() && e.project != o.project) continue;
+    if (o.on_progress) o.on_progress(at);
+    ++at.done;
     auto st = stores.get(e.project);
     if (!st) {
       report.errors.push_back(st.error().to_string());
@@ -282,8 +294,13 @@ Result<GcRunReport> run_gc(Ledger& ledger, const GcOptions& o,
   SLUICE_ASSIGN_OR_RETURN(auto projects, ledger.projects());
   ProjectStores stores(std::move(projects), o.stores);
   report.run = new_run_id(now);
+  GcProgress at{.phase = "trashing"};
+  for (const GcUnit& x : plan.units)
+    if (x.decision.remove) at.total += x.unit.bytes;
   for (const GcUnit& x : plan.units) {
     if (!x.decision.remove) continue;
+    if (o.on_progress) o.on_progress(at);
+    at.done += x.unit.bytes;
     auto st = stores.get(x.project);
     if (!st) {
       report.errors.push_back(st.error().to_string());

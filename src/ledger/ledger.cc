@@ -178,8 +178,12 @@ std::string human(int64_t bytes) {
   if (u == 0)
     std::snprintf(buf, sizeof buf, "%" PRId64 " B", bytes);
   else
-    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);  // as format_size writes sizes
   return buf;
+}
+
+std::string objects_text(int64_t n) {
+  return std::to_string(n) + (n == 1 ? " object" : " objects");
 }
 
 std::string quote(std::string_view s) {
@@ -655,18 +659,18 @@ Error Ledger::quota_error(const ChargeTarget& t, int64_t bytes, int64_t objects)
     bool grace_over =
         a.over_soft_since_ns && now_ns() - *a.over_soft_since_ns >= l.grace.count() * 1'000'000'000;
     std::string usage_text = "; used " + human(a.used_bytes) + " in " +
-                             std::to_string(a.used_objects) + " objects, reserved " +
-                             human(a.reserved_bytes) + " in " + std::to_string(a.reserved_objects) +
-                             ", asked " + human(bytes) + " in " + std::to_string(objects);
+                             objects_text(a.used_objects) + ", reserved " +
+                             human(a.reserved_bytes) + " in " + objects_text(a.reserved_objects) +
+                             ", asked " + human(bytes) + " in " + objects_text(objects);
     std::string limit;
     if (l.hard_bytes && nb > *l.hard_bytes)
       limit = "hard limit " + human(*l.hard_bytes);
     else if (l.hard_objects && no > *l.hard_objects)
-      limit = "hard limit " + std::to_string(*l.hard_objects) + " objects";
+      limit = "hard limit " + objects_text(*l.hard_objects);
     else if (grace_over && l.soft_bytes && nb > *l.soft_bytes)
       limit = "soft limit " + human(*l.soft_bytes) + " (grace period over)";
     else if (grace_over && l.soft_objects && no > *l.soft_objects)
-      limit = "soft limit " + std::to_string(*l.soft_objects) + " objects (grace period over)";
+      limit = "soft limit " + objects_text(*l.soft_objects) + " (grace period over)";
     else
       limit = "limit (usage changed meanwhile)";
     return Error(Code::kQuotaExceeded, "quota exceeded for " + where + ": " + limit + usage_text);

@@ -7,7 +7,9 @@ namespace sluice::ledger {
 
 namespace {
 
-Result<std::pair<int64_t, int64_t>> count(const Project& p, const store::StoreOptions& options) {
+// Lists a project's location, page by page, telling `on_page` the running totals.
+Result<std::pair<int64_t, int64_t>> count(const Project& p, const store::StoreOptions& options,
+                                          const std::function<void(int64_t, int64_t)>& on_page) {
   SLUICE_ASSIGN_OR_RETURN(auto st, open_location(p, options));
   int64_t bytes = 0, objects = 0;
   store::ListOptions lo;
@@ -18,6 +20,7 @@ Result<std::pair<int64_t, int64_t>> count(const Project& p, const store::StoreOp
       bytes += static_cast<int64_t>(obj.size);
       ++objects;
     }
+    on_page(objects, bytes);
     if (page.next_token.empty()) break;
     lo.continuation = page.next_token;
   }
@@ -42,12 +45,21 @@ Result<std::unique_ptr<store::Store>> open_location(const Project& p,
   return st;
 }
 
-Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,
-                                  bool dry_run) {
+Result<ReconcileReport> reconcile(
+    Ledger& ledger, const store::StoreOptions& store_options, bool dry_run,
+    const std::function<void(const ReconcileProgress&)>& on_progress) {
   ReconcileReport report;
   SLUICE_ASSIGN_OR_RETURN(auto projects, ledger.projects());
   SLUICE_ASSIGN_OR_RETURN(auto usage, ledger.usage());
   for (const Project& p : projects) {
+    ReconcileProgress at{
+        .project = p.id, .index = report.projects.size() + 1, .projects = projects.size()};
+    auto tell = [&](int64_t objects, int64_t bytes) {
+      at.objects = objects;
+      at.bytes = bytes;
+      if (on_progress) on_progress(at);
+    };
+    tell(0, 0);
     ReconcileEntry e{.project = p.id, .team = p.team, .location = p.location, .tier = p.tier};
     std::map<Kind, std::pair<int64_t, int64_t>> by_kind;  // this project, its own tier
     for (const Usage& u : usage) {
@@ -58,7 +70,7 @@ Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& sto
       e.ledger_bytes += u.bytes;
       e.ledger_objects += u.objects;
     }
-    auto found = count(p, store_options);
+    auto found = count(p, store_options, tell);
     if (!found) {
       e.error = found.error();
       report.projects.push_back(std::move(e));

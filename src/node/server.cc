@@ -993,6 +993,7 @@ struct NodeServer::Impl {
                      {"address", p.address},
                      {"self", p.self},
                      {"up", p.up},
+                     {"state", p.state()},
                      {"fetched_chunks", p.fetched_chunks},
                      {"fetched_bytes", p.fetched_bytes},
                      {"errors", p.errors},

@@ -76,7 +76,7 @@ Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptio
   if (!factory) {
     std::string known;
     for (auto& s : registered_schemes()) known += (known.empty() ? "" : ", ") + s + "://";
-    return fail(Code::kUnsupported,
+    return fail(Code::kInvalidArgument,
                 "unsupported store URI '" + std::string(uri) + "': known schemes are " + known);
   }
   SLUICE_ASSIGN_OR_RETURN(auto store, factory(uri, options));

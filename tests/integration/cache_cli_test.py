@@ -67,13 +67,21 @@ def test_cat_and_ranges_through_the_cache():
     fresh_cache()
     d, objs = local_data()
     big = objs[f"{d}/big.bin"]
-    assert run("cat", "--cache", f"{d}/big.bin").stdout == big
+    p = run("cat", "--cache", f"{d}/big.bin")
+    assert p.stdout == big
+    assert b"note" not in p.stderr, p.stderr  # no daemon on the node: the default, not news
     assert run("cat", f"cache+file://{d}/big.bin").stdout == big  # now from the cache
     for rng, want in (("0-0", big[:1]), ("4194303-4194305", big[4194303:4194306]),
                       (f"{len(big) - 5}-", big[-5:]), ("-7", big[-7:]), ("0-100000000", big),
                       ("100-", big[100:]), ("5000-8000000", big[5000:8000001])):
         got = run("cat", "--cache", f"{d}/big.bin", "--range", rng).stdout
         assert got == want, rng
+    # A range that starts past the end is refused, as HTTP's 416; a prefix is not an object.
+    for rng in (f"{len(big)}-", f"{len(big) + 10}-{len(big) + 20}"):
+        p = run("cat", "--cache", f"{d}/big.bin", "--range", rng, check=False)
+        assert p.returncode == 2 and b"past the end" in p.stderr, (rng, p.stderr)
+    p = run("cat", f"{d}/", check=False)
+    assert p.returncode == 2 and b"names a prefix" in p.stderr, p.stderr
     s = js("cache", "stat")
     assert s["nvme"]["chunks"] == 3, s  # 9 MiB in 4 MiB chunks
     assert s["stores"][0]["store"] == "file:///", s

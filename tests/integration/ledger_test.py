@@ -118,7 +118,7 @@ def t_cp_is_charged_and_refused_at_the_limit(env):
     # Over the limit: refused before writing, with the team, tier, limit and usage named;
     # nothing left at the destination.
     r = env.run("cp", env.file("c", 6 * MiB), os.path.join(data, "c"), check=False)
-    expect_fail(r, "quota_exceeded", "team 'nlp'", "tier nvme", "hard limit 10.0 MiB", "used 7.0 MiB")
+    expect_fail(r, "quota_exceeded", "team 'nlp'", "tier nvme", "hard limit 10.00 MiB", "used 7.00 MiB")
     assert sorted(os.listdir(data)) == ["a", "b"], os.listdir(data)
     # An overwrite charges the difference; outside every project nothing is charged.
     env.run("cp", env.file("a2", 1 * MiB), os.path.join(data, "a"))
@@ -463,6 +463,21 @@ def t_gc_plan_run_restore_purge(env):
     expect_fail(env.run("gc", "rule", "set", "ghost", "--keep-last", "1", check=False), "not_found", "ghost")
     expect_fail(env.run("gc", "rule", "set", "gc-p", "--keep-last", "-1", check=False), "invalid_argument")
     expect_fail(env.run("gc", "rule", "set", "gc-p", "--max-age", "soon", check=False), "invalid_argument")
+    # A bare number is not a policy's duration: 30 meant as days would be 30 seconds.
+    expect_fail(env.run("gc", "rule", "set", "gc-p", "--max-age", "30", check=False), "invalid_argument",
+                "give the unit")
+    expect_fail(env.run("quota", "set", "gc", "--tier", "nvme", "--grace", "7", check=False),
+                "invalid_argument", "give the unit")
+    expect_fail(env.run("gc", "rule", "set", "gc-p", check=False), "invalid_argument", "gc rule rm")
+    # set changes the fields given and keeps the others; rm removes the rule.
+    env.run("gc", "rule", "set", "gc-p", "--series", "t", "--keep-last", "3")
+    out = env.run("gc", "rule", "set", "gc-p", "--series", "t", "--max-age", "30d").stdout
+    assert "--keep-last 3 --max-age 30d" in out, out
+    rules = json.loads(env.run("gc", "rule", "ls", "--json").stdout)["rules"]
+    assert [(r["keep_last"], r["max_age_s"]) for r in rules if r["series"] == "t"] \
+        == [(3, 30 * 86400)], rules
+    assert "removed" in env.run("gc", "rule", "rm", "gc-p", "--series", "t").stdout
+    expect_fail(env.run("gc", "rule", "rm", "gc-p", "--series", "t", check=False), "not_found", "rule ls")
     plan = json.loads(env.run("gc", "plan", "--json").stdout)
     gone = sorted(u["step"] for u in plan["units"] if u["remove"])
     assert gone == [3000], plan
@@ -505,7 +520,8 @@ def t_gc_plan_run_restore_purge(env):
     plan = json.loads(env.run("gc", "plan", "--json").stdout)
     assert not [u for u in plan["units"] if u["remove"] and u["unit"].startswith("other/")], plan
     # Whatever the rule, the newest checkpoint stays.
-    env.run("gc", "rule", "set", "gc-p", "--series", "s", "--max-age", "0s")
+    env.run("gc", "rule", "set", "gc-p", "--series", "s", "--keep-last", "none", "--keep-every", "none",
+            "--max-age", "0s")
     env.run("gc", "unpin", "gc-p", "s/step-000000001000/")
     env.run("gc", "run", "--delay", "0")
     assert steps() == [6000], steps()

@@ -199,6 +199,9 @@ def test_fan_out_fetches_each_byte_once(s3, digest):
         js = json.loads(sluice("cache", "peers", "--daemon", job.sock(0), "--json").stdout)
         assert [p["name"] for p in js["peers"]] == ["n0", "n1", "n2", "n3"], js
         assert sum(p["self"] for p in js["peers"]) == 1, js
+        # One state per peer, as the table shows it: self, up, down or untried.
+        assert sorted(p["state"] for p in js["peers"])[-1] == "up" and \
+            {p["state"] for p in js["peers"]} <= {"self", "up", "untried"}, js
         # Prometheus text on the HTTP port.
         status, body, headers = get(job.ports[1], "/metrics")
         text = body.decode()

@@ -139,11 +139,7 @@ int cmd_peers(const CacheArgs& a) {
               "FETCHED", "ERRORS", "LAST ERROR");
   for (const nlohmann::json& p : j["peers"]) {
     auto num = [&](const char* k) { return p.value(k, 0.0); };
-    // Up means "not marked down": a peer never asked yet is untried, not known to be up.
-    std::string state = p.value("self", false)                             ? "self"
-                        : !p.value("up", false)                            ? "down"
-                        : num("fetched_chunks") == 0 && num("errors") == 0 ? "untried"
-                                                                           : "up";
+    const std::string state = p.value("state", "");
     std::printf("%-20s %-22s %-7s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
                 printable(p.value("address", "")).c_str(), state.c_str(), num("fetched_chunks"),
                 format_size(num("fetched_bytes")).c_str(), num("errors"),
@@ -283,7 +279,7 @@ int cmd_warm(const CacheArgs& a, const CancelHook& cancel) {
     std::fprintf(stderr, "sluice: cache warm: skipped '%s': %s\n", f.src_key.c_str(),
                  f.error.message().c_str());
   for (const xfer::CopyFailure& f : rep.failures)
-    std::fprintf(stderr, "sluice: cache warm %s: %s\n", f.src_key.c_str(),
+    std::fprintf(stderr, "sluice: error: cache warm %s: %s\n", f.src_key.c_str(),
                  f.error.to_string().c_str());
   if (a.json) {
     std::printf("%s\n", nlohmann::json({{"objects", rep.objects},
@@ -297,23 +293,27 @@ int cmd_warm(const CacheArgs& a, const CancelHook& cancel) {
                             .dump()
                             .c_str());
   } else {
-    std::printf("warmed %s, %s in %.2f s: %s fetched, %s already cached%s%s\n",
-                count_of(rep.objects, "object").c_str(),
-                format_size(static_cast<double>(rep.bytes)).c_str(), rep.seconds,
-                format_size(static_cast<double>(warmed->fetched)).c_str(),
-                format_size(static_cast<double>(warmed->already_cached())).c_str(),
-                rep.failures.empty()
-                    ? ""
-                    : (", " + std::to_string(rep.failures.size()) + " FAILED").c_str(),
-                rep.cancelled ? ", INTERRUPTED" : "");
+    std::printf(
+        "warmed %s, %s in %.2f s: %s fetched, %s already cached%s%s%s\n",
+        count_of(rep.objects, "object").c_str(),
+        format_size(static_cast<double>(rep.bytes)).c_str(), rep.seconds,
+        format_size(static_cast<double>(warmed->fetched)).c_str(),
+        format_size(static_cast<double>(warmed->already_cached())).c_str(),
+        warmed->not_kept == 0
+            ? ""
+            : (", " + format_size(static_cast<double>(warmed->not_kept)) + " NOT KEPT").c_str(),
+        rep.failures.empty() ? ""
+                             : (", " + std::to_string(rep.failures.size()) + " FAILED").c_str(),
+        rep.cancelled ? ", INTERRUPTED" : "");
   }
   // A warm that could not keep what it fetched did not do its job: said, and not exit 0.
   if (warmed->not_kept > 0)
-    std::fprintf(stderr,
-                 "sluice: cache warm: %s of it could not be kept (the object changed, or the cache "
-                 "is too small, its disk full, its chunks pinned, the team over quota); reads of "
-                 "it will fetch again\n",
-                 format_size(static_cast<double>(warmed->not_kept)).c_str());
+    std::fprintf(
+        stderr,
+        "sluice: error: cache warm: %s of it could not be kept (the object changed, or the cache "
+        "is too small, its disk full, its chunks pinned, the team over quota); reads of "
+        "it will fetch again\n",
+        format_size(static_cast<double>(warmed->not_kept)).c_str());
   if (rep.cancelled) return cancel.exit_code();
   return rep.failures.empty() && warmed->not_kept == 0 ? 0 : 1;
 }
@@ -334,6 +334,9 @@ Result<std::pair<uint64_t, std::optional<uint64_t>>> parse_range(const std::stri
   }
   auto from = parse_size(a);
   if (!from) return bad(from.error().message());
+  if (*from >= size)  // as HTTP's 416: a range that starts past the end is no range
+    return bad("starts at byte " + std::to_string(*from) + ", past the end of the object (" +
+               std::to_string(size) + " bytes)");
   if (b.empty()) return std::pair{*from, std::optional<uint64_t>()};
   auto to = parse_size(b);
   if (!to) return bad(to.error().message());
@@ -344,6 +347,11 @@ Result<std::pair<uint64_t, std::optional<uint64_t>>> parse_range(const std::stri
 int cmd_cat(const CacheArgs& a) {
   auto loc = parse_location(a.target);
   if (!loc) return report_error(loc.error());
+  if (a.target.ends_with('/'))
+    return report_error(
+        Error(Code::kInvalidArgument, "'" + a.target +
+                                          "' names a prefix, not an object: cat writes one object "
+                                          "(sluice cp --recursive copies a prefix)"));
   std::unique_ptr<store::Store> plain;
   store::Store* src = nullptr;
   std::string key;

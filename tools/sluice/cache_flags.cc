@@ -1,5 +1,7 @@
 #include "cache_flags.h"
 
+#include <sys/stat.h>
+
 #include "common.h"
 
 #include <cstdio>
@@ -56,8 +58,13 @@ Result<client::SessionOptions> session_options(const client::AwsSettings& aws,
   o.home = client::home_from_environment();
   SLUICE_ASSIGN_OR_RETURN(o.cache, cache_options(f, o.home));
   o.daemon_socket = f.daemon;
-  o.on_fallback = [](const std::string& why) {
-    std::fprintf(stderr, "sluice: note: %s\n", why.c_str());
+  // Said when a daemon was asked for (--daemon) or one left its socket (a daemon that died):
+  // with no daemon on the node, the embedded cache is the documented default, not news.
+  o.on_fallback = [asked = !f.daemon.empty(),
+                   socket = daemon_socket(f, o.home)](const std::string& why) {
+    struct stat st;
+    if (asked || ::lstat(socket.c_str(), &st) == 0)
+      std::fprintf(stderr, "sluice: note: %s\n", why.c_str());
   };
   if (with_s3) {
     SLUICE_ASSIGN_OR_RETURN(o.s3, client::s3_options_from_environment(aws));

@@ -130,9 +130,11 @@ Result<uint64_t> parse_step(const std::string& text, std::string_view what = " o
               "--step '" + text + "' is not a step number" + std::string(what));
 }
 
-Result<uint64_t> resolve_step(ckpt::Checkpointer& cp, const std::string& text) {
+// `or_all`: the command also takes "all" (verify, sync), so the error says so.
+Result<uint64_t> resolve_step(ckpt::Checkpointer& cp, const std::string& text,
+                              bool or_all = false) {
   if (text == "latest") return cp.latest();
-  return parse_step(text);
+  return parse_step(text, or_all ? ", 'latest' or 'all'" : " or 'latest'");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -238,6 +240,19 @@ int run_save(const CkptArgs& a) {
 // ---------------------------------------------------------------------------------------
 // ls, show
 
+// "Nothing to do" is not success when the tiers looked at hold no step of the series:
+// most likely the wrong tiers (the default one when --from was left out).
+Error nothing_on(ckpt::Checkpointer& cp, const CkptArgs& a, const char* verb) {
+  std::string where;
+  for (const auto& t : cp.options().tiers) where += (where.empty() ? "" : ", ") + t.name;
+  return Error(Code::kNotFound,
+               std::string("nothing to ") + verb + ": no committed step of series " + a.series +
+                   " on " + where +
+                   (a.tiers.empty() ? " (the default tier: pass the tiers it was saved to with "
+                                      "--from)"
+                                    : ""));
+}
+
 int run_ls(const CkptArgs& a) {
   if (a.series.empty()) {
     // Every series on the tiers: the first component of keys that look like a step's.
@@ -273,6 +288,10 @@ int run_ls(const CkptArgs& a) {
   auto steps = (*cp)->list();
   if (!steps) return report_error(steps.error());
   json out = json::array();
+  if (steps->empty() && !a.json) {  // a mistyped series reads as one: say what was looked at
+    std::fprintf(stderr, "sluice: %s\n", nothing_on(**cp, a, "list").message().c_str());
+    return 0;
+  }
   if (!a.json) std::printf("%-14s %12s  %-20s %s\n", "step", "bytes", "created (UTC)", "tiers");
   for (const auto& s : *steps) {
     char when[32] = "-";
@@ -325,19 +344,6 @@ int run_show(const CkptArgs& a) {
 // ---------------------------------------------------------------------------------------
 // verify
 
-// "Nothing to do" is not success when the tiers looked at hold no step of the series:
-// most likely the wrong tiers (the default one when --from was left out).
-Error nothing_on(ckpt::Checkpointer& cp, const CkptArgs& a, const char* verb) {
-  std::string where;
-  for (const auto& t : cp.options().tiers) where += (where.empty() ? "" : ", ") + t.name;
-  return Error(Code::kNotFound,
-               std::string("nothing to ") + verb + ": no committed step of series " + a.series +
-                   " on " + where +
-                   (a.tiers.empty() ? " (the default tier: pass the tiers it was saved to with "
-                                      "--from)"
-                                    : ""));
-}
-
 int run_verify(const CkptArgs& a) {
   auto cp = open_checkpointer(a, 0, false);
   if (!cp) return report_error(cp.error());
@@ -347,7 +353,7 @@ int run_verify(const CkptArgs& a) {
     if (!all) return report_error(all.error());
     for (const auto& s : *all) steps.push_back(s.step);
   } else {
-    auto s = resolve_step(**cp, a.step);
+    auto s = resolve_step(**cp, a.step, true);
     if (!s) return report_error(s.error());
     steps.push_back(*s);
   }
@@ -355,12 +361,14 @@ int run_verify(const CkptArgs& a) {
   bool bad = false;
   json out = json::array();
   for (uint64_t step : steps) {
+    bool seen = false;
     for (size_t i = 0; i < (*cp)->options().tiers.size(); ++i) {
       if (a.tier >= 0 && static_cast<size_t>(a.tier) != i) continue;
       auto r = (*cp)->verify(step, static_cast<int>(i));
       const std::string& tier = (*cp)->options().tiers[i].name;
       if (!r && r.error().code() == Code::kNotFound) continue;  // no copy on this tier
       if (!r) return report_error(r.error());
+      seen = true;
       bad = bad || r->bad_chunks || !r->problems.empty();
       if (a.json) {
         out.push_back({{"step", step},
@@ -375,6 +383,13 @@ int run_verify(const CkptArgs& a) {
                   static_cast<unsigned long long>(r->chunks),
                   static_cast<unsigned long long>(r->bad_chunks), r->problems.empty() ? "" : ":");
       for (const auto& p : r->problems) std::printf("  %s\n", printable(p).c_str());
+    }
+    if (!seen) {  // a step named that no tier (or not --tier) holds: not a pass
+      auto m = (*cp)->manifest(step);
+      return report_error(
+          !m ? m.error()
+             : Error(Code::kNotFound,
+                     "step " + std::to_string(step) + " is not on tier " + std::to_string(a.tier)));
     }
   }
   if (a.json) std::printf("%s\n", out.dump().c_str());
@@ -491,13 +506,24 @@ int run_sync(const CkptArgs& given) {
   }
   auto cp = open_checkpointer(a, 0, true, true);
   if (!cp) return report_error(cp.error());
-  std::optional<uint64_t> only;
+  ckpt::SyncOptions so;
+  so.fill = std::move(fill);
+  so.cancel = a.cancel;
   if (a.step != "all") {
-    auto s = resolve_step(**cp, a.step);
+    auto s = resolve_step(**cp, a.step, true);
     if (!s) return report_error(s.error());
-    only = *s;
+    so.step = *s;
   }
-  auto r = (*cp)->sync(only, fill);
+  StatusLine line(!a.no_progress && !a.json);
+  if (line.on())
+    so.on_progress = [&line](uint64_t step, std::string_view phase, const std::string& tier,
+                             uint64_t done, uint64_t total) {
+      line.show(std::string(phase) + " step " + std::to_string(step) + " on " + tier + ": " +
+                format_size(static_cast<double>(done)) + " of " +
+                format_size(static_cast<double>(total)));
+    };
+  auto r = (*cp)->sync(so);
+  line.clear();
   if (!r) return report_error(r.error());
   if (a.json) {
     json copied = json::array();
@@ -508,10 +534,12 @@ int run_sync(const CkptArgs& given) {
     for (const auto& c : r->copied)
       std::printf("copied step %llu to %s (%s)\n", static_cast<unsigned long long>(c.step),
                   c.tier.c_str(), format_size(static_cast<double>(c.bytes)).c_str());
-    if (r->copied.empty() && r->problems.empty()) std::printf("every tier holds every step\n");
+    if (r->copied.empty() && r->problems.empty() && !r->cancelled)
+      std::printf("every tier holds every step\n");
+    if (r->cancelled) std::fprintf(stderr, "sluice: interrupted; steps copied so far stay\n");
     for (const auto& p : r->problems) std::fprintf(stderr, "sluice: %s\n", printable(p).c_str());
   }
-  return r->problems.empty() ? 0 : 1;
+  return r->problems.empty() && !r->cancelled ? 0 : 1;
 }
 
 // Where the tiers are: S3 settings, and this node's place among the job's daemons.
@@ -645,6 +673,7 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
                    "it, every --from tier lacking a step gets it")
       ->allow_extra_args(false);
   add_ledger_flag(sync, a);
+  sync->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   sync->callback([interruptible, sync_step, &a] {
     if (sync_step->count() == 0) a.step = "all";
     interruptible(run_sync);
@@ -679,7 +708,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
   auto* ck = app.add_subcommand(
       "ckpt",
       "Checkpoints: save files (safetensors shards, a directory) to tiers, list, show, "
-      "verify, restore, gc");
+      "verify, restore, sync, gc");
   ck->require_subcommand(1);
   add_save(ck, a, interruptible);
   add_readers(ck, a, rc);

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include <unistd.h>
+
 #include "sluice/core/sizes.h"
 
 namespace sluice::cli {
@@ -19,8 +21,36 @@ Result<uint64_t> size_flag(const std::string& flag, const std::string& text) {
   return *v;
 }
 
+Result<std::chrono::seconds> duration_flag(const std::string& flag, const std::string& text) {
+  const bool bare =
+      !text.empty() && text != "0" && text.find_first_not_of("0123456789") == std::string::npos;
+  if (bare)
+    return fail(Code::kInvalidArgument, flag + " '" + text + "': give the unit (" + text + "s, " +
+                                            text + "m, " + text + "h or " + text + "d)");
+  return parse_duration(flag, text);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+StatusLine::StatusLine(bool wanted) : on_(wanted && ::isatty(STDERR_FILENO)) {}
+
+void StatusLine::show(const std::string& text) {
+  if (!on_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (drawn_ && now - last_ < std::chrono::milliseconds(200)) return;
+  last_ = now;
+  drawn_ = true;
+  std::fprintf(stderr, "\r\033[K%s", printable(text).c_str());
+  std::fflush(stderr);
+}
+
+void StatusLine::clear() {
+  if (!drawn_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  drawn_ = false;
 }
 
 void LayOutProgress::operator()(uint64_t done, uint64_t total) {

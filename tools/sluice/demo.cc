@@ -16,6 +16,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <xxhash.h>
@@ -426,6 +427,26 @@ void print_ckpts(const std::vector<json>& events) {
                 1e3 * max_wait);
 }
 
+// A save can commit in the instant before the kill, before the job logged it: the tiers
+// hold the truth, and run 2 restores from them.
+void print_unlogged_ckpts(const DemoOptions& o, const std::vector<json>& events) {
+  auto cp = open_checkpointer(o);
+  if (!cp) return;
+  auto steps = (*cp)->list();
+  if (!steps) return;
+  std::set<uint64_t> logged;
+  for (const auto& e : events)
+    if (e.value("event", "") == "ckpt") logged.insert(e.value("step", uint64_t{0}));
+  for (const ckpt::StepInfo& s : *steps) {
+    if (logged.contains(s.step) || s.tiers.empty()) continue;
+    std::string on;
+    for (const auto& t : s.tiers) on += (on.empty() ? "" : " and ") + t;
+    std::printf("                step %llu committed too (on %s), just before the kill: the job "
+                "died before it saw so\n",
+                static_cast<unsigned long long>(s.step), on.c_str());
+  }
+}
+
 }  // namespace
 
 int run_training_child(const DemoOptions& o, uint64_t crash_at_step, bool resume,
@@ -571,6 +592,7 @@ int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
   for (const auto& e : ev1)
     if (e.value("event", "") == "epoch") print_epoch(e, e.value("epoch", 0) == 0);
   print_ckpts(ev1);
+  print_unlogged_ckpts(o, ev1);
 
   auto st2 = child("run2", {"--resume"});
   if (!st2) return report_error(st2.error());

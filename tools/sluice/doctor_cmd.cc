@@ -10,6 +10,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -149,6 +150,8 @@ int run_pid(const DoctorArgs& a, const CancelHook& cancel) {
     ceiling = std::move(*c);
   }
   const double window = a.seconds > 0 ? a.seconds : 5;
+  if (::kill(a.pid, 0) != 0 && errno == ESRCH)  // said before a watch that cannot start
+    return report_error(Error(Code::kNotFound, "no process " + std::to_string(a.pid)));
   // Always: a script (or a test) learns when the watch starts.
   std::fprintf(stderr, "watching process %d for %.0f s...\n", a.pid, window);
   auto ob = doctor::observe(a.pid, window);
@@ -221,7 +224,9 @@ int run_url(const DoctorArgs& a, const CancelHook& cancel) {
 void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
   static DoctorArgs a;
   auto* cmd = app.add_subcommand(
-      "doctor", "Measure what storage can do (--path), or say why a running job gets less (--pid)");
+      "doctor",
+      "Measure what storage can do (--path), say why a running job gets less (--pid), or "
+      "what an object store serves (--url)");
   cmd->footer(
       "--path DIR|FILE|DEVICE sweeps block size x queue depth x engine, reading only (a\n"
       "directory gets a scratch file of sluice's own, removed afterwards), within --seconds\n"

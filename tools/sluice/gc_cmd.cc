@@ -28,11 +28,14 @@ struct GcArgs {
   std::string keep_last, keep_every, max_age, max_idle;
   std::string delay = "24h", grace = "24h";
   client::AwsSettings aws;
-  bool json = false;
+  bool json = false, no_progress = false;
 };
 
-Result<std::optional<uint64_t>> count_flag(const std::string& flag, const std::string& text) {
-  if (text.empty()) return std::optional<uint64_t>{};
+// A rule's field: empty keeps `current`, "none" clears it.
+Result<std::optional<uint64_t>> count_flag(const std::string& flag, const std::string& text,
+                                           std::optional<uint64_t> current) {
+  if (text.empty()) return current;
+  if (text == "none") return std::optional<uint64_t>{};
   uint64_t v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || p != text.data() + text.size())
@@ -40,21 +43,35 @@ Result<std::optional<uint64_t>> count_flag(const std::string& flag, const std::s
   return std::optional<uint64_t>(v);
 }
 
-Result<std::optional<std::chrono::seconds>> opt_duration(const std::string& flag,
-                                                         const std::string& text) {
-  if (text.empty()) return std::optional<std::chrono::seconds>{};
-  SLUICE_ASSIGN_OR_RETURN(auto d, parse_duration(flag, text));
+Result<std::optional<std::chrono::seconds>> opt_duration(
+    const std::string& flag, const std::string& text, std::optional<std::chrono::seconds> current) {
+  if (text.empty()) return current;
+  if (text == "none") return std::optional<std::chrono::seconds>{};
+  SLUICE_ASSIGN_OR_RETURN(auto d, duration_flag(flag, text));
   return std::optional<std::chrono::seconds>(d);
 }
 
 Result<GcOptions> gc_options(const GcArgs& a) {
   GcOptions o;
   o.project = a.project;
-  SLUICE_ASSIGN_OR_RETURN(o.grace, parse_duration("--grace", a.grace));
-  SLUICE_ASSIGN_OR_RETURN(o.delay, parse_duration("--delay", a.delay));
+  SLUICE_ASSIGN_OR_RETURN(o.grace, duration_flag("--grace", a.grace));
+  SLUICE_ASSIGN_OR_RETURN(o.delay, duration_flag("--delay", a.delay));
   SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
   o.stores = session.store_options();
   return o;
+}
+
+// Draws a run's or a plan's progress on `line`.
+void show_progress(GcOptions& o, StatusLine& line) {
+  if (!line.on()) return;
+  o.on_progress = [&line](const GcProgress& p) {
+    if (p.phase == "trashing")
+      line.show("moving to the trash: " + format_size(static_cast<double>(p.done)) + " of " +
+                format_size(static_cast<double>(p.total)));
+    else
+      line.show(std::string(p.phase) + " " + std::to_string(p.done + 1) + " of " +
+                count_of(p.total, p.phase == "planning" ? "project" : "object"));
+  };
 }
 
 void print_errors(const std::vector<std::string>& errors) {
@@ -66,7 +83,10 @@ int run_plan(const GcArgs& a, const std::string& home) {
   if (!o) return report_error(o.error());
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
+  StatusLine line(!a.no_progress && !a.json);
+  show_progress(*o, line);
   auto plan = plan_gc(**l, *o);
+  line.clear();
   if (!plan) return report_error(plan.error());
   for (const auto& why : plan->skipped)
     std::fprintf(stderr, "sluice: warning: left alone: %s\n", why.c_str());
@@ -120,12 +140,16 @@ int run_run(const GcArgs& a, const std::string& home) {
   if (!o) return report_error(o.error());
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
+  StatusLine line(!a.no_progress && !a.json);
+  show_progress(*o, line);
   auto r = run_gc(**l, *o, [&](const GcUnit& x) {
+    line.clear();
     if (!a.json)
       std::printf("trashed %-16s %s (%s): %s\n", x.project.c_str(), x.unit.name.c_str(),
                   format_size(static_cast<double>(x.unit.bytes)).c_str(),
                   x.decision.reason.c_str());
   });
+  line.clear();
   if (!r) return report_error(r.error());
   for (const auto& why : r->skipped)
     std::fprintf(stderr, "sluice: warning: left alone: %s\n", why.c_str());
@@ -185,12 +209,35 @@ int run_trash(const GcArgs& a, const std::string& home) {
   return 0;
 }
 
+std::string rule_text(const RetentionRule& r) {
+  std::string s;
+  auto add = [&](const char* flag, const std::string& v) {
+    s += std::string(" ") + flag + " " + v;
+  };
+  if (r.keep_last) add("--keep-last", std::to_string(*r.keep_last));
+  if (r.keep_every) add("--keep-every", std::to_string(*r.keep_every));
+  if (r.max_age) add("--max-age", format_duration(*r.max_age));
+  if (r.max_idle) add("--max-idle", format_duration(*r.max_idle));
+  return s;
+}
+
+// Changes the fields given (as quota set does); "none" clears one.
 int run_rule_set(const GcArgs& a, const std::string& home) {
+  if (a.keep_last.empty() && a.keep_every.empty() && a.max_age.empty() && a.max_idle.empty())
+    return report_error(Error(Code::kInvalidArgument,
+                              "gc rule set: give --keep-last, --keep-every, --max-age or "
+                              "--max-idle (sluice gc rule rm removes a rule)"));
+  auto l = open_ledger_at(a.ledger, home);
+  if (!l) return report_error(l.error());
+  auto rules = (*l)->rules();
+  if (!rules) return report_error(rules.error());
   RetentionRule r{.project = a.project, .series = a.series};
-  auto kl = count_flag("--keep-last", a.keep_last);
-  auto ke = count_flag("--keep-every", a.keep_every);
-  auto ma = opt_duration("--max-age", a.max_age);
-  auto mi = opt_duration("--max-idle", a.max_idle);
+  for (const RetentionRule& x : *rules)
+    if (x.project == a.project && x.series == a.series) r = x;
+  auto kl = count_flag("--keep-last", a.keep_last, r.keep_last);
+  auto ke = count_flag("--keep-every", a.keep_every, r.keep_every);
+  auto ma = opt_duration("--max-age", a.max_age, r.max_age);
+  auto mi = opt_duration("--max-idle", a.max_idle, r.max_idle);
   if (!kl) return report_error(kl.error());
   if (!ke) return report_error(ke.error());
   if (!ma) return report_error(ma.error());
@@ -202,11 +249,29 @@ int run_rule_set(const GcArgs& a, const std::string& home) {
   if (a.series.empty() && r.keep_every)  // the ledger refuses it too, without naming flags
     return report_error(Error(Code::kInvalidArgument,
                               "--keep-every keeps checkpoint steps: give it with --series"));
+  if (auto s = (*l)->set_rule(r); !s) return report_error(s.error());
+  const std::string whose = a.project + (a.series.empty() ? "" : " series " + a.series);
+  if (r.empty())
+    std::printf("rule of %s removed (every field was cleared)\n", whose.c_str());
+  else
+    std::printf("rule of %s:%s\n", whose.c_str(), rule_text(r).c_str());
+  return 0;
+}
+
+int run_rule_rm(const GcArgs& a, const std::string& home) {
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
-  if (auto s = (*l)->set_rule(r); !s) return report_error(s.error());
-  std::printf(r.empty() ? "rule of %s%s%s removed\n" : "rule of %s%s%s set\n", a.project.c_str(),
-              a.series.empty() ? "" : " series ", a.series.c_str());
+  auto rules = (*l)->rules();
+  if (!rules) return report_error(rules.error());
+  const std::string whose = a.project + (a.series.empty() ? "" : " series " + a.series);
+  if (std::none_of(rules->begin(), rules->end(), [&](const RetentionRule& x) {
+        return x.project == a.project && x.series == a.series;
+      }))
+    return report_error(
+        Error(Code::kNotFound, "no rule of " + whose + " (sluice gc rule ls lists them)"));
+  if (auto s = (*l)->set_rule(RetentionRule{.project = a.project, .series = a.series}); !s)
+    return report_error(s.error());
+  std::printf("rule of %s removed\n", whose.c_str());
   return 0;
 }
 
@@ -258,21 +323,31 @@ void add_rules_and_pins(CLI::App* gc, GcArgs& a, const Runner& run) {
   auto* rset = rule->add_subcommand(
       "set",
       "Set what a project (or one checkpoint series in it) keeps; everything else it "
-      "covers may go. No keep flag: the rule is removed");
+      "covers may go. Changes only the fields given; none clears one");
   rset->add_option("PROJECT", a.project, "Project ID")->required();
   rset->add_option("--series", a.series,
                    "A checkpoint series in the project (default: its other objects)");
-  rset->add_option("--keep-last", a.keep_last, "Keep the newest N (checkpoints, or objects)")
+  rset->add_option("--keep-last", a.keep_last,
+                   "Keep the newest N (checkpoints, or objects); none clears it")
       ->check(not_empty());
-  rset->add_option("--keep-every", a.keep_every, "Keep checkpoint steps divisible by K")
+  rset->add_option("--keep-every", a.keep_every,
+                   "Keep checkpoint steps divisible by K; none clears it")
       ->check(not_empty());
-  rset->add_option("--max-age", a.max_age, "Keep what was created within this (30d, 12h)")
+  rset->add_option("--max-age", a.max_age,
+                   "Keep what was created within this (30d, 12h: the unit is required); none "
+                   "clears it")
       ->check(not_empty());
   rset->add_option("--max-idle", a.max_idle,
-                   "Keep what was read within this (file:// atime; elsewhere the last write)")
+                   "Keep what was read within this (file:// atime; elsewhere the last write); "
+                   "none clears it")
       ->check(not_empty());
   add_ledger_flag(rset, a);
   rset->callback(run(run_rule_set));
+  auto* rrm = rule->add_subcommand("rm", "Remove a project's (or one series') rule");
+  rrm->add_option("PROJECT", a.project, "Project ID")->required();
+  rrm->add_option("--series", a.series, "The series whose rule goes (default: the project's)");
+  add_ledger_flag(rrm, a);
+  rrm->callback(run(run_rule_rm));
   auto* rls = rule->add_subcommand("ls", "List the rules and pins");
   rls->add_flag("--json", a.json, "Print JSON");
   add_ledger_flag(rls, a);
@@ -312,6 +387,7 @@ void add_runs(CLI::App* gc, GcArgs& a, const Runner& run) {
       ->default_val("24h")
       ->check(not_empty());
   plan->add_flag("--json", a.json, "Print JSON");
+  plan->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   add_ledger_flag(plan, a);
   add_aws(plan, a);
   plan->callback(run(run_plan));
@@ -330,6 +406,7 @@ void add_runs(CLI::App* gc, GcArgs& a, const Runner& run) {
       ->default_val("24h")
       ->check(not_empty());
   grun->add_flag("--json", a.json, "Print JSON");
+  grun->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   add_ledger_flag(grun, a);
   add_aws(grun, a);
   grun->callback(run(run_run));

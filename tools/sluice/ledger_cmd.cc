@@ -37,7 +37,7 @@ struct LedgerArgs {
   std::string window = "30d";
   std::string capacity_bytes, capacity_objects;
   client::AwsSettings aws;
-  bool json = false, dry_run = false;
+  bool json = false, dry_run = false, no_progress = false;
 };
 
 Result<std::unique_ptr<Ledger>> open_ledger(const LedgerArgs& a, const std::string& home) {
@@ -169,7 +169,7 @@ int run_quota_set(const LedgerArgs& a, const std::string& home) {
   next.soft_objects = *so;
   next.hard_objects = *ho;
   if (!a.grace.empty()) {
-    auto g = parse_duration("--grace", a.grace);
+    auto g = duration_flag("--grace", a.grace);
     if (!g) return report_error(g.error());
     next.grace = *g;
   }
@@ -244,7 +244,14 @@ int run_reconcile(const LedgerArgs& a, const std::string& home) {
   if (!session) return report_error(session.error());
   auto l = open_ledger(a, home);
   if (!l) return report_error(l.error());
-  auto rep = reconcile(**l, session->store_options(), a.dry_run);
+  StatusLine line(!a.no_progress && !a.json);
+  auto rep = reconcile(**l, session->store_options(), a.dry_run, [&](const ReconcileProgress& p) {
+    line.show("listing project " + std::string(p.project) + " (" + std::to_string(p.index) +
+              " of " + std::to_string(p.projects) +
+              "): " + count_of(static_cast<uint64_t>(p.objects), "object") + ", " +
+              format_size(static_cast<double>(p.bytes)));
+  });
+  line.clear();
   if (!rep) return report_error(rep.error());
   int failed = 0;
   json out = json::array();
@@ -389,7 +396,7 @@ int print_forecast(const LedgerArgs& a, const std::vector<ForecastRow>& rows) {
 }
 
 int run_forecast(const LedgerArgs& a, const std::string& home) {
-  auto window = parse_duration("--window", a.window);
+  auto window = duration_flag("--window", a.window);
   if (!window) return report_error(window.error());
   if (window->count() == 0)
     return report_error(Error(Code::kInvalidArgument, "--window must be longer than 0"));
@@ -517,6 +524,7 @@ void add_usage(CLI::App& app, std::shared_ptr<LedgerArgs> args, const std::strin
       "List every project's location and repair the ledger to match; reports what changed");
   rec->add_flag("--dry-run", a.dry_run, "Report what would change; change nothing");
   rec->add_flag("--json", a.json, "Print JSON");
+  rec->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   rec->add_option("--endpoint-url", a.aws.endpoint_url, "S3 endpoint for s3:// projects");
   rec->add_option("--profile", a.aws.profile, "AWS profile");
   rec->add_option("--region", a.aws.region, "Region");

@@ -83,7 +83,8 @@ void add_bench(CLI::App& app, BenchOptions& o, std::string& mode, std::string& r
   cmd->add_option("--threads", o.threads, "Submitting threads")->default_val(1);
   cmd->add_option("--size", o.size, "Bytes of the file to work over (default: the file's size)")
       ->transform(size_validator());
-  cmd->add_option("--runtime", o.runtime, "Seconds to run; 0 = one pass over --size")
+  cmd->add_option("--runtime", o.runtime, "How long to run (10, 10s, 2m); 0 = one pass over --size")
+      ->transform(seconds_validator(0, 7 * 86400))
       ->default_val(0);
   cmd->add_flag("--verify", o.verify, "Check every byte read (or read back what was written)");
   cmd->add_flag("--json", json, "Print the result as one JSON object");

@@ -198,7 +198,8 @@ class TieredCache : public store::Store, public ReadAhead {
   Status declare(std::span<const PlannedRead> order) override;
   uint64_t chunk_size() const override;
   // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
-  // The caller is taken to read it: a declared chunk counts as read (a prefetch hit).
+  // The caller is taken to read it: a hit of the NVMe tier, and a declared chunk counts as
+  // read (a prefetch hit).
   Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
 
   // Makes the chunks holding [offset, offset + length) of `key` resident, as a read of them

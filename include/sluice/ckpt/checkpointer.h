@@ -197,6 +197,21 @@ struct SyncReport {
   };
   std::vector<Copied> copied;         // one entry per step and tier it was copied to
   std::vector<std::string> problems;  // steps that could not be copied, and why
+  bool cancelled = false;             // stopped by SyncOptions::cancel
+};
+
+// What sync copies, and how it reports. A tier is an index into CheckpointerOptions::tiers.
+struct SyncOptions {
+  std::optional<uint64_t> step;  // one step; none: every committed step
+  std::vector<size_t> fill;      // only these tiers get copies; empty: every tier lacking one
+  // Called as bytes are checked on the source ("verifying") and copied to a tier
+  // ("copying"): the step, the tier it concerns, and that phase's bytes done and total.
+  std::function<void(uint64_t step, std::string_view phase, const std::string& tier, uint64_t done,
+                     uint64_t total)>
+      on_progress;
+  // When it becomes true, sync stops at the next object: what was committed stays committed,
+  // a tier's copy cut short is left incomplete (gc removes it), and the report says cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct GcReport {
@@ -235,10 +250,8 @@ class Checkpointer {
   // Each copy is checked against the manifest's chunk checksums on its source first, then
   // committed on the new tier as a save would (shards, records, manifest last). Steps that
   // cannot be copied are named in the report; the call fails only when listing fails.
-  // `fill`: only these tiers (indices) get copies; empty: every tier lacking a step. The
-  // others are still read from.
-  virtual Result<SyncReport> sync(std::optional<uint64_t> step = std::nullopt,
-                                  std::span<const size_t> fill = {}) = 0;
+  // Tiers left out of `fill` are still read from.
+  virtual Result<SyncReport> sync(const SyncOptions& options = {}) = 0;
 
   virtual const CheckpointerOptions& options() const = 0;
 };

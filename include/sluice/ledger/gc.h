@@ -41,6 +41,13 @@ namespace sluice::ledger {
 
 inline constexpr std::string_view kTrashPrefix = ".sluice-trash/";
 
+// Where a run is: "planning" (done and total are projects), "trashing" (bytes of the units
+// the plan removes) or "purging" (trash objects whose delay has passed).
+struct GcProgress {
+  std::string_view phase;
+  uint64_t done = 0, total = 0;
+};
+
 struct GcOptions {
   std::string project;  // only this project; empty: every project with a rule
   // An incomplete checkpoint step (no manifest, a torn one, a lost shard) younger than this
@@ -49,6 +56,8 @@ struct GcOptions {
   // How long trashed data waits before a run purges it (0: this run's too).
   std::chrono::seconds delay{24 * 3600};
   store::StoreOptions stores;  // how the projects' locations are opened (S3 endpoint, ...)
+  // Called as each phase starts and after each project, unit or object (plan and run).
+  std::function<void(const GcProgress&)> on_progress;
 };
 
 // One unit with what its rule decided.

@@ -10,6 +10,7 @@
 // server error) is reported and left alone: absence is never taken as "empty".
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,9 +41,19 @@ struct ReconcileReport {
 Result<std::unique_ptr<store::Store>> open_location(const Project& project,
                                                     const store::StoreOptions& options);
 
+// Where a reconcile is: the project being listed (the index-th of `projects`, from 1) and
+// what its listing has found so far.
+struct ReconcileProgress {
+  std::string_view project;
+  size_t index = 0, projects = 0;
+  int64_t objects = 0, bytes = 0;
+};
+
 // `store_options` opens each location (credentials and endpoint for s3://). With
-// `dry_run`, reports what it would change and changes nothing.
-Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,
-                                  bool dry_run = false);
+// `dry_run`, reports what it would change and changes nothing. `on_progress` is called as
+// each project's listing starts and after each page of it.
+Result<ReconcileReport> reconcile(
+    Ledger& ledger, const store::StoreOptions& store_options, bool dry_run = false,
+    const std::function<void(const ReconcileProgress&)>& on_progress = {});
 
 }  // namespace sluice::ledger

@@ -60,6 +60,11 @@ struct PeerState {
   bool self = false, up = true;
   uint64_t fetched_chunks = 0, fetched_bytes = 0, errors = 0;
   std::string last_error;
+  // "self", "down" (marked down after errors), "untried" (never asked yet: not known to be
+  // up) or "up" (has answered).
+  std::string_view state() const {
+    return self ? "self" : !up ? "down" : fetched_chunks == 0 && errors == 0 ? "untried" : "up";
+  }
 };
 
 class PeerStore final : public store::StoreWrapper {

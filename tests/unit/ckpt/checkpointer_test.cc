@@ -338,15 +338,40 @@ TEST(Checkpointer, SyncCopiesWhatALaterTierMissed) {
   bytes[10] ^= std::byte{1};
   ASSERT_TRUE(near->put(key, bytes));
   // Told to fill only the near tier (which has it), sync copies nothing to the later one.
-  const size_t near_only[] = {0};
-  EXPECT_TRUE(cp->sync(std::nullopt, near_only).value().copied.empty());
-  const size_t no_such[] = {7};
-  EXPECT_EQ(cp->sync(std::nullopt, no_such).error().code(), Code::kInvalidArgument);
-  auto r = cp->sync().value();
+  SyncOptions near_only;
+  near_only.fill = {0};
+  EXPECT_TRUE(cp->sync(near_only).value().copied.empty());
+  SyncOptions no_such;
+  no_such.fill = {7};
+  EXPECT_EQ(cp->sync(no_such).error().code(), Code::kInvalidArgument);
+  SyncOptions watched;
+  std::vector<std::string> phases;
+  uint64_t last_done = 0, last_total = 0;
+  watched.on_progress = [&](uint64_t step, std::string_view phase, const std::string& tier,
+                            uint64_t done, uint64_t total) {
+    EXPECT_EQ(step, 4u);
+    if (phases.empty() || phases.back() != std::string(phase) + " " + tier)
+      phases.push_back(std::string(phase) + " " + tier);
+    EXPECT_LE(done, total);
+    last_done = done;
+    last_total = total;
+  };
+  auto r = cp->sync(watched).value();
   ASSERT_EQ(r.copied.size(), 1u);
   EXPECT_EQ(r.copied[0].tier, "later");
   EXPECT_TRUE(r.problems.empty());
-  EXPECT_TRUE(cp->sync(4).value().copied.empty());  // nothing left to do
+  EXPECT_FALSE(r.cancelled);
+  // Checked on the near tier, then copied to the later one, to the last byte.
+  EXPECT_EQ(phases, (std::vector<std::string>{"verifying near", "copying later"}));
+  EXPECT_EQ(last_done, last_total);
+  EXPECT_EQ(last_total, r.copied[0].bytes);
+  SyncOptions one;
+  one.step = 4;
+  std::atomic<bool> stop{true};
+  one.cancel = &stop;
+  EXPECT_TRUE(cp->sync(one).value().cancelled);
+  one.cancel = nullptr;
+  EXPECT_TRUE(cp->sync(one).value().copied.empty());  // nothing left to do
   // The later tier alone restores it.
   auto only = small_options({later});
   auto cp2 = Checkpointer::open(only).value();

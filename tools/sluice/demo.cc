@@ -441,9 +441,10 @@ void print_unlogged_ckpts(const DemoOptions& o, const std::vector<json>& events)
     if (logged.contains(s.step) || s.tiers.empty()) continue;
     std::string on;
     for (const auto& t : s.tiers) on += (on.empty() ? "" : " and ") + t;
-    std::printf("                step %llu committed too (on %s), just before the kill: the job "
-                "died before it saw so\n",
-                static_cast<unsigned long long>(s.step), on.c_str());
+    std::printf(
+        "                step %llu committed too (on %s), just before the kill: the job "
+        "died before it saw so\n",
+        static_cast<unsigned long long>(s.step), on.c_str());
   }
 }
 

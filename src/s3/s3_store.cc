@@ -352,8 +352,15 @@ class S3Store : public store::Store {
 
   Result<store::ObjectInfo> stat(std::string_view key) override {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
-    SLUICE_ASSIGN_OR_RETURN(auto resp,
-                            send(S3Request{kHead, "HEAD", full_key(key), {}, {}, {}, {}}));
+    auto got = send(S3Request{kHead, "HEAD", full_key(key), {}, {}, {}, {}});
+    if (!got && got.error().code() == Code::kNotFound) {
+      // A HEAD's 404 has no body to say whether the key or the bucket is missing: ask.
+      auto bucket = send(S3Request{kHead, "HEAD", "", {}, {}, {}, {}});
+      if (!bucket && bucket.error().code() == Code::kNotFound)
+        return fail(Code::kNotFound, "no bucket '" + loc_.bucket + "' at " + endpoint_url(opts_) +
+                                         " (reading " + object_uri(full_key(key)) + ")");
+    }
+    SLUICE_ASSIGN_OR_RETURN(auto resp, std::move(got));
     store::ObjectInfo info;
     info.key = std::string(key);
     info.size = std::strtoull(resp.header("content-length").c_str(), nullptr, 10);

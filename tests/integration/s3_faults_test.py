@@ -919,8 +919,13 @@ def test_download_404(ctx):
     with FaultProxy(ctx.s3) as p:
         r = ctx.cp(p, f"s3://{BUCKET}/no/such/key.bin", os.path.join(d, "key.bin"))
         assert_failed_cleanly(r, f"s3://{BUCKET}/no/such/key.bin", d)
-        assert len(p.seen()) == 1, f"404 was retried: {p.seen()}"
+        # Not retried; one HEAD of the bucket asks whether the key or the bucket is missing.
+        assert [str(x) for x in p.seen()] == [f"HEAD /{BUCKET}/no/such/key.bin", f"HEAD /{BUCKET}"], \
+            f"404 was retried: {p.seen()}"
         assert retries(r) == 0
+    with FaultProxy(ctx.s3) as p:
+        r = ctx.cp(p, "s3://no-such-bucket/key.bin", os.path.join(d, "key.bin"))
+        assert r.returncode == 1 and "no bucket 'no-such-bucket'" in r.stderr, r.stderr
 
 
 def upload_case(ctx, key, rules, expect_retries=None):

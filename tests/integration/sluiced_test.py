@@ -361,6 +361,11 @@ def test_a_client_asking_for_another_endpoint_is_refused(s3, digest):
         # The same endpoint, or none given, is served.
         assert sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", "--endpoint-url",
                       s3.endpoint).returncode == 0
+        # Another spelling of the same server (localhost, a trailing slash) is the same one.
+        other = s3.endpoint.replace("127.0.0.1", "LOCALHOST") + "/"
+        p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", "--endpoint-url", other,
+                   check=False)
+        assert p.returncode == 0 and b"without the daemon" not in p.stderr, p.stderr
         assert "s3:// from " + s3.endpoint in open(d.log.name).read()
     finally:
         assert d.stop() == 0

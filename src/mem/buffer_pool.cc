@@ -98,4 +98,54 @@ void BufferPool::give_back(AlignedBuffer buf) {
   // else: `buf` is freed as it goes out of scope, outside nothing but this lock
 }
 
+std::shared_ptr<BufferRecycler> BufferRecycler::create(size_t max_idle_bytes) {
+  return std::shared_ptr<BufferRecycler>(new BufferRecycler(max_idle_bytes));
+}
+
+Result<std::shared_ptr<AlignedBuffer>> BufferRecycler::acquire(size_t size) {
+  size = std::max<size_t>(size, 1);
+  AlignedBuffer got;
+  {
+    std::lock_guard lock(mu_);
+    // The smallest idle buffer that fits, if it is no more than twice the size.
+    size_t best = idle_.size();
+    for (size_t i = 0; i < idle_.size(); ++i)
+      if (idle_[i].size() >= size && idle_[i].size() / 2 <= size &&
+          (best == idle_.size() || idle_[i].size() < idle_[best].size()))
+        best = i;
+    if (best < idle_.size()) {
+      got = std::move(idle_[best]);
+      idle_[best] = std::move(idle_.back());
+      idle_.pop_back();
+      idle_bytes_ -= got.size();
+      reused_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (!got) {
+    // Whole huge pages from 2 MiB (or 64 KiB units below): sizes that differ a little
+    // share buffers.
+    const size_t unit = size >= kHugePage ? kHugePage : size_t{64} << 10;
+    SLUICE_ASSIGN_OR_RETURN(got, AlignedBuffer::allocate((size + unit - 1) / unit * unit));
+    allocated_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::weak_ptr<BufferRecycler> home = weak_from_this();
+  return std::shared_ptr<AlignedBuffer>(new AlignedBuffer(std::move(got)),
+                                        [home](AlignedBuffer* b) {
+                                          if (auto r = home.lock()) r->give_back(std::move(*b));
+                                          delete b;
+                                        });
+}
+
+size_t BufferRecycler::idle_bytes() const {
+  std::lock_guard lock(mu_);
+  return idle_bytes_;
+}
+
+void BufferRecycler::give_back(AlignedBuffer buf) {
+  std::lock_guard lock(mu_);
+  if (idle_bytes_ + buf.size() > max_idle_bytes_) return;  // freed on the way out
+  idle_bytes_ += buf.size();
+  idle_.push_back(std::move(buf));
+}
+
 }  // namespace sluice

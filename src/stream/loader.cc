@@ -209,6 +209,10 @@ struct Loader::Impl {
   ReadGate gate;
   std::unique_ptr<Executor> io;
   std::thread fetcher;
+  // Slice buffers, reused once the consumer drops a slice's samples: a fresh allocation is
+  // zeroed by the kernel on first touch, which cost a warm epoch most of its CPU. Up to
+  // the memory budget is kept idle.
+  std::shared_ptr<BufferRecycler> buffers;
 
   struct Counters {
     std::atomic<uint64_t> samples{0}, bytes{0}, requests{0}, read_bytes{0}, throttled{0},
@@ -219,7 +223,10 @@ struct Loader::Impl {
   telemetry::Gauge* m_first_ms = nullptr;
 
   Impl(std::shared_ptr<const Dataset> d, LoaderOptions opts)
-      : ds(std::move(d)), o(std::move(opts)), gate(std::clamp(o.inflight, 1u, 1024u)) {}
+      : ds(std::move(d)),
+        o(std::move(opts)),
+        gate(std::clamp(o.inflight, 1u, 1024u)),
+        buffers(BufferRecycler::create(o.memory_bytes)) {}
 
   // How many positions of an epoch (from `from`) consumer c reads.
   uint64_t share(uint64_t from) const {
@@ -411,7 +418,9 @@ struct Loader::Impl {
         uint64_t len = std::min(max_request, r.end - off);
         ranges.push_back(Range{r.shard, off, len, total + (off - r.begin)});
       }
-      total += r.end - r.begin;
+      // Each run starts on an O_DIRECT boundary of the buffer, even after a shard's short
+      // last chunk: an unaligned destination is read through a bounce buffer and copied.
+      total += (r.end - r.begin + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
     }
     return ranges;
   }
@@ -442,16 +451,17 @@ struct Loader::Impl {
     // be made is an error naming the sizes, not an abort. Aligned for O_DIRECT: chunk-aligned
     // requests land on aligned addresses, so a cache's NVMe tier, or sluiced's handed-off
     // chunks, are read straight into the slice rather than through a bounce buffer.
-    auto aligned = total > (uint64_t{1} << 48)
-                       ? Result<AlignedBuffer>(std::unexpected(Error(Code::kNoSpace, "")))
-                       : AlignedBuffer::allocate(std::max<uint64_t>(total, 1));
+    auto aligned =
+        total > (uint64_t{1} << 48)
+            ? Result<std::shared_ptr<AlignedBuffer>>(std::unexpected(Error(Code::kNoSpace, "")))
+            : buffers->acquire(total);
     if (!aligned) {
       slice->error = Error(Code::kNoSpace, "loader: cannot allocate " + std::to_string(total) +
                                                " bytes for " + std::to_string(samples.size()) +
                                                " samples (sizes from the listing or an index)");
       return slice;
     }
-    auto owner = std::make_shared<AlignedBuffer>(std::move(*aligned));
+    std::shared_ptr<AlignedBuffer> owner = std::move(*aligned);
     auto buffer = std::shared_ptr<std::byte>(owner, owner->data());
     slice->bytes = total;
     if (auto st = read_all(ranges, buffer.get()); !st) {

@@ -11,8 +11,11 @@
 // outlive every buffer it handed out.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -95,6 +98,40 @@ class BufferPool {
   Allocator allocator_;
   mutable std::mutex mu_;
   std::vector<AlignedBuffer> idle_;  // guarded by mu_
+};
+
+// Buffers of any size, recycled: one whose last reference goes comes back here (up to
+// `max_idle_bytes` in all, the rest freed) and is handed out again for a request it fits
+// without wasting more than half of it. For memory that callers share and drop in any
+// order, such as a loader's slices, whose samples a consumer keeps as long as it likes:
+// a fresh allocation is zeroed by the kernel on first touch, which cost a warm epoch 80% of
+// its CPU (docs/performance.md, "The warm path's CPU").
+//
+// Thread safety: every call, and the release of a buffer, from any thread. Buffers may
+// outlive the recycler (they are then freed).
+class BufferRecycler : public std::enable_shared_from_this<BufferRecycler> {
+ public:
+  static std::shared_ptr<BufferRecycler> create(size_t max_idle_bytes);
+  BufferRecycler(const BufferRecycler&) = delete;
+  BufferRecycler& operator=(const BufferRecycler&) = delete;
+
+  // A buffer of at least `size` bytes, aligned for O_DIRECT (2 MiB-aligned from 2 MiB).
+  // Fails only if allocation fails.
+  Result<std::shared_ptr<AlignedBuffer>> acquire(size_t size);
+
+  size_t idle_bytes() const;
+  uint64_t reused() const { return reused_.load(std::memory_order_relaxed); }
+  uint64_t allocated() const { return allocated_.load(std::memory_order_relaxed); }
+
+ private:
+  explicit BufferRecycler(size_t max_idle_bytes) : max_idle_bytes_(max_idle_bytes) {}
+  void give_back(AlignedBuffer buf);
+
+  const size_t max_idle_bytes_;
+  mutable std::mutex mu_;
+  std::vector<AlignedBuffer> idle_;  // guarded by mu_
+  size_t idle_bytes_ = 0;            // guarded by mu_
+  std::atomic<uint64_t> reused_{0}, allocated_{0};
 };
 
 }  // namespace sluice

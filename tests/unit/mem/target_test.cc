@@ -86,6 +86,35 @@ TEST(Staging, OnePoolPerSizeOutlivesRequestsForOtherSizes) {
   EXPECT_EQ(b.idle(), 0u);
 }
 
+TEST(BufferRecycler, ReusesWhatFitsKeepsAtMostItsBudgetAndOutlivesNothing) {
+  auto r = BufferRecycler::create(8 << 20);
+  auto a = r->acquire(3 << 20).value();
+  ASSERT_GE(a->size(), size_t{3} << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % kDirectAlignment, 0u);
+  std::byte* first = a->data();
+  std::memset(a->data(), 7, a->size());
+  a.reset();                                    // the last reference: back to the recycler
+  EXPECT_EQ(r->idle_bytes(), size_t{4} << 20);  // whole huge pages
+  auto b = r->acquire(3 << 20).value();         // fits: the same memory again
+  EXPECT_EQ(b->data(), first);
+  EXPECT_EQ(r->reused(), 1u);
+  EXPECT_EQ(r->idle_bytes(), 0u);
+  // A buffer more than twice the request is not handed out for it.
+  b.reset();
+  auto small = r->acquire(64 << 10).value();
+  EXPECT_NE(small->data(), first);
+  EXPECT_EQ(r->allocated(), 2u);
+  // Past the budget, what comes back is freed.
+  auto c = r->acquire(6 << 20).value();
+  c.reset();  // 4 + 6 MiB > 8 MiB
+  EXPECT_EQ(r->idle_bytes(), size_t{4} << 20);
+  // A buffer outliving its recycler is freed, not given back to freed memory (ASan).
+  auto d = r->acquire(1 << 20).value();
+  r.reset();
+  std::memset(d->data(), 1, d->size());
+  d.reset();
+}
+
 TEST(Cuda, MissingOrDriverlessRuntimeIsUnsupportedAndNamesTheLibrary) {
   auto none = open_cuda_target(CudaOptions{.library = "libcudart-does-not-exist.so"});
   ASSERT_FALSE(none);

@@ -112,7 +112,7 @@ ChunkResult TieredCache::Impl::fetch(const store::ObjectInfo& info, const ChunkK
 
 // The chunk from the backing store, with one fill per chunk at a time.
 ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKey& key,
-                                    uint64_t length) {
+                                    uint64_t length, uint64_t hit_bytes) {
   // Loops only when a fill it joined wrote the chunk through to NVMe (see below).
   for (;;) {
     ChunkId id = key.id();
@@ -139,7 +139,7 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
     }
     // A fill that ended between the caller's look at the tiers and this claim left the
     // chunk in a tier: take it from there rather than read the backing store again.
-    Result<std::shared_ptr<const Chunk>> have = resident(info, key, length);
+    Result<std::shared_ptr<const Chunk>> have = resident(info, key, length, hit_bytes);
     if (have && *have) {
       mine.set_value(*have);
       std::lock_guard lock(flight_mu);
@@ -162,13 +162,16 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
 // The whole chunk if a tier (or the NVMe write queue) holds it now; null if none does.
 Result<std::shared_ptr<const Chunk>> TieredCache::Impl::resident(const store::ObjectInfo& info,
                                                                  const ChunkKey& key,
-                                                                 uint64_t length) {
-  // Served from here: a hit, counted as from_tiers counts one.
+                                                                 uint64_t length,
+                                                                 uint64_t hit_bytes) {
+  // A reader served from here is a hit, counted as from_tiers counts one.
   std::shared_ptr<const Chunk> c = ram->find(key);
   if (!c && disk) c = queued(key);
   if (c) {
-    m.ram_hits.add();
-    m.ram_hit_bytes.add(length);
+    if (hit_bytes) {
+      m.ram_hits.add();
+      m.ram_hit_bytes.add(hit_bytes);
+    }
     return c;
   }
   if (!disk) return c;
@@ -177,8 +180,10 @@ Result<std::shared_ptr<const Chunk>> TieredCache::Impl::resident(const store::Ob
   SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Chunk> read, new_chunk(key, length, info));
   if (!disk->read(*e, std::span<std::byte>(read->buf.data(), length))) return c;
   read->xxh3 = e->xxh3;
-  m.disk_hits.add();
-  m.disk_hit_bytes.add(length);
+  if (hit_bytes) {
+    m.disk_hits.add();
+    m.disk_hit_bytes.add(hit_bytes);
+  }
   return std::shared_ptr<const Chunk>(std::move(read));
 }
 
@@ -448,7 +453,7 @@ Result<size_t> TieredCache::Impl::read_version(const store::ObjectInfo& info, ui
       }
     }
     if (!done) {
-      SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> c, fill(info, key, length));
+      SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> c, fill(info, key, length, out.size()));
       std::memcpy(out.data(), c->buf.data() + within, out.size());
     }
     pos += take;

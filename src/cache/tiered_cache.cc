@@ -293,15 +293,19 @@ uint64_t TieredCache::chunk_size() const {
   return impl_->options.chunk_size;
 }
 
-Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset) {
+Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset,
+                                                       std::string_view etag) {
   SLUICE_RETURN_IF_ERROR(store::validate_key(key));
   if (!impl_->disk) return std::optional<ChunkExtent>();
   SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, impl_->current(key, false));
-  if (offset >= info.size) return std::optional<ChunkExtent>();
+  if (offset >= info.size || (!etag.empty() && etag != info.etag))
+    return std::optional<ChunkExtent>();
   uint64_t index = offset / impl_->options.chunk_size;
   const ChunkKey chunk{impl_->store_id, info.key, info.etag, index};
   std::optional<DiskTier::Entry> e = impl_->disk->find(chunk);
-  if (!e) return std::optional<ChunkExtent>();
+  const uint64_t start = index * impl_->options.chunk_size;
+  if (!e || e->length != std::min(impl_->options.chunk_size, info.size - start))
+    return std::optional<ChunkExtent>();
   ChunkExtent x;
   x.path = impl_->disk->path_of(e->file_id);
   x.fd.reset(::open(x.path.c_str(), O_RDONLY | O_CLOEXEC));

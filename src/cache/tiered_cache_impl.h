@@ -199,9 +199,12 @@ struct TieredCache::Impl {
   std::shared_ptr<const Chunk> queued(const ChunkKey& key);
   std::unexpected<Error> ended_early(const store::ObjectInfo& info, uint64_t at) const;
   ChunkResult fetch(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length);
-  ChunkResult fill(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length);
+  // `hit_bytes`: what a reader takes from the chunk, counted as a hit of the tier that
+  // turns out to hold it (0 for a prefetch or a warm, which read nothing for anyone).
+  ChunkResult fill(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,
+                   uint64_t hit_bytes = 0);
   Result<std::shared_ptr<const Chunk>> resident(const store::ObjectInfo& info, const ChunkKey& key,
-                                                uint64_t length);
+                                                uint64_t length, uint64_t hit_bytes);
   Result<bool> from_disk(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,
                          uint64_t within, std::span<std::byte> out);
   Result<bool> from_tiers(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,

@@ -278,18 +278,13 @@ class CheckpointerImpl final : public Checkpointer {
   Result<uint64_t> latest() override;
   Result<Manifest> manifest(uint64_t step) override;
   Result<RestoreReport> restore(uint64_t step, std::span<const TensorDest> dests) override;
-  Result<VerifyReport> verify(uint64_t step, int tier) override {
-    return verify_counting(step, tier, {});
-  }
-  // verify, calling `checked` with each chunk's bytes as it is read (from several threads,
-  // one call at a time).
-  Result<VerifyReport> verify_counting(uint64_t step, int tier,
-                                       const std::function<void(uint64_t)>& checked);
+  using Checkpointer::verify;
+  Result<VerifyReport> verify(uint64_t step, const VerifyOptions& options) override;
   Result<GcReport> gc() override;
   Result<SyncReport> sync(const SyncOptions& options) override;
-  // Copies committed step `m` from tier `src` to tier `dst` as a save would (shards, records,
-  // manifest last). Returns the shard bytes copied.
-  Result<uint64_t> copy_step(uint64_t step, const Manifest& m, size_t src, size_t dst,
+  // Copies committed step `step` (manifest `m`) from tier `src` to tier `dst` as a save
+  // would (shards, records, manifest last). Returns the shard bytes copied.
+  Result<uint64_t> copy_step(uint64_t step, const Manifest& m, size_t src, size_t to,
                              const SyncOptions& options);
 
  private:

@@ -80,14 +80,20 @@ Result<Manifest> CheckpointerImpl::manifest(uint64_t step) {
     if (m) return m;
     if (!first || first->code() == Code::kNotFound) first = m.error();
   }
-  if (!first || first->code() == Code::kNotFound) {
-    std::string where;
-    for (const auto& t : o_.tiers) where += (where.empty() ? "" : ", ") + t.name;
-    return fail(Code::kNotFound, "no step " + std::to_string(step) + " of series " + o_.series +
-                                     " on " + (where.empty() ? "any tier" : where) +
-                                     " (sluice ckpt ls lists the steps)");
+  if (first && first->code() != Code::kNotFound) return std::unexpected(*first);
+  // Absent everywhere, or a tier that cannot even be listed (a missing bucket, a missing
+  // directory): a listing tells them apart, on this failure path only.
+  std::string where;
+  for (const auto& t : o_.tiers) {
+    store::ListOptions lo;
+    lo.prefix = step_prefix(o_.series, step);
+    lo.max_keys = 1;
+    if (auto listed = t.store->list(lo); !listed && listed.error().code() != Code::kUnsupported)
+      return std::unexpected(listed.error().with_context("tier " + t.name));
+    where += (where.empty() ? "" : ", ") + t.name;
   }
-  return std::unexpected(*first);
+  return fail(Code::kNotFound, "no step " + std::to_string(step) + " of series " + o_.series +
+                                   " on " + (where.empty() ? "any tier" : where));
 }
 
 Result<std::vector<StepInfo>> CheckpointerImpl::list() {
@@ -270,8 +276,8 @@ Result<size_t> CheckpointerImpl::read_chunk(uint64_t step, const ShardRecord& sh
                                      std::to_string(shard.rank) + ") is intact on no tier: " + why);
 }
 
-Result<VerifyReport> CheckpointerImpl::verify_counting(
-    uint64_t step, int tier, const std::function<void(uint64_t)>& checked) {
+Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, const VerifyOptions& vo) {
+  const int tier = vo.tier;
   if (tier >= static_cast<int>(o_.tiers.size()))
     return fail(Code::kInvalidArgument, "no tier " + std::to_string(tier));
   VerifyReport report;
@@ -315,7 +321,10 @@ Result<VerifyReport> CheckpointerImpl::verify_counting(
     }
     BufferPool pool(m->shards.empty() ? kDirectAlignment : m->shards[0].chunk_size,
                     o_.restore_parallel);
+    const uint64_t total = m->bytes();
+    uint64_t checked = 0;
     Status done = parallel_for(items.size(), o_.restore_parallel, [&](size_t k) -> Status {
+      if (vo.cancel && vo.cancel->load()) return fail(Code::kCancelled, "verify cancelled");
       const Item& it = items[k];
       SLUICE_ASSIGN_OR_RETURN(auto buf, pool.acquire());
       const uint64_t n =
@@ -325,7 +334,8 @@ Result<VerifyReport> CheckpointerImpl::verify_counting(
           read_chunk(step, *it.shard, *it.tensor, it.chunk, only, {buf.data(), n}, files, why);
       std::lock_guard lk(mu);
       ++report.chunks;
-      if (checked) checked(n);
+      checked += n;
+      if (vo.on_progress) vo.on_progress(o_.tiers[i].name, checked, total);
       if (!served) {
         ++report.bad_chunks;
         report.problems.push_back(why);

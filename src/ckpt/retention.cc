@@ -153,6 +153,10 @@ Result<GcReport> CheckpointerImpl::gc() {
   return report;
 }
 
+std::string_view to_string(SyncPhase phase) {
+  return phase == SyncPhase::kVerifying ? "verifying" : "copying";
+}
+
 Result<SyncReport> CheckpointerImpl::sync(const SyncOptions& so) {
   for (size_t t : so.fill)
     if (t >= o_.tiers.size())
@@ -189,13 +193,16 @@ Result<SyncReport> CheckpointerImpl::sync(const SyncOptions& so) {
     }
     if (missing.empty()) continue;
     for (auto& [i, manifest] : held) {
-      const uint64_t total = manifest.bytes();
-      uint64_t done = 0;
-      auto checked = [&](uint64_t n) {
-        done += n;
-        if (so.on_progress) so.on_progress(step, "verifying", o_.tiers[i].name, done, total);
-      };
-      auto v = verify_counting(step, static_cast<int>(i), checked);
+      VerifyOptions vo{.tier = static_cast<int>(i), .cancel = so.cancel};
+      if (so.on_progress)
+        vo.on_progress = [&, step](const std::string& tier, uint64_t done, uint64_t total) {
+          so.on_progress(SyncProgress{step, SyncPhase::kVerifying, tier, done, total});
+        };
+      auto v = verify(step, vo);
+      if (!v && v.error().code() == Code::kCancelled) {
+        report.cancelled = true;
+        return report;
+      }
       if (v && v->bad_chunks == 0 && v->problems.empty()) {
         src = i;
         m = std::move(manifest);
@@ -208,11 +215,12 @@ Result<SyncReport> CheckpointerImpl::sync(const SyncOptions& so) {
       continue;
     }
     for (size_t t : missing) {
-      if (cancelled()) {
-        report.cancelled = true;
-        break;
+      auto bytes = cancelled() ? Result<uint64_t>(std::unexpected(Error(Code::kCancelled, "")))
+                               : copy_step(step, *m, *src, t, so);
+      if (!bytes && (bytes.error().code() == Code::kCancelled || cancelled())) {
+        report.cancelled = true;  // the copy cut short has no manifest: gc removes it
+        return report;
       }
-      auto bytes = copy_step(step, *m, *src, t, so);
       if (!bytes)
         note("copying to tier " + o_.tiers[t].name + ": " + bytes.error().message());
       else
@@ -234,7 +242,8 @@ Result<uint64_t> CheckpointerImpl::copy_step(uint64_t step, const Manifest& m, s
   co.cancel = so.cancel;
   if (so.on_progress)
     co.on_progress = [&](const xfer::CopyProgress& p) {
-      so.on_progress(step, "copying", dst.name, bytes + p.bytes_done, total);
+      so.on_progress(
+          SyncProgress{step, SyncPhase::kCopying, dst.name, bytes + p.bytes_done, total});
     };
   for (auto& shard : out.shards) {
     const std::string key = shard_key(o_.series, step, shard.rank, shard.save_id);
@@ -247,6 +256,8 @@ Result<uint64_t> CheckpointerImpl::copy_step(uint64_t step, const Manifest& m, s
     SLUICE_RETURN_IF_ERROR(
         dst.store->put(record_key(o_.series, step, shard.rank), std::as_bytes(std::span(text))));
   }
+  // Stopped before the manifest: the copy is not committed (gc removes what was written).
+  if (so.cancel && so.cancel->load()) return fail(Code::kCancelled, "sync cancelled");
   store::WriteOptions wo;
   wo.overwrite = false;
   const std::string text = encode_manifest(out);

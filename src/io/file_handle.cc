@@ -679,8 +679,8 @@ Result<FileHandle> FileHandle::open(std::shared_ptr<Context> ctx, const std::str
     }
   } else {
     st->note(
-        "Compat mode on: reads into device memory go through bounce buffers (host memory "
-        "is read into directly).");
+        "Compat mode on: device memory goes through bounce buffers (host memory too where "
+        "O_DIRECT needs an alignment it lacks).");
   }
   return FileHandle(std::move(ctx), std::move(st));
 }

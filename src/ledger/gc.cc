@@ -130,7 +130,7 @@ Result<GcPlan> plan_at(Ledger& l, const GcOptions& o, int64_t now) {
     if (std::any_of(rules.begin(), rules.end(), [&](auto& r) { return r.project == p.id; }))
       planned_projects.push_back(&p);
   }
-  GcProgress at{.phase = "planning", .total = planned_projects.size()};
+  GcProgress at{.phase = GcPhase::kPlanning, .total = planned_projects.size()};
   for (const Project* pp : planned_projects) {
     const Project& p = *pp;
     if (o.on_progress) o.on_progress(at);
@@ -148,6 +148,7 @@ Result<GcPlan> plan_at(Ledger& l, const GcOptions& o, int64_t now) {
     }
     for (auto& x : *planned) out.units.push_back(std::move(x));
   }
+  if (o.on_progress) o.on_progress(at);  // done == total
   return out;
 }
 
@@ -242,7 +243,7 @@ Status purge(Ledger& ledger, ProjectStores& stores, const GcOptions& o, GcRunRep
   std::erase_if(trash, [&](const TrashEntry& e) {
     return e.purge_after_ns > ledger.now_ns() || (!o.project.empty() && e.project != o.project);
   });
-  GcProgress at{.phase = "purging", .total = trash.size()};
+  GcProgress at{.phase = GcPhase::kPurging, .total = trash.size()};
   for (const TrashEntry& e : trash) {
     if (o.on_progress) o.on_progress(at);
     ++at.done;
@@ -272,6 +273,7 @@ Status purge(Ledger& ledger, ProjectStores& stores, const GcOptions& o, GcRunRep
     ++report.purged_objects;
     report.purged_bytes += e.bytes;
   }
+  if (o.on_progress) o.on_progress(at);  // done == total
   return {};
 }
 
@@ -294,7 +296,7 @@ Result<GcRunReport> run_gc(Ledger& ledger, const GcOptions& o,
   SLUICE_ASSIGN_OR_RETURN(auto projects, ledger.projects());
   ProjectStores stores(std::move(projects), o.stores);
   report.run = new_run_id(now);
-  GcProgress at{.phase = "trashing"};
+  GcProgress at{.phase = GcPhase::kTrashing};
   for (const GcUnit& x : plan.units)
     if (x.decision.remove) at.total += x.unit.bytes;
   for (const GcUnit& x : plan.units) {
@@ -316,6 +318,7 @@ Result<GcRunReport> run_gc(Ledger& ledger, const GcOptions& o,
     report.trashed_bytes += x.unit.bytes;
     if (on_trashed) on_trashed(x);
   }
+  if (o.on_progress) o.on_progress(at);  // done == total
   if (Status s = purge(ledger, stores, o, report); !s)
     report.errors.push_back("purge: " + s.error().to_string());
   return report;

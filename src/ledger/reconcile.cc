@@ -45,9 +45,9 @@ Result<std::unique_ptr<store::Store>> open_location(const Project& p,
   return st;
 }
 
-Result<ReconcileReport> reconcile(
-    Ledger& ledger, const store::StoreOptions& store_options, bool dry_run,
-    const std::function<void(const ReconcileProgress&)>& on_progress) {
+Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,
+                                  const ReconcileOptions& ro) {
+  const bool dry_run = ro.dry_run;
   ReconcileReport report;
   SLUICE_ASSIGN_OR_RETURN(auto projects, ledger.projects());
   SLUICE_ASSIGN_OR_RETURN(auto usage, ledger.usage());
@@ -57,7 +57,7 @@ Result<ReconcileReport> reconcile(
     auto tell = [&](int64_t objects, int64_t bytes) {
       at.objects = objects;
       at.bytes = bytes;
-      if (on_progress) on_progress(at);
+      if (ro.on_progress) ro.on_progress(at);
     };
     tell(0, 0);
     ReconcileEntry e{.project = p.id, .team = p.team, .location = p.location, .tier = p.tier};

@@ -5,7 +5,6 @@
 #include <sys/un.h>
 
 #include <atomic>
-#include <cctype>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -18,6 +17,7 @@
 #include "node/frame.h"
 #include "node/wire.h"
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/core/endpoint.h"
 #include "sluice/core/hash.h"
 #include "sluice/io/file_handle.h"
 
@@ -512,34 +512,6 @@ struct NodeStore::Impl {
   }
 };
 
-namespace {
-
-// An endpoint as a comparable "scheme://host:port/path": case of scheme and host, the
-// default port, a trailing slash and the loopback's names (localhost, 127.0.0.1, [::1])
-// do not make two spellings of one server differ.
-std::string endpoint_identity(std::string_view url) {
-  std::string out;
-  size_t sep = url.find("://");
-  std::string scheme = sep == std::string_view::npos ? "http" : std::string(url.substr(0, sep));
-  std::string_view rest = sep == std::string_view::npos ? url : url.substr(sep + 3);
-  size_t slash = rest.find('/');
-  std::string_view authority = rest.substr(0, slash);
-  std::string path = slash == std::string_view::npos ? "" : std::string(rest.substr(slash));
-  while (path.ends_with('/')) path.pop_back();
-  size_t colon = authority.rfind(':');
-  if (colon != std::string_view::npos && authority.find(']', colon) != std::string_view::npos)
-    colon = std::string_view::npos;  // a colon inside [v6]
-  std::string host(authority.substr(0, colon));
-  std::string port(colon == std::string_view::npos ? "" : authority.substr(colon + 1));
-  for (auto* t : {&scheme, &host})
-    for (char& c : *t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (port.empty()) port = scheme == "https" ? "443" : "80";
-  if (host == "localhost" || host == "[::1]" || host.starts_with("127.")) host = "loopback";
-  return scheme + "://" + host + ":" + port + path;
-}
-
-}  // namespace
-
 NodeStore::NodeStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NodeStore::~NodeStore() = default;
 
@@ -549,7 +521,7 @@ Result<std::unique_ptr<NodeStore>> NodeStore::open(std::string root_uri, NodeOpt
   SLUICE_ASSIGN_OR_RETURN(impl->client, NodeClient::connect(options.socket, options.timeout));
   const std::string& theirs = impl->client->daemon().s3_endpoint;
   if (impl->root.starts_with("s3://") && !options.s3_endpoint.empty() && !theirs.empty() &&
-      endpoint_identity(theirs) != endpoint_identity(options.s3_endpoint))
+      !same_endpoint(theirs, options.s3_endpoint))
     return fail(Code::kInvalidArgument,
                 "sluiced at " + options.socket + " reads s3:// from " + theirs + ", not " +
                     options.s3_endpoint +

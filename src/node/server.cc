@@ -863,8 +863,9 @@ struct NodeServer::Impl {
       uint64_t chunk_end = std::min(info.size, start + chunk);
       bool whole = pos == start && end >= chunk_end;
       if (whole && !inline_only && chunk_end - start >= o.handoff_min_bytes) {
-        SLUICE_ASSIGN_OR_RETURN(std::optional<cache::ChunkExtent> x, cache->locate(key, pos));
-        if (x && x->etag == info.etag && x->length == chunk_end - start) {
+        SLUICE_ASSIGN_OR_RETURN(std::optional<cache::ChunkExtent> x,
+                                cache->locate(key, pos, info.etag));
+        if (x) {  // of this version, and whole
           r.body["pieces"].push_back({{"offset", pos},
                                       {"length", x->length},
                                       {"fd", r.fds.size()},
@@ -1072,9 +1073,9 @@ struct NodeServer::Impl {
     body.length = req.length;
     std::optional<cache::ChunkExtent> x;
     if (!req.verify && req.offset == 0 && req.length == length) {
-      SLUICE_ASSIGN_OR_RETURN(x, cache->locate(key, start));
+      SLUICE_ASSIGN_OR_RETURN(x, cache->locate(key, start, info.etag));
     }
-    if (x && x->etag == info.etag && x->length == length) {
+    if (x) {  // of this version, and whole
       body.fd = std::move(x->fd);
       body.file_offset = x->file_offset;
       body.xxh3 = x->xxh3;

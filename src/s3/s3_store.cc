@@ -223,6 +223,9 @@ class S3Store : public store::Store {
         m_.latency[r.op]->record(telemetry::now_ns() - t0);
       }
       Verdict v = judge(r, resp, what, started);
+      // Any answer but a 404 about the bucket says the bucket is there.
+      if (v.done || (resp && resp->status != 404))
+        bucket_seen_.store(true, std::memory_order_relaxed);
       if (v.done) {
         if (m_.bytes_in) {
           m_.bytes_in->add(resp->sink_bytes + resp->body.size());
@@ -353,8 +356,10 @@ class S3Store : public store::Store {
   Result<store::ObjectInfo> stat(std::string_view key) override {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
     auto got = send(S3Request{kHead, "HEAD", full_key(key), {}, {}, {}, {}});
-    if (!got && got.error().code() == Code::kNotFound) {
-      // A HEAD's 404 has no body to say whether the key or the bucket is missing: ask.
+    if (!got && got.error().code() == Code::kNotFound &&
+        !bucket_seen_.load(std::memory_order_relaxed)) {
+      // A HEAD's 404 has no body to say whether the key or the bucket is missing: ask, until
+      // some answer has shown the bucket is there (misses are common: probes, polls).
       auto bucket = send(S3Request{kHead, "HEAD", "", {}, {}, {}, {}});
       if (!bucket && bucket.error().code() == Code::kNotFound)
         return fail(Code::kNotFound, "no bucket '" + loc_.bucket + "' at " + endpoint_url(opts_) +
@@ -561,6 +566,7 @@ class S3Store : public store::Store {
   HttpClient http_;
   Executor parts_;
   std::atomic<int64_t> budget_;
+  std::atomic<bool> bucket_seen_{false};  // some answer showed the bucket exists
   S3Metrics m_;
 };
 

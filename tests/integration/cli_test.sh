@@ -101,7 +101,8 @@ SLUICE_HOME="$work/home" "$SLUICE" ckpt gc --series none --from "$work/no-tier" 
   2>"$work/err" >/dev/null
 grep -q "Could not convert" "$work/err" && bad "ckpt gc --grace 1h: $(cat "$work/err")" \
   || ok "ckpt gc --grace takes 1h"
-expect_usage "a duration with a bad unit" "not a duration" "$SLUICE" ckpt gc --series x --grace 1y
+expect_usage "a duration with a bad unit" "expected a duration" "$SLUICE" ckpt gc --series x --grace 1y
+expect_usage "a policy duration needs its unit" "give the unit" "$SLUICE" ckpt gc --series x --grace 30
 printf 'x' > "$work/same"
 expect_usage "cp onto itself" "same" "$SLUICE" cp "$work/same" "$work/same"
 expect_usage "cp --part-size above 5G" "--part-size" "$SLUICE" cp "$work/same" "$work/other" --part-size 100G

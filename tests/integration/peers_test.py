@@ -200,8 +200,8 @@ def test_fan_out_fetches_each_byte_once(s3, digest):
         assert [p["name"] for p in js["peers"]] == ["n0", "n1", "n2", "n3"], js
         assert sum(p["self"] for p in js["peers"]) == 1, js
         # One state per peer, as the table shows it: self, up, down or untried.
-        assert sorted(p["state"] for p in js["peers"])[-1] == "up" and \
-            {p["state"] for p in js["peers"]} <= {"self", "up", "untried"}, js
+        states = {p["state"] for p in js["peers"]}
+        assert "up" in states and states <= {"self", "up", "untried"}, js
         # Prometheus text on the HTTP port.
         status, body, headers = get(job.ports[1], "/metrics")
         text = body.decode()

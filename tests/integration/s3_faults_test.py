@@ -921,7 +921,7 @@ def test_download_404(ctx):
         assert_failed_cleanly(r, f"s3://{BUCKET}/no/such/key.bin", d)
         # Not retried; one HEAD of the bucket asks whether the key or the bucket is missing.
         assert [str(x) for x in p.seen()] == [f"HEAD /{BUCKET}/no/such/key.bin", f"HEAD /{BUCKET}"], \
-            f"404 was retried: {p.seen()}"
+            f"404 retried, or the bucket not asked about: {p.seen()}"
         assert retries(r) == 0
     with FaultProxy(ctx.s3) as p:
         r = ctx.cp(p, "s3://no-such-bucket/key.bin", os.path.join(d, "key.bin"))

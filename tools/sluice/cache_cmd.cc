@@ -19,6 +19,7 @@
 #include "sluice/client/read.h"
 #include "sluice/client/warm.h"
 #include "sluice/core/sizes.h"
+#include "sluice/peer/peer_store.h"
 #include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
@@ -139,7 +140,15 @@ int cmd_peers(const CacheArgs& a) {
               "FETCHED", "ERRORS", "LAST ERROR");
   for (const nlohmann::json& p : j["peers"]) {
     auto num = [&](const char* k) { return p.value(k, 0.0); };
-    const std::string state = p.value("state", "");
+    // A daemon older than this CLI sends no state: the same rule, from the other fields.
+    const std::string state =
+        p.contains("state") ? p.value("state", "")
+                            : std::string(peer::PeerState{
+                                  .self = p.value("self", false),
+                                  .up = p.value("up", false),
+                                  .fetched_chunks = static_cast<uint64_t>(num("fetched_chunks")),
+                                  .errors = static_cast<uint64_t>(num("errors"))}
+                                              .state());
     std::printf("%-20s %-22s %-7s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
                 printable(p.value("address", "")).c_str(), state.c_str(), num("fetched_chunks"),
                 format_size(num("fetched_bytes")).c_str(), num("errors"),

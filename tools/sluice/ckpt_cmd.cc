@@ -57,7 +57,7 @@ struct CkptArgs {
   int tier = -1;                       // verify --tier
   unsigned keep_last = 0;
   uint64_t keep_every = 0;
-  double grace_s = 3600;
+  std::string grace = "1h";  // gc: a policy's duration, its unit required (duration_flag)
   std::string staging = "1G";
   std::string chunk = "4M";
   unsigned commit_timeout_s = 600;
@@ -103,7 +103,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   o.staging_bytes = staging;
   SLUICE_ASSIGN_OR_RETURN(o.chunk_size, size_flag("--chunk-size", a.chunk));
   o.commit_timeout = std::chrono::seconds(a.commit_timeout_s);
-  o.incomplete_grace = std::chrono::seconds(static_cast<int64_t>(a.grace_s));
+  SLUICE_ASSIGN_OR_RETURN(o.incomplete_grace, duration_flag("--grace", a.grace));
   o.gc_after_save = a.keep_last || a.keep_every;
   o.cancel = a.cancel;
   return client::open_checkpointer(session, std::move(o), tiers);
@@ -360,11 +360,20 @@ int run_verify(const CkptArgs& a) {
   if (steps.empty()) return report_error(nothing_on(**cp, a, "verify"));
   bool bad = false;
   json out = json::array();
+  StatusLine line(!a.no_progress && !a.json);
   for (uint64_t step : steps) {
     bool seen = false;
     for (size_t i = 0; i < (*cp)->options().tiers.size(); ++i) {
       if (a.tier >= 0 && static_cast<size_t>(a.tier) != i) continue;
-      auto r = (*cp)->verify(step, static_cast<int>(i));
+      ckpt::VerifyOptions vo{.tier = static_cast<int>(i), .cancel = a.cancel};
+      if (line.on())
+        vo.on_progress = [&line, step](const std::string& t, uint64_t done, uint64_t total) {
+          line.show("verifying step " + std::to_string(step) + " on " + t + ": " +
+                    format_size(static_cast<double>(done)) + " of " +
+                    format_size(static_cast<double>(total)));
+        };
+      auto r = (*cp)->verify(step, vo);
+      line.clear();
       const std::string& tier = (*cp)->options().tiers[i].name;
       if (!r && r.error().code() == Code::kNotFound) continue;  // no copy on this tier
       if (!r) return report_error(r.error());
@@ -516,15 +525,19 @@ int run_sync(const CkptArgs& given) {
   }
   StatusLine line(!a.no_progress && !a.json);
   if (line.on())
-    so.on_progress = [&line](uint64_t step, std::string_view phase, const std::string& tier,
-                             uint64_t done, uint64_t total) {
-      line.show(std::string(phase) + " step " + std::to_string(step) + " on " + tier + ": " +
-                format_size(static_cast<double>(done)) + " of " +
-                format_size(static_cast<double>(total)));
+    so.on_progress = [&line](const ckpt::SyncProgress& p) {
+      line.show(std::string(ckpt::to_string(p.phase)) + " step " + std::to_string(p.step) + " on " +
+                p.tier + ": " + format_size(static_cast<double>(p.done)) + " of " +
+                format_size(static_cast<double>(p.total)));
     };
   auto r = (*cp)->sync(so);
   line.clear();
   if (!r) return report_error(r.error());
+  // Nothing copied and nothing held: most likely the wrong series or tiers, not success.
+  if (r->copied.empty() && r->problems.empty() && !r->cancelled && !so.step) {
+    auto held = (*cp)->list();
+    if (held && held->empty()) return report_error(nothing_on(**cp, a, "sync"));
+  }
   if (a.json) {
     json copied = json::array();
     for (const auto& c : r->copied)
@@ -616,7 +629,7 @@ void add_save(CLI::App* ck, CkptArgs& a, const Interruptible& interruptible) {
   save->callback([interruptible] { interruptible(run_save); });
 }
 
-void add_readers(CLI::App* ck, CkptArgs& a, int& rc) {
+void add_readers(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible& interruptible) {
   auto* ls = ck->add_subcommand("ls", "List series, or the committed steps of one series");
   ls->add_option("--series", a.series, "The series (none: list the series)");
   add_common(ls, a, "--from", kFromHelp);
@@ -636,7 +649,8 @@ void add_readers(CLI::App* ck, CkptArgs& a, int& rc) {
   verify->add_option("--step", a.step, "A step number, latest or all")->default_str("latest");
   verify->add_option("--tier", a.tier, "Only the tier at this index (0 = first --from)");
   add_common(verify, a, "--from", kFromHelp);
-  verify->callback([&rc, &a] { rc = run_verify(a); });
+  verify->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
+  verify->callback([interruptible] { interruptible(run_verify); });
 }
 
 void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible& interruptible) {
@@ -686,8 +700,8 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
   gc->add_option("--series", a.series, "The series")->required();
   gc->add_option("--keep-last", a.keep_last, "Keep this many newest checkpoints (0: all)");
   gc->add_option("--keep-every", a.keep_every, "Also keep steps divisible by K");
-  gc->add_option("--grace", a.grace_s, "How long an incomplete step is left alone (90s, 1h, 2d)")
-      ->transform(seconds_validator(0, 1e9))
+  gc->add_option("--grace", a.grace,
+                 "How long an incomplete step is left alone (90s, 1h, 2d: the unit is required)")
       ->default_str("1h");
   add_common(gc, a, "--from", kFromHelp);
   add_ledger_flag(gc, a);
@@ -711,7 +725,7 @@ void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& 
       "verify, restore, sync, gc");
   ck->require_subcommand(1);
   add_save(ck, a, interruptible);
-  add_readers(ck, a, rc);
+  add_readers(ck, a, rc, interruptible);
   add_restore_sync_gc(ck, a, rc, interruptible);
 }
 

@@ -65,12 +65,15 @@ Result<GcOptions> gc_options(const GcArgs& a) {
 void show_progress(GcOptions& o, StatusLine& line) {
   if (!line.on()) return;
   o.on_progress = [&line](const GcProgress& p) {
-    if (p.phase == "trashing")
+    if (p.done == p.total) return;  // a phase's end: the next line (or the result) follows
+    if (p.phase == GcPhase::kTrashing)
       line.show("moving to the trash: " + format_size(static_cast<double>(p.done)) + " of " +
                 format_size(static_cast<double>(p.total)));
+    else if (p.phase == GcPhase::kPlanning)
+      line.show("planning project " + std::to_string(p.done + 1) + " of " +
+                std::to_string(p.total));
     else
-      line.show(std::string(p.phase) + " " + std::to_string(p.done + 1) + " of " +
-                count_of(p.total, p.phase == "planning" ? "project" : "object"));
+      line.show("purging object " + std::to_string(p.done + 1) + " of " + std::to_string(p.total));
   };
 }
 

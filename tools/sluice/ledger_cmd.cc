@@ -245,12 +245,14 @@ int run_reconcile(const LedgerArgs& a, const std::string& home) {
   auto l = open_ledger(a, home);
   if (!l) return report_error(l.error());
   StatusLine line(!a.no_progress && !a.json);
-  auto rep = reconcile(**l, session->store_options(), a.dry_run, [&](const ReconcileProgress& p) {
+  ReconcileOptions ro{.dry_run = a.dry_run};
+  ro.on_progress = [&](const ReconcileProgress& p) {
     line.show("listing project " + std::string(p.project) + " (" + std::to_string(p.index) +
               " of " + std::to_string(p.projects) +
               "): " + count_of(static_cast<uint64_t>(p.objects), "object") + ", " +
               format_size(static_cast<double>(p.bytes)));
-  });
+  };
+  auto rep = reconcile(**l, session->store_options(), ro);
   line.clear();
   if (!rep) return report_error(rep.error());
   int failed = 0;

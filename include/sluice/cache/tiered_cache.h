@@ -200,7 +200,9 @@ class TieredCache : public store::Store, public ReadAhead {
   // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
   // The caller is taken to read it: a hit of the NVMe tier, and a declared chunk counts as
   // read (a prefetch hit).
-  Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset);
+  // `etag`, when given: nullopt unless the chunk is of that version.
+  Result<std::optional<ChunkExtent>> locate(std::string_view key, uint64_t offset,
+                                            std::string_view etag = {});
 
   // Makes the chunks holding [offset, offset + length) of `key` resident, as a read of them
   // would (the tiers decide what they keep), without copying a cached byte anywhere:

@@ -44,6 +44,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sluice/ckpt/manifest.h"
@@ -189,6 +190,15 @@ struct VerifyReport {
   std::vector<std::string> problems;
 };
 
+struct VerifyOptions {
+  int tier = -1;  // an index into CheckpointerOptions::tiers; -1: every tier holding the step
+  // Called as chunks are checked: the tier, and its bytes (tensor bytes) checked and in all.
+  // From the reading threads, one call at a time.
+  std::function<void(const std::string& tier, uint64_t done, uint64_t total)> on_progress;
+  // When it becomes true, verify stops at the next chunk and fails with Cancelled.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
 struct SyncReport {
   struct Copied {
     uint64_t step = 0;
@@ -200,17 +210,28 @@ struct SyncReport {
   bool cancelled = false;             // stopped by SyncOptions::cancel
 };
 
+enum class SyncPhase { kVerifying, kCopying };
+std::string_view to_string(SyncPhase phase);  // "verifying", "copying"
+
+// Where a sync is: checking a step's source copy (tensor bytes), or copying it to a tier
+// (shard bytes).
+struct SyncProgress {
+  uint64_t step = 0;
+  SyncPhase phase = SyncPhase::kVerifying;
+  std::string tier;  // the tier checked, or copied to
+  uint64_t done = 0, total = 0;
+};
+
 // What sync copies, and how it reports. A tier is an index into CheckpointerOptions::tiers.
 struct SyncOptions {
   std::optional<uint64_t> step;  // one step; none: every committed step
   std::vector<size_t> fill;      // only these tiers get copies; empty: every tier lacking one
-  // Called as bytes are checked on the source ("verifying") and copied to a tier
-  // ("copying"): the step, the tier it concerns, and that phase's bytes done and total.
-  std::function<void(uint64_t step, std::string_view phase, const std::string& tier, uint64_t done,
-                     uint64_t total)>
-      on_progress;
-  // When it becomes true, sync stops at the next object: what was committed stays committed,
-  // a tier's copy cut short is left incomplete (gc removes it), and the report says cancelled.
+  // Called as bytes are checked and copied, from the reading and copying threads, one call
+  // at a time.
+  std::function<void(const SyncProgress&)> on_progress;
+  // When it becomes true, sync stops at the next chunk or part: what was committed stays
+  // committed, a tier's copy cut short has no manifest (gc removes it), and the report says
+  // cancelled.
   const std::atomic<bool>* cancel = nullptr;
 };
 
@@ -241,8 +262,11 @@ class Checkpointer {
   // Restores the named tensors (of any rank's shard) into `dests`.
   virtual Result<RestoreReport> restore(uint64_t step, std::span<const TensorDest> dests) = 0;
   // Reads every chunk of a step on one tier (or every tier holding it: tier < 0) and
-  // checks it.
-  virtual Result<VerifyReport> verify(uint64_t step, int tier = -1) = 0;
+  // checks it. NotFound when no tier looked at holds the step; Cancelled when stopped.
+  virtual Result<VerifyReport> verify(uint64_t step, const VerifyOptions& options) = 0;
+  Result<VerifyReport> verify(uint64_t step, int tier = -1) {
+    return verify(step, VerifyOptions{.tier = tier});
+  }
   // Applies each tier's retention and removes stale incomplete steps.
   virtual Result<GcReport> gc() = 0;
   // Copies committed checkpoints (one step, or every one) to the tiers that lack them: after
@@ -250,7 +274,8 @@ class Checkpointer {
   // Each copy is checked against the manifest's chunk checksums on its source first, then
   // committed on the new tier as a save would (shards, records, manifest last). Steps that
   // cannot be copied are named in the report; the call fails only when listing fails.
-  // Tiers left out of `fill` are still read from.
+  // Tiers left out of `fill` are still read from. Only the source copies are checked
+  // (and only of steps some tier lacks): `verify` checks every copy.
   virtual Result<SyncReport> sync(const SyncOptions& options = {}) = 0;
 
   virtual const CheckpointerOptions& options() const = 0;

@@ -41,10 +41,14 @@ namespace sluice::ledger {
 
 inline constexpr std::string_view kTrashPrefix = ".sluice-trash/";
 
-// Where a run is: "planning" (done and total are projects), "trashing" (bytes of the units
-// the plan removes) or "purging" (trash objects whose delay has passed).
+enum class GcPhase {
+  kPlanning,  // done and total are projects
+  kTrashing,  // bytes of the units the plan removes
+  kPurging,   // trash objects whose delay has passed
+};
+
 struct GcProgress {
-  std::string_view phase;
+  GcPhase phase = GcPhase::kPlanning;
   uint64_t done = 0, total = 0;
 };
 
@@ -56,7 +60,8 @@ struct GcOptions {
   // How long trashed data waits before a run purges it (0: this run's too).
   std::chrono::seconds delay{24 * 3600};
   store::StoreOptions stores;  // how the projects' locations are opened (S3 endpoint, ...)
-  // Called as each phase starts and after each project, unit or object (plan and run).
+  // Called before each project, unit or object of a phase, and once at its end (done ==
+  // total), on the caller's thread (plan and run).
   std::function<void(const GcProgress&)> on_progress;
 };
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sluice/ledger/ledger.h"
@@ -49,11 +50,15 @@ struct ReconcileProgress {
   int64_t objects = 0, bytes = 0;
 };
 
-// `store_options` opens each location (credentials and endpoint for s3://). With
-// `dry_run`, reports what it would change and changes nothing. `on_progress` is called as
-// each project's listing starts and after each page of it.
-Result<ReconcileReport> reconcile(
-    Ledger& ledger, const store::StoreOptions& store_options, bool dry_run = false,
-    const std::function<void(const ReconcileProgress&)>& on_progress = {});
+struct ReconcileOptions {
+  bool dry_run = false;  // report what would change; change nothing
+  // Called as each project's listing starts and after each page of it, on the caller's
+  // thread.
+  std::function<void(const ReconcileProgress&)> on_progress;
+};
+
+// `store_options` opens each location (credentials and endpoint for s3://).
+Result<ReconcileReport> reconcile(Ledger& ledger, const store::StoreOptions& store_options,
+                                  const ReconcileOptions& options = {});
 
 }  // namespace sluice::ledger

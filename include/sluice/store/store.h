@@ -260,8 +260,10 @@ struct StoreOptions {
 //   mem://NAME                                            a process-local memory store; the
 //                                                         same NAME opens the same store
 // file:// and mem:// are always there; other backends register their scheme (s3:// with
-// s3::register_scheme(), see s3/store.h). Telemetry is added around the store when
-// options.registry is set.
+// s3::register_scheme(), see s3/store.h). A scheme no backend registered in this process
+// is InvalidArgument, naming the schemes that are (a caller's URI, most often a typo; a
+// program that forgot to register a backend sees its scheme missing from the list).
+// Telemetry is added around the store when options.registry is set.
 Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptions& options = {});
 
 // Opens a store of one scheme. `uri` is the whole URI ("s3://bucket/prefix").

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@
 #include "sluice/ledger/gc.h"
 #include "sluice/ledger/json.h"
 #include "sluice/ledger/ledger.h"
+#include "sluice/ledger/reconcile.h"
 #include "sluice/store/wrapper.h"
 #include "test_util.h"
 
@@ -1208,8 +1210,20 @@ TEST_P(LedgerTest, GcPlansTrashesRestoresAndPurges) {
   EXPECT_EQ(restore_gc(*ledger_, run->run, o).error().code(), Code::kNotFound);
 
   o.delay = std::chrono::seconds(0);  // trashed and purged in one run: uncharged
+  // Progress: each phase in order, before each item and once at its end (done == total).
+  std::vector<std::tuple<GcPhase, uint64_t, uint64_t>> told_progress;
+  o.on_progress = [&](const GcProgress& p) {
+    told_progress.emplace_back(p.phase, p.done, p.total);
+  };
   run = run_gc(*ledger_, o);
   ASSERT_TRUE(run) << run.error().to_string();
+  using P = std::tuple<GcPhase, uint64_t, uint64_t>;
+  EXPECT_EQ(told_progress,
+            (std::vector<P>{P{GcPhase::kPlanning, 0, 1}, P{GcPhase::kPlanning, 1, 1},
+                            P{GcPhase::kTrashing, 0, 20}, P{GcPhase::kTrashing, 10, 20},
+                            P{GcPhase::kTrashing, 20, 20}, P{GcPhase::kPurging, 0, 2},
+                            P{GcPhase::kPurging, 1, 2}, P{GcPhase::kPurging, 2, 2}}));
+  o.on_progress = nullptr;
   EXPECT_EQ(run->trashed_units, 2);
   EXPECT_EQ(run->purged_objects, 2);
   EXPECT_EQ(run->purged_bytes, 20);
@@ -1217,6 +1231,17 @@ TEST_P(LedgerTest, GcPlansTrashesRestoresAndPurges) {
   Account a = account("gc", Tier::kObject);
   EXPECT_EQ(a.used_bytes, 20);
   EXPECT_EQ(a.used_objects, 2);
+  // A reconcile says which project it lists and what it found so far.
+  std::vector<std::string> listed;
+  ReconcileOptions ro{.dry_run = true};
+  ro.on_progress = [&](const ReconcileProgress& p) {
+    listed.push_back(std::string(p.project) + " " + std::to_string(p.index) + "/" +
+                     std::to_string(p.projects) + " " + std::to_string(p.objects));
+  };
+  ASSERT_TRUE(reconcile(*ledger_, {}, ro));
+  ASSERT_FALSE(listed.empty());
+  EXPECT_EQ(listed.front(), "gc-p 1/1 0");
+  EXPECT_EQ(listed.back(), "gc-p 1/1 2");  // pinned-c and new-d
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LedgerTest, ::testing::Values("sqlite", "postgresql"),

@@ -12,13 +12,13 @@ namespace {
 constexpr size_t kHugePage = 2 << 20;
 }  // namespace
 
-Result<AlignedBuffer> AlignedBuffer::allocate(size_t size, size_t alignment) {
+Result<AlignedBuffer> AlignedBuffer::allocate(size_t size, size_t alignment, bool huge_pages) {
   if (size == 0) return fail(Code::kInvalidArgument, "aligned buffer of 0 bytes");
   // Large buffers are backed by transparent huge pages where the system allows them
   // (madvise or always): one fault and one page-table entry per 2 MiB instead of 512, and
   // O_DIRECT pins 2 pages per 4 MiB read instead of 1,024. On these VMs, where the first
   // touch of memory is slow, a warm read through sluiced went from 0.27 to 0.17 s a GiB.
-  const bool huge = size >= kHugePage;
+  const bool huge = huge_pages && size >= kHugePage;
   if (huge) alignment = std::max(alignment, kHugePage);
   // The size is rounded to 4 KiB only, and only its whole 2 MiB pages are marked: a 3 MiB
   // buffer does not become 4 MiB of memory once touched.
@@ -122,10 +122,13 @@ Result<std::shared_ptr<AlignedBuffer>> BufferRecycler::acquire(size_t size) {
     }
   }
   if (!got) {
-    // Whole huge pages from 2 MiB (or 64 KiB units below): sizes that differ a little
-    // share buffers.
+    // In 2 MiB units from 2 MiB (64 KiB below): sizes that differ a little share buffers.
+    // Small pages: a loader's process touches its buffers once, and on these VMs the first
+    // touch of huge pages cost 1.5-2 s of system time per 256 MiB where small pages cost
+    // 0.4 s, for the same read speed (docs/performance.md, "The warm path's CPU").
     const size_t unit = size >= kHugePage ? kHugePage : size_t{64} << 10;
-    SLUICE_ASSIGN_OR_RETURN(got, AlignedBuffer::allocate((size + unit - 1) / unit * unit));
+    SLUICE_ASSIGN_OR_RETURN(
+        got, AlignedBuffer::allocate((size + unit - 1) / unit * unit, kDirectAlignment, false));
     allocated_.fetch_add(1, std::memory_order_relaxed);
   }
   std::weak_ptr<BufferRecycler> home = weak_from_this();

@@ -94,7 +94,7 @@ TEST(BufferRecycler, ReusesWhatFitsKeepsAtMostItsBudgetAndOutlivesNothing) {
   std::byte* first = a->data();
   std::memset(a->data(), 7, a->size());
   a.reset();                                    // the last reference: back to the recycler
-  EXPECT_EQ(r->idle_bytes(), size_t{4} << 20);  // whole huge pages
+  EXPECT_EQ(r->idle_bytes(), size_t{4} << 20);  // in 2 MiB units
   auto b = r->acquire(3 << 20).value();         // fits: the same memory again
   EXPECT_EQ(b->data(), first);
   EXPECT_EQ(r->reused(), 1u);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "test_util.h"
@@ -90,6 +91,24 @@ TEST(Tar, BadChecksumNamesShardAndOffset) {
   EXPECT_NE(r.error().message().find("t.tar at offset 1024"), std::string::npos)
       << r.error().message();
   EXPECT_NE(r.error().message().find("checksum"), std::string::npos);
+}
+
+TEST(Tar, ChecksumsSummedSignedAsOldTarsWroteThemAreAccepted) {
+  // A name byte above 127: its unsigned and signed sums differ by 256. An old tar that
+  // summed signed chars stored the signed sum; both are accepted, anything else is not.
+  auto tar = make_tar({{"\xe9t\xe9.txt", "1"}});
+  int64_t signed_sum = 8 * ' ';
+  for (size_t i = 0; i < 512; ++i)
+    if (i < 148 || i >= 156) signed_sum += static_cast<signed char>(tar[i]);
+  char field[8];
+  std::snprintf(field, sizeof field, "%06llo", static_cast<unsigned long long>(signed_sum));
+  std::memcpy(tar.data() + 148, field, 7);
+  auto r = parse(tar);
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_EQ(r->size(), 1u);
+  std::snprintf(field, sizeof field, "%06llo", static_cast<unsigned long long>(signed_sum + 1));
+  std::memcpy(tar.data() + 148, field, 7);
+  EXPECT_FALSE(parse(tar));
 }
 
 TEST(Tar, TruncatedArchiveIsCorruption) {

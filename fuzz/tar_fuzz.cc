@@ -76,6 +76,14 @@ void parse(std::span<const std::byte> shard) {
     SLUICE_FUZZ_CHECK(alone.has_value(), "a sample parses alone from its range");
     SLUICE_FUZZ_CHECK(alone->key == s.key && alone->fields.size() == s.fields.size(),
                       "alone, a sample has the same key and fields");
+    // parse_tar_sample's plain-header path and parse_tar agree on every field.
+    SLUICE_FUZZ_CHECK(alone->offset == s.offset && alone->length == s.length,
+                      "alone, a sample has the same range");
+    for (size_t i = 0; i < s.fields.size(); ++i)
+      SLUICE_FUZZ_CHECK(alone->fields[i].name == s.fields[i].name &&
+                            alone->fields[i].offset == s.fields[i].offset &&
+                            alone->fields[i].size == s.fields[i].size,
+                        "alone, each field has the same name, offset and size");
   }
 }
 

@@ -578,6 +578,29 @@ TEST(TieredCache, ReadsServingAPeerLeaveTheDeclaredOrderAlone) {
   EXPECT_EQ(cache->stats().prefetch_hits, 1u);
 }
 
+// A reader with many reads in flight (the loader: about 128 chunks) reads out of the
+// declared order: the chunks it reads later than their place are hits, not waste.
+TEST(TieredCache, ReadsOutOfOrderWithinTheDefaultSlackWasteNothing) {
+  Backing b;
+  ASSERT_TRUE(b.open()->put("k", pattern(40 * kChunk, 11)));
+  CacheOptions o = small_options();
+  o.ram_bytes = 64 * kChunk;
+  o.prefetch_bytes = 64 * kChunk;
+  auto cache = open_cache(b.open(), o);
+  std::vector<PlannedRead> all = {{"k", 0, 0}};
+  ASSERT_TRUE(cache->declare(all).has_value());
+  ASSERT_TRUE(eventually([&] { return cache->stats().prefetched == 40; }));
+  const auto want = pattern(40 * kChunk, 11);
+  for (uint64_t i : {39, 20}) read_range(*cache, "k", i * kChunk, kChunk);
+  for (uint64_t i = 0; i < 39; ++i) {
+    if (i == 20) continue;
+    EXPECT_EQ(read_range(*cache, "k", i * kChunk, kChunk),
+              std::vector<std::byte>(want.begin() + i * kChunk, want.begin() + (i + 1) * kChunk));
+  }
+  EXPECT_EQ(cache->stats().prefetch_hits, 40u);
+  EXPECT_EQ(cache->stats().prefetch_wasted, 0u);
+}
+
 // A reader that declares and goes away (a killed job, `cat | head`) must not hold the
 // prefetch budget from the next one: reading far past its chunks releases them.
 TEST(TieredCache, AnAbandonedDeclarationDoesNotStallTheNextReader) {
@@ -587,6 +610,7 @@ TEST(TieredCache, AnAbandonedDeclarationDoesNotStallTheNextReader) {
   CacheOptions o = small_options();
   o.ram_bytes = 64 * kChunk;
   o.prefetch_bytes = 2 * kChunk;
+  o.prefetch_reorder_chunks = 16;  // "gone" is 20 chunks: the read of "next" is past them
   auto cache = open_cache(b.open(), o);
   std::vector<PlannedRead> gone = {{"gone", 0, 0}};
   ASSERT_TRUE(cache->declare(gone).has_value());

@@ -1096,7 +1096,9 @@ std::optional<int64_t> seconds_ns(const std::optional<std::chrono::seconds>& s) 
 }
 }  // namespace
 
-Status Ledger::set_rule(const RetentionRule& r) {
+namespace {
+
+Status check_rule(const RetentionRule& r) {
   auto too_big = [](const std::optional<uint64_t>& v) { return v && *v > uint64_t{1} << 62; };
   auto bad_duration = [](const std::optional<std::chrono::seconds>& d) {
     return d && (d->count() < 0 || d->count() > int64_t{100} * 365 * 86400);
@@ -1115,24 +1117,87 @@ Status Ledger::set_rule(const RetentionRule& r) {
       (r.series.find('/') != std::string::npos || !store::validate_key(r.series + "/x")))
     return fail(Code::kInvalidArgument, "retention rule for project " + quote(r.project) +
                                             ": series " + quote(r.series) + " is not a name");
+  return {};
+}
+
+// Writes (or, when empty, deletes) a rule, inside a transaction.
+Status write_rule(Conn& c, const RetentionRule& r, int64_t now) {
+  std::vector<Value> key{r.project, r.series};
+  if (r.empty()) {
+    SLUICE_RETURN_IF_ERROR(
+        c.query("DELETE FROM retention WHERE project = $1 AND series = $2", key));
+    return {};
+  }
+  auto u = [](const std::optional<uint64_t>& v) {
+    return v ? Value(static_cast<int64_t>(*v)) : Value(std::monostate{});
+  };
+  SLUICE_RETURN_IF_ERROR(c.query(
+      "INSERT INTO retention (project, series, keep_last, keep_every, max_age_ns, max_idle_ns,"
+      " updated_ns) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (project, series) DO UPDATE"
+      " SET keep_last = $3, keep_every = $4, max_age_ns = $5, max_idle_ns = $6, updated_ns = $7",
+      std::vector<Value>{r.project, r.series, u(r.keep_last), u(r.keep_every),
+                         opt_value(seconds_ns(r.max_age)), opt_value(seconds_ns(r.max_idle)),
+                         now}));
+  return {};
+}
+
+RetentionRule rule_of(const Row& r) {
+  RetentionRule rule{.project = r.text(0), .series = r.text(1)};
+  if (!r.is_null(2)) rule.keep_last = static_cast<uint64_t>(r.i64(2));
+  if (!r.is_null(3)) rule.keep_every = static_cast<uint64_t>(r.i64(3));
+  if (!r.is_null(4)) rule.max_age = std::chrono::seconds(r.i64(4) / 1'000'000'000);
+  if (!r.is_null(5)) rule.max_idle = std::chrono::seconds(r.i64(5) / 1'000'000'000);
+  return rule;
+}
+
+constexpr const char* kRuleColumns =
+    "SELECT project, series, keep_last, keep_every, max_age_ns, max_idle_ns FROM retention";
+
+}  // namespace
+
+Status Ledger::set_rule(const RetentionRule& r) {
+  SLUICE_RETURN_IF_ERROR(check_rule(r));
   return db_->transaction([&](Conn& c) -> Status {
     SLUICE_RETURN_IF_ERROR(require_project(c, r.project));
-    std::vector<Value> key{r.project, r.series};
-    if (r.empty()) {
-      SLUICE_RETURN_IF_ERROR(
-          c.query("DELETE FROM retention WHERE project = $1 AND series = $2", key));
-      return {};
-    }
-    auto u = [](const std::optional<uint64_t>& v) {
-      return v ? Value(static_cast<int64_t>(*v)) : Value(std::monostate{});
-    };
-    SLUICE_RETURN_IF_ERROR(c.query(
-        "INSERT INTO retention (project, series, keep_last, keep_every, max_age_ns, max_idle_ns,"
-        " updated_ns) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (project, series) DO UPDATE"
-        " SET keep_last = $3, keep_every = $4, max_age_ns = $5, max_idle_ns = $6, updated_ns = $7",
-        std::vector<Value>{r.project, r.series, u(r.keep_last), u(r.keep_every),
-                           opt_value(seconds_ns(r.max_age)), opt_value(seconds_ns(r.max_idle)),
-                           now_ns()}));
+    return write_rule(c, r, now_ns());
+  });
+}
+
+Result<RetentionRule> Ledger::update_rule(const RulePatch& p) {
+  RetentionRule r{.project = p.project, .series = p.series};
+  Status st = db_->transaction([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_project(c, p.project));
+    // The project's row first: another update between the read and the write below would
+    // otherwise be lost (PostgreSQL; SQLite has one writer at a time).
+    if (c.dialect() == Dialect::kPostgres)
+      SLUICE_RETURN_IF_ERROR(c.query("SELECT 1 FROM projects WHERE id = $1 FOR UPDATE",
+                                     std::vector<Value>{p.project}));
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows, c.query(std::string(kRuleColumns) + " WHERE project = $1 AND series = $2",
+                           std::vector<Value>{p.project, p.series}));
+    r = rows.empty() ? RetentionRule{.project = p.project, .series = p.series} : rule_of(rows[0]);
+    if (p.keep_last) r.keep_last = *p.keep_last;
+    if (p.keep_every) r.keep_every = *p.keep_every;
+    if (p.max_age) r.max_age = *p.max_age;
+    if (p.max_idle) r.max_idle = *p.max_idle;
+    SLUICE_RETURN_IF_ERROR(check_rule(r));
+    return write_rule(c, r, now_ns());
+  });
+  if (!st) return std::unexpected(st.error());
+  return r;
+}
+
+Status Ledger::remove_rule(std::string_view project, std::string_view series) {
+  return db_->transaction([&](Conn& c) -> Status {
+    SLUICE_RETURN_IF_ERROR(require_project(c, project));
+    std::vector<Value> key{std::string(project), std::string(series)};
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows, c.query("SELECT 1 FROM retention WHERE project = $1 AND series = $2", key));
+    if (rows.empty())
+      return fail(Code::kNotFound, "no retention rule for project " + quote(project) +
+                                       (series.empty() ? "" : " series " + quote(series)));
+    SLUICE_RETURN_IF_ERROR(
+        c.query("DELETE FROM retention WHERE project = $1 AND series = $2", key));
     return {};
   });
 }
@@ -1140,17 +1205,9 @@ Status Ledger::set_rule(const RetentionRule& r) {
 Result<std::vector<RetentionRule>> Ledger::rules() {
   std::vector<RetentionRule> out;
   Status outer = db_->with_conn([&](Conn& c) -> Status {
-    SLUICE_ASSIGN_OR_RETURN(
-        auto rows, c.query("SELECT project, series, keep_last, keep_every, max_age_ns, max_idle_ns"
-                           " FROM retention ORDER BY project, series"));
-    for (auto& r : rows) {
-      RetentionRule rule{.project = r.text(0), .series = r.text(1)};
-      if (!r.is_null(2)) rule.keep_last = static_cast<uint64_t>(r.i64(2));
-      if (!r.is_null(3)) rule.keep_every = static_cast<uint64_t>(r.i64(3));
-      if (!r.is_null(4)) rule.max_age = std::chrono::seconds(r.i64(4) / 1'000'000'000);
-      if (!r.is_null(5)) rule.max_idle = std::chrono::seconds(r.i64(5) / 1'000'000'000);
-      out.push_back(std::move(rule));
-    }
+    SLUICE_ASSIGN_OR_RETURN(auto rows,
+                            c.query(std::string(kRuleColumns) + " ORDER BY project, series"));
+    for (auto& r : rows) out.push_back(rule_of(r));
     return {};
   });
   if (!outer) return std::unexpected(outer.error());

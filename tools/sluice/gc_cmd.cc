@@ -31,24 +31,24 @@ struct GcArgs {
   bool json = false, no_progress = false;
 };
 
-// A rule's field: empty keeps `current`, "none" clears it.
-Result<std::optional<uint64_t>> count_flag(const std::string& flag, const std::string& text,
-                                           std::optional<uint64_t> current) {
-  if (text.empty()) return current;
-  if (text == "none") return std::optional<uint64_t>{};
+// A rule's field as a patch says it: empty text keeps it, "none" clears it.
+Result<RulePatch::Field<uint64_t>> count_field(const std::string& flag, const std::string& text) {
+  if (text.empty()) return RulePatch::Field<uint64_t>{};
+  if (text == "none") return RulePatch::Field<uint64_t>{std::optional<uint64_t>{}};
   uint64_t v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || p != text.data() + text.size())
     return fail(Code::kInvalidArgument, flag + " '" + text + "': expected a whole number");
-  return std::optional<uint64_t>(v);
+  return RulePatch::Field<uint64_t>{v};
 }
 
-Result<std::optional<std::chrono::seconds>> opt_duration(
-    const std::string& flag, const std::string& text, std::optional<std::chrono::seconds> current) {
-  if (text.empty()) return current;
-  if (text == "none") return std::optional<std::chrono::seconds>{};
+Result<RulePatch::Field<std::chrono::seconds>> duration_field(const std::string& flag,
+                                                              const std::string& text) {
+  using F = RulePatch::Field<std::chrono::seconds>;
+  if (text.empty()) return F{};
+  if (text == "none") return F{std::optional<std::chrono::seconds>{}};
   SLUICE_ASSIGN_OR_RETURN(auto d, duration_flag(flag, text));
-  return std::optional<std::chrono::seconds>(d);
+  return F{d};
 }
 
 Result<GcOptions> gc_options(const GcArgs& a) {
@@ -226,55 +226,46 @@ std::string rule_text(const RetentionRule& r) {
 
 // Changes the fields given (as quota set does); "none" clears one.
 int run_rule_set(const GcArgs& a, const std::string& home) {
-  if (a.keep_last.empty() && a.keep_every.empty() && a.max_age.empty() && a.max_idle.empty())
-    return report_error(Error(Code::kInvalidArgument,
-                              "gc rule set: give --keep-last, --keep-every, --max-age or "
-                              "--max-idle (sluice gc rule rm removes a rule)"));
-  auto l = open_ledger_at(a.ledger, home);
-  if (!l) return report_error(l.error());
-  auto rules = (*l)->rules();
-  if (!rules) return report_error(rules.error());
-  RetentionRule r{.project = a.project, .series = a.series};
-  for (const RetentionRule& x : *rules)
-    if (x.project == a.project && x.series == a.series) r = x;
-  auto kl = count_flag("--keep-last", a.keep_last, r.keep_last);
-  auto ke = count_flag("--keep-every", a.keep_every, r.keep_every);
-  auto ma = opt_duration("--max-age", a.max_age, r.max_age);
-  auto mi = opt_duration("--max-idle", a.max_idle, r.max_idle);
+  RulePatch p{.project = a.project, .series = a.series};
+  auto kl = count_field("--keep-last", a.keep_last);
+  auto ke = count_field("--keep-every", a.keep_every);
+  auto ma = duration_field("--max-age", a.max_age);
+  auto mi = duration_field("--max-idle", a.max_idle);
   if (!kl) return report_error(kl.error());
   if (!ke) return report_error(ke.error());
   if (!ma) return report_error(ma.error());
   if (!mi) return report_error(mi.error());
-  r.keep_last = *kl;
-  r.keep_every = *ke;
-  r.max_age = *ma;
-  r.max_idle = *mi;
-  if (a.series.empty() && r.keep_every)  // the ledger refuses it too, without naming flags
+  p.keep_last = *kl;
+  p.keep_every = *ke;
+  p.max_age = *ma;
+  p.max_idle = *mi;
+  if (p.empty())
+    return report_error(Error(Code::kInvalidArgument,
+                              "gc rule set: give --keep-last, --keep-every, --max-age or "
+                              "--max-idle (sluice gc rule rm removes a rule)"));
+  if (a.series.empty() && p.keep_every && *p.keep_every)  // the ledger says so without flags
     return report_error(Error(Code::kInvalidArgument,
                               "--keep-every keeps checkpoint steps: give it with --series"));
-  if (auto s = (*l)->set_rule(r); !s) return report_error(s.error());
+  auto l = open_ledger_at(a.ledger, home);
+  if (!l) return report_error(l.error());
+  auto r = (*l)->update_rule(p);
+  if (!r) return report_error(r.error());
   const std::string whose = a.project + (a.series.empty() ? "" : " series " + a.series);
-  if (r.empty())
+  if (r->empty())
     std::printf("rule of %s removed (every field was cleared)\n", whose.c_str());
   else
-    std::printf("rule of %s:%s\n", whose.c_str(), rule_text(r).c_str());
+    std::printf("rule of %s:%s\n", whose.c_str(), rule_text(*r).c_str());
   return 0;
 }
 
 int run_rule_rm(const GcArgs& a, const std::string& home) {
   auto l = open_ledger_at(a.ledger, home);
   if (!l) return report_error(l.error());
-  auto rules = (*l)->rules();
-  if (!rules) return report_error(rules.error());
-  const std::string whose = a.project + (a.series.empty() ? "" : " series " + a.series);
-  if (std::none_of(rules->begin(), rules->end(), [&](const RetentionRule& x) {
-        return x.project == a.project && x.series == a.series;
-      }))
+  if (auto s = (*l)->remove_rule(a.project, a.series); !s)
     return report_error(
-        Error(Code::kNotFound, "no rule of " + whose + " (sluice gc rule ls lists them)"));
-  if (auto s = (*l)->set_rule(RetentionRule{.project = a.project, .series = a.series}); !s)
-    return report_error(s.error());
-  std::printf("rule of %s removed\n", whose.c_str());
+        Error(s.error().code(), s.error().message() + " (sluice gc rule ls lists the rules)"));
+  std::printf("rule of %s%s%s removed\n", a.project.c_str(), a.series.empty() ? "" : " series ",
+              a.series.c_str());
   return 0;
 }
 

@@ -286,6 +286,12 @@ class Ledger {
   // it. NotFound for an unknown project; InvalidArgument for a series that is not a name
   // (no '/'), or keep_every without a series (it keeps checkpoint steps).
   Status set_rule(const RetentionRule& rule);
+  // Changes the fields a patch names and keeps the others, in one transaction (two callers
+  // changing different fields both keep theirs); returns the rule as it now is, empty when
+  // every field was cleared (the rule is then removed). Checked as set_rule checks.
+  Result<RetentionRule> update_rule(const RulePatch& patch);
+  // NotFound when the project (or series) has no rule.
+  Status remove_rule(std::string_view project, std::string_view series = {});
   Result<std::vector<RetentionRule>> rules();
   // Keys of a project starting with `prefix` are never removed by gc.
   Status pin(std::string_view project, std::string_view prefix);

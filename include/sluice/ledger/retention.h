@@ -32,6 +32,18 @@ struct RetentionRule {
   bool empty() const { return !keep_last && !keep_every && !max_age && !max_idle; }
 };
 
+// A change to a rule, field by field: nullopt keeps the field, a value sets it, and an
+// empty inner optional (`patch.max_age = std::optional<std::chrono::seconds>{}`) clears it.
+struct RulePatch {
+  template <typename T>
+  using Field = std::optional<std::optional<T>>;
+  std::string project;
+  std::string series;
+  Field<uint64_t> keep_last, keep_every;
+  Field<std::chrono::seconds> max_age, max_idle;
+  bool empty() const { return !keep_last && !keep_every && !max_age && !max_idle; }
+};
+
 struct RetentionUnit {
   std::string name;              // the step prefix, or the object's key
   std::optional<uint64_t> step;  // for a checkpoint step

@@ -1138,8 +1138,25 @@ TEST_P(LedgerTest, RulesPinsAndTrashRecords) {
   ASSERT_EQ(rules->size(), 1u);
   EXPECT_EQ((*rules)[0].keep_last, 3u);
   EXPECT_EQ((*rules)[0].max_age, std::chrono::seconds(86400));
-  ASSERT_TRUE(
-      ledger_->set_rule(RetentionRule{.project = "keep-p", .series = "llama"}));  // empty: removed
+  // A patch changes the fields it names and keeps the others; clearing every one removes it.
+  RulePatch more{.project = "keep-p", .series = "llama"};
+  more.keep_every = uint64_t{1000};
+  more.max_age = std::optional<std::chrono::seconds>{};  // cleared
+  auto patched = ledger_->update_rule(more);
+  ASSERT_TRUE(patched) << patched.error().to_string();
+  EXPECT_EQ(patched->keep_last, 3u);
+  EXPECT_EQ(patched->keep_every, 1000u);
+  EXPECT_FALSE(patched->max_age);
+  EXPECT_EQ(ledger_->rules()->at(0).keep_every, 1000u);
+  RulePatch bad{.project = "keep-p"};
+  bad.keep_every = uint64_t{5};  // the project's own rule: no steps to keep
+  EXPECT_EQ(ledger_->update_rule(bad).error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ledger_->update_rule(RulePatch{.project = "ghost"}).error().code(), Code::kNotFound);
+  EXPECT_EQ(ledger_->remove_rule("keep-p", "other").error().code(), Code::kNotFound);
+  ASSERT_TRUE(ledger_->remove_rule("keep-p", "llama"));
+  EXPECT_TRUE(ledger_->rules()->empty());
+  ASSERT_TRUE(ledger_->set_rule(RetentionRule{.project = "keep-p", .keep_last = 1}));
+  ASSERT_TRUE(ledger_->set_rule(RetentionRule{.project = "keep-p"}));  // empty: removed
   EXPECT_TRUE(ledger_->rules()->empty());
   ASSERT_TRUE(ledger_->pin("keep-p", "llama/step-000000001000/"));
   EXPECT_EQ(ledger_->pins()->size(), 1u);

@@ -5,7 +5,9 @@ Case (issue 8's first): a warm read through the daemon from another process (`sl
 --cache` of a file:// object whose chunks the daemon holds on NVMe, RAM tier off: every
 chunk is handed off as a descriptor and read with O_DIRECT by the client) against fio
 reading the same chunk files from the daemon's cache directory (O_DIRECT, io_uring, bs 1M,
-iodepth 16). Target >= 0.9x.
+iodepth 16). Target >= 0.9x. Beside it, the same read through the embedded cache (`--daemon
+none`, a cache directory of its own), and each side's CPU seconds per GiB (issue 31): the
+client's and the daemon's together for sluiced, from rusage and /proc.
 
 Case small: 1000 objects of 4 KiB served warm by the daemon to another process
 (sluice_node_bench, 1 and 16 threads): ops/s and p99 latency, beside pread of the same files
@@ -19,6 +21,7 @@ The RAM-backed target (ext4 on a loop device over /dev/shm) needs root; without 
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,6 +44,18 @@ def sluice(*args, env=None):
     if p.returncode != 0:
         sys.exit(f"sluiced_compare: sluice {' '.join(args[:3])} failed: {p.stderr.decode()[-2000:]}")
     return p.stdout
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu(pid):
+    """User + system seconds of a running process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def warm_case(directory, size, rounds, label, rows):
@@ -66,19 +81,47 @@ def warm_case(directory, size, rounds, label, rows):
                 break
             time.sleep(0.05)
 
-        def through_daemon():
+        embedded_cache = os.path.join(directory, "cache-embedded")
+        shutil.rmtree(embedded_cache, ignore_errors=True)
+        sluice("cat", "--cache", "--daemon", "none", "--cache-dir", embedded_cache, data, env=env)
+        cpu = {"sluiced": [], "embedded": [], "fio": []}  # CPU seconds per GiB, per round
+
+        def cat(name, *how):
             # stdout to /dev/null, as fio's reads go nowhere: a pipe into this script would
             # measure Python's reading of the pipe (it did: 0.24x before this change).
+            c0, d0 = children_cpu(), process_cpu(daemon.pid)
             t0 = time.perf_counter()
-            p = subprocess.run([f"{BIN}/sluice", "cat", "--cache", "--daemon", sock, data], env=env,
+            p = subprocess.run([f"{BIN}/sluice", "cat", "--cache", *how, data], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             if p.returncode != 0:
                 sys.exit(f"sluiced_compare: sluice cat failed: {p.stderr.decode()[-2000:]}")
-            return size / (time.perf_counter() - t0) / (1 << 30)
+            secs = time.perf_counter() - t0
+            used = children_cpu() - c0 + (process_cpu(daemon.pid) - d0 if name == "sluiced" else 0)
+            cpu[name].append(used / (size / (1 << 30)))
+            return size / secs / (1 << 30)
 
-        print(f"{label}: warm read through sluiced against fio on its cache directory", file=sys.stderr)
-        res = interleaved(rounds, [("sluiced", through_daemon), ("fio", lambda: fio(cache))])
+        def anchor():
+            c0 = children_cpu()
+            got = fio(cache)
+            cpu["fio"].append((children_cpu() - c0) / (size / (1 << 30)))
+            return got
+
+        print(f"{label}: warm read through sluiced and the embedded cache against fio", file=sys.stderr)
+        res = []
+        for r in range(rounds):
+            pair = [("sluiced", lambda: cat("sluiced", "--daemon", sock)),
+                    ("embedded", lambda: cat("embedded", "--daemon", "none", "--cache-dir", embedded_cache)),
+                    ("fio", anchor)]
+            got = {name: fn() for name, fn in (pair if r % 2 == 0 else pair[::-1])}
+            print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.3f} GiB/s {cpu[k][-1]:.3f} s/GiB"
+                                                    for k, v in got.items()), file=sys.stderr)
+            res.append(got)
         rows.append(summarize(label, "warm read via sluiced (fd hand-off)", "GiB/s", res, "sluiced", "fio"))
+        rows.append(summarize(label, "warm read, embedded cache", "GiB/s", res, "embedded", "fio"))
+        per_round = [{k: cpu[k][i] for k in cpu} for i in range(rounds)]
+        rows.append(summarize(label, "CPU per GiB via sluiced (client + daemon)", "s/GiB", per_round,
+                              "sluiced", "fio"))
+        rows.append(summarize(label, "CPU per GiB, embedded cache", "s/GiB", per_round, "embedded", "fio"))
         st = json.loads(sluice("cache", "stat", "--daemon", sock, "--json", env=env))
         print(f"  daemon: {st['server']['handoff_chunks']} chunks handed off, "
               f"{st['server']['inline_bytes']} bytes inline, {st['misses']} misses", file=sys.stderr)

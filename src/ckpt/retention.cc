@@ -230,9 +230,9 @@ Result<SyncReport> CheckpointerImpl::sync(const SyncOptions& so) {
   return report;
 }
 
-Result<uint64_t> CheckpointerImpl::copy_step(uint64_t step, const Manifest& m, size_t src, size_t t,
-                                             const SyncOptions& so) {
-  const Tier& dst = o_.tiers[t];
+Result<uint64_t> CheckpointerImpl::copy_step(uint64_t step, const Manifest& m, size_t src,
+                                             size_t to, const SyncOptions& so) {
+  const Tier& dst = o_.tiers[to];
   Manifest out = m;
   out.created_ns = now_ns();
   uint64_t total = 0;

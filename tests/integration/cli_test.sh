@@ -129,6 +129,25 @@ else
   echo "SKIP - permission check: needs root and setpriv to run as another user"
 fi
 
+expect_usage "cp to a scheme nobody serves" "known schemes" "$SLUICE" cp "$work/src.bin" gopher://b/x
+expect_usage "cp to a key no store can hold" "empty path component" "$SLUICE" cp "$work/src.bin" mem://scratch/a//b
+if "$SLUICE" bench --file "$work/f.dat" --bs 64K --runtime 1s >/dev/null 2>"$work/err"; then
+  ok "bench --runtime takes a duration"
+else bad "bench --runtime 1s: $(cat "$work/err")"; fi
+
+# Checkpoint steps that are not there: an error that names the step, never a silent pass.
+mkdir -p "$work/ck" && head -c 100000 /dev/urandom > "$work/ck/model.bin"
+SLUICE_HOME="$work/home" "$SLUICE" ckpt save --series s --step 1 --to "$work/tier" "$work/ck" >/dev/null
+for cmd in verify show; do
+  expect_fail "ckpt $cmd of a step no tier holds" "no step 9 of series s on" \
+    env SLUICE_HOME="$work/home" "$SLUICE" ckpt $cmd --series s --step 9 --from "$work/tier"
+done
+expect_usage "ckpt verify --step names 'all'" "'latest' or 'all'" \
+  env SLUICE_HOME="$work/home" "$SLUICE" ckpt verify --series s --step abc --from "$work/tier"
+err=$(SLUICE_HOME="$work/home" "$SLUICE" ckpt ls --series nosuch --from "$work/tier" 2>&1 >/dev/null)
+[[ "$err" == *"no committed step of series nosuch"* ]] && ok "ckpt ls of an empty series says what it looked at" \
+  || bad "ckpt ls --series nosuch: $err"
+
 # The bench demo runs twice in a row (it owns its files and starts fresh each time).
 for run in 1 2; do
   if SLUICE_HOME="$work/home" "$SLUICE" demo --bench --size 8M >"$work/demo.out" 2>&1 && grep -q "uring     read" "$work/demo.out"; then

@@ -88,6 +88,15 @@ def test_pack_read_exactly_once(ctx):
                 seen.update(read_keys(dst, "--seed", "7", "--world", str(world), "--rank", str(rank),
                                       "--workers", str(workers), "--worker", str(worker)))
         assert sorted(seen) == keys and set(seen.values()) == {1}, (world, workers)
+    # Two epochs through a fresh cache: every byte read is counted in a tier or the source
+    # (a chunk prefetched, then read from a tier, counts in both), and the process reports
+    # its CPU.
+    two = json.loads(ok(run("read", dst, "--daemon", "none", "--epochs", "2", "--no-progress", "--json",
+                            "--cache-dir", os.path.join(ctx.scratch, "two-epochs"))).stdout)
+    tiers = two["cache"]
+    assert tiers["ram_hit_bytes"] + tiers["nvme_hit_bytes"] + tiers["miss_bytes"] >= two["read_bytes"], two
+    assert tiers["miss_bytes"] < two["read_bytes"], two  # the second epoch came from the cache
+    assert two["cpu_user_s"] + two["cpu_system_s"] > 0, two
     # The loader's, cache's and store's metrics, as a Prometheus text file.
     prom = os.path.join(ctx.scratch, "read.prom")
     summary = json.loads(ok(run("read", dst, "--daemon", "none", "--metrics-file", prom,

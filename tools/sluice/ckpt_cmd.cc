@@ -429,16 +429,15 @@ int run_restore(const CkptArgs& a) {
     (void)::setrlimit(RLIMIT_NOFILE, &nofile);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
-  if (progress)
+  StatusLine line(!a.no_progress && !a.json);
+  if (line.on())
     o.on_progress = [&](uint64_t done, uint64_t total) {
-      std::fprintf(stderr, "\rrestoring step %llu: %s of %s",
-                   static_cast<unsigned long long>(*step),
-                   format_size(static_cast<double>(done)).c_str(),
-                   format_size(static_cast<double>(total)).c_str());
+      line.show("restoring step " + std::to_string(*step) + ": " +
+                format_size(static_cast<double>(done)) + " of " +
+                format_size(static_cast<double>(total)));
     };
   auto r = ckpt::restore_files(**cp, *step, o);
-  if (progress) std::fprintf(stderr, "\n");
+  line.clear();
   if (!r) return report_error(r.error());
   const double secs = seconds_since(t0);
   if (a.json) {

@@ -217,20 +217,19 @@ int run_pack(const DatasetArgs& a) {
   // Shards and indexes are charged to the project owning the destination, as datasets.
   auto st = session->charged(std::move(*opened), ledger::Kind::kDataset);
   if (!st) return report_error(st.error());
-  const bool progress = !a.no_progress && !a.json && ::isatty(STDERR_FILENO);
+  StatusLine line(!a.no_progress && !a.json);
   stream::PackDirectoryOptions po;
   po.pack = {.shard_bytes = *target, .name = a.name};
   po.destination = a.uri;
   po.cancel = a.cancel;
-  if (progress)
-    po.on_progress = [](uint64_t done, uint64_t samples, uint64_t bytes) {
+  if (line.on())
+    po.on_progress = [&line](uint64_t done, uint64_t samples, uint64_t bytes) {
       if (done % 1000 == 0)
-        std::fprintf(stderr, "\rpacked %lu of %lu samples (%s)", static_cast<unsigned long>(done),
-                     static_cast<unsigned long>(samples),
-                     format_size(static_cast<double>(bytes)).c_str());
+        line.show("packed " + std::to_string(done) + " of " + std::to_string(samples) +
+                  " samples (" + format_size(static_cast<double>(bytes)) + ")");
     };
   auto r = stream::pack_directory(*files, **st, w->prefix, po);
-  if (progress) std::fprintf(stderr, "\r%-90s\r", "");
+  line.clear();
   if (!r) return report_error(r.error());
   double secs = seconds_since(t0);
   if (a.json) {

@@ -124,20 +124,20 @@ Result<GcPlan> plan_at(Ledger& l, const GcOptions& o, int64_t now) {
       std::none_of(projects.begin(), projects.end(), [&](auto& p) { return p.id == o.project; }))
     return fail(Code::kNotFound, "unknown project '" + o.project + "'");
   GcPlan out;
-  std::vector<const Project*> planned_projects;
+  // The projects with a rule, each with its rules: what is planned, in order.
+  std::vector<std::pair<const Project*, std::vector<RetentionRule>>> planned_projects;
   for (const Project& p : projects) {
     if (!o.project.empty() && p.id != o.project) continue;
-    if (std::any_of(rules.begin(), rules.end(), [&](auto& r) { return r.project == p.id; }))
-      planned_projects.push_back(&p);
-  }
-  GcProgress at{.phase = GcPhase::kPlanning, .total = planned_projects.size()};
-  for (const Project* pp : planned_projects) {
-    const Project& p = *pp;
-    if (o.on_progress) o.on_progress(at);
-    ++at.done;
     std::vector<RetentionRule> mine;
     for (auto& r : rules)
       if (r.project == p.id) mine.push_back(r);
+    if (!mine.empty()) planned_projects.emplace_back(&p, std::move(mine));
+  }
+  GcProgress at{.phase = GcPhase::kPlanning, .total = planned_projects.size()};
+  for (auto& [pp, mine] : planned_projects) {
+    const Project& p = *pp;
+    if (o.on_progress) o.on_progress(at);
+    ++at.done;
     std::vector<std::string> pinned;
     for (auto& [proj, prefix] : pins)
       if (proj == p.id) pinned.push_back(prefix);

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "core/parallel.h"
 #include "sluice/core/fd.h"
@@ -297,6 +298,10 @@ Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> sto
   for (const auto& s : ds->shards_)
     layout += s.key + '\0' + std::to_string(s.size) + ':' + std::to_string(s.samples) + '\n';
   ds->fingerprint_ = XXH3_64bits(layout.data(), layout.size());
+  for (size_t n = 1; n < ds->samples_.size() && ds->numbered_in_place_; ++n) {
+    const SampleRef &x = ds->samples_[n - 1], &y = ds->samples_[n];
+    ds->numbered_in_place_ = std::tie(x.shard, x.offset) < std::tie(y.shard, y.offset);
+  }
   if (ds->samples_.empty())
     return fail(Code::kNotFound,
                 "dataset " + ds->store_->uri() + " prefix '" + prefix + "': no samples");

@@ -187,9 +187,6 @@ struct Loader::Impl {
   uint64_t consumer = 0, consumers = 1;
   uint64_t first_epoch = 0, end_epoch = UINT64_MAX, start = 0;  // start: of first_epoch
   uint64_t window = 0;  // the shuffle window in effect; 0: no shuffle
-  // Whether sample numbers go by (shard, offset), as pack and shard scans number them (an
-  // index written by another tool may not): a slice's reads then sort by number alone.
-  bool numbered_in_place = false;
   std::optional<Error> bad_options;
   Clock::time_point created = Clock::now();
   cache::ReadAhead* cache = nullptr;  // the dataset's store, where it takes declarations
@@ -258,11 +255,6 @@ struct Loader::Impl {
                                 : std::max<uint64_t>(1, fits > per_shard ? fits - per_shard : 1);
     consumer = uint64_t{o.rank} * o.workers + o.worker;
     consumers = uint64_t{o.world} * o.workers;
-    numbered_in_place = true;
-    for (uint64_t n = 1; n < ds->samples() && numbered_in_place; ++n) {
-      const auto &x = ds->sample(n - 1), &y = ds->sample(n);
-      numbered_in_place = std::tie(x.shard, x.offset) < std::tie(y.shard, y.offset);
-    }
     first_epoch = o.epoch;
     if (o.epochs && o.epochs > UINT64_MAX - o.epoch)
       return fail(Code::kInvalidArgument, "loader: epochs " + std::to_string(o.epoch) + " + " +
@@ -388,7 +380,7 @@ struct Loader::Impl {
     const uint64_t chunk = cache ? cache->chunk_size() : 0;
     const uint64_t gap = std::max(o.coalesce_gap, chunk);
     std::vector<size_t> by_place(samples.size());
-    if (numbered_in_place) {
+    if (ds->numbered_in_place()) {
       // Sample numbers already go by (shard, offset): sort them, not their places.
       std::vector<std::pair<uint64_t, size_t>> numbered(samples.size());
       for (size_t i = 0; i < samples.size(); ++i) numbered[i] = {samples[i], i};

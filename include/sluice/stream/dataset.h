@@ -116,6 +116,9 @@ class Dataset {
   // A fingerprint of the dataset's layout (shards, sizes, sample counts): a resume token
   // carries it so it is never applied to a different dataset.
   uint64_t fingerprint() const { return fingerprint_; }
+  // Whether sample numbers go by (shard, offset), as pack and shard scans number them (an
+  // index written by another tool may not): reads of a set of samples then sort by number.
+  bool numbered_in_place() const { return numbered_in_place_; }
   store::Store& store() const { return *store_; }
   const DatasetOptions& options() const { return options_; }
 
@@ -138,7 +141,7 @@ class Dataset {
   std::vector<SampleRef> samples_;
   std::vector<std::string> keys_;
   uint64_t bytes_ = 0, skipped_shards_ = 0, fingerprint_ = 0;
-  bool from_catalog_ = false;
+  bool from_catalog_ = false, numbered_in_place_ = true;
 };
 
 // One field of a sample: its name ("jpg") and bytes (valid while the Sample lives).

@@ -169,6 +169,7 @@ Result<SyncReport> CheckpointerImpl::sync(const SyncOptions& so) {
   SLUICE_ASSIGN_OR_RETURN(auto steps, list());
   for (const StepInfo& info : steps) {
     if (so.step && info.step != *so.step) continue;
+    ++report.steps;
     if (cancelled()) {
       report.cancelled = true;
       break;

@@ -535,11 +535,8 @@ int run_sync(const CkptArgs& given) {
   auto r = (*cp)->sync(so);
   line.clear();
   if (!r) return report_error(r.error());
-  // Nothing copied and nothing held: most likely the wrong series or tiers, not success.
-  if (r->copied.empty() && r->problems.empty() && !r->cancelled && !so.step) {
-    auto held = (*cp)->list();
-    if (held && held->empty()) return report_error(nothing_on(**cp, a, "sync"));
-  }
+  // No step held: most likely the wrong series or tiers, not success.
+  if (r->steps == 0 && !so.step) return report_error(nothing_on(**cp, a, "sync"));
   if (a.json) {
     json copied = json::array();
     for (const auto& c : r->copied)

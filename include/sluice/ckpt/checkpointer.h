@@ -208,6 +208,7 @@ struct SyncReport {
   std::vector<Copied> copied;         // one entry per step and tier it was copied to
   std::vector<std::string> problems;  // steps that could not be copied, and why
   bool cancelled = false;             // stopped by SyncOptions::cancel
+  uint64_t steps = 0;                 // committed steps looked at (of SyncOptions::step, if set)
 };
 
 enum class SyncPhase { kVerifying, kCopying };

@@ -372,6 +372,7 @@ TEST(Checkpointer, SyncCopiesWhatALaterTierMissed) {
   EXPECT_EQ(r.copied[0].tier, "later");
   EXPECT_TRUE(r.problems.empty());
   EXPECT_FALSE(r.cancelled);
+  EXPECT_EQ(r.steps, 1u);
   // Checked on the near tier, then copied to the later one, to the last byte.
   EXPECT_EQ(phases, (std::vector<std::string>{"verifying near", "copying later"}));
   EXPECT_EQ(last_done, last_total);

@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 60
 GENERATOR  := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-tools test-asan fuzz format format-check bench clean
+.PHONY: all deps build demo test test-tools python-env test-asan fuzz format format-check bench clean
 
 all: build
 
@@ -26,7 +26,11 @@ demo: build
 test-tools:
 	@scripts/install-test-tools.sh
 
-test: build test-tools
+# The project's .venv for the Python tests (torch, numpy, pytest, ...; reused when present).
+python-env:
+	@scripts/install-python.sh
+
+test: build test-tools python-env
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # Every test under AddressSanitizer and UndefinedBehaviorSanitizer (CI runs this).

@@ -10,6 +10,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config   # toolchain
   python3                                        # test drivers (standard library only)
+  pybind11-dev python3-dev python3-venv          # the Python module (python/) and its .venv
   liburing-dev                                   # io_uring engine (chosen at run time)
   nlohmann-json3-dev                             # JSON (bench output, telemetry export)
   libcli11-dev                                   # CLI parsing

@@ -63,6 +63,23 @@ Result<std::unique_ptr<store::Store>> Session::open_cached(const std::string& st
   return store::open_store("node+" + store_uri, so);
 }
 
+CacheRoute Session::cache_route() const {
+  CacheRoute r;
+  r.directory = cache_directory();
+  if (o_.daemon_socket == "none") {
+    r.reason = "the daemon is turned off (daemon socket \"none\")";
+    return r;
+  }
+  r.socket = daemon_socket();
+  auto client = node::NodeClient::connect(r.socket, std::chrono::seconds(2));
+  if (client) {
+    r.daemon = true;
+  } else {
+    r.reason = "no sluiced answers on " + r.socket + " (" + client.error().message() + ")";
+  }
+  return r;
+}
+
 Result<std::unique_ptr<cache::Control>> Session::cache_control() const {
   auto embedded = [this]() -> std::unique_ptr<cache::Control> {
     return std::make_unique<cache::DirectoryControl>(

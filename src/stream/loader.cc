@@ -184,7 +184,7 @@ struct Range {
 struct Loader::Impl {
   std::shared_ptr<const Dataset> ds;
   LoaderOptions o;
-  uint64_t consumer = 0, consumers = 1;
+  uint64_t block = 1;  // samples a worker takes at a time (LoaderOptions::block)
   uint64_t first_epoch = 0, end_epoch = UINT64_MAX, start = 0;  // start: of first_epoch
   uint64_t window = 0;  // the shuffle window in effect; 0: no shuffle
   std::optional<Error> bad_options;
@@ -228,11 +228,37 @@ struct Loader::Impl {
         gate(std::clamp(o.inflight, 1u, 1024u)),
         buffers(BufferRecycler::create(o.memory_bytes)) {}
 
-  // How many positions of an epoch (from `from`) consumer c reads.
+  // This consumer's i-th position of an epoch read from `from`. Rank r's positions are
+  // from + r + world * j (its stream, j = 0, 1, ...); the rank's workers take that stream in
+  // blocks of `block`, round-robin: worker w the blocks w, w + workers, ...
+  uint64_t position(uint64_t from, uint64_t i) const {
+    uint64_t q = i / block, t = i % block;
+    uint64_t j = (q * o.workers + o.worker) * block + t;
+    return from + o.rank + uint64_t{o.world} * j;
+  }
+  // How many positions of an epoch (from `from`) this consumer reads.
   uint64_t share(uint64_t from) const {
     uint64_t n = ds->samples();
-    if (from + consumer >= n) return 0;
-    return (n - from - consumer + consumers - 1) / consumers;
+    if (from + o.rank >= n) return 0;
+    uint64_t stream = (n - from - o.rank + o.world - 1) / o.world;  // the rank's
+    uint64_t blocks = (stream + block - 1) / block;
+    if (blocks <= o.worker) return 0;
+    uint64_t mine = (blocks - o.worker + o.workers - 1) / o.workers;
+    uint64_t count = mine * block;
+    if ((blocks - 1) % o.workers == o.worker && stream % block) count -= block - stream % block;
+    return count;
+  }
+  // The first i whose position is at least p (share(from) when there is none).
+  uint64_t first_at_or_after(uint64_t from, uint64_t p) const {
+    uint64_t lo = 0, hi = share(from);
+    while (lo < hi) {
+      uint64_t mid = lo + (hi - lo) / 2;
+      if (position(from, mid) < p)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    return lo;
   }
 
   Status validate() {
@@ -253,8 +279,8 @@ struct Loader::Impl {
     window = !o.shuffle         ? 0
              : o.shuffle_window ? o.shuffle_window
                                 : std::max<uint64_t>(1, fits > per_shard ? fits - per_shard : 1);
-    consumer = uint64_t{o.rank} * o.workers + o.worker;
-    consumers = uint64_t{o.world} * o.workers;
+    if (o.block == 0) return fail(Code::kInvalidArgument, "loader: a block of 0 samples");
+    block = o.block;
     first_epoch = o.epoch;
     if (o.epochs && o.epochs > UINT64_MAX - o.epoch)
       return fail(Code::kInvalidArgument, "loader: epochs " + std::to_string(o.epoch) + " + " +
@@ -522,10 +548,12 @@ struct Loader::Impl {
     if (!cache || w >= plan.windows()) return;
     uint64_t lo = std::max(plan.window_start(w), from), hi = plan.window_start(w + 1);
     std::vector<uint64_t> samples;
-    // The consumer's positions are from + consumer + k * consumers.
-    uint64_t first = from + consumer;
-    if (lo > first) first += (lo - first + consumers - 1) / consumers * consumers;
-    for (uint64_t p = first; p < hi; p += consumers) samples.push_back(plan.sample_at(p));
+    const uint64_t count = share(from);
+    for (uint64_t i = first_at_or_after(from, lo); i < count; ++i) {
+      uint64_t p = position(from, i);
+      if (p >= hi) break;
+      samples.push_back(plan.sample_at(p));
+    }
     std::vector<uint64_t> where;
     uint64_t total = 0;
     auto ranges = plan_reads(samples, where, total);
@@ -565,8 +593,8 @@ struct Loader::Impl {
     size_t declared = SIZE_MAX;
   };
 
-  // The next slice: whole windows (this consumer's positions in them, from + consumer +
-  // j * consumers) while they fit in slice_bytes, so each chunk of a window is read once;
+  // The next slice: whole windows (this consumer's positions in them) while they fit in
+  // slice_bytes, so each chunk of a window is read once;
   // a window larger than that is cut into about equal parts, each read on its own.
   // nullopt once the last epoch is planned.
   std::optional<Planned> plan_slice(Cursor& c, uint64_t slice_bytes) {
@@ -588,23 +616,22 @@ struct Loader::Impl {
     const uint64_t count = share(c.from);
     Planned next{.epoch = c.epoch};
     for (uint64_t j = c.k; j < count;) {
-      uint64_t p0 = c.from + consumer + j * consumers;
-      uint64_t end = plan.window_start(plan.window_of(p0) + 1);
-      uint64_t n = std::min((end - p0 + consumers - 1) / consumers, count - j);
-      uint64_t window_bytes = 0;
-      for (uint64_t i = 0; i < n; ++i)
-        window_bytes += ds->sample(plan.sample_at(p0 + i * consumers)).length;
+      uint64_t end = plan.window_start(plan.window_of(position(c.from, j)) + 1);
+      uint64_t n = 0, window_bytes = 0;  // this consumer's samples in the window, from j
+      while (j + n < count && position(c.from, j + n) < end)
+        window_bytes += ds->sample(plan.sample_at(position(c.from, j + n++))).length;
       if (!next.positions.empty() && next.bytes + window_bytes > slice_bytes) break;
       if (window_bytes > slice_bytes) {
         uint64_t parts = (window_bytes + slice_bytes - 1) / slice_bytes;
         n = std::max<uint64_t>(1, n / parts);
         window_bytes = 0;
         for (uint64_t i = 0; i < n; ++i)
-          window_bytes += ds->sample(plan.sample_at(p0 + i * consumers)).length;
+          window_bytes += ds->sample(plan.sample_at(position(c.from, j + i))).length;
       }
       for (uint64_t i = 0; i < n; ++i) {
-        next.positions.push_back(p0 + i * consumers);
-        next.samples.push_back(plan.sample_at(p0 + i * consumers));
+        uint64_t p = position(c.from, j + i);
+        next.positions.push_back(p);
+        next.samples.push_back(plan.sample_at(p));
       }
       next.bytes += window_bytes;
       j += n;
@@ -700,12 +727,12 @@ struct Loader::Impl {
     counts.bytes.fetch_add(bytes, std::memory_order_relaxed);
     if (m_samples) m_samples->add();
     if (m_bytes) m_bytes->add(bytes);
-    // The token after this sample: the job-wide count consumed, in lockstep.
+    // The token after this sample: the rank's stream consumed up to it, on every rank alike
+    // (lockstep). A rank whose stream is one short of the others' says the same as they do
+    // at the same step: the positions the others still read stay in the token.
     uint64_t from = s.epoch == first_epoch ? start : 0;
-    uint64_t k = (s.position - from - consumer) / consumers + 1;
-    // A consumer whose share is one short of the others' says the same as they do at the
-    // same step: the positions the others still read stay in the token.
-    uint64_t position = from + k * consumers;
+    uint64_t j = (s.position - from - o.rank) / o.world;
+    uint64_t position = from + (j + 1) * o.world;
     std::lock_guard lock(state_mu);
     if (position >= ds->samples()) {
       token_epoch = s.epoch + 1;

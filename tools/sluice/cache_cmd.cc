@@ -16,6 +16,7 @@
 #include "cp.h"
 #include "sluice/cache/json.h"
 #include "sluice/client/location.h"
+#include "sluice/client/object.h"
 #include "sluice/client/read.h"
 #include "sluice/client/warm.h"
 #include "sluice/core/sizes.h"
@@ -361,30 +362,12 @@ int cmd_cat(const CacheArgs& a) {
         Error(Code::kInvalidArgument, "'" + a.target +
                                           "' names a prefix, not an object: cat writes one object "
                                           "(sluice cp --recursive copies a prefix)"));
-  std::unique_ptr<store::Store> plain;
-  store::Store* src = nullptr;
-  std::string key;
   auto session = open_session(a.aws, {}, a.cache);
   if (!session) return report_error(session.error());
-  if (loc->cached || a.use_cache) {
-    auto n = client::store_key(a.target);
-    if (!n) return report_error(n.error());
-    auto s = session->open_cached(n->store_uri);
-    if (!s) return report_error(s.error());
-    plain = std::move(*s);
-    key = n->key;
-    src = plain.get();
-  } else {
-    std::string uri = loc->local ? "file://" + (fs::path(loc->path).has_parent_path()
-                                                    ? fs::path(loc->path).parent_path().string()
-                                                    : std::string("."))
-                                 : loc->store_uri;
-    key = loc->local ? fs::path(loc->path).filename().string() : loc->path;
-    auto s = session->open_store(uri);
-    if (!s) return report_error(s.error());
-    plain = std::move(*s);
-    src = plain.get();
-  }
+  auto obj = client::open_object(*session, a.target, {.through_cache = a.use_cache});
+  if (!obj) return report_error(obj.error());
+  store::Store* src = obj->store.get();
+  const std::string& key = obj->key;
   auto info = src->stat(key);
   if (!info) return report_error(info.error());
   uint64_t from = 0, to = info->size;

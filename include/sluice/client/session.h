@@ -58,6 +58,14 @@ struct OpenOptions {
   telemetry::Registry* registry = nullptr;
 };
 
+// Where reads through the node's cache go now (Session::cache_route).
+struct CacheRoute {
+  bool daemon = false;    // sluiced answered on `socket`
+  std::string socket;     // the daemon's socket ("" when the daemon is turned off)
+  std::string directory;  // the embedded cache's directory (used when !daemon)
+  std::string reason;     // why the embedded cache (no daemon answered, or turned off)
+};
+
 class Session {
  public:
   explicit Session(SessionOptions options);
@@ -79,6 +87,10 @@ class Session {
   // socket, else the embedded cache (on_fallback says why).
   Result<std::unique_ptr<store::Store>> open_cached(const std::string& store_uri,
                                                     const OpenOptions& how = {}) const;
+
+  // Asks the daemon socket now whether sluiced answers: where open_cached's reads would go.
+  // (open_cached decides again at each open; a daemon may start or stop in between.)
+  CacheRoute cache_route() const;
 
   // The node's cache to look after (what it holds, warm, pin, evict, verify): sluiced's
   // when it answers on the socket, else the cache directory itself. An error when a socket

@@ -20,19 +20,25 @@
 //      samples; the samples of each window are shuffled by (seed, epoch, window), so every
 //      window mixes several shards (a bounded shuffle);
 //   3. the epoch is the windows one after another: positions 0 .. N-1.
-// Consumers (world ranks x workers each; consumer = rank * workers + worker) take the
-// positions of the epoch round-robin: consumer c reads positions start + c, start + c + C, ...
-// where C is the number of consumers and `start` the position the loader started the
-// epoch at (0, or a resume token's). Every sample is read exactly once per epoch across the
-// job. When N - start is not a multiple of C, the first (N - start) mod C consumers read
-// one sample more than the others; nothing is dropped or repeated.
+// Consumers (world ranks x workers each): rank r reads positions start + r, start + r + W,
+// start + r + 2W, ... (W ranks; `start` the position the loader started the epoch at: 0,
+// or a resume token's): the rank's stream. The rank's workers take its stream in blocks of
+// `block` samples, round-robin: worker w takes blocks w, w + workers, w + 2 * workers, ...
+// So a DataLoader whose workers each make batches of `block` samples, and which takes one
+// batch from each worker in turn, hands the main process the rank's stream in order (block
+// 1: the workers take its samples round-robin). Every sample is read exactly once per epoch
+// across the job. When N - start is not a multiple of W, the first (N - start) mod W ranks
+// read one sample more than the others; nothing is dropped or repeated.
 //
 // Resume: state() returns a token (epoch, position) where position is the job-wide count of
-// samples consumed in the epoch, assuming every consumer has consumed as many samples as
-// this one (synchronous training steps). A loader opened with that token, for any number of
-// consumers, continues with exactly the positions not consumed yet; with the same number of
-// consumers each one reads exactly what the uninterrupted run would have read. (At the end
-// of an uneven epoch, take the token at a step all ranks share: see docs/dataset.md.)
+// samples consumed in the epoch, assuming every rank has consumed its stream up to the last
+// sample this loader delivered, as far as every other rank has (synchronous training
+// steps). A loader opened with that token, for any number of ranks and workers, continues
+// with exactly the positions not consumed yet; with the same number of ranks each one reads
+// exactly what the uninterrupted run would have read. (A worker's own loader cannot know
+// what the other workers delivered: where workers feed one consumer, count what it took and
+// make the token from that, as sluice.data's DataLoader does. At the end of an uneven epoch,
+// take the token at a step all ranks share: see docs/dataset.md.)
 //
 // Reads: a background thread reads ahead, within `memory_bytes`, the samples this consumer
 // will take next, in slices of whole windows (two slices read at once, each at most a
@@ -167,6 +173,9 @@ struct LoaderOptions {
   uint64_t epochs = 1;  // epochs to read from the first one; 0: without end
   unsigned rank = 0, world = 1;
   unsigned worker = 0, workers = 1;
+  // Samples a worker takes from its rank's stream at a time (a DataLoader's batch size; see
+  // the header comment). At least 1.
+  uint64_t block = 1;
   std::string resume;  // a token from state(); empty: start at the epoch's beginning
   bool shuffle = true;
   // Samples mixed at once (whole shards, at least). 0: as many as a quarter of

@@ -12,6 +12,7 @@
 #include "sluice/client/copy.h"
 #include "sluice/client/datasets.h"
 #include "sluice/client/location.h"
+#include "sluice/client/object.h"
 #include "sluice/client/read.h"
 #include "sluice/client/session.h"
 #include "sluice/stream/pack.h"
@@ -84,6 +85,64 @@ TEST(Session, ReadsThroughTheEmbeddedCacheWhenNoDaemonAnswers) {
   ASSERT_EQ(told.size(), 1u);  // why: no sluiced on the socket
   EXPECT_NE(told[0].find("sluiced.sock"), std::string::npos) << told[0];
   EXPECT_TRUE(std::filesystem::exists(s.cache_directory()));
+}
+
+TEST(Session, SaysWhereCachedReadsGo) {
+  TempDir dir;
+  SessionOptions o = options_in(dir);
+  CacheRoute none = Session(o).cache_route();
+  EXPECT_FALSE(none.daemon);
+  EXPECT_EQ(none.directory, dir.path() + "/home/cache");
+  EXPECT_NE(none.reason.find("no sluiced answers on " + dir.path() + "/home/sluiced.sock"),
+            std::string::npos)
+      << none.reason;
+  o.daemon_socket = "none";
+  CacheRoute off = Session(o).cache_route();
+  EXPECT_FALSE(off.daemon);
+  EXPECT_EQ(off.socket, "");
+  EXPECT_NE(off.reason.find("turned off"), std::string::npos) << off.reason;
+}
+
+TEST(Object, OpensTheStoreAndKeyATextNames) {
+  TempDir dir;
+  Session s(options_in(dir));
+  std::ofstream(dir.path() + "/a.bin") << "abc";
+  auto local = open_object(s, dir.path() + "/a.bin");
+  ASSERT_TRUE(local) << local.error().to_string();
+  EXPECT_EQ(local->key, "a.bin");
+  EXPECT_EQ(local->store->get("a.bin").value().size(), 3u);
+  const std::string mem = "mem://object-test-" + std::to_string(::getpid());
+  auto m = open_object(s, mem + "/d/k", {.writes = true});
+  ASSERT_TRUE(m) << m.error().to_string();
+  EXPECT_EQ(m->key, "d/k");
+  ASSERT_TRUE(m->store->put("d/k", std::vector<std::byte>(5)));
+  ASSERT_TRUE(m->store->put("d/e/f", std::vector<std::byte>(2)));
+  ASSERT_TRUE(m->store->put("top", std::vector<std::byte>(1)));
+  auto cached = open_object(s, "cache+" + mem + "/d/k");
+  ASSERT_TRUE(cached) << cached.error().to_string();
+  EXPECT_TRUE(cached->cached);
+  EXPECT_EQ(cached->store->get("d/k").value().size(), 5u);
+
+  // A prefix where an object is asked for, and a write through the cache, are refused.
+  EXPECT_EQ(open_object(s, mem + "/d/").error().code(), Code::kInvalidArgument);
+  EXPECT_EQ(open_object(s, "s3://bucket").error().code(), Code::kInvalidArgument);
+  auto w = open_object(s, "cache+" + mem + "/d/k", {.writes = true});
+  ASSERT_FALSE(w);
+  EXPECT_NE(w.error().message().find("never go through the node's cache"), std::string::npos);
+  // A reader never makes a missing directory.
+  EXPECT_EQ(open_object(s, dir.path() + "/nodir/x").error().code(), Code::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/nodir"));
+
+  auto all = list_objects(s, mem + "/d/", true);
+  ASSERT_TRUE(all) << all.error().to_string();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].key, "d/e/f");
+  EXPECT_EQ((*all)[1].key, "d/k");
+  auto one = list_objects(s, mem + "/", false);
+  ASSERT_TRUE(one) << one.error().to_string();
+  ASSERT_EQ(one->size(), 2u);
+  EXPECT_EQ((*one)[0].key, "d/");
+  EXPECT_EQ((*one)[1].key, "top");
 }
 
 TEST(Session, ChargesWritesOnlyWhereALedgerHasProjects) {

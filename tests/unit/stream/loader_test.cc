@@ -169,12 +169,62 @@ TEST(Loader, ExactlyOncePerEpochAcrossRanksAndWorkers) {
         uint64_t want = 0;
         for (uint64_t x : s) EXPECT_EQ(x, want++);
       }
-      // Shares differ by at most one sample, the larger ones first.
+      // Shares differ by at most one sample, the larger ones first (consumer w * world + r).
       auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
       EXPECT_LE(*hi - *lo, 1u);
-      EXPECT_TRUE(std::is_sorted(counts.rbegin(), counts.rend()));
+      std::vector<size_t> by_consumer;
+      for (unsigned w = 0; w < workers; ++w)
+        for (unsigned r = 0; r < world; ++r) by_consumer.push_back(counts[r * workers + w]);
+      EXPECT_TRUE(std::is_sorted(by_consumer.rbegin(), by_consumer.rend()));
     }
   }
+}
+
+// Workers taking their rank's stream in blocks: a DataLoader that takes one batch of `block`
+// from each worker in turn sees the rank's stream in order, so the count it took is an
+// exact token, whatever the ranks, workers and block are after the resume.
+TEST(Loader, BlocksHandTheRanksStreamInOrder) {
+  auto ds = tar_dataset({7, 13, 1, 20, 5, 0, 9});  // 55 samples
+  struct Layout {
+    unsigned world, workers;
+    uint64_t block;
+  };
+  for (Layout lay : std::vector<Layout>{{1, 2, 4}, {3, 2, 5}, {2, 3, 1}, {2, 4, 3}, {1, 1, 7}}) {
+    std::multiset<uint64_t> seen;
+    for (unsigned r = 0; r < lay.world; ++r) {
+      std::vector<std::vector<Read>> per_worker;
+      for (unsigned w = 0; w < lay.workers; ++w) {
+        Loader l(ds, {.seed = 3,
+                      .rank = r,
+                      .world = lay.world,
+                      .worker = w,
+                      .workers = lay.workers,
+                      .block = lay.block,
+                      .shuffle_window = 10});
+        per_worker.push_back(drain(l, *ds));
+      }
+      // The main process: one batch from each worker in turn.
+      std::vector<uint64_t> stream;
+      std::vector<size_t> at(lay.workers, 0);
+      for (bool more = true; more;) {
+        more = false;
+        for (unsigned w = 0; w < lay.workers; ++w)
+          for (uint64_t b = 0; b < lay.block && at[w] < per_worker[w].size(); ++b, more = true)
+            stream.push_back(per_worker[w][at[w]++].position);
+      }
+      for (size_t j = 0; j < stream.size(); ++j)
+        ASSERT_EQ(stream[j], r + lay.world * j)
+            << "world " << lay.world << " workers " << lay.workers << " block " << lay.block;
+      for (auto& v : per_worker)
+        for (auto& x : v) seen.insert(x.index);
+    }
+    ASSERT_EQ(seen.size(), ds->samples());
+    EXPECT_EQ(std::set<uint64_t>(seen.begin(), seen.end()).size(), ds->samples());
+  }
+  Loader zero(ds, {.block = 0});
+  auto bad = zero.next();
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), Code::kInvalidArgument);
 }
 
 TEST(Loader, OrderIsAFunctionOfSeedAndEpoch) {

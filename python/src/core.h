@@ -1,0 +1,80 @@
+// The Python module's compiled core (sluice._core): shared pieces of its source files.
+// Everything that touches torch or fsspec is plain Python (python/sluice/); this part speaks
+// only the buffer protocol, so no torch version touches the compiled ABI.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <exception>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "sluice/core/status.h"
+
+namespace sluice::python {
+
+namespace py = pybind11;
+
+// A sluice Error on its way to Python: the translator (errors.cc) raises the exception
+// class registered for its code, with the same message the CLI prints.
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(Error e) : error_(std::move(e)), what_(error_.message()) {}
+  const Error& error() const { return error_; }
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  Error error_;
+  std::string what_;
+};
+
+[[noreturn]] inline void raise(const Error& e) {
+  throw StatusError(e);
+}
+[[noreturn]] inline void raise(Code code, std::string message) {
+  throw StatusError(Error(code, std::move(message)));
+}
+inline void check(const Status& s) {
+  if (!s) raise(s.error());
+}
+template <class T>
+T unwrap(Result<T>&& r) {
+  if (!r) raise(r.error());
+  return std::move(*r);
+}
+
+// Runs `f` with the GIL released (a blocking call: other Python threads go on meanwhile) and
+// returns what it returns.
+template <class F>
+auto without_gil(F&& f) {
+  py::gil_scoped_release unlocked;
+  return f();
+}
+
+// Memory a Python object lends for the length of one call: anything with the buffer
+// protocol (bytearray, memoryview, numpy arrays, mmap), C-contiguous; or a tuple
+// (address, nbytes) that the Python layer builds from a torch tensor's data_ptr() while it
+// holds the tensor. Construct and destroy with the GIL held; use the span without it.
+class Borrowed {
+ public:
+  Borrowed(py::handle obj, bool writable, const char* what);
+  ~Borrowed();
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+  std::span<std::byte> bytes() const { return {data_, size_}; }
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  Py_buffer view_{};
+  bool has_view_ = false;
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+void bind_errors(py::module_& m);
+void bind_objects(py::module_& m);
+
+}  // namespace sluice::python

@@ -1,0 +1,87 @@
+// Errors: one Python class per sluice error code, registered by python/sluice/errors.py.
+#include <mutex>
+#include <unordered_map>
+
+#include "core.h"
+
+namespace sluice::python {
+
+namespace {
+
+// code name ("not_found") -> the Python class; set once at import.
+py::dict& classes() {
+  static py::dict* d = new py::dict();  // never destroyed: it outlives the interpreter's exit
+  return *d;
+}
+
+}  // namespace
+
+void bind_errors(py::module_& m) {
+  m.def(
+      "_set_error_classes", [](py::dict d) { classes() = std::move(d); },
+      "Sets the exception class raised for each error code (python/sluice/errors.py).");
+  m.def("_raise", [](const std::string& code, const std::string& message) {
+    for (int c = 1; c <= static_cast<int>(Code::kInternal); ++c)
+      if (code_name(static_cast<Code>(c)) == code) raise(static_cast<Code>(c), message);
+    raise(Code::kInvalidArgument, "no error code '" + code + "'");
+  });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      std::string name(code_name(e.error().code()));
+      py::object cls = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+      if (classes().contains(name)) cls = classes()[py::str(name)];
+      py::object exc = cls(e.error().message());
+      try {
+        exc.attr("code") = name;
+      } catch (const py::error_already_set&) {
+      }
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+}
+
+Borrowed::Borrowed(py::handle obj, bool writable, const char* what) {
+  if (py::isinstance<py::tuple>(obj)) {
+    auto t = py::reinterpret_borrow<py::tuple>(obj);
+    if (t.size() != 2)
+      raise(Code::kInvalidArgument, std::string(what) + ": a raw buffer is (address, nbytes)");
+    auto addr = t[0].cast<uintptr_t>();
+    auto n = t[1].cast<size_t>();
+    if (addr == 0 && n != 0)
+      raise(Code::kInvalidArgument, std::string(what) + ": a raw buffer at address 0");
+    data_ = reinterpret_cast<std::byte*>(addr);
+    size_ = n;
+    return;
+  }
+  int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
+    // Why, in the module's words (the interpreter's BufferError says little).
+    PyErr_Clear();
+    std::string type = py::str(py::type::handle_of(obj).attr("__name__"));
+    Py_buffer probe{};
+    if (PyObject_GetBuffer(obj.ptr(), &probe, PyBUF_FULL_RO) != 0) {
+      PyErr_Clear();
+      raise(Code::kInvalidArgument,
+            std::string(what) + ": a " + type +
+                " is not a buffer (give a bytearray, memoryview, numpy array or torch tensor)");
+    }
+    bool read_only = probe.readonly;
+    PyBuffer_Release(&probe);
+    if (writable && read_only)
+      raise(Code::kInvalidArgument,
+            std::string(what) + ": the " + type + " is read-only (bytes cannot be filled)");
+    raise(Code::kInvalidArgument, std::string(what) + ": the " + type +
+                                      " is not C-contiguous (its bytes are not one range)");
+  }
+  has_view_ = true;
+  data_ = static_cast<std::byte*>(view_.buf);
+  size_ = static_cast<size_t>(view_.len);
+}
+
+Borrowed::~Borrowed() {
+  if (has_view_) PyBuffer_Release(&view_);
+}
+
+}  // namespace sluice::python

@@ -1,0 +1,282 @@
+// Sessions, objects, copies and listings: sluice.Session's compiled half.
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "core.h"
+#include "sluice/client/copy.h"
+#include "sluice/client/environment.h"
+#include "sluice/client/object.h"
+#include "sluice/client/session.h"
+#include "sluice/core/sizes.h"
+
+namespace sluice::python {
+
+namespace {
+
+uint64_t size_arg(const py::object& v, const char* name, uint64_t fallback) {
+  if (v.is_none()) return fallback;
+  if (py::isinstance<py::str>(v)) {
+    auto n = parse_size(v.cast<std::string>());
+    if (!n) raise(n.error().with_context(name));
+    return *n;
+  }
+  auto n = v.cast<int64_t>();
+  if (n < 0) raise(Code::kInvalidArgument, std::string(name) + ": a size below 0");
+  return static_cast<uint64_t>(n);
+}
+
+py::dict info_dict(const store::ObjectInfo& i) {
+  py::dict d;
+  d["key"] = i.key;
+  d["size"] = i.size;
+  d["etag"] = i.etag;
+  d["mtime_ns"] = i.mtime_ns;
+  return d;
+}
+
+// One object opened for reading, pinned to the version stat saw: a change midway is
+// Conflict, never a mix of two versions.
+class Reader {
+ public:
+  Reader(client::ObjectRef ref, store::ObjectInfo info)
+      : ref_(std::move(ref)), info_(std::move(info)) {}
+
+  size_t read_into(py::handle buffer, uint64_t offset) {
+    Borrowed mem(buffer, true, "read_into");
+    if (!ref_.store) raise(Code::kInvalidArgument, ref_.text + ": read from a closed file");
+    if (offset >= info_.size || mem.size() == 0) return 0;
+    auto dst = mem.bytes().first(std::min<uint64_t>(mem.size(), info_.size - offset));
+    auto n = without_gil([&] {
+      return ref_.store->read_full(ref_.key, offset, dst,
+                                   {.if_match = info_.etag, .object_size = info_.size});
+    });
+    if (!n) raise(n.error().with_context(ref_.text));
+    if (*n != dst.size())
+      raise(Code::kCorruption, ref_.text + ": the object ended at byte " +
+                                   std::to_string(offset + *n) + ", before its size " +
+                                   std::to_string(info_.size));
+    return *n;
+  }
+  const store::ObjectInfo& info() const { return info_; }
+  void close() { ref_.store.reset(); }
+  bool closed() const { return !ref_.store; }
+
+ private:
+  client::ObjectRef ref_;
+  store::ObjectInfo info_;
+};
+
+// One object being written: published atomically by commit(), nothing by abort().
+class Writer {
+ public:
+  Writer(client::ObjectRef ref, std::unique_ptr<store::Writer> w)
+      : ref_(std::move(ref)), w_(std::move(w)) {}
+  ~Writer() {
+    if (w_) w_->abort();
+  }
+  size_t write(py::handle buffer) {
+    Borrowed mem(buffer, false, "write");
+    if (!w_) raise(Code::kInvalidArgument, ref_.text + ": write to a closed file");
+    auto s = without_gil([&] { return w_->append(mem.bytes()); });
+    if (!s) {
+      w_->abort();
+      w_.reset();
+      raise(s.error().with_context(ref_.text));
+    }
+    return mem.size();
+  }
+  void commit() {
+    if (!w_) raise(Code::kInvalidArgument, ref_.text + ": commit of a closed file");
+    auto s = without_gil([&] { return w_->commit(); });
+    w_.reset();
+    if (!s) raise(s.error().with_context(ref_.text));
+  }
+  void abort() {
+    if (w_) w_->abort();
+    w_.reset();
+  }
+  uint64_t size() const { return w_ ? w_->size() : 0; }
+  bool closed() const { return !w_; }
+
+ private:
+  client::ObjectRef ref_;
+  std::unique_ptr<store::Writer> w_;
+};
+
+struct PySession {
+  std::shared_ptr<client::Session> s;
+  std::shared_ptr<std::string> fallback;  // the last reason reads went to the embedded cache
+  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
+
+  client::ObjectRef open(const std::string& uri, client::ObjectOpen how) const {
+    auto r = without_gil([&] { return client::open_object(*s, uri, how); });
+    return unwrap(std::move(r));
+  }
+  store::ObjectInfo stat(client::ObjectRef& ref) const {
+    auto i = without_gil([&] { return ref.store->stat(ref.key); });
+    if (!i) raise(i.error().with_context(ref.text));
+    return *i;
+  }
+};
+
+PySession make_session(py::object home, py::object daemon, py::object cache_dir,
+                       py::object cache_ram, py::object cache_size, py::object endpoint_url,
+                       py::object profile, py::object region, py::object ledger) {
+  client::SessionOptions o;
+  o.home = home.is_none() ? client::home_from_environment() : home.cast<std::string>();
+  o.cache.directory = cache_dir.is_none() ? o.home + "/cache" : cache_dir.cast<std::string>();
+  o.cache.ram_bytes = size_arg(cache_ram, "cache_ram", o.cache.ram_bytes);
+  o.cache.disk_bytes = size_arg(cache_size, "cache_size", o.cache.disk_bytes);
+  o.daemon_socket = daemon.is_none() ? "" : daemon.cast<std::string>();
+  client::AwsSettings aws;
+  if (!endpoint_url.is_none()) aws.endpoint_url = endpoint_url.cast<std::string>();
+  if (!profile.is_none()) aws.profile = profile.cast<std::string>();
+  if (!region.is_none()) aws.region = region.cast<std::string>();
+  o.s3 = unwrap(client::s3_options_from_environment(aws));
+  o.ledger = client::ledger_from_environment(ledger.is_none() ? "" : ledger.cast<std::string>());
+  PySession ps;
+  ps.fallback = std::make_shared<std::string>();
+  o.on_fallback = [f = ps.fallback, mu = ps.mu](const std::string& why) {
+    std::lock_guard lock(*mu);
+    *f = why;
+  };
+  ps.s = std::make_shared<client::Session>(std::move(o));
+  return ps;
+}
+
+py::dict copy_summary(const client::CopySummary& s) {
+  py::dict d;
+  d["objects"] = s.objects;
+  d["bytes"] = s.bytes;
+  d["seconds"] = s.seconds;
+  d["retries"] = s.retries;
+  d["cancelled"] = s.cancelled;
+  d["cached"] = s.cached;
+  d["cache_hit_bytes"] = s.cache_hit_bytes;
+  d["cache_miss_bytes"] = s.cache_miss_bytes;
+  d["via_daemon"] = s.via_daemon;
+  d["handoff_bytes"] = s.handoff_bytes;
+  d["inline_bytes"] = s.inline_bytes;
+  py::list failures;
+  for (const auto& f : s.failures)
+    failures.append(
+        py::make_tuple(f.source, std::string(code_name(f.error.code())), f.error.message()));
+  d["failures"] = failures;
+  return d;
+}
+
+}  // namespace
+
+client::Session& session_of(py::handle h) {
+  return *h.cast<PySession&>().s;
+}
+
+void bind_objects(py::module_& m) {
+  py::class_<PySession>(m, "Session", "A session: how sluice opens stores, caches and ledgers.")
+      .def(py::init(&make_session), py::kw_only(), py::arg("home") = py::none(),
+           py::arg("daemon") = py::none(), py::arg("cache_dir") = py::none(),
+           py::arg("cache_ram") = py::none(), py::arg("cache_size") = py::none(),
+           py::arg("endpoint_url") = py::none(), py::arg("profile") = py::none(),
+           py::arg("region") = py::none(), py::arg("ledger") = py::none())
+      .def_property_readonly("home", [](const PySession& p) { return p.s->options().home; })
+      .def("cache_route",
+           [](const PySession& p) {
+             client::CacheRoute r;
+             {
+               py::gil_scoped_release unlocked;
+               r = p.s->cache_route();
+             }
+             py::dict d;
+             d["daemon"] = r.daemon;
+             d["socket"] = r.socket;
+             d["directory"] = r.directory;
+             d["reason"] = r.reason;
+             return d;
+           })
+      .def("last_fallback",
+           [](const PySession& p) {
+             std::lock_guard lock(*p.mu);
+             return *p.fallback;
+           })
+      .def(
+          "stat",
+          [](const PySession& p, const std::string& uri, bool cache) {
+            auto ref = p.open(uri, {.through_cache = cache});
+            return info_dict(p.stat(ref));
+          },
+          py::arg("uri"), py::arg("cache") = false)
+      .def(
+          "open_reader",
+          [](const PySession& p, const std::string& uri, bool cache) {
+            auto ref = p.open(uri, {.through_cache = cache});
+            auto info = p.stat(ref);
+            return std::make_unique<Reader>(std::move(ref), std::move(info));
+          },
+          py::arg("uri"), py::arg("cache") = false)
+      .def(
+          "open_writer",
+          [](const PySession& p, const std::string& uri, bool overwrite, bool durable,
+             py::object size_hint) {
+            auto ref = p.open(uri, {.writes = true});
+            store::WriteOptions wo{.overwrite = overwrite, .durable = durable};
+            if (!size_hint.is_none()) wo.size_hint = size_arg(size_hint, "size_hint", 0);
+            auto w = without_gil([&] { return ref.store->create(ref.key, wo); });
+            if (!w) raise(w.error().with_context(uri));
+            return std::make_unique<Writer>(std::move(ref), std::move(*w));
+          },
+          py::arg("uri"), py::arg("overwrite") = true, py::arg("durable") = true,
+          py::arg("size_hint") = py::none())
+      .def(
+          "read_into",
+          [](const PySession& p, const std::string& uri, py::handle buffer, uint64_t offset,
+             bool cache) {
+            auto ref = p.open(uri, {.through_cache = cache});
+            auto info = p.stat(ref);
+            Reader r(std::move(ref), std::move(info));
+            return r.read_into(buffer, offset);
+          },
+          py::arg("uri"), py::arg("buffer"), py::arg("offset") = 0, py::arg("cache") = false)
+      .def(
+          "copy",
+          [](const PySession& p, const std::string& src, const std::string& dst, bool recursive,
+             bool cache, bool durable, unsigned jobs) {
+            client::CopyRequest r{.src = src,
+                                  .dst = dst,
+                                  .recursive = recursive,
+                                  .jobs = jobs,
+                                  .durable = durable,
+                                  .cache = cache};
+            auto s = without_gil([&] { return client::copy(*p.s, r); });
+            return copy_summary(unwrap(std::move(s)));
+          },
+          py::arg("src"), py::arg("dst"), py::arg("recursive") = false, py::arg("cache") = false,
+          py::arg("durable") = false, py::arg("jobs") = 16)
+      .def(
+          "ls",
+          [](const PySession& p, const std::string& uri, bool recursive) {
+            auto r = without_gil([&] { return client::list_objects(*p.s, uri, recursive); });
+            py::list out;
+            for (const auto& i : unwrap(std::move(r))) out.append(info_dict(i));
+            return out;
+          },
+          py::arg("uri"), py::arg("recursive") = false);
+
+  py::class_<Reader>(m, "Reader", "One object opened for reading, pinned to one version.")
+      .def("read_into", &Reader::read_into, py::arg("buffer"), py::arg("offset"))
+      .def_property_readonly("size", [](const Reader& r) { return r.info().size; })
+      .def_property_readonly("etag", [](const Reader& r) { return r.info().etag; })
+      .def_property_readonly("closed", &Reader::closed)
+      .def("close", &Reader::close);
+
+  py::class_<Writer>(m, "Writer", "One object being written; published by commit().")
+      .def("write", &Writer::write, py::arg("buffer"))
+      .def("commit", &Writer::commit)
+      .def("abort", &Writer::abort)
+      .def_property_readonly("size", &Writer::size)
+      .def_property_readonly("closed", &Writer::closed);
+}
+
+}  // namespace sluice::python

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Makes the project's virtual environment, .venv, with what the Python tests need
+# (python/requirements-test.txt), from PyPI. Reused when its requirements have not changed:
+# a stamp records the hash of the file it was made from. The sluice package itself is not
+# installed into it: the tests import the module the main build makes (BUILD/python), so
+# the C++ core is compiled once; `pip install .` is for users.
+#   scripts/install-python.sh            make or refresh .venv
+#   SLUICE_VENV=DIR scripts/...          somewhere else
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${SLUICE_VENV:-.venv}
+req=python/requirements-test.txt
+want=$(sha256sum "$req" | cut -d' ' -f1)
+stamp="$venv/.sluice-requirements"
+if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+python=${PYTHON:-python3}
+if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
+  echo "sluice: $python cannot make a virtual environment (Debian: apt-get install python3-venv)" >&2
+  exit 1
+fi
+echo "sluice: making $venv for the Python tests (torch, torchdata, numpy, pytest, fsspec, webdataset; about 5 GB, a few minutes)" >&2
+start=$(date +%s)
+[[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --progress-bar off -r "$req"
+echo "$want" > "$stamp"
+echo "sluice: $venv ready in $(( $(date +%s) - start )) s ($(du -sh "$venv" | cut -f1))" >&2

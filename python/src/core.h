@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "sluice/client/session.h"
 #include "sluice/core/status.h"
 
 namespace sluice::python {
@@ -76,5 +77,8 @@ class Borrowed {
 
 void bind_errors(py::module_& m);
 void bind_objects(py::module_& m);
+void bind_data(py::module_& m);
+// The client::Session behind a sluice._core.Session.
+client::Session& session_of(py::handle h);
 
 }  // namespace sluice::python

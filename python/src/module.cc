@@ -5,4 +5,5 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "sluice's compiled core; use the sluice package, not this module";
   sluice::python::bind_errors(m);
   sluice::python::bind_objects(m);
+  sluice::python::bind_data(m);
 }

@@ -270,15 +270,7 @@ struct Loader::Impl {
                                               " is not below workers " + std::to_string(o.workers));
     if (o.memory_bytes < (uint64_t{1} << 20))
       return fail(Code::kInvalidArgument, "loader: memory budget below 1 MiB");
-    // The automatic window holds what half the memory budget does at the mean sample size,
-    // so a window's samples are read once (see run_fetcher).
-    // Windows are whole shards: leave room for the last one.
-    uint64_t mean = std::max<uint64_t>(1, ds->bytes() / ds->samples());
-    uint64_t per_shard = ds->format() == Format::kTar ? ds->samples() / ds->shards().size() : 1;
-    uint64_t fits = o.memory_bytes / 4 / mean;  // a slice (see run_fetcher)
-    window = !o.shuffle         ? 0
-             : o.shuffle_window ? o.shuffle_window
-                                : std::max<uint64_t>(1, fits > per_shard ? fits - per_shard : 1);
+    window = Loader::shuffle_window_for(*ds, o);
     if (o.block == 0) return fail(Code::kInvalidArgument, "loader: a block of 0 samples");
     block = o.block;
     first_epoch = o.epoch;
@@ -854,6 +846,19 @@ LoaderStats Loader::stats() const {
   s.stall_seconds = static_cast<double>(c.stall_ns.load(std::memory_order_relaxed)) / 1e9;
   s.elapsed_seconds = seconds_since(impl_->created);
   return s;
+}
+
+uint64_t Loader::shuffle_window_for(const Dataset& ds, const LoaderOptions& o) {
+  if (!o.shuffle) return 0;
+  if (o.shuffle_window) return o.shuffle_window;
+  if (ds.samples() == 0) return 1;
+  // The automatic window holds what a slice (a quarter of the memory budget) does at the
+  // mean sample size, so a window's samples are read once (see run_fetcher). Windows are
+  // whole shards: leave room for the last one.
+  uint64_t mean = std::max<uint64_t>(1, ds.bytes() / ds.samples());
+  uint64_t per_shard = ds.format() == Format::kTar ? ds.samples() / ds.shards().size() : 1;
+  uint64_t fits = o.memory_bytes / 4 / mean;
+  return std::max<uint64_t>(1, fits > per_shard ? fits - per_shard : 1);
 }
 
 uint64_t Loader::order_at(const Dataset& ds, uint64_t seed, uint64_t epoch, bool shuffle,

@@ -224,6 +224,9 @@ class Loader {
   // `epoch`.
   static uint64_t order_at(const Dataset& ds, uint64_t seed, uint64_t epoch, bool shuffle,
                            uint64_t window, uint64_t position);
+  // The shuffle window a loader with these options uses (0: no shuffle): the options' own,
+  // else the automatic one (resume tokens carry it).
+  static uint64_t shuffle_window_for(const Dataset& ds, const LoaderOptions& options);
 
   struct Impl;
 

@@ -1,0 +1,338 @@
+"""Streaming datasets into PyTorch: every sample exactly once across ranks and DataLoader
+workers, in a deterministic shuffled order, resumable exactly (also with another world size
+or worker count).
+
+    ds = sluice.data.StreamingDataset("s3://bucket/train/", shuffle=True, seed=7, batch_size=64)
+    loader = sluice.data.DataLoader(ds, batch_size=64, num_workers=4)
+    for batch in loader:                  # dicts: "__key__" and one bytes field per extension
+        ...
+        state = loader.state_dict()       # save it with the checkpoint
+
+    loader.load_state_dict(state)         # in the new job: continue where it stopped
+
+The order of an epoch is a function of (seed, epoch) only (docs/dataset.md). Rank r of W
+reads the epoch's positions r, r + W, r + 2W, ... (its stream); its DataLoader workers take
+that stream in blocks of ``batch_size`` samples, one worker after the other, which is the
+order a DataLoader hands batches to the training loop. So the count of samples the training
+loop has taken is the exact resume point, and a resumed job with other ranks or workers
+reads exactly the samples not taken yet.
+
+Two ways to keep that count:
+- :class:`DataLoader` (a ``torch.utils.data.DataLoader``) counts what it hands out, in the
+  main process, as Mosaic Streaming does: its ``state_dict()`` is exact and elastic.
+- torchdata's ``StatefulDataLoader`` asks each worker's copy of the dataset for its state
+  (``state_dict``/``load_state_dict`` below): exact when resumed with the same layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterator
+
+import torch
+import torch.utils.data
+
+from . import _core
+from ._session import Session, connect
+from .errors import InvalidArgument, Unavailable
+
+__all__ = ["StreamingDataset", "DataLoader", "rank_and_world"]
+
+_STATE_VERSION = 1
+_inherited: list = []  # datasets a forked worker inherited (see StreamingDataset._open)
+_noted: set = set()
+log = logging.getLogger("sluice")
+
+
+def _note_once(message: str) -> None:
+    if message not in _noted:
+        _noted.add(message)
+        log.warning(message)
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world size: from torch.distributed when it is
+    initialized, else the launcher's environment (RANK and WORLD_SIZE, as torchrun sets
+    them), else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError as e:
+        raise InvalidArgument(f"RANK or WORLD_SIZE is not a number: {e}") from None
+    if not 0 <= rank < world:
+        raise InvalidArgument(f"RANK {rank} is not below WORLD_SIZE {world}")
+    return rank, world
+
+
+def _size(v: Any, name: str) -> int:
+    if isinstance(v, str):
+        from ._units import parse_size
+
+        return parse_size(v, name)
+    if not isinstance(v, int) or v < 0:
+        raise InvalidArgument(f"{name}: {v!r} is not a size")
+    return v
+
+
+class StreamingDataset(torch.utils.data.IterableDataset):
+    """A sluice dataset (``sluice dataset pack``) or plain WebDataset tar shards under a
+    prefix, as an ``IterableDataset`` of WebDataset-style samples: dicts of ``__key__``,
+    ``__index__`` (the dataset-wide sample number) and one ``bytes`` per field (decoding
+    is yours).
+
+    Each ``iter()`` reads one epoch, :attr:`epoch` (``set_epoch`` chooses it; the
+    :class:`DataLoader` advances it after each full pass). ``batch_size`` must be the
+    DataLoader's batch size when it has workers, so that each worker's batches are whole
+    blocks of the rank's stream. Reads go through the node's cache (sluiced, else the
+    embedded cache) with the loader's order declared to it, unless ``cache=False``.
+    """
+
+    def __init__(self, uri: Any, *, shuffle: bool = True, seed: int = 0, batch_size: int = 1,
+                 epoch: int = 0, shuffle_window: int = 0, memory: Any = "256M",
+                 cache: bool = True, catalog: bool = True, format: str = "auto",
+                 skip_corrupt: bool = False, rank: int | None = None,
+                 world_size: int | None = None, session: Session | None = None,
+                 session_options: dict | None = None) -> None:
+        super().__init__()
+        self.uri = os.fspath(uri)
+        if batch_size < 1:
+            raise InvalidArgument(f"{self.uri}: batch_size {batch_size} is below 1")
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.batch_size = int(batch_size)
+        self.shuffle_window = int(shuffle_window)
+        self.memory_bytes = _size(memory, "memory")
+        self.cache = cache
+        self.catalog = catalog
+        self.format = format
+        self.skip_corrupt = skip_corrupt
+        self._rank, self._world = rank, world_size
+        # How each process (the main one, each worker) connects: a Session does not cross
+        # into worker processes, its options do.
+        self._session_options = dict(session_options or {})
+        if session is not None and not self._session_options:
+            self._session_options = {"home": session.home}
+        self.epoch = int(epoch)
+        self._start = 0  # where this epoch's reads start (a resumed position)
+        self._worker_batches = 0  # batches this worker copy has yielded in this epoch
+        self._iter_layout: tuple[int, int, int, int] | None = None
+        self._dataset: Any = None
+        self._dataset_pid = -1
+        # Opened now, in the calling process: a missing dataset is an error here, not in
+        # the first worker; the catalog makes each worker's own open cheap.
+        self._open()
+
+    # ---- opening ---------------------------------------------------------------------
+
+    def _session(self) -> Session:
+        return connect(**self._session_options) if self._session_options else connect()
+
+    def _open(self) -> Any:
+        """The dataset's layout (listing, sample tables), read without the cache."""
+        if self._dataset is not None and self._dataset_pid != os.getpid():
+            # A forked worker inherited the parent's open dataset, whose threads are not in
+            # this process: it must never be destroyed here. Kept, and unused.
+            _inherited.append(self._dataset)
+            self._dataset = None
+        if self._dataset is None:
+            self._dataset = _core.open_dataset(self._session()._core, self.uri, False,
+                                               self.catalog, self.format, self.skip_corrupt)
+            self._dataset_pid = os.getpid()
+        return self._dataset
+
+    def _open_for_reading(self, in_worker: bool) -> Any:
+        """The dataset opened for one pass: through the node's cache where one can be had.
+        sluiced serves every process; the embedded cache (a directory) only one process at
+        a time, so without sluiced DataLoader workers, or a second pass running at once in
+        this process, read directly (said once in the log)."""
+        if not self.cache:
+            return self._open()
+        session = self._session()
+        if session.cache == "embedded" and in_worker:
+            _note_once(f"sluice: DataLoader workers read {self.uri} directly: the embedded cache "
+                       f"serves one process ({session.cache_reason}); start sluiced to share "
+                       "the node's cache between workers")
+            return self._open()
+        try:
+            return _core.open_dataset(session._core, self.uri, True, self.catalog, self.format,
+                                      self.skip_corrupt)
+        except Unavailable as e:
+            if "in use by" not in str(e):
+                raise
+            _note_once(f"sluice: reading {self.uri} directly: {e}")
+            return self._open()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_dataset"] = None  # each process opens its own
+        state["_dataset_pid"] = -1
+        return state
+
+    @property
+    def samples(self) -> int:
+        """Samples in the dataset (in one epoch, across all ranks)."""
+        return self._open().samples
+
+    def __len__(self) -> int:
+        """This rank's samples in an epoch from the start."""
+        rank, world = self._layout()[:2]
+        n = self.samples
+        return (n - rank + world - 1) // world if rank < n else 0
+
+    def _layout(self) -> tuple[int, int, int, int]:
+        if self._rank is not None or self._world is not None:
+            rank, world = int(self._rank or 0), int(self._world or 1)
+            if not 0 <= rank < world:
+                raise InvalidArgument(f"rank {rank} is not below world_size {world}")
+        else:
+            rank, world = rank_and_world()
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank, world, worker, workers
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next ``iter()`` reads, from its start."""
+        self.epoch = int(epoch)
+        self._start = 0
+        self._worker_batches = 0
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict]:
+        rank, world, worker, workers = self._layout()
+        ds = self._open_for_reading(torch.utils.data.get_worker_info() is not None)
+        layout = (world, workers, self.batch_size, worker)
+        skip = 0
+        if self._worker_batches and self._iter_layout == layout:
+            # A worker's copy resumed from its own state (StatefulDataLoader): skip the
+            # whole rounds of blocks it already delivered.
+            skip = self._worker_batches * workers * self.batch_size * world
+        start = self._start + skip
+        self._iter_layout = layout
+        if start >= ds.samples:
+            return
+        token = ""
+        if start:
+            token = _core.make_token(ds, self.epoch, start, self.seed, self.shuffle,
+                                     self.shuffle_window, self.memory_bytes)
+        loader = _core.Loader(dataset=ds, seed=self.seed, epoch=self.epoch, epochs=1,
+                              rank=rank, world=world, worker=worker, workers=workers,
+                              block=self.batch_size, resume=token, shuffle=self.shuffle,
+                              shuffle_window=self.shuffle_window,
+                              memory_bytes=self.memory_bytes, skip_corrupt=self.skip_corrupt)
+        in_block = 0
+        want = max(self.batch_size, 64)
+        while True:
+            batch = loader.next_batch(want)
+            if not batch:
+                break
+            for sample in batch:
+                # Counted before it is handed out: a worker's state is taken right after it
+                # made a batch, with the batch's last sample still "in" the generator.
+                in_block += 1
+                if in_block == self.batch_size:
+                    in_block = 0
+                    self._worker_batches += 1
+                yield sample
+        # A full pass: what a worker's state says now is the next epoch's start.
+        self.epoch += 1
+        self._start = 0
+        self._worker_batches = 0
+
+    # ---- resume state (torchdata's StatefulDataLoader calls these in each worker) -----
+
+    def state_dict(self) -> dict:
+        """This copy's place: the epoch, where it started, and the batches it has yielded
+        (in a worker: its own)."""
+        return {"version": _STATE_VERSION, "uri": self.uri, "seed": self.seed,
+                **self._identity(), "epoch": self.epoch, "start": self._start,
+                "worker_batches": self._worker_batches,
+                "layout": list(self._iter_layout) if self._iter_layout else None}
+
+    def _identity(self) -> dict:
+        ds = self._open()
+        return {"samples": ds.samples, "fingerprint": ds.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues from a state of :meth:`state_dict` or of :meth:`DataLoader.state_dict`."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise InvalidArgument(f"{self.uri}: not a sluice StreamingDataset state: {state!r}")
+        if state.get("seed") != self.seed:
+            raise InvalidArgument(f"{self.uri}: the state was saved with seed {state.get('seed')}, "
+                                  f"this dataset has seed {self.seed}")
+        mine = self._identity()
+        if (state.get("samples"), state.get("fingerprint")) != (mine["samples"], mine["fingerprint"]):
+            raise InvalidArgument(
+                f"{self.uri}: the state was saved for another dataset ({state.get('samples')} "
+                f"samples; this one has {mine['samples']}, or its shards changed)")
+        self.epoch = int(state["epoch"])
+        self._start = int(state.get("start", 0))
+        if "position" in state:  # a DataLoader's (main-process) state
+            self._start = int(state["position"])
+            self._worker_batches = 0
+            self._iter_layout = None
+        else:
+            self._worker_batches = int(state.get("worker_batches", 0))
+            layout = state.get("layout")
+            self._iter_layout = tuple(layout) if layout else None
+        if self._start > self.samples:
+            raise InvalidArgument(f"{self.uri}: the state's position {self._start} is past the "
+                                  f"dataset's {self.samples} samples")
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A ``torch.utils.data.DataLoader`` over a :class:`StreamingDataset` that counts the
+    samples it hands to the training loop, so :meth:`state_dict` is the exact place to
+    resume from, for any number of ranks and workers after it. It sets the dataset's
+    ``batch_size`` to its own and advances the dataset's epoch after each full pass."""
+
+    def __init__(self, dataset: StreamingDataset, batch_size: int = 1, **kwargs: Any) -> None:
+        if not isinstance(dataset, StreamingDataset):
+            raise InvalidArgument("sluice.data.DataLoader reads a sluice.data.StreamingDataset")
+        if kwargs.get("shuffle"):
+            raise InvalidArgument("shuffle is the dataset's (StreamingDataset(shuffle=True))")
+        if kwargs.get("drop_last"):
+            raise InvalidArgument("drop_last would drop samples the count says were taken")
+        dataset.batch_size = batch_size
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self._taken = 0  # samples of this epoch handed out (from the dataset's start)
+
+    def __iter__(self) -> Iterator[Any]:
+        ds: StreamingDataset = self.dataset  # type: ignore[assignment]
+        start, epoch = ds._start, ds.epoch
+        self._taken = 0
+        ds._worker_batches, ds._iter_layout = 0, None  # this count is the one that holds
+        rank, world = ds._layout()[:2]
+        for batch in super().__iter__():
+            self._taken += _batch_len(batch)
+            # Where the next sample of this rank's stream is, job-wide (lockstep).
+            pos = start + world * self._taken
+            if pos >= ds.samples:
+                ds.epoch, ds._start = epoch + 1, 0
+            else:
+                ds.epoch, ds._start = epoch, pos
+            yield batch
+        ds.epoch, ds._start = epoch + 1, 0
+        ds._worker_batches = 0
+
+    def state_dict(self) -> dict:
+        """The exact place to resume from: the epoch and the job-wide position in it."""
+        ds: StreamingDataset = self.dataset  # type: ignore[assignment]
+        return {"version": _STATE_VERSION, "uri": ds.uri, "seed": ds.seed, **ds._identity(),
+                "epoch": ds.epoch, "position": ds._start}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, dict) and "__key__" in batch:
+        return len(batch["__key__"])
+    if isinstance(batch, (list, tuple)):
+        return len(batch)
+    raise InvalidArgument("cannot count the samples of a batch of type " + type(batch).__name__)

@@ -1,0 +1,158 @@
+// Datasets and loaders: sluice.data's compiled half.
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "core.h"
+#include "sluice/client/datasets.h"
+#include "sluice/core/sizes.h"
+#include "sluice/stream/dataset.h"
+
+namespace sluice::python {
+
+namespace {
+
+stream::Format format_arg(const std::string& f) {
+  if (f == "auto") return stream::Format::kAuto;
+  if (f == "tar" || f == "webdataset") return stream::Format::kTar;
+  if (f == "objects") return stream::Format::kObjects;
+  raise(Code::kInvalidArgument, "format '" + f + "' is not one of auto, tar and objects");
+}
+
+struct PyLoader {
+  std::shared_ptr<const stream::Dataset> ds;
+  std::unique_ptr<stream::Loader> loader;
+
+  // Up to n samples as WebDataset-style dicts: "__key__", "__index__" (the dataset-wide
+  // sample number) and one bytes object per field.
+  py::list next_batch(size_t n) {
+    auto batch = without_gil([&] { return loader->next_batch(n); });
+    if (!batch) raise(batch.error());
+    py::list out;
+    for (const stream::Sample& s : *batch) {
+      py::dict d;
+      d["__key__"] = py::str(s.key.data(), s.key.size());
+      d["__index__"] = s.index;
+      for (const stream::Field& f : s.fields)
+        d[py::str(f.name)] = py::bytes(reinterpret_cast<const char*>(f.data.data()), f.data.size());
+      out.append(std::move(d));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+void bind_data(py::module_& m) {
+  py::class_<stream::Dataset, std::shared_ptr<stream::Dataset>>(m, "Dataset")
+      .def_property_readonly("samples", &stream::Dataset::samples)
+      .def_property_readonly("bytes", &stream::Dataset::bytes)
+      .def_property_readonly("shards", [](const stream::Dataset& d) { return d.shards().size(); })
+      .def_property_readonly("fingerprint", &stream::Dataset::fingerprint)
+      .def_property_readonly("format",
+                             [](const stream::Dataset& d) {
+                               return d.format() == stream::Format::kTar ? "tar" : "objects";
+                             })
+      .def("key", [](const stream::Dataset& d, uint64_t n) {
+        if (n >= d.samples())
+          raise(Code::kInvalidArgument, "sample " + std::to_string(n) + " is past the dataset's " +
+                                            std::to_string(d.samples()));
+        return d.sample_key(n);
+      });
+
+  m.def(
+      "open_dataset",
+      [](py::handle session, const std::string& uri, bool cache, bool catalog,
+         const std::string& format, bool skip_corrupt) {
+        client::DatasetSpec spec{.uri = uri,
+                                 .through_cache = cache,
+                                 .catalog = catalog,
+                                 .format = format_arg(format),
+                                 .skip_corrupt = skip_corrupt};
+        client::Session& s = session_of(session);
+        auto ds = without_gil([&] { return client::open_dataset(s, spec); });
+        if (!ds) raise(ds.error().with_context(uri));
+        return std::const_pointer_cast<stream::Dataset>(*ds);
+      },
+      py::arg("session"), py::arg("uri"), py::arg("cache") = true, py::arg("catalog") = true,
+      py::arg("format") = "auto", py::arg("skip_corrupt") = false);
+
+  py::class_<PyLoader>(m, "Loader")
+      .def(py::init([](std::shared_ptr<stream::Dataset> ds, uint64_t seed, uint64_t epoch,
+                       uint64_t epochs, unsigned rank, unsigned world, unsigned worker,
+                       unsigned workers, uint64_t block, std::string resume, bool shuffle,
+                       uint64_t shuffle_window, uint64_t memory_bytes, bool skip_corrupt) {
+             stream::LoaderOptions o{.seed = seed,
+                                     .epoch = epoch,
+                                     .epochs = epochs,
+                                     .rank = rank,
+                                     .world = world,
+                                     .worker = worker,
+                                     .workers = workers,
+                                     .block = block,
+                                     .resume = std::move(resume),
+                                     .shuffle = shuffle,
+                                     .shuffle_window = shuffle_window,
+                                     .memory_bytes = memory_bytes,
+                                     .skip_corrupt = skip_corrupt};
+             auto l = std::make_unique<PyLoader>();
+             l->ds = ds;
+             l->loader = std::make_unique<stream::Loader>(ds, std::move(o));
+             return l;
+           }),
+           py::kw_only(), py::arg("dataset"), py::arg("seed") = 0, py::arg("epoch") = 0,
+           py::arg("epochs") = 1, py::arg("rank") = 0, py::arg("world") = 1, py::arg("worker") = 0,
+           py::arg("workers") = 1, py::arg("block") = 1, py::arg("resume") = "",
+           py::arg("shuffle") = true, py::arg("shuffle_window") = 0,
+           py::arg("memory_bytes") = uint64_t{256} << 20, py::arg("skip_corrupt") = false)
+      .def("next_batch", &PyLoader::next_batch, py::arg("n"))
+      .def("state", [](const PyLoader& l) { return l.loader->state(); })
+      .def("stats", [](const PyLoader& l) {
+        stream::LoaderStats s = l.loader->stats();
+        py::dict d;
+        d["samples"] = s.samples;
+        d["bytes"] = s.bytes;
+        d["requests"] = s.requests;
+        d["read_bytes"] = s.read_bytes;
+        d["throttled"] = s.throttled;
+        d["skipped_samples"] = s.skipped_samples;
+        d["first_batch_seconds"] = s.first_batch_seconds;
+        d["stall_seconds"] = s.stall_seconds;
+        d["elapsed_seconds"] = s.elapsed_seconds;
+        return d;
+      });
+
+  m.def(
+      "make_token",
+      [](const stream::Dataset& ds, uint64_t epoch, uint64_t position, uint64_t seed, bool shuffle,
+         uint64_t shuffle_window, uint64_t memory_bytes) {
+        stream::LoaderOptions o{
+            .shuffle = shuffle, .shuffle_window = shuffle_window, .memory_bytes = memory_bytes};
+        if (position > ds.samples())
+          raise(Code::kInvalidArgument, "position " + std::to_string(position) +
+                                            " is past the dataset's " +
+                                            std::to_string(ds.samples()) + " samples");
+        return stream::make_token({.epoch = epoch,
+                                   .position = position,
+                                   .samples = ds.samples(),
+                                   .fingerprint = ds.fingerprint(),
+                                   .seed = seed,
+                                   .window = stream::Loader::shuffle_window_for(ds, o)});
+      },
+      py::arg("dataset"), py::arg("epoch"), py::arg("position"), py::arg("seed"),
+      py::arg("shuffle"), py::arg("shuffle_window"), py::arg("memory_bytes"));
+  m.def("parse_token", [](const std::string& token) {
+    auto p = stream::parse_token(token);
+    if (!p) raise(p.error());
+    py::dict d;
+    d["epoch"] = p->epoch;
+    d["position"] = p->position;
+    d["samples"] = p->samples;
+    d["fingerprint"] = p->fingerprint;
+    d["seed"] = p->seed;
+    d["window"] = p->window;
+    return d;
+  });
+}
+
+}  // namespace sluice::python

@@ -1,0 +1,188 @@
+"""sluice.data: WebDataset shards read exactly, exactly once across ranks and DataLoader
+workers, exact resume (plain DataLoader counting, torchdata's StatefulDataLoader), elastic
+resume."""
+
+import collections
+import os
+
+import pytest
+import torch
+import webdataset as wds
+
+import sluice
+import sluice.data
+
+SAMPLES = 157  # not a multiple of anything below
+
+
+def write_shards(root, samples=SAMPLES, per_shard=20):
+    """WebDataset shards written by the webdataset library itself."""
+    os.makedirs(root, exist_ok=True)
+    expected = {}
+    for shard in range((samples + per_shard - 1) // per_shard):
+        with wds.TarWriter(os.path.join(root, f"shard-{shard:04d}.tar")) as sink:
+            for i in range(shard * per_shard, min(samples, (shard + 1) * per_shard)):
+                key = f"sample{i:06d}"
+                txt = f"text of {i}".encode() * (1 + i % 7)
+                cls = str(i % 10).encode()
+                sink.write({"__key__": key, "txt": txt, "cls": cls})
+                expected[key] = {"txt": txt, "cls": cls}
+    return expected
+
+
+@pytest.fixture
+def shards(tmp_path):
+    root = tmp_path / "shards"
+    return str(root), write_shards(str(root))
+
+
+def keys_of(batch):
+    return list(batch["__key__"])
+
+
+def run(loader, limit=None):
+    """The keys of every batch, or of the first `limit` (taking no more than that)."""
+    out = []
+    it = iter(loader)
+    while limit is None or limit > 0:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        out.extend(keys_of(batch))
+        limit = None if limit is None else limit - 1
+    return out
+
+
+def test_webdataset_shards_read_exactly(shards):
+    root, expected = shards
+    ds = sluice.data.StreamingDataset(root, shuffle=False)
+    seen = {}
+    for sample in ds:
+        assert set(sample) == {"__key__", "__index__", "txt", "cls"}
+        seen[sample["__key__"]] = {"txt": sample["txt"], "cls": sample["cls"]}
+    assert seen == expected
+    # Shuffled: the same samples in another order, the same order for the same seed.
+    a = [s["__key__"] for s in sluice.data.StreamingDataset(root, seed=3)]
+    b = [s["__key__"] for s in sluice.data.StreamingDataset(root, seed=3)]
+    c = [s["__key__"] for s in sluice.data.StreamingDataset(root, seed=4)]
+    assert a == b and a != c and sorted(a) == sorted(expected)
+
+
+def test_reads_from_s3_through_the_cache(s3, shards, monkeypatch, s3server):
+    root, expected = shards
+    s3.copy(root, "s3://data/wds/", recursive=True)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3server.endpoint)
+    ds = sluice.data.StreamingDataset("s3://data/wds/", seed=1,
+                                      session_options={"home": s3.home, "daemon": "none"})
+    got = {s["__key__"]: s["txt"] for s in ds}
+    assert got == {k: v["txt"] for k, v in expected.items()}
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_exactly_once_two_workers_three_ranks(shards, batch_size):
+    root, expected = shards
+    seen = collections.Counter()
+    for rank in range(3):
+        ds = sluice.data.StreamingDataset(root, seed=5, rank=rank, world_size=3)
+        loader = sluice.data.DataLoader(ds, batch_size=batch_size, num_workers=2)
+        keys = run(loader)
+        assert abs(len(keys) - SAMPLES / 3) < 1
+        seen.update(keys)
+    assert set(seen) == set(expected)
+    assert set(seen.values()) == {1}
+
+
+def test_a_rank_sees_its_stream_in_order_with_workers(shards):
+    """Batches from two workers arrive in the rank's order (positions r, r+W, ...)."""
+    root, _ = shards
+    ds = sluice.data.StreamingDataset(root, seed=2, rank=1, world_size=2)
+    with_workers = run(sluice.data.DataLoader(ds, batch_size=4, num_workers=2))
+    ds0 = sluice.data.StreamingDataset(root, seed=2, rank=1, world_size=2)
+    without = run(sluice.data.DataLoader(ds0, batch_size=4, num_workers=0))
+    assert with_workers == without
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_resume_mid_epoch_is_exact(shards, workers):
+    root, _ = shards
+    full = run(sluice.data.DataLoader(
+        sluice.data.StreamingDataset(root, seed=9), batch_size=6, num_workers=workers))
+    loader = sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=9), batch_size=6,
+                                    num_workers=workers)
+    first = run(loader, limit=7)
+    state = loader.state_dict()
+    assert state["position"] == 42 and state["epoch"] == 0
+    resumed = sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=9), batch_size=6,
+                                     num_workers=workers)
+    resumed.load_state_dict(state)
+    rest = run(resumed)
+    assert first + rest == full
+    # After a full pass the state is the next epoch's start, and the next pass reads it.
+    assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["position"] == 0
+    again = run(resumed)
+    assert sorted(again) == sorted(full) and again != full
+
+
+def test_elastic_resume_reads_the_rest_exactly_once(shards):
+    root, expected = shards
+    taken = collections.Counter()
+    states = []
+    for rank in range(2):  # 2 ranks x 2 workers, 5 steps of 4
+        ds = sluice.data.StreamingDataset(root, seed=7, rank=rank, world_size=2)
+        loader = sluice.data.DataLoader(ds, batch_size=4, num_workers=2)
+        taken.update(run(loader, limit=5))
+        states.append(loader.state_dict())
+    assert states[0] == states[1]  # lockstep: every rank says the same
+    for rank in range(3):  # 3 ranks x 1 worker, batch 5
+        ds = sluice.data.StreamingDataset(root, seed=7, rank=rank, world_size=3)
+        loader = sluice.data.DataLoader(ds, batch_size=5, num_workers=1)
+        loader.load_state_dict(states[0])
+        taken.update(run(loader))
+    assert set(taken) == set(expected) and set(taken.values()) == {1}
+
+
+def test_stateful_dataloader_resume_mid_epoch_is_exact(shards):
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    root, _ = shards
+
+    def make():
+        return tdl.StatefulDataLoader(
+            sluice.data.StreamingDataset(root, seed=11, batch_size=5), batch_size=5,
+            num_workers=2)
+
+    full = run(make())
+    loader = make()
+    it = iter(loader)
+    first = []
+    for _ in range(9):
+        first.extend(next(it)["__key__"])
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = run(resumed)
+    assert first + rest == full
+
+
+def test_bad_input_raises(shards, tmp_path):
+    root, _ = shards
+    with pytest.raises(sluice.NotFound):
+        sluice.data.StreamingDataset(str(tmp_path / "none"))
+    with pytest.raises(sluice.InvalidArgument):
+        sluice.data.StreamingDataset(root, batch_size=0)
+    with pytest.raises(sluice.InvalidArgument):
+        sluice.data.StreamingDataset(root, rank=3, world_size=2).__len__()
+    ds = sluice.data.StreamingDataset(root, seed=1)
+    with pytest.raises(sluice.InvalidArgument, match="seed"):
+        ds.load_state_dict({"version": 1, "seed": 2, "epoch": 0, "position": 3})
+    with pytest.raises(sluice.InvalidArgument):
+        ds.load_state_dict({"what": 1})
+    with pytest.raises(sluice.InvalidArgument):
+        sluice.data.DataLoader(ds, batch_size=2, drop_last=True)
+    other = tmp_path / "other"
+    write_shards(str(other), samples=40)
+    ds2 = sluice.data.StreamingDataset(str(other), seed=1)
+    state = sluice.data.DataLoader(ds, batch_size=4)
+    run(state, limit=2)
+    with pytest.raises(sluice.InvalidArgument, match="another dataset"):
+        ds2.load_state_dict(state.state_dict())

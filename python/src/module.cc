@@ -6,4 +6,5 @@ PYBIND11_MODULE(_core, m) {
   sluice::python::bind_errors(m);
   sluice::python::bind_objects(m);
   sluice::python::bind_data(m);
+  sluice::python::bind_ckpt(m);
 }

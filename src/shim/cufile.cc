@@ -25,6 +25,23 @@ struct CUfileDescr {
   const void* fs_ops;
 };
 
+// Whether the CUDA driver sees a device. cuFileDriverOpen is only asked where one does: on
+// a machine without a GPU it may never return (libcufile from PyPI, which every torch
+// install brings into the process, spins in it), so its own error is never reached.
+std::string cuda_device_missing() {
+  void* cuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!cuda) return "no CUDA driver (libcuda.so.1 not found)";
+  auto init = reinterpret_cast<int (*)(unsigned)>(::dlsym(cuda, "cuInit"));
+  auto count = reinterpret_cast<int (*)(int*)>(::dlsym(cuda, "cuDeviceGetCount"));
+  // The driver stays loaded: CUDA is process-wide state, and unloading it is not supported.
+  if (!init || !count) return "the CUDA driver lacks cuInit/cuDeviceGetCount";
+  if (int e = init(0); e != 0)
+    return "no CUDA device (cuInit: CUDA error " + std::to_string(e) + ")";
+  int n = 0;
+  if (int e = count(&n); e != 0 || n == 0) return "no CUDA device";
+  return {};
+}
+
 }  // namespace
 
 struct CuFileLibrary::Api {
@@ -45,6 +62,10 @@ Result<CuFileLibrary*> CuFileLibrary::get(const std::string& library) {
   std::lock_guard lock(mu);
   if (instance) return instance.get();
   if (!failure.empty()) return fail(Code::kUnsupported, failure);
+  if (std::string why = cuda_device_missing(); !why.empty()) {
+    failure = why;
+    return fail(Code::kUnsupported, failure);
+  }
   auto api = std::make_unique<Api>();
   std::string tried;
   std::vector<std::string> names = {"libcufile.so.0", "libcufile.so"};

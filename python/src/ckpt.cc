@@ -1,0 +1,189 @@
+// Checkpoints: sluice.checkpoint's compiled half. Tensors come as (name, dtype, shape,
+// memory) with memory a buffer or (address, nbytes), lent for the length of the call.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <vector>
+
+#include "core.h"
+#include "sluice/client/checkpoints.h"
+#include "sluice/client/session.h"
+
+namespace sluice::python {
+
+namespace {
+
+struct PyHandle {
+  std::shared_ptr<ckpt::SaveHandle> h;
+  void wait() {
+    auto s = without_gil([&] { return h->wait(); });
+    check(s);
+  }
+  py::dict progress() const {
+    ckpt::SaveProgress p = h->progress();
+    py::dict d;
+    d["step"] = p.step;
+    d["bytes_total"] = p.bytes_total;
+    d["bytes_staged"] = p.bytes_staged;
+    d["finished"] = p.finished;
+    py::list tiers;
+    for (const auto& t : p.tiers) {
+      py::dict td;
+      td["tier"] = t.tier;
+      td["state"] = ckpt::to_string(t.state);
+      td["bytes_done"] = t.bytes_done;
+      td["error"] = t.error ? py::object(py::str(t.error->message())) : py::none();
+      tiers.append(td);
+    }
+    d["tiers"] = tiers;
+    return d;
+  }
+};
+
+struct PyCheckpointer {
+  std::unique_ptr<ckpt::Checkpointer> cp;
+
+  PyHandle save(uint64_t step, const py::list& tensors) {
+    std::vector<std::unique_ptr<Borrowed>> lent;
+    std::vector<ckpt::TensorView> views;
+    for (py::handle item : tensors) {
+      auto t = item.cast<py::tuple>();
+      if (t.size() != 4)
+        raise(Code::kInvalidArgument, "save: each tensor is (name, dtype, shape, memory)");
+      ckpt::TensorView v;
+      v.name = t[0].cast<std::string>();
+      v.dtype = t[1].cast<std::string>();
+      v.shape = t[2].cast<std::vector<int64_t>>();
+      lent.push_back(std::make_unique<Borrowed>(t[3], false, v.name.c_str()));
+      v.data = lent.back()->data();
+      v.bytes = lent.back()->size();
+      if (v.data == nullptr) {  // an empty tensor: any valid address
+        static const std::byte empty{};
+        v.data = &empty;
+      }
+      views.push_back(std::move(v));
+    }
+    auto h = without_gil([&] { return cp->save(step, views); });
+    return PyHandle{unwrap(std::move(h))};
+  }
+
+  py::dict restore(uint64_t step, const py::list& dests) {
+    std::vector<std::unique_ptr<Borrowed>> lent;
+    std::vector<ckpt::TensorDest> ds;
+    for (py::handle item : dests) {
+      auto t = item.cast<py::tuple>();
+      if (t.size() != 3)
+        raise(Code::kInvalidArgument, "restore: each tensor is (name, rank, memory)");
+      ckpt::TensorDest d;
+      d.name = t[0].cast<std::string>();
+      d.rank = t[1].cast<int>();
+      lent.push_back(std::make_unique<Borrowed>(t[2], true, d.name.c_str()));
+      d.data = lent.back()->data();
+      d.bytes = lent.back()->size();
+      ds.push_back(std::move(d));
+    }
+    auto r = without_gil([&] { return cp->restore(step, ds); });
+    ckpt::RestoreReport rep = unwrap(std::move(r));
+    py::dict d;
+    d["bytes"] = rep.bytes;
+    d["bytes_by_tier"] = rep.bytes_by_tier;
+    d["chunks_failed_over"] = rep.chunks_failed_over;
+    d["problems"] = rep.problems;
+    d["seconds"] = rep.seconds;
+    return d;
+  }
+
+  py::list manifest(uint64_t step) {
+    auto m = without_gil([&] { return cp->manifest(step); });
+    ckpt::Manifest man = unwrap(std::move(m));
+    py::list out;
+    for (const auto& shard : man.shards)
+      for (const auto& t : shard.tensors) {
+        py::dict d;
+        d["name"] = t.name;
+        d["dtype"] = t.dtype;
+        d["shape"] = t.shape;
+        d["bytes"] = t.bytes;
+        d["rank"] = shard.rank;
+        out.append(d);
+      }
+    return out;
+  }
+};
+
+py::dict step_dict(const ckpt::StepInfo& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["tiers"] = s.tiers;
+  d["bytes"] = s.bytes;
+  d["created_ns"] = s.created_ns;
+  return d;
+}
+
+}  // namespace
+
+void bind_ckpt(py::module_& m) {
+  py::class_<PyHandle>(m, "SaveHandle")
+      .def("wait", &PyHandle::wait)
+      .def("progress", &PyHandle::progress);
+
+  py::class_<PyCheckpointer>(m, "Checkpointer")
+      .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("tensors"))
+      .def("restore", &PyCheckpointer::restore, py::arg("step"), py::arg("dests"))
+      .def("manifest", &PyCheckpointer::manifest, py::arg("step"))
+      .def("flush", [](PyCheckpointer& c) { without_gil([&] { c.cp->flush(); }); })
+      .def("latest",
+           [](PyCheckpointer& c) {
+             auto r = without_gil([&] { return c.cp->latest(); });
+             return unwrap(std::move(r));
+           })
+      .def("list",
+           [](PyCheckpointer& c) {
+             auto r = without_gil([&] { return c.cp->list(); });
+             py::list out;
+             for (const auto& s : unwrap(std::move(r))) out.append(step_dict(s));
+             return out;
+           })
+      .def(
+          "verify",
+          [](PyCheckpointer& c, uint64_t step) {
+            auto r = without_gil([&] { return c.cp->verify(step); });
+            ckpt::VerifyReport rep = unwrap(std::move(r));
+            py::dict d;
+            d["chunks"] = rep.chunks;
+            d["bad_chunks"] = rep.bad_chunks;
+            d["problems"] = rep.problems;
+            return d;
+          },
+          py::arg("step"))
+      .def("close", [](PyCheckpointer& c) { without_gil([&] { c.cp.reset(); }); });
+
+  m.def(
+      "open_checkpointer",
+      [](py::handle session, const std::string& series, const std::vector<std::string>& tiers,
+         unsigned rank, unsigned world, const std::string& run_id, uint64_t staging_bytes,
+         unsigned keep_last, bool require_all, bool charge) {
+        client::Session& s = session_of(session);
+        ckpt::CheckpointerOptions o;
+        o.series = series;
+        o.rank = rank;
+        o.world = world;
+        o.run_id = run_id;
+        if (staging_bytes) o.staging_bytes = staging_bytes;
+        client::CheckpointTiers t;
+        t.uris = tiers;
+        t.require_all = require_all;
+        t.retention.keep_last = keep_last;
+        t.writes = true;
+        t.charge = charge;
+        auto cp = without_gil([&] { return client::open_checkpointer(s, std::move(o), t); });
+        auto out = std::make_unique<PyCheckpointer>();
+        out->cp = unwrap(std::move(cp));
+        return out;
+      },
+      py::arg("session"), py::arg("series"), py::arg("tiers"), py::arg("rank") = 0,
+      py::arg("world") = 1, py::arg("run_id") = "", py::arg("staging_bytes") = 0,
+      py::arg("keep_last") = 0, py::arg("require_all") = true, py::arg("charge") = true);
+}
+
+}  // namespace sluice::python

@@ -255,6 +255,14 @@ void bind_objects(py::module_& m) {
           py::arg("src"), py::arg("dst"), py::arg("recursive") = false, py::arg("cache") = false,
           py::arg("durable") = false, py::arg("jobs") = 16)
       .def(
+          "remove",
+          [](const PySession& p, const std::string& uri) {
+            auto ref = p.open(uri, {});
+            auto s = without_gil([&] { return ref.store->remove(ref.key); });
+            if (!s) raise(s.error().with_context(uri));
+          },
+          py::arg("uri"))
+      .def(
           "ls",
           [](const PySession& p, const std::string& uri, bool recursive) {
             auto r = without_gil([&] { return client::list_objects(*p.s, uri, recursive); });

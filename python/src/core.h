@@ -79,6 +79,7 @@ void bind_errors(py::module_& m);
 void bind_objects(py::module_& m);
 void bind_data(py::module_& m);
 void bind_ckpt(py::module_& m);
+void bind_io(py::module_& m);
 // The client::Session behind a sluice._core.Session.
 client::Session& session_of(py::handle h);
 

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_core, m) {
   sluice::python::bind_objects(m);
   sluice::python::bind_data(m);
   sluice::python::bind_ckpt(m);
+  sluice::python::bind_io(m);
 }

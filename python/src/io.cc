@@ -1,0 +1,263 @@
+// sluice.io's compiled half: io::FileHandle shaped like KvikIO's CuFile (pread/pwrite
+// futures, blocking read/write), a batch call, and which path the bytes take.
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "core.h"
+#include "sluice/io/file_handle.h"
+#include "sluice/mem/target.h"
+
+namespace sluice::python {
+
+namespace {
+
+// The CUDA targets opened so far, one per device, for the life of the process.
+mem::Target* cuda_target(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<mem::Target>> targets;
+  std::lock_guard lock(mu);
+  auto& t = targets[device];
+  if (!t) t = unwrap(mem::open_cuda_target({.device = device}));
+  return t.get();
+}
+
+// Memory for one I/O: a buffer (host), or (address, nbytes) host memory, or (address,
+// nbytes, "cuda", device) device memory.
+struct IoMemory {
+  std::unique_ptr<Borrowed> host;
+  io::Buffer buf;
+};
+
+IoMemory io_memory(py::handle obj, bool writable, const char* what) {
+  IoMemory m;
+  if (py::isinstance<py::tuple>(obj) && py::len(obj) == 4) {
+    auto t = py::reinterpret_borrow<py::tuple>(obj);
+    if (t[2].cast<std::string>() != "cuda")
+      raise(Code::kInvalidArgument, std::string(what) +
+                                        ": device memory is (address, nbytes, "
+                                        "\"cuda\", device)");
+    m.buf = io::Buffer{reinterpret_cast<void*>(t[0].cast<uintptr_t>()), t[1].cast<size_t>(),
+                       cuda_target(t[3].cast<int>())};
+    return m;
+  }
+  m.host = std::make_unique<Borrowed>(obj, writable, what);
+  m.buf = io::Buffer::host(m.host->data(), m.host->size());
+  return m;
+}
+
+size_t io_size(const IoMemory& m, py::object size, size_t buf_offset, const char* what) {
+  if (buf_offset > m.buf.size)
+    raise(Code::kInvalidArgument, std::string(what) + ": buf_offset " + std::to_string(buf_offset) +
+                                      " is past the buffer's " + std::to_string(m.buf.size) +
+                                      " bytes");
+  size_t room = m.buf.size - buf_offset;
+  if (size.is_none()) return room;
+  auto n = size.cast<size_t>();
+  if (n > room)
+    raise(Code::kInvalidArgument, std::string(what) + ": " + std::to_string(n) +
+                                      " bytes do not fit the buffer's " + std::to_string(room) +
+                                      " from buf_offset");
+  return n;
+}
+
+// An I/O in flight: holds the memory it was lent until it is done.
+struct IoFuture {
+  std::future<Result<size_t>> f;
+  IoMemory memory;
+  std::optional<size_t> value;
+  std::optional<Error> error;
+
+  size_t get() {
+    if (!value && !error) {
+      auto r = without_gil([&] { return f.get(); });
+      if (r)
+        value = *r;
+      else
+        error = r.error();
+    }
+    if (error) raise(*error);
+    return *value;
+  }
+  bool done() const {
+    return value || error || f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+};
+
+struct PyFile {
+  std::shared_ptr<io::Context> ctx;
+  std::unique_ptr<io::FileHandle> fh;
+
+  io::FileHandle& handle() {
+    if (!fh) raise(Code::kInvalidArgument, "I/O on a closed sluice.io.File");
+    return *fh;
+  }
+};
+
+py::dict report_dict(const io::PathReport& r, const mem::Target* target) {
+  py::dict d;
+  d["direct"] = r.direct;
+  d["gds"] = r.gds;
+  d["engine"] = r.engine;
+  d["why"] = r.why;
+  d["path"] = r.describe(target);
+  return d;
+}
+
+struct BatchResultCopy {
+  Result<size_t> result = size_t{0};
+};
+
+}  // namespace
+
+void bind_io(py::module_& m) {
+  py::class_<IoFuture>(m, "IoFuture").def("get", &IoFuture::get).def("done", &IoFuture::done);
+
+  py::class_<PyFile>(m, "File")
+      .def(py::init([](const std::string& path, const std::string& flags, const std::string& direct,
+                       const std::string& compat) {
+             io::OpenOptions o;
+             if (flags == "r") {
+             } else if (flags == "r+") {
+               o.write = true;
+             } else if (flags == "w" || flags == "w+") {
+               o.write = o.create = o.truncate = true;
+             } else if (flags == "a") {
+               o.write = o.create = true;
+             } else {
+               raise(Code::kInvalidArgument,
+                     path + ": flags '" + flags + "' are not one of r, r+, w, w+ and a");
+             }
+             auto mode = [&](const std::string& v, const char* what) {
+               if (v == "auto") return 0;
+               if (v == "on") return 1;
+               if (v == "off") return 2;
+               raise(Code::kInvalidArgument,
+                     std::string(what) + " '" + v + "' is not one of auto, on and off");
+             };
+             o.direct = static_cast<io::DirectMode>(mode(direct, "direct"));
+             o.compat = static_cast<io::CompatMode>(mode(compat, "compat"));
+             auto p = std::make_unique<PyFile>();
+             auto opened = without_gil([&]() -> Result<io::FileHandle> {
+               SLUICE_ASSIGN_OR_RETURN(p->ctx, io::Context::open());
+               return io::FileHandle::open(p->ctx, path, o);
+             });
+             p->fh = std::make_unique<io::FileHandle>(unwrap(std::move(opened)));
+             return p;
+           }),
+           py::arg("path"), py::arg("flags") = "r", py::arg("direct") = "auto",
+           py::arg("compat") = "auto")
+      .def(
+          "read",
+          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
+            IoMemory mem = io_memory(buf, true, "read");
+            size_t n = io_size(mem, size, buf_offset, "read");
+            auto r =
+                without_gil([&] { return f.handle().read(mem.buf, n, file_offset, buf_offset); });
+            return unwrap(std::move(r));
+          },
+          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
+          py::arg("buf_offset") = 0)
+      .def(
+          "write",
+          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
+            IoMemory mem = io_memory(buf, false, "write");
+            size_t n = io_size(mem, size, buf_offset, "write");
+            auto r =
+                without_gil([&] { return f.handle().write(mem.buf, n, file_offset, buf_offset); });
+            return unwrap(std::move(r));
+          },
+          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
+          py::arg("buf_offset") = 0)
+      .def(
+          "pread",
+          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
+            auto fut = std::make_unique<IoFuture>();
+            fut->memory = io_memory(buf, true, "pread");
+            size_t n = io_size(fut->memory, size, buf_offset, "pread");
+            fut->f = f.handle().read_async(fut->memory.buf, n, file_offset, buf_offset);
+            return fut;
+          },
+          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
+          py::arg("buf_offset") = 0)
+      .def(
+          "pwrite",
+          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
+            auto fut = std::make_unique<IoFuture>();
+            fut->memory = io_memory(buf, false, "pwrite");
+            size_t n = io_size(fut->memory, size, buf_offset, "pwrite");
+            fut->f = f.handle().write_async(fut->memory.buf, n, file_offset, buf_offset);
+            return fut;
+          },
+          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
+          py::arg("buf_offset") = 0)
+      .def(
+          "batch",
+          [](PyFile& f, const py::list& ios) {
+            // (op, buf, size, file_offset): every I/O in flight at once on one engine.
+            std::vector<IoMemory> mems;
+            std::vector<io::BatchIO> batch;
+            for (size_t i = 0; i < ios.size(); ++i) {
+              auto t = ios[i].cast<py::tuple>();
+              if (t.size() != 4)
+                raise(Code::kInvalidArgument, "batch: each I/O is (op, buf, size, file_offset)");
+              auto op = t[0].cast<std::string>();
+              if (op != "read" && op != "write")
+                raise(Code::kInvalidArgument, "batch: op '" + op + "' is not read or write");
+              mems.push_back(io_memory(t[1], op == "read", "batch"));
+              size_t n = io_size(mems.back(), t[2], 0, "batch");
+              batch.push_back({.op = op == "read" ? io::OpCode::kRead : io::OpCode::kWrite,
+                               .file = &f.handle(),
+                               .buf = mems.back().buf,
+                               .size = n,
+                               .file_offset = t[3].cast<uint64_t>(),
+                               .cookie = i});
+            }
+            auto results = without_gil([&]() -> Result<std::vector<BatchResultCopy>> {
+              SLUICE_ASSIGN_OR_RETURN(io::Batch b, io::Batch::create(f.ctx, batch.size()));
+              SLUICE_RETURN_IF_ERROR(b.submit(batch));
+              std::vector<io::BatchResult> out;
+              while (out.size() < batch.size()) {
+                SLUICE_ASSIGN_OR_RETURN(
+                    size_t got, b.wait(out, batch.size() - out.size(), std::chrono::hours(1)));
+                (void)got;
+              }
+              std::vector<BatchResultCopy> copy(batch.size());
+              for (auto& r : out) copy[r.cookie] = {r.result};
+              return copy;
+            });
+            py::list out;
+            for (auto& r : unwrap(std::move(results))) out.append(unwrap(std::move(r.result)));
+            return out;
+          },
+          py::arg("ios"))
+      .def("sync",
+           [](PyFile& f) {
+             auto s = without_gil([&] { return f.handle().sync(); });
+             check(s);
+           })
+      .def_property_readonly("size",
+                             [](PyFile& f) {
+                               auto r = f.handle().size();
+                               return unwrap(std::move(r));
+                             })
+      .def("path_report", [](PyFile& f) { return report_dict(f.handle().path_report(), nullptr); })
+      .def("close", [](PyFile& f) { f.fh.reset(); })
+      .def_property_readonly("closed", [](const PyFile& f) { return !f.fh; });
+
+  m.def("cuda_status", [](int device) {
+    // Whether device memory can be a target here, and why not.
+    auto t = without_gil([&] { return mem::open_cuda_target({.device = device}); });
+    py::dict d;
+    d["available"] = bool(t);
+    d["name"] = t ? (*t)->name() : std::string();
+    d["why"] = t ? std::string() : t.error().message();
+    return d;
+  });
+}
+
+}  // namespace sluice::python

@@ -28,7 +28,7 @@ test-tools:
 
 # The project's .venv for the Python tests (torch, numpy, pytest, ...; reused when present).
 python-env:
-	@scripts/install-python.sh
+	@scripts/install-python.sh || echo "sluice: no .venv: the Python tests will SKIP (see the message above)" >&2
 
 test: build test-tools python-env
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -61,7 +61,7 @@ def main():
               f"position {state['loader']['position']})", flush=True)
     log = open(a.log, "a") if a.log else None
 
-    pending = None
+    pending, loss = None, None
     while dataset.epoch < a.epochs:
         for batch in loader:
             x, y = features(batch)
@@ -83,7 +83,8 @@ def main():
                 pending.staged.result()  # the model may change from here on
                 if step == a.crash_after:
                     os.kill(os.getpid(), signal.SIGKILL)
-        print(f"epoch {dataset.epoch - 1} done at step {step}, loss {loss.item():.3f}", flush=True)
+        done = f", loss {loss.item():.3f}" if loss is not None else ""
+        print(f"epoch {dataset.epoch - 1} done at step {step}{done}", flush=True)
     if pending is not None:
         pending.wait()
     if step % a.save_every:  # the last steps, saved too

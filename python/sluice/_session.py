@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 from . import _core
 from ._buffers import host_memory, is_tensor
-from .errors import InvalidArgument
+from .errors import Corruption, InvalidArgument
 
 log = logging.getLogger("sluice")
 
@@ -34,6 +34,7 @@ class Session:
     """
 
     def __init__(self, **options: Any) -> None:
+        self.options: dict = dict(options)  # as given: another process connects with them
         self._core = _core.Session(**options)
         route = self._core.cache_route()
         self.cache: str = "sluiced" if route["daemon"] else "embedded"
@@ -93,11 +94,15 @@ class Session:
 
     def read(self, uri: Any, *, cache: bool = False) -> bytes:
         """The whole object as bytes."""
-        target = _uri(uri)
-        info = self._core.stat(target, cache)
-        out = bytearray(info["size"])
-        self._core.read_into(target, out, 0, cache)
-        return bytes(out)
+        reader = self._core.open_reader(_uri(uri), cache)  # one version, start to end
+        try:
+            out = bytearray(reader.size)
+            n = reader.read_into(out, 0) if out else 0
+            if n != len(out):
+                raise Corruption(f"{uri}: read {n} of its {len(out)} bytes")
+            return bytes(out)
+        finally:
+            reader.close()
 
     def write(self, uri: Any, data: Any, *, overwrite: bool = True, durable: bool = True) -> None:
         """Publishes ``data`` as the object, atomically."""

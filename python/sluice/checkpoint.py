@@ -237,16 +237,21 @@ class Checkpointer:
         skeleton = json.loads(bytes(doc))["state"]
         saved = {name: e for (name, rank), e in entries.items() if rank == self.rank}
         plan: list[tuple[str, Any, Any]] = []  # name, destination leaf, where to copy after
-        built = _build(skeleton, into, saved, plan, [])
+        assign: list[tuple[Any, Any, Any]] = []  # into's containers: set once the restore is done
+        built = _build(skeleton, into, saved, plan, assign, [])
         dests, after = [], []
         for name, leaf, _ in plan:
             owner, memory = _dest_memory(leaf)
             dests.append((name, self.rank, memory))
             if owner is not leaf:  # a device tensor: restored through host memory
                 after.append((owner, leaf))
+        # Nothing of `into` changed before this line: every leaf was checked first. A restore
+        # that fails part-way may leave some of its tensors filled (docs/python.md).
         self._cp.restore(step, dests)
         for host, dst in after:
             dst.detach().copy_(host)
+        for container, key, value in assign:
+            container[key] = value
         return built
 
     def close(self) -> None:
@@ -278,9 +283,10 @@ def _shared_run_id() -> str:
                           "(give run_id=, or initialize torch.distributed)")
 
 
-def _build(node: dict, into: Any, saved: dict, plan: list, path: list[str]) -> Any:
+def _build(node: dict, into: Any, saved: dict, plan: list, assign: list, path: list[str]) -> Any:
     """The saved structure, with tensor leaves allocated (or taken from ``into``) and queued
-    in ``plan`` for the restore."""
+    in ``plan`` for the restore. Changes nothing of ``into``: what its containers get is
+    queued in ``assign``."""
     where = "/".join(path) or "the state"
     if "v" in node:
         return node["v"]
@@ -316,7 +322,11 @@ def _build(node: dict, into: Any, saved: dict, plan: list, path: list[str]) -> A
         out = target if target is not None else {}
         for k, v in node["d"]:
             sub = target.get(k) if target is not None else None
-            out[k] = _build(v, sub, saved, plan, path + [str(k)])
+            value = _build(v, sub, saved, plan, assign, path + [str(k)])
+            if target is not None:
+                assign.append((target, k, value))
+            else:
+                out[k] = value
         return out
     items = node.get("l", node.get("u"))
     if items is None:
@@ -324,10 +334,10 @@ def _build(node: dict, into: Any, saved: dict, plan: list, path: list[str]) -> A
     if into is not None and (not isinstance(into, (list, tuple)) or len(into) != len(items)):
         raise InvalidArgument(f"{where}: the checkpoint has a sequence of {len(items)} here, "
                               f"the state to fill has {type(into).__name__}")
-    built = [_build(v, into[i] if into is not None else None, saved, plan, path + [str(i)])
-             for i, v in enumerate(items)]
+    built = [_build(v, into[i] if into is not None else None, saved, plan, assign,
+                    path + [str(i)]) for i, v in enumerate(items)]
     if isinstance(into, list):
-        into[:] = built
+        assign.append((into, slice(None), built))
         return into
     return built if "l" in node else tuple(built)
 

@@ -40,7 +40,6 @@ from .errors import InvalidArgument, Unavailable
 __all__ = ["StreamingDataset", "DataLoader", "rank_and_world"]
 
 _STATE_VERSION = 1
-_inherited: list = []  # datasets a forked worker inherited (see StreamingDataset._open)
 _noted: set = set()
 log = logging.getLogger("sluice")
 
@@ -111,12 +110,19 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.catalog = catalog
         self.format = format
         self.skip_corrupt = skip_corrupt
-        self._rank, self._world = rank, world_size
+        # Decided here, in the calling process: a DataLoader worker started by spawn or
+        # forkserver has no torch.distributed of its own.
+        if rank is None and world_size is None:
+            rank, world_size = rank_and_world()
+        self._rank, self._world = int(rank or 0), int(1 if world_size is None else world_size)
+        if not 0 <= self._rank < self._world:
+            raise InvalidArgument(f"{self.uri}: rank {self._rank} is not below world_size "
+                                  f"{self._world}")
         # How each process (the main one, each worker) connects: a Session does not cross
         # into worker processes, its options do.
         self._session_options = dict(session_options or {})
         if session is not None and not self._session_options:
-            self._session_options = {"home": session.home}
+            self._session_options = dict(session.options)
         self.epoch = int(epoch)
         self._start = 0  # where this epoch's reads start (a resumed position)
         self._worker_batches = 0  # batches this worker copy has yielded in this epoch
@@ -134,10 +140,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     def _open(self) -> Any:
         """The dataset's layout (listing, sample tables), read without the cache."""
-        if self._dataset is not None and self._dataset_pid != os.getpid():
+        if self._dataset_pid != os.getpid():
             # A forked worker inherited the parent's open dataset, whose threads are not in
-            # this process: it must never be destroyed here. Kept, and unused.
-            _inherited.append(self._dataset)
+            # this process (the core leaks such objects rather than destroy them): its own.
             self._dataset = None
         if self._dataset is None:
             self._dataset = _core.open_dataset(self._session()._core, self.uri, False,
@@ -185,12 +190,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         return (n - rank + world - 1) // world if rank < n else 0
 
     def _layout(self) -> tuple[int, int, int, int]:
-        if self._rank is not None or self._world is not None:
-            rank, world = int(self._rank or 0), int(self._world or 1)
-            if not 0 <= rank < world:
-                raise InvalidArgument(f"rank {rank} is not below world_size {world}")
-        else:
-            rank, world = rank_and_world()
+        rank, world = self._rank, self._world
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return rank, world, worker, workers
@@ -208,13 +208,20 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         ds = self._open_for_reading(torch.utils.data.get_worker_info() is not None)
         layout = (world, workers, self.batch_size, worker)
         skip = 0
-        if self._worker_batches and self._iter_layout == layout:
+        if self._worker_batches:
             # A worker's copy resumed from its own state (StatefulDataLoader): skip the
-            # whole rounds of blocks it already delivered.
+            # whole rounds of blocks it already delivered. Only the same layout can.
+            if self._iter_layout != layout:
+                raise InvalidArgument(
+                    f"{self.uri}: this worker's state was saved with (world, workers, "
+                    f"batch_size, worker) {self._iter_layout}, not {layout}: resume per-worker "
+                    "states with the same layout, or use sluice.data.DataLoader's state, "
+                    "which any layout can resume")
             skip = self._worker_batches * workers * self.batch_size * world
         start = self._start + skip
         self._iter_layout = layout
         if start >= ds.samples:
+            self.epoch, self._start, self._worker_batches = self.epoch + 1, 0, 0
             return
         token = ""
         if start:
@@ -255,8 +262,12 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                 "layout": list(self._iter_layout) if self._iter_layout else None}
 
     def _identity(self) -> dict:
+        """What a state is tied to: the dataset, and the order (shuffle and its window)."""
         ds = self._open()
-        return {"samples": ds.samples, "fingerprint": ds.fingerprint}
+        token = _core.parse_token(_core.make_token(ds, 0, 0, self.seed, self.shuffle,
+                                                   self.shuffle_window, self.memory_bytes))
+        return {"samples": ds.samples, "fingerprint": ds.fingerprint, "shuffle": self.shuffle,
+                "window": token["window"]}
 
     def load_state_dict(self, state: dict) -> None:
         """Continues from a state of :meth:`state_dict` or of :meth:`DataLoader.state_dict`."""
@@ -270,6 +281,15 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             raise InvalidArgument(
                 f"{self.uri}: the state was saved for another dataset ({state.get('samples')} "
                 f"samples; this one has {mine['samples']}, or its shards changed)")
+        if state.get("shuffle") != self.shuffle:
+            raise InvalidArgument(f"{self.uri}: the state was saved with shuffle="
+                                  f"{state.get('shuffle')}, this dataset has shuffle={self.shuffle}")
+        if self.shuffle and state.get("window") != mine["window"]:
+            if self.shuffle_window:
+                raise InvalidArgument(
+                    f"{self.uri}: the state was saved with shuffle window {state.get('window')}, "
+                    f"this dataset uses {mine['window']}")
+            self.shuffle_window = int(state["window"])  # an automatic window follows the state
         self.epoch = int(state["epoch"])
         self._start = int(state.get("start", 0))
         if "position" in state:  # a DataLoader's (main-process) state
@@ -293,11 +313,21 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, **kwargs: Any) -> None:
         if not isinstance(dataset, StreamingDataset):
-            raise InvalidArgument("sluice.data.DataLoader reads a sluice.data.StreamingDataset")
+            raise InvalidArgument("sluice.data.DataLoader reads a sluice.data.StreamingDataset, "
+                                  f"not a {type(dataset).__name__}")
         if kwargs.get("shuffle"):
             raise InvalidArgument("shuffle is the dataset's (StreamingDataset(shuffle=True))")
         if kwargs.get("drop_last"):
             raise InvalidArgument("drop_last would drop samples the count says were taken")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgument(f"sluice.data.DataLoader: batch_size {batch_size!r} is not a "
+                                  "count of samples (the count of what was taken needs batches)")
+        if kwargs.get("persistent_workers"):
+            raise InvalidArgument("persistent_workers: workers that outlive a pass keep their own "
+                                  "place, which a resume or a new epoch cannot reach")
+        if kwargs.get("in_order") is False:
+            raise InvalidArgument("in_order=False hands batches out of the rank's order, which "
+                                  "the count of what was taken relies on")
         dataset.batch_size = batch_size
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._taken = 0  # samples of this epoch handed out (from the dataset's start)
@@ -335,4 +365,6 @@ def _batch_len(batch: Any) -> int:
         return len(batch["__key__"])
     if isinstance(batch, (list, tuple)):
         return len(batch)
-    raise InvalidArgument("cannot count the samples of a batch of type " + type(batch).__name__)
+    raise InvalidArgument("sluice.data.DataLoader: cannot count the samples of a batch of type "
+                          f"{type(batch).__name__} (a collate_fn should return a dict with "
+                          "__key__, or a list)")

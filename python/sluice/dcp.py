@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
+import time
 from torch.futures import Future
 from typing import Any
 
@@ -31,7 +33,7 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
 from .checkpoint import Checkpointer, _dtype_name
-from .errors import InvalidArgument, NotFound
+from .errors import InvalidArgument, IoError, NotFound
 
 __all__ = ["Writer", "Reader"]
 
@@ -110,12 +112,30 @@ class Writer(StorageWriter):
                 tensors.append((name, _dtype_name(t), list(t.shape), (t.data_ptr(), size)))
             results.append(WriteResult(index=item.index, size_in_bytes=size,
                                        storage_data={"name": name, "rank": self._ck.rank}))
+        fut: Future = Future()
         if self._coordinator:
             self._held = tensors + [("__keep__", "", [], keep)]  # saved in finish
-        else:
-            self._ck._cp.save(self.step, tensors)  # staged; commits once rank 0 saved
-        fut: Future = Future()
-        fut.set_result(results)
+            fut.set_result(results)
+            return fut
+        # Staged now; the step commits once rank 0 saved its own shard in finish, so this
+        # rank waits only until its shard is written to the first tier (or failed there).
+        handle = self._ck._cp.save(self.step, tensors)
+
+        def written() -> None:
+            while True:
+                p = handle.progress()
+                tier = p["tiers"][0] if p["tiers"] else None
+                if tier and tier["state"] == "failed":
+                    fut.set_exception(IoError(f"rank {self._ck.rank}'s shard of step {self.step} "
+                                              f"on {tier['tier']}: {tier['error']}"))
+                    return
+                if tier and (tier["state"] == "committed" or
+                             tier["bytes_done"] >= p["bytes_total"]):
+                    fut.set_result(results)
+                    return
+                time.sleep(0.005)
+
+        threading.Thread(target=written, name="sluice-dcp-written", daemon=True).start()
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
@@ -138,6 +158,7 @@ class Reader(StorageReader):
         self._series, self._tiers, self._opts = series, tiers, checkpointer_options
         self._ck: Checkpointer | None = series if isinstance(series, Checkpointer) else None
         self.step = step
+        self._asked = step  # None: the newest intact step, found again at each load
         self._entries: dict[tuple[str, int], dict] = {}
 
     def _checkpointer(self) -> Checkpointer:
@@ -147,8 +168,8 @@ class Reader(StorageReader):
 
     def reset(self, checkpoint_id: Any = None) -> None:
         step = _step_of(checkpoint_id)
-        if step is not None:
-            self.step = step
+        self.step = step if step is not None else self._asked
+        self._entries = {}
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:

@@ -7,7 +7,10 @@
 Registered for the protocols ``cache+s3`` and ``cache+file`` (sluice's own grammar: reads
 of such a location go through the node's sluiced, else the embedded cache). Writes go to
 the store itself (never through the cache) and are atomic: an object appears whole when its
-file is closed, or not at all. Everything built on fsspec (pandas, DCP's fsspec writer and
+file is closed, or not at all. fsspec closes a file at the end of its ``with`` block even
+when the block raised, which publishes what was written; ``fs.open`` of this filesystem
+aborts instead, and inside ``with fs.transaction:`` objects are published only when the
+transaction ends without an error. Everything built on fsspec (pandas, DCP's fsspec writer and
 reader, ...) gets these through ``fsspec.open``/``fsspec.filesystem``.
 """
 
@@ -58,7 +61,10 @@ class SluiceFileSystem(AbstractFileSystem):
         if "r" in mode:
             return self._session.open(self._uri(path), "rb")
         if "w" in mode:
-            return self._session.open(self._uri(path, cached=False), "wb")
+            f = self._session.open(self._uri(path, cached=False), "wb")
+            if not autocommit:  # in `with fs.transaction`: published at its end, if no error
+                f = _TransactionWriter(f)
+            return f
         raise ValueError(f"{path}: mode {mode!r} is not supported (rb, wb)")
 
     def info(self, path: str, **kwargs: Any) -> dict:
@@ -133,6 +139,33 @@ class SluiceFileSystem(AbstractFileSystem):
                 self.rm_file(o)
         else:
             self.rm_file(path1)
+
+
+class _TransactionWriter:
+    """A writer inside an fsspec transaction: close() keeps the object unpublished;
+    the transaction's end commits it, or discards it when the block raised."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.closed = False
+
+    def write(self, b: Any) -> int:
+        return self._f.write(b)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def commit(self) -> None:
+        self._f.close()
+
+    def discard(self) -> None:
+        self._f.abort()
+
+    def __enter__(self) -> "_TransactionWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 for _proto in SluiceFileSystem.protocol:

@@ -41,7 +41,17 @@ struct PyHandle {
 };
 
 struct PyCheckpointer {
-  std::unique_ptr<ckpt::Checkpointer> cp;
+  std::shared_ptr<ckpt::Checkpointer> cp_;
+  std::string series;
+
+  // The checkpointer for one call: a close() meanwhile waits for the call's end.
+  std::shared_ptr<ckpt::Checkpointer> cp() const {
+    auto c = cp_;
+    if (!c) raise(Code::kInvalidArgument, "checkpointer of series " + series + " is closed");
+    return c;
+  }
+  pid_t owner = ::getpid();
+  ~PyCheckpointer() { drop_owned(cp_, owner); }  // waits for queued saves
 
   PyHandle save(uint64_t step, const py::list& tensors) {
     std::vector<std::unique_ptr<Borrowed>> lent;
@@ -54,7 +64,7 @@ struct PyCheckpointer {
       v.name = t[0].cast<std::string>();
       v.dtype = t[1].cast<std::string>();
       v.shape = t[2].cast<std::vector<int64_t>>();
-      lent.push_back(std::make_unique<Borrowed>(t[3], false, v.name.c_str()));
+      lent.push_back(std::make_unique<Borrowed>(t[3], false, "tensor " + v.name));
       v.data = lent.back()->data();
       v.bytes = lent.back()->size();
       if (v.data == nullptr) {  // an empty tensor: any valid address
@@ -63,7 +73,8 @@ struct PyCheckpointer {
       }
       views.push_back(std::move(v));
     }
-    auto h = without_gil([&] { return cp->save(step, views); });
+    auto c = cp();
+    auto h = without_gil([&] { return c->save(step, views); });
     return PyHandle{unwrap(std::move(h))};
   }
 
@@ -77,12 +88,13 @@ struct PyCheckpointer {
       ckpt::TensorDest d;
       d.name = t[0].cast<std::string>();
       d.rank = t[1].cast<int>();
-      lent.push_back(std::make_unique<Borrowed>(t[2], true, d.name.c_str()));
+      lent.push_back(std::make_unique<Borrowed>(t[2], true, "tensor " + d.name));
       d.data = lent.back()->data();
       d.bytes = lent.back()->size();
       ds.push_back(std::move(d));
     }
-    auto r = without_gil([&] { return cp->restore(step, ds); });
+    auto c = cp();
+    auto r = without_gil([&] { return c->restore(step, ds); });
     ckpt::RestoreReport rep = unwrap(std::move(r));
     py::dict d;
     d["bytes"] = rep.bytes;
@@ -94,7 +106,8 @@ struct PyCheckpointer {
   }
 
   py::list manifest(uint64_t step) {
-    auto m = without_gil([&] { return cp->manifest(step); });
+    auto c = cp();
+    auto m = without_gil([&] { return c->manifest(step); });
     ckpt::Manifest man = unwrap(std::move(m));
     py::list out;
     for (const auto& shard : man.shards)
@@ -131,15 +144,21 @@ void bind_ckpt(py::module_& m) {
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("tensors"))
       .def("restore", &PyCheckpointer::restore, py::arg("step"), py::arg("dests"))
       .def("manifest", &PyCheckpointer::manifest, py::arg("step"))
-      .def("flush", [](PyCheckpointer& c) { without_gil([&] { c.cp->flush(); }); })
+      .def("flush",
+           [](PyCheckpointer& c) {
+             auto cp = c.cp();
+             without_gil([&] { cp->flush(); });
+           })
       .def("latest",
            [](PyCheckpointer& c) {
-             auto r = without_gil([&] { return c.cp->latest(); });
+             auto cp = c.cp();
+             auto r = without_gil([&] { return cp->latest(); });
              return unwrap(std::move(r));
            })
       .def("list",
            [](PyCheckpointer& c) {
-             auto r = without_gil([&] { return c.cp->list(); });
+             auto cp = c.cp();
+             auto r = without_gil([&] { return cp->list(); });
              py::list out;
              for (const auto& s : unwrap(std::move(r))) out.append(step_dict(s));
              return out;
@@ -147,7 +166,8 @@ void bind_ckpt(py::module_& m) {
       .def(
           "verify",
           [](PyCheckpointer& c, uint64_t step) {
-            auto r = without_gil([&] { return c.cp->verify(step); });
+            auto cp = c.cp();
+            auto r = without_gil([&] { return cp->verify(step); });
             ckpt::VerifyReport rep = unwrap(std::move(r));
             py::dict d;
             d["chunks"] = rep.chunks;
@@ -156,7 +176,10 @@ void bind_ckpt(py::module_& m) {
             return d;
           },
           py::arg("step"))
-      .def("close", [](PyCheckpointer& c) { without_gil([&] { c.cp.reset(); }); });
+      .def("close", [](PyCheckpointer& c) {
+        auto cp = std::move(c.cp_);
+        without_gil([&] { cp.reset(); });  // waits for queued saves
+      });
 
   m.def(
       "open_checkpointer",
@@ -178,7 +201,8 @@ void bind_ckpt(py::module_& m) {
         t.charge = charge;
         auto cp = without_gil([&] { return client::open_checkpointer(s, std::move(o), t); });
         auto out = std::make_unique<PyCheckpointer>();
-        out->cp = unwrap(std::move(cp));
+        out->cp_ = unwrap(std::move(cp));
+        out->series = series;
         return out;
       },
       py::arg("session"), py::arg("series"), py::arg("tiers"), py::arg("rank") = 0,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <exception>
@@ -54,13 +55,28 @@ auto without_gil(F&& f) {
   return f();
 }
 
+// Objects holding threads (a checkpointer, a loader, a cache) made before a fork(): in the
+// child their threads are gone, so destroying them there would wait forever (a DataLoader
+// worker collecting an inherited checkpointer), and a writer's abort would remove the
+// parent's temporary file. A child leaks them instead; the owner destroys them with the
+// GIL released.
+template <class P>
+void drop_owned(P& p, pid_t owner) {
+  if (!p) return;
+  if (::getpid() != owner) {
+    new P(std::move(p));  // leaked on purpose: never destroyed in this process
+    return;
+  }
+  without_gil([&] { p.reset(); });
+}
+
 // Memory a Python object lends for the length of one call: anything with the buffer
 // protocol (bytearray, memoryview, numpy arrays, mmap), C-contiguous; or a tuple
 // (address, nbytes) that the Python layer builds from a torch tensor's data_ptr() while it
 // holds the tensor. Construct and destroy with the GIL held; use the span without it.
 class Borrowed {
  public:
-  Borrowed(py::handle obj, bool writable, const char* what);
+  Borrowed(py::handle obj, bool writable, const std::string& what);
   ~Borrowed();
   Borrowed(const Borrowed&) = delete;
   Borrowed& operator=(const Borrowed&) = delete;

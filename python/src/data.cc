@@ -19,9 +19,20 @@ stream::Format format_arg(const std::string& f) {
   raise(Code::kInvalidArgument, "format '" + f + "' is not one of auto, tar and objects");
 }
 
+struct PyDataset {
+  std::shared_ptr<stream::Dataset> ds;
+  pid_t owner = ::getpid();
+  ~PyDataset() { drop_owned(ds, owner); }
+};
+
 struct PyLoader {
   std::shared_ptr<const stream::Dataset> ds;
   std::unique_ptr<stream::Loader> loader;
+  pid_t owner = ::getpid();
+  ~PyLoader() {
+    drop_owned(loader, owner);  // joins the read-ahead threads
+    drop_owned(ds, owner);
+  }
 
   // Up to n samples as WebDataset-style dicts: "__key__", "__index__" (the dataset-wide
   // sample number) and one bytes object per field.
@@ -44,20 +55,20 @@ struct PyLoader {
 }  // namespace
 
 void bind_data(py::module_& m) {
-  py::class_<stream::Dataset, std::shared_ptr<stream::Dataset>>(m, "Dataset")
-      .def_property_readonly("samples", &stream::Dataset::samples)
-      .def_property_readonly("bytes", &stream::Dataset::bytes)
-      .def_property_readonly("shards", [](const stream::Dataset& d) { return d.shards().size(); })
-      .def_property_readonly("fingerprint", &stream::Dataset::fingerprint)
+  py::class_<PyDataset>(m, "Dataset")
+      .def_property_readonly("samples", [](const PyDataset& d) { return d.ds->samples(); })
+      .def_property_readonly("bytes", [](const PyDataset& d) { return d.ds->bytes(); })
+      .def_property_readonly("shards", [](const PyDataset& d) { return d.ds->shards().size(); })
+      .def_property_readonly("fingerprint", [](const PyDataset& d) { return d.ds->fingerprint(); })
       .def_property_readonly("format",
-                             [](const stream::Dataset& d) {
-                               return d.format() == stream::Format::kTar ? "tar" : "objects";
+                             [](const PyDataset& d) {
+                               return d.ds->format() == stream::Format::kTar ? "tar" : "objects";
                              })
-      .def("key", [](const stream::Dataset& d, uint64_t n) {
-        if (n >= d.samples())
+      .def("key", [](const PyDataset& d, uint64_t n) {
+        if (n >= d.ds->samples())
           raise(Code::kInvalidArgument, "sample " + std::to_string(n) + " is past the dataset's " +
-                                            std::to_string(d.samples()));
-        return d.sample_key(n);
+                                            std::to_string(d.ds->samples()));
+        return d.ds->sample_key(n);
       });
 
   m.def(
@@ -72,16 +83,18 @@ void bind_data(py::module_& m) {
         client::Session& s = session_of(session);
         auto ds = without_gil([&] { return client::open_dataset(s, spec); });
         if (!ds) raise(ds.error().with_context(uri));
-        return std::const_pointer_cast<stream::Dataset>(*ds);
+        auto out = std::make_unique<PyDataset>();
+        out->ds = std::const_pointer_cast<stream::Dataset>(*ds);
+        return out;
       },
       py::arg("session"), py::arg("uri"), py::arg("cache") = true, py::arg("catalog") = true,
       py::arg("format") = "auto", py::arg("skip_corrupt") = false);
 
   py::class_<PyLoader>(m, "Loader")
-      .def(py::init([](std::shared_ptr<stream::Dataset> ds, uint64_t seed, uint64_t epoch,
-                       uint64_t epochs, unsigned rank, unsigned world, unsigned worker,
-                       unsigned workers, uint64_t block, std::string resume, bool shuffle,
-                       uint64_t shuffle_window, uint64_t memory_bytes, bool skip_corrupt) {
+      .def(py::init([](const PyDataset& pd, uint64_t seed, uint64_t epoch, uint64_t epochs,
+                       unsigned rank, unsigned world, unsigned worker, unsigned workers,
+                       uint64_t block, std::string resume, bool shuffle, uint64_t shuffle_window,
+                       uint64_t memory_bytes, bool skip_corrupt) {
              stream::LoaderOptions o{.seed = seed,
                                      .epoch = epoch,
                                      .epochs = epochs,
@@ -96,8 +109,8 @@ void bind_data(py::module_& m) {
                                      .memory_bytes = memory_bytes,
                                      .skip_corrupt = skip_corrupt};
              auto l = std::make_unique<PyLoader>();
-             l->ds = ds;
-             l->loader = std::make_unique<stream::Loader>(ds, std::move(o));
+             l->ds = pd.ds;
+             l->loader = std::make_unique<stream::Loader>(pd.ds, std::move(o));
              return l;
            }),
            py::kw_only(), py::arg("dataset"), py::arg("seed") = 0, py::arg("epoch") = 0,
@@ -124,8 +137,9 @@ void bind_data(py::module_& m) {
 
   m.def(
       "make_token",
-      [](const stream::Dataset& ds, uint64_t epoch, uint64_t position, uint64_t seed, bool shuffle,
+      [](const PyDataset& pd, uint64_t epoch, uint64_t position, uint64_t seed, bool shuffle,
          uint64_t shuffle_window, uint64_t memory_bytes) {
+        const stream::Dataset& ds = *pd.ds;
         stream::LoaderOptions o{
             .shuffle = shuffle, .shuffle_window = shuffle_window, .memory_bytes = memory_bytes};
         if (position > ds.samples())

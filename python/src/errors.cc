@@ -42,15 +42,13 @@ void bind_errors(py::module_& m) {
   });
 }
 
-Borrowed::Borrowed(py::handle obj, bool writable, const char* what) {
+Borrowed::Borrowed(py::handle obj, bool writable, const std::string& what) {
   if (py::isinstance<py::tuple>(obj)) {
     auto t = py::reinterpret_borrow<py::tuple>(obj);
-    if (t.size() != 2)
-      raise(Code::kInvalidArgument, std::string(what) + ": a raw buffer is (address, nbytes)");
+    if (t.size() != 2) raise(Code::kInvalidArgument, what + ": a raw buffer is (address, nbytes)");
     auto addr = t[0].cast<uintptr_t>();
     auto n = t[1].cast<size_t>();
-    if (addr == 0 && n != 0)
-      raise(Code::kInvalidArgument, std::string(what) + ": a raw buffer at address 0");
+    if (addr == 0 && n != 0) raise(Code::kInvalidArgument, what + ": a raw buffer at address 0");
     data_ = reinterpret_cast<std::byte*>(addr);
     size_ = n;
     return;
@@ -64,16 +62,16 @@ Borrowed::Borrowed(py::handle obj, bool writable, const char* what) {
     if (PyObject_GetBuffer(obj.ptr(), &probe, PyBUF_FULL_RO) != 0) {
       PyErr_Clear();
       raise(Code::kInvalidArgument,
-            std::string(what) + ": a " + type +
+            what + ": a " + type +
                 " is not a buffer (give a bytearray, memoryview, numpy array or torch tensor)");
     }
     bool read_only = probe.readonly;
     PyBuffer_Release(&probe);
     if (writable && read_only)
       raise(Code::kInvalidArgument,
-            std::string(what) + ": the " + type + " is read-only (bytes cannot be filled)");
-    raise(Code::kInvalidArgument, std::string(what) + ": the " + type +
-                                      " is not C-contiguous (its bytes are not one range)");
+            what + ": the " + type + " is read-only (bytes cannot be filled)");
+    raise(Code::kInvalidArgument,
+          what + ": the " + type + " is not C-contiguous (its bytes are not one range)");
   }
   has_view_ = true;
   data_ = static_cast<std::byte*>(view_.buf);

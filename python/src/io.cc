@@ -33,12 +33,12 @@ struct IoMemory {
   io::Buffer buf;
 };
 
-IoMemory io_memory(py::handle obj, bool writable, const char* what) {
+IoMemory io_memory(py::handle obj, bool writable, const std::string& what) {
   IoMemory m;
   if (py::isinstance<py::tuple>(obj) && py::len(obj) == 4) {
     auto t = py::reinterpret_borrow<py::tuple>(obj);
     if (t[2].cast<std::string>() != "cuda")
-      raise(Code::kInvalidArgument, std::string(what) +
+      raise(Code::kInvalidArgument, what +
                                         ": device memory is (address, nbytes, "
                                         "\"cuda\", device)");
     m.buf = io::Buffer{reinterpret_cast<void*>(t[0].cast<uintptr_t>()), t[1].cast<size_t>(),
@@ -50,28 +50,39 @@ IoMemory io_memory(py::handle obj, bool writable, const char* what) {
   return m;
 }
 
-size_t io_size(const IoMemory& m, py::object size, size_t buf_offset, const char* what) {
+size_t io_size(const IoMemory& m, py::object size, size_t buf_offset, const std::string& what) {
   if (buf_offset > m.buf.size)
-    raise(Code::kInvalidArgument, std::string(what) + ": buf_offset " + std::to_string(buf_offset) +
+    raise(Code::kInvalidArgument, what + ": buf_offset " + std::to_string(buf_offset) +
                                       " is past the buffer's " + std::to_string(m.buf.size) +
                                       " bytes");
   size_t room = m.buf.size - buf_offset;
   if (size.is_none()) return room;
   auto n = size.cast<size_t>();
   if (n > room)
-    raise(Code::kInvalidArgument, std::string(what) + ": " + std::to_string(n) +
+    raise(Code::kInvalidArgument, what + ": " + std::to_string(n) +
                                       " bytes do not fit the buffer's " + std::to_string(room) +
                                       " from buf_offset");
   return n;
 }
 
-// An I/O in flight: holds the memory it was lent until it is done.
+// An I/O in flight: holds the memory it was lent, and the file, until it is done; dropping
+// it waits for the I/O (its memory may be freed right after).
 struct IoFuture {
-  std::future<Result<size_t>> f;
   IoMemory memory;
+  std::shared_ptr<io::FileHandle> file;
+  std::future<Result<size_t>> f;
   std::optional<size_t> value;
   std::optional<Error> error;
 
+  pid_t owner = ::getpid();
+  ~IoFuture() {
+    if (::getpid() != owner) {  // made before a fork: its I/O is not in this process
+      new std::future<Result<size_t>>(std::move(f));
+      drop_owned(file, owner);
+      return;
+    }
+    if (f.valid()) without_gil([&] { f.wait(); });
+  }
   size_t get() {
     if (!value && !error) {
       auto r = without_gil([&] { return f.get(); });
@@ -89,12 +100,21 @@ struct IoFuture {
 };
 
 struct PyFile {
+  std::string path;
   std::shared_ptr<io::Context> ctx;
-  std::unique_ptr<io::FileHandle> fh;
+  std::shared_ptr<io::FileHandle> fh;
+  pid_t owner = ::getpid();
+  ~PyFile() {
+    drop_owned(fh, owner);
+    drop_owned(ctx, owner);
+  }
 
-  io::FileHandle& handle() {
-    if (!fh) raise(Code::kInvalidArgument, "I/O on a closed sluice.io.File");
-    return *fh;
+  // The handle for one call: a close() meanwhile leaves it open until the call (or the
+  // future holding it) is done.
+  std::shared_ptr<io::FileHandle> handle() const {
+    auto h = fh;
+    if (!h) raise(Code::kInvalidArgument, path + ": I/O on a closed sluice.io.File");
+    return h;
   }
 };
 
@@ -142,11 +162,12 @@ void bind_io(py::module_& m) {
              o.direct = static_cast<io::DirectMode>(mode(direct, "direct"));
              o.compat = static_cast<io::CompatMode>(mode(compat, "compat"));
              auto p = std::make_unique<PyFile>();
+             p->path = path;
              auto opened = without_gil([&]() -> Result<io::FileHandle> {
                SLUICE_ASSIGN_OR_RETURN(p->ctx, io::Context::open());
                return io::FileHandle::open(p->ctx, path, o);
              });
-             p->fh = std::make_unique<io::FileHandle>(unwrap(std::move(opened)));
+             p->fh = std::make_shared<io::FileHandle>(unwrap(std::move(opened)));
              return p;
            }),
            py::arg("path"), py::arg("flags") = "r", py::arg("direct") = "auto",
@@ -154,10 +175,10 @@ void bind_io(py::module_& m) {
       .def(
           "read",
           [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
-            IoMemory mem = io_memory(buf, true, "read");
-            size_t n = io_size(mem, size, buf_offset, "read");
-            auto r =
-                without_gil([&] { return f.handle().read(mem.buf, n, file_offset, buf_offset); });
+            IoMemory mem = io_memory(buf, true, "read " + f.path);
+            size_t n = io_size(mem, size, buf_offset, "read " + f.path);
+            auto h = f.handle();
+            auto r = without_gil([&] { return h->read(mem.buf, n, file_offset, buf_offset); });
             return unwrap(std::move(r));
           },
           py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
@@ -165,10 +186,10 @@ void bind_io(py::module_& m) {
       .def(
           "write",
           [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
-            IoMemory mem = io_memory(buf, false, "write");
-            size_t n = io_size(mem, size, buf_offset, "write");
-            auto r =
-                without_gil([&] { return f.handle().write(mem.buf, n, file_offset, buf_offset); });
+            IoMemory mem = io_memory(buf, false, "write " + f.path);
+            size_t n = io_size(mem, size, buf_offset, "write " + f.path);
+            auto h = f.handle();
+            auto r = without_gil([&] { return h->write(mem.buf, n, file_offset, buf_offset); });
             return unwrap(std::move(r));
           },
           py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
@@ -177,9 +198,10 @@ void bind_io(py::module_& m) {
           "pread",
           [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
             auto fut = std::make_unique<IoFuture>();
-            fut->memory = io_memory(buf, true, "pread");
-            size_t n = io_size(fut->memory, size, buf_offset, "pread");
-            fut->f = f.handle().read_async(fut->memory.buf, n, file_offset, buf_offset);
+            fut->memory = io_memory(buf, true, "pread " + f.path);
+            size_t n = io_size(fut->memory, size, buf_offset, "pread " + f.path);
+            fut->file = f.handle();
+            fut->f = fut->file->read_async(fut->memory.buf, n, file_offset, buf_offset);
             return fut;
           },
           py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
@@ -188,9 +210,10 @@ void bind_io(py::module_& m) {
           "pwrite",
           [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
             auto fut = std::make_unique<IoFuture>();
-            fut->memory = io_memory(buf, false, "pwrite");
-            size_t n = io_size(fut->memory, size, buf_offset, "pwrite");
-            fut->f = f.handle().write_async(fut->memory.buf, n, file_offset, buf_offset);
+            fut->memory = io_memory(buf, false, "pwrite " + f.path);
+            size_t n = io_size(fut->memory, size, buf_offset, "pwrite " + f.path);
+            fut->file = f.handle();
+            fut->f = fut->file->write_async(fut->memory.buf, n, file_offset, buf_offset);
             return fut;
           },
           py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
@@ -201,6 +224,7 @@ void bind_io(py::module_& m) {
             // (op, buf, size, file_offset): every I/O in flight at once on one engine.
             std::vector<IoMemory> mems;
             std::vector<io::BatchIO> batch;
+            auto h = f.handle();
             for (size_t i = 0; i < ios.size(); ++i) {
               auto t = ios[i].cast<py::tuple>();
               if (t.size() != 4)
@@ -208,10 +232,10 @@ void bind_io(py::module_& m) {
               auto op = t[0].cast<std::string>();
               if (op != "read" && op != "write")
                 raise(Code::kInvalidArgument, "batch: op '" + op + "' is not read or write");
-              mems.push_back(io_memory(t[1], op == "read", "batch"));
-              size_t n = io_size(mems.back(), t[2], 0, "batch");
+              mems.push_back(io_memory(t[1], op == "read", "batch " + f.path));
+              size_t n = io_size(mems.back(), t[2], 0, "batch " + f.path);
               batch.push_back({.op = op == "read" ? io::OpCode::kRead : io::OpCode::kWrite,
-                               .file = &f.handle(),
+                               .file = h.get(),
                                .buf = mems.back().buf,
                                .size = n,
                                .file_offset = t[3].cast<uint64_t>(),
@@ -237,16 +261,17 @@ void bind_io(py::module_& m) {
           py::arg("ios"))
       .def("sync",
            [](PyFile& f) {
-             auto s = without_gil([&] { return f.handle().sync(); });
+             auto h = f.handle();
+             auto s = without_gil([&] { return h->sync(); });
              check(s);
            })
       .def_property_readonly("size",
                              [](PyFile& f) {
-                               auto r = f.handle().size();
+                               auto r = f.handle()->size();
                                return unwrap(std::move(r));
                              })
-      .def("path_report", [](PyFile& f) { return report_dict(f.handle().path_report(), nullptr); })
-      .def("close", [](PyFile& f) { f.fh.reset(); })
+      .def("path_report", [](PyFile& f) { return report_dict(f.handle()->path_report(), nullptr); })
+      .def("close", [](PyFile& f) { drop_owned(f.fh, f.owner); })
       .def_property_readonly("closed", [](const PyFile& f) { return !f.fh; });
 
   m.def("cuda_status", [](int device) {

@@ -42,68 +42,99 @@ py::dict info_dict(const store::ObjectInfo& i) {
 class Reader {
  public:
   Reader(client::ObjectRef ref, store::ObjectInfo info)
-      : ref_(std::move(ref)), info_(std::move(info)) {}
+      : store_(std::move(ref.store)),
+        key_(std::move(ref.key)),
+        text_(std::move(ref.text)),
+        info_(std::move(info)) {}
 
   size_t read_into(py::handle buffer, uint64_t offset) {
-    Borrowed mem(buffer, true, "read_into");
-    if (!ref_.store) raise(Code::kInvalidArgument, ref_.text + ": read from a closed file");
+    Borrowed mem(buffer, true, "read_into " + text_);
+    std::shared_ptr<store::Store> store = store_;  // a close() meanwhile leaves it to us
+    if (!store) raise(Code::kInvalidArgument, text_ + ": read from a closed file");
     if (offset >= info_.size || mem.size() == 0) return 0;
     auto dst = mem.bytes().first(std::min<uint64_t>(mem.size(), info_.size - offset));
     auto n = without_gil([&] {
-      return ref_.store->read_full(ref_.key, offset, dst,
-                                   {.if_match = info_.etag, .object_size = info_.size});
+      return store->read_full(key_, offset, dst,
+                              {.if_match = info_.etag, .object_size = info_.size});
     });
-    if (!n) raise(n.error().with_context(ref_.text));
+    if (!n) raise(n.error().with_context(text_));
     if (*n != dst.size())
-      raise(Code::kCorruption, ref_.text + ": the object ended at byte " +
-                                   std::to_string(offset + *n) + ", before its size " +
-                                   std::to_string(info_.size));
+      raise(Code::kCorruption, text_ + ": the object ended at byte " + std::to_string(offset + *n) +
+                                   ", before its size " + std::to_string(info_.size));
     return *n;
   }
+  ~Reader() { drop_owned(store_, owner_); }
   const store::ObjectInfo& info() const { return info_; }
-  void close() { ref_.store.reset(); }
-  bool closed() const { return !ref_.store; }
+  void close() {
+    auto s = std::move(store_);
+    drop_owned(s, owner_);
+  }
+  bool closed() const { return !store_; }
 
  private:
-  client::ObjectRef ref_;
+  std::shared_ptr<store::Store> store_;
+  std::string key_, text_;
   store::ObjectInfo info_;
+  pid_t owner_ = ::getpid();
 };
 
-// One object being written: published atomically by commit(), nothing by abort().
+// One object being written: published atomically by commit(), nothing by abort(). Calls from
+// several threads take turns (a close racing a write waits for it).
 class Writer {
  public:
   Writer(client::ObjectRef ref, std::unique_ptr<store::Writer> w)
       : ref_(std::move(ref)), w_(std::move(w)) {}
   ~Writer() {
-    if (w_) w_->abort();
+    if (w_ && ::getpid() == owner_) without_gil([&] { w_->abort(); });
+    drop_owned(w_, owner_);
+    drop_owned(ref_.store, owner_);
   }
   size_t write(py::handle buffer) {
-    Borrowed mem(buffer, false, "write");
-    if (!w_) raise(Code::kInvalidArgument, ref_.text + ": write to a closed file");
-    auto s = without_gil([&] { return w_->append(mem.bytes()); });
-    if (!s) {
-      w_->abort();
-      w_.reset();
-      raise(s.error().with_context(ref_.text));
-    }
+    Borrowed mem(buffer, false, "write " + ref_.text);
+    auto s = without_gil([&]() -> Status {
+      std::lock_guard lock(mu_);
+      if (!w_) return fail(Code::kInvalidArgument, "write to a closed file");
+      Status st = w_->append(mem.bytes());
+      if (!st) {
+        w_->abort();
+        w_.reset();
+      }
+      return st;
+    });
+    if (!s) raise(s.error().with_context(ref_.text));
     return mem.size();
   }
   void commit() {
-    if (!w_) raise(Code::kInvalidArgument, ref_.text + ": commit of a closed file");
-    auto s = without_gil([&] { return w_->commit(); });
-    w_.reset();
+    auto s = without_gil([&]() -> Status {
+      std::lock_guard lock(mu_);
+      if (!w_) return fail(Code::kInvalidArgument, "commit of a closed file");
+      Status st = w_->commit();
+      w_.reset();
+      return st;
+    });
     if (!s) raise(s.error().with_context(ref_.text));
   }
   void abort() {
-    if (w_) w_->abort();
-    w_.reset();
+    without_gil([&] {
+      std::lock_guard lock(mu_);
+      if (w_) w_->abort();
+      w_.reset();
+    });
   }
-  uint64_t size() const { return w_ ? w_->size() : 0; }
-  bool closed() const { return !w_; }
+  uint64_t size() {
+    std::lock_guard lock(mu_);
+    return w_ ? w_->size() : 0;
+  }
+  bool closed() {
+    std::lock_guard lock(mu_);
+    return !w_;
+  }
 
  private:
   client::ObjectRef ref_;
+  std::mutex mu_;
   std::unique_ptr<store::Writer> w_;
+  pid_t owner_ = ::getpid();
 };
 
 struct PySession {

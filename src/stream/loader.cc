@@ -719,12 +719,15 @@ struct Loader::Impl {
     counts.bytes.fetch_add(bytes, std::memory_order_relaxed);
     if (m_samples) m_samples->add();
     if (m_bytes) m_bytes->add(bytes);
-    // The token after this sample: the rank's stream consumed up to it, on every rank alike
-    // (lockstep). A rank whose stream is one short of the others' says the same as they do
-    // at the same step: the positions the others still read stay in the token.
+    // The token after this sample: the job-wide count consumed, in lockstep: every consumer
+    // (rank and worker) has taken as many whole blocks as this one. A consumer whose share
+    // is one short of the others' says the same as they do at the same step: the positions
+    // the others still read stay in the token.
     uint64_t from = s.epoch == first_epoch ? start : 0;
-    uint64_t j = (s.position - from - o.rank) / o.world;
-    uint64_t position = from + (j + 1) * o.world;
+    uint64_t j = (s.position - from - o.rank) / o.world;             // in the rank's stream
+    uint64_t q = (j / block - o.worker) / o.workers, t = j % block;  // this worker's block q
+    uint64_t taken = q * block + t + 1;                              // this consumer's count
+    uint64_t position = from + uint64_t{o.world} * o.workers * block * (taken / block);
     std::lock_guard lock(state_mu);
     if (position >= ds->samples()) {
       token_epoch = s.epoch + 1;

@@ -151,9 +151,17 @@ def test_bad_input_raises_and_writes_nothing(tmp_path):
         assert torch.all(keep == 9.0)
         with pytest.raises(sluice.InvalidArgument, match="not contiguous"):
             ck.load(2, into={"w": torch.zeros(4, 4).t()})
+        # A mismatch found late changes nothing of `into`, plain values included.
+        ck.save(3, {"a": 1, "w": torch.zeros(4, 4)})
+        target = {"a": 99, "w": torch.zeros(5)}
+        with pytest.raises(sluice.InvalidArgument):
+            ck.load(3, into=target)
+        assert target["a"] == 99
         with pytest.raises(sluice.NotFound):
             ck.load(99)
         with pytest.raises(sluice.InvalidArgument):
             ck.load("newest")
         with pytest.raises(sluice.AlreadyExists):
             ck.save(2, {"w": torch.zeros(1)})
+    with pytest.raises(sluice.InvalidArgument, match="closed"):
+        ck.latest()

@@ -179,6 +179,22 @@ def test_bad_input_raises(shards, tmp_path):
         ds.load_state_dict({"what": 1})
     with pytest.raises(sluice.InvalidArgument):
         sluice.data.DataLoader(ds, batch_size=2, drop_last=True)
+    with pytest.raises(sluice.InvalidArgument, match="persistent_workers"):
+        sluice.data.DataLoader(ds, batch_size=2, num_workers=1, persistent_workers=True)
+    with pytest.raises(sluice.InvalidArgument, match="batch_size"):
+        sluice.data.DataLoader(ds, batch_size=None)
+    # A state names the order: another shuffle setting or window is refused.
+    saved = sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=1), batch_size=4)
+    run(saved, limit=1)
+    with pytest.raises(sluice.InvalidArgument, match="shuffle=True"):
+        sluice.data.StreamingDataset(root, seed=1, shuffle=False).load_state_dict(saved.state_dict())
+    with pytest.raises(sluice.InvalidArgument, match="shuffle window"):
+        sluice.data.StreamingDataset(root, seed=1, shuffle_window=3).load_state_dict(
+            saved.state_dict())
+    # An automatic window follows the state's, whatever memory the new job has.
+    other_memory = sluice.data.StreamingDataset(root, seed=1, memory="64M")
+    other_memory.load_state_dict(saved.state_dict())
+    assert other_memory.shuffle_window == saved.state_dict()["window"]
     other = tmp_path / "other"
     write_shards(str(other), samples=40)
     ds2 = sluice.data.StreamingDataset(str(other), seed=1)

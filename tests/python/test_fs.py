@@ -38,5 +38,17 @@ def test_fsspec_on_s3(s3server, monkeypatch, tmp_path):
             f.write(b"partial")
             raise RuntimeError("stop")
     assert not fs.exists("test/fs/z.txt")
+    with pytest.raises(RuntimeError):  # a transaction publishes nothing when it fails
+        with fs.transaction:
+            with fs.open("test/fs/t.txt", "wb") as f:
+                f.write(b"in a transaction")
+            raise RuntimeError("stop")
+    assert not fs.exists("test/fs/t.txt")
+    with fs.transaction:
+        with fs.open("test/fs/t.txt", "wb") as f:
+            f.write(b"committed")
+        assert not fs.exists("test/fs/t.txt")  # not before the transaction ends
+    assert fs.cat_file("test/fs/t.txt") == b"committed"
+    fs.rm_file("test/fs/t.txt")
     fs.rm_file("test/fs/y.txt")
     assert fs.ls("test/fs", detail=False) == []

@@ -62,3 +62,16 @@ def test_bad_input(tmp_path):
             f.batch([("copy", bytearray(1), None, 0)])
     with pytest.raises(sluice.InvalidArgument, match="closed"):
         f.read(bytearray(1))
+    # A future dropped early, and a close while it is in flight: the read finishes into
+    # memory that is still there.
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"z" * (8 << 20))
+    g = sluice.io.File(str(big), "r")
+    fut = g.pread(bytearray(8 << 20))
+    g.close()
+    del fut
+    h = sluice.io.File(str(big), "r")
+    buf = bytearray(8 << 20)
+    fut = h.pread(buf)
+    h.close()
+    assert fut.get() == 8 << 20 and buf[-1:] == b"z"

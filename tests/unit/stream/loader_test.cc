@@ -227,6 +227,33 @@ TEST(Loader, BlocksHandTheRanksStreamInOrder) {
   EXPECT_EQ(bad.error().code(), Code::kInvalidArgument);
 }
 
+// Every consumer (rank and worker) that took as many whole blocks says the same token, and
+// a resume from it (any layout) reads the rest exactly once.
+TEST(Loader, WorkersInLockstepShareOneToken) {
+  auto ds = tar_dataset({7, 13, 1, 20, 5, 0, 9});
+  for (uint64_t block : {uint64_t{1}, uint64_t{3}}) {
+    std::multiset<uint64_t> seen;
+    std::set<std::string> tokens;
+    for (unsigned r = 0; r < 2; ++r)
+      for (unsigned w = 0; w < 2; ++w) {
+        Loader l(ds, {.seed = 5,
+                      .rank = r,
+                      .world = 2,
+                      .worker = w,
+                      .workers = 2,
+                      .block = block,
+                      .shuffle_window = 10});
+        for (auto& x : drain(l, *ds, 6)) seen.insert(x.index);
+        tokens.insert(l.state());
+      }
+    ASSERT_EQ(tokens.size(), 1u) << "block " << block;
+    Loader rest(ds, {.seed = 5, .resume = *tokens.begin(), .shuffle_window = 10});
+    for (auto& x : drain(rest, *ds)) seen.insert(x.index);
+    EXPECT_EQ(seen.size(), ds->samples());
+    EXPECT_EQ(std::set<uint64_t>(seen.begin(), seen.end()).size(), ds->samples());
+  }
+}
+
 TEST(Loader, OrderIsAFunctionOfSeedAndEpoch) {
   auto ds = tar_dataset({7, 13, 1, 20, 5, 0, 9});
   auto order = [&](uint64_t seed, uint64_t epoch) {

@@ -54,16 +54,33 @@ def _step_of(checkpoint_id: Any) -> int | None:
     return int(text)
 
 
-class Writer(StorageWriter):
+class _Series:
+    """The series a Writer or Reader works on: a Checkpointer given, or one opened on first
+    use (in the process that uses it) from the series name, tiers and options."""
+
+    def __init__(self, series: str | Checkpointer, step: int | None, tiers: list[Any] | None,
+                 options: dict) -> None:
+        self._series, self._tiers, self._opts = series, tiers, options
+        self._ck: Checkpointer | None = series if isinstance(series, Checkpointer) else None
+        self.step = step
+
+    def _checkpointer(self) -> Checkpointer:
+        if self._ck is None:
+            self._ck = Checkpointer(str(self._series), self._tiers, **self._opts)
+        return self._ck
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return str(checkpoint_id).isdigit()
+
+
+class Writer(_Series, StorageWriter):
     """Writes a DCP checkpoint as step ``step`` (or the checkpoint_id dcp.save is given) of
     a sluice series; see the module's text."""
 
     def __init__(self, series: str | Checkpointer, step: int | None = None,
                  tiers: list[Any] | None = None, **checkpointer_options: Any) -> None:
-        super().__init__()
-        self._series, self._tiers, self._opts = series, tiers, checkpointer_options
-        self._ck: Checkpointer | None = series if isinstance(series, Checkpointer) else None
-        self.step = step
+        _Series.__init__(self, series, step, tiers, checkpointer_options)
         self._coordinator = False
         self._held: list[tuple[str, str, list[int], Any]] = []
 
@@ -73,16 +90,11 @@ class Writer(StorageWriter):
             self.step = step
         self._held = []
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return str(checkpoint_id).isdigit()
-
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._coordinator = is_coordinator
         if self.step is None:
             raise InvalidArgument("sluice.dcp.Writer: no step (give step= or checkpoint_id=)")
-        if self._ck is None:
-            self._ck = Checkpointer(str(self._series), self._tiers, **self._opts)
+        self._checkpointer()
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -148,32 +160,20 @@ class Writer(StorageWriter):
         self._held = []
 
 
-class Reader(StorageReader):
+class Reader(_Series, StorageReader):
     """Reads a DCP checkpoint from a sluice series: ``step`` (or the checkpoint_id
     dcp.load is given), else the newest intact step."""
 
     def __init__(self, series: str | Checkpointer, step: int | None = None,
                  tiers: list[Any] | None = None, **checkpointer_options: Any) -> None:
-        super().__init__()
-        self._series, self._tiers, self._opts = series, tiers, checkpointer_options
-        self._ck: Checkpointer | None = series if isinstance(series, Checkpointer) else None
-        self.step = step
+        _Series.__init__(self, series, step, tiers, checkpointer_options)
         self._asked = step  # None: the newest intact step, found again at each load
         self._entries: dict[tuple[str, int], dict] = {}
-
-    def _checkpointer(self) -> Checkpointer:
-        if self._ck is None:
-            self._ck = Checkpointer(str(self._series), self._tiers, **self._opts)
-        return self._ck
 
     def reset(self, checkpoint_id: Any = None) -> None:
         step = _step_of(checkpoint_id)
         self.step = step if step is not None else self._asked
         self._entries = {}
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return str(checkpoint_id).isdigit()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         ck = self._checkpointer()

@@ -6,15 +6,13 @@ import io
 import logging
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 from . import _core
 from ._buffers import host_memory, is_tensor
 from .errors import Corruption, InvalidArgument
 
 log = logging.getLogger("sluice")
-
-PathLike = "str | os.PathLike[str]"
 
 
 def _uri(uri: Any) -> str:
@@ -138,7 +136,7 @@ def _read_into_device(session: Session, uri: str, tensor: Any, offset: int, cach
     import torch  # only here: a device tensor means torch is there
 
     if not tensor.is_contiguous():
-        raise InvalidArgument(f"read_into: the tensor is not contiguous (its bytes are not one range)")
+        raise InvalidArgument("read_into: the tensor is not contiguous (its bytes are not one range)")
     dst = tensor.view(-1).view(torch.uint8) if tensor.dtype != torch.uint8 else tensor.view(-1)
     window = 64 << 20
     host = torch.empty(min(window, dst.numel()), dtype=torch.uint8, pin_memory=True)

@@ -6,7 +6,6 @@ import collections
 import os
 
 import pytest
-import torch
 import webdataset as wds
 
 import sluice

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-import sluice
 from conftest import binary
 from s3_harness import free_port
 from sluice.dcp import Reader, Writer

@@ -121,7 +121,8 @@ elif mode in ("sluice-epoch", "wds-epoch"):
     else:
         import glob, webdataset as wds
         urls = sorted(glob.glob(os.path.join(shards, "*.tar")))
-        ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node).shuffle(1000)
+        ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node,
+                             empty_check=False).shuffle(1000)
         loader = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=4,
                                              collate_fn=lambda b: b)
     for batch in loader:

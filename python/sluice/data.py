@@ -85,7 +85,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     is yours).
 
     Each ``iter()`` reads one epoch, :attr:`epoch` (``set_epoch`` chooses it; the
-    :class:`DataLoader` advances it after each full pass). ``batch_size`` must be the
+    :class:`DataLoader` advances it after each full pass). ``memory`` is the rank's
+    read-ahead budget, shared by its DataLoader workers; the automatic shuffle window is the
+    one the whole budget gives, whatever the number of workers. ``batch_size`` must be the
     DataLoader's batch size when it has workers, so that each worker's batches are whole
     blocks of the rank's stream. Reads go through the node's cache (sluiced, else the
     embedded cache) with the loader's order declared to it, unless ``cache=False``.
@@ -227,11 +229,16 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if start:
             token = _core.make_token(ds, self.epoch, start, self.seed, self.shuffle,
                                      self.shuffle_window, self.memory_bytes)
+        # The read-ahead budget is the rank's, shared by its workers (each worker's buffers
+        # are touched when they are first filled); the shuffle window stays the one the
+        # whole budget gives, so the order does not depend on the number of workers.
+        window = self._identity()["window"] if self.shuffle else 0
         loader = _core.Loader(dataset=ds, seed=self.seed, epoch=self.epoch, epochs=1,
                               rank=rank, world=world, worker=worker, workers=workers,
                               block=self.batch_size, resume=token, shuffle=self.shuffle,
-                              shuffle_window=self.shuffle_window,
-                              memory_bytes=self.memory_bytes, skip_corrupt=self.skip_corrupt)
+                              shuffle_window=window,
+                              memory_bytes=max(8 << 20, self.memory_bytes // workers),
+                              skip_corrupt=self.skip_corrupt)
         in_block = 0
         want = max(self.batch_size, 64)
         while True:

@@ -14,7 +14,7 @@ Cases:
   stall     async_save until `staged`                    vs  dcp.async_save returning (its staging)
   restore   Checkpointer.load(into=) from a cold cache   vs  torch.load; dcp.load (pages dropped)
   epoch     StreamingDataset + DataLoader, warm           vs  webdataset's pipeline, same shards,
-            (samples/s, 100 KiB samples, 4 workers)           same DataLoader
+            (100 KiB samples, --workers, default 4)            same DataLoader
 Rounds alternate which side goes first. Anchors not installed are skipped, with the reason.
 """
 
@@ -112,18 +112,19 @@ elif mode == "dcp-restore":
     out["seconds"] = time.monotonic() - t0
 elif mode in ("sluice-epoch", "wds-epoch"):
     shards = os.path.join(work, "shards")
+    workers = int(os.environ["BENCH_WORKERS"])
     n = 0
     t0 = time.monotonic()
     if mode == "sluice-epoch":
         import sluice, sluice.data
         ds = sluice.data.StreamingDataset(shards, seed=1, cache=False)
-        loader = sluice.data.DataLoader(ds, batch_size=32, num_workers=4)
+        loader = sluice.data.DataLoader(ds, batch_size=32, num_workers=workers)
     else:
         import glob, webdataset as wds
         urls = sorted(glob.glob(os.path.join(shards, "*.tar")))
         ds = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node,
                              empty_check=False).shuffle(1000)
-        loader = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=4,
+        loader = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=workers,
                                              collate_fn=lambda b: b)
     for batch in loader:
         n += len(batch["__key__"]) if isinstance(batch, dict) else len(batch)
@@ -133,9 +134,10 @@ print(json.dumps(out))
 """
 
 
-def child(python, mode, work, nbytes):
+def child(python, mode, work, nbytes, workers=4):
+    env = dict(os.environ, SLUICE_HOME=os.path.join(work, "home"), BENCH_WORKERS=str(workers))
     p = subprocess.run([python, "-c", CHILD, mode, work, str(nbytes)], capture_output=True,
-                       text=True, timeout=1800, env=dict(os.environ, SLUICE_HOME=os.path.join(work, "home")))
+                       text=True, timeout=1800, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{mode} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -158,6 +160,7 @@ def main():
     ap.add_argument("--state", default="2G", help="checkpoint state size")
     ap.add_argument("--samples", type=int, default=20000, help="epoch: samples of 100 KiB")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=4, help="epoch: DataLoader workers (0: none)")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temp dir)")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
@@ -188,7 +191,7 @@ def main():
                 order = [ours] + anchors if r % 2 == 0 else anchors + [ours]
                 got = {}
                 for mode in order:
-                    got[mode] = child(python, mode, work, nbytes)["seconds"]
+                    got[mode] = child(python, mode, work, nbytes, a.workers)["seconds"]
                     times[mode].append(got[mode])
                 for x in anchors:
                     # speed ratio: the anchor's time over ours (>1: sluice faster); for the

@@ -25,9 +25,3 @@ def host_memory(obj: Any, what: str) -> Any:
             raise InvalidArgument(f"{what}: the tensor is not contiguous (its bytes are not one range)")
         return (obj.data_ptr(), obj.numel() * obj.element_size())
     return obj
-
-
-def nbytes(obj: Any) -> int:
-    if is_tensor(obj):
-        return obj.numel() * obj.element_size()
-    return memoryview(obj).nbytes

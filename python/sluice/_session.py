@@ -137,7 +137,7 @@ def _read_into_device(session: Session, uri: str, tensor: Any, offset: int, cach
 
     if not tensor.is_contiguous():
         raise InvalidArgument("read_into: the tensor is not contiguous (its bytes are not one range)")
-    dst = tensor.view(-1).view(torch.uint8) if tensor.dtype != torch.uint8 else tensor.view(-1)
+    dst = tensor.view(-1).view(torch.uint8)
     window = 64 << 20
     host = torch.empty(min(window, dst.numel()), dtype=torch.uint8, pin_memory=True)
     reader = session._core.open_reader(uri, cache)

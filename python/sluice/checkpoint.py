@@ -27,7 +27,7 @@ import uuid
 from typing import Any
 
 from . import _core
-from ._buffers import is_tensor
+from ._buffers import host_memory, is_tensor
 from ._session import Session, connect
 from .errors import InvalidArgument, NotFound
 
@@ -101,7 +101,7 @@ def _host_bytes(x: Any) -> tuple[Any, Any]:
             t = t.cpu()
         if not t.is_contiguous():
             t = t.contiguous()
-        return t, (t.data_ptr(), t.numel() * t.element_size())
+        return t, host_memory(t, "save")
     import numpy as np
 
     a = np.ascontiguousarray(x)
@@ -366,8 +366,8 @@ def _dest_memory(leaf: Any) -> tuple[Any, Any]:
             import torch
 
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
-            return host, (host.data_ptr(), host.numel() * host.element_size())
-        return leaf, (t.data_ptr(), t.numel() * t.element_size())
+            return host, host_memory(host, "load")
+        return leaf, host_memory(t, "load")
     import numpy as np
 
     return leaf, leaf.reshape(-1).view(np.uint8) if leaf.size else bytearray()

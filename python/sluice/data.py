@@ -225,14 +225,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if start >= ds.samples:
             self.epoch, self._start, self._worker_batches = self.epoch + 1, 0, 0
             return
-        token = ""
-        if start:
-            token = _core.make_token(ds, self.epoch, start, self.seed, self.shuffle,
-                                     self.shuffle_window, self.memory_bytes)
         # The read-ahead budget is the rank's, shared by its workers (each worker's buffers
         # are touched when they are first filled); the shuffle window stays the one the
         # whole budget gives, so the order does not depend on the number of workers.
-        window = self._identity()["window"] if self.shuffle else 0
+        window = self._window()
+        token = _core.make_token(ds, self.epoch, start, self.seed, window) if start else ""
         loader = _core.Loader(dataset=ds, seed=self.seed, epoch=self.epoch, epochs=1,
                               rank=rank, world=world, worker=worker, workers=workers,
                               block=self.batch_size, resume=token, shuffle=self.shuffle,
@@ -268,13 +265,17 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                 "worker_batches": self._worker_batches,
                 "layout": list(self._iter_layout) if self._iter_layout else None}
 
+    def _window(self) -> int:
+        """The shuffle window in effect (0: no shuffle): the given one, else the whole
+        read-ahead budget's."""
+        return _core.shuffle_window(self._open(), self.shuffle, self.shuffle_window,
+                                    self.memory_bytes)
+
     def _identity(self) -> dict:
         """What a state is tied to: the dataset, and the order (shuffle and its window)."""
         ds = self._open()
-        token = _core.parse_token(_core.make_token(ds, 0, 0, self.seed, self.shuffle,
-                                                   self.shuffle_window, self.memory_bytes))
         return {"samples": ds.samples, "fingerprint": ds.fingerprint, "shuffle": self.shuffle,
-                "window": token["window"]}
+                "window": self._window()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continues from a state of :meth:`state_dict` or of :meth:`DataLoader.state_dict`."""

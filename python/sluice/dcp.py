@@ -25,14 +25,14 @@ import time
 from torch.futures import Future
 from typing import Any
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner,
                                                   SavePlan, SavePlanner, WriteItemType)
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
-from .checkpoint import Checkpointer, _dtype_name
+from ._buffers import host_memory
+from .checkpoint import Checkpointer, _dtype_name, _host_bytes
 from .errors import InvalidArgument, IoError, NotFound
 
 __all__ = ["Writer", "Reader"]
@@ -82,13 +82,14 @@ class Writer(_Series, StorageWriter):
                  tiers: list[Any] | None = None, **checkpointer_options: Any) -> None:
         _Series.__init__(self, series, step, tiers, checkpointer_options)
         self._coordinator = False
-        self._held: list[tuple[str, str, list[int], Any]] = []
+        # The coordinator's items, saved in finish: (tensors, the objects their memory is in).
+        self._held: tuple[list, list] = ([], [])
 
     def reset(self, checkpoint_id: Any = None) -> None:
         step = _step_of(checkpoint_id)
         if step is not None:
             self.step = step
-        self._held = []
+        self._held = ([], [])
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._coordinator = is_coordinator
@@ -110,23 +111,19 @@ class Writer(_Series, StorageWriter):
             name = _item_name(item.index)
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-                arr = np.frombuffer(raw, dtype=np.uint8).copy()
-                keep.append(arr)
-                tensors.append((name, "uint8", [len(raw)], arr if len(raw) else bytearray()))
+                keep.append(raw)
+                tensors.append((name, "uint8", [len(raw)], raw))
                 size = len(raw)
             else:
-                t = data.detach()
-                if t.device.type != "cpu":
-                    t = t.cpu()
-                t = t.contiguous()
-                keep.append(t)
-                size = t.numel() * t.element_size()
-                tensors.append((name, _dtype_name(t), list(t.shape), (t.data_ptr(), size)))
+                owner, memory = _host_bytes(data)
+                keep.append(owner)
+                size = memory[1]
+                tensors.append((name, _dtype_name(owner), list(owner.shape), memory))
             results.append(WriteResult(index=item.index, size_in_bytes=size,
                                        storage_data={"name": name, "rank": self._ck.rank}))
         fut: Future = Future()
         if self._coordinator:
-            self._held = tensors + [("__keep__", "", [], keep)]  # saved in finish
+            self._held = (tensors, keep)
             fut.set_result(results)
             return fut
         # Staged now; the step commits once rank 0 saved its own shard in finish, so this
@@ -154,10 +151,9 @@ class Writer(_Series, StorageWriter):
         assert self._ck is not None
         metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
         doc = pickle.dumps(metadata)
-        tensors = [t for t in self._held if t[0] != "__keep__"]
-        tensors.append((METADATA, "uint8", [len(doc)], bytearray(doc)))
-        self._ck._cp.save(self.step, tensors).wait()
-        self._held = []
+        tensors, _keep = self._held
+        self._ck._cp.save(self.step, tensors + [(METADATA, "uint8", [len(doc)], doc)]).wait()
+        self._held = ([], [])
 
 
 class Reader(_Series, StorageReader):
@@ -221,9 +217,7 @@ class Reader(_Series, StorageReader):
                     wanted[key] = torch.empty(entry["shape"], dtype=dtype)
         dests = []
         for (name, rank), buf in wanted.items():
-            mem = buf if isinstance(buf, bytearray) else (buf.data_ptr(),
-                                                          buf.numel() * buf.element_size())
-            dests.append((name, rank, mem))
+            dests.append((name, rank, host_memory(buf, name)))
         ck._cp.restore(self.step, dests)
         for item in plan.items:
             info = self._storage[item.storage_index]

@@ -136,12 +136,17 @@ void bind_data(py::module_& m) {
       });
 
   m.def(
+      "shuffle_window",
+      [](const PyDataset& pd, bool shuffle, uint64_t shuffle_window, uint64_t memory_bytes) {
+        return stream::Loader::shuffle_window_for(
+            *pd.ds,
+            {.shuffle = shuffle, .shuffle_window = shuffle_window, .memory_bytes = memory_bytes});
+      },
+      py::arg("dataset"), py::arg("shuffle"), py::arg("shuffle_window"), py::arg("memory_bytes"));
+  m.def(
       "make_token",
-      [](const PyDataset& pd, uint64_t epoch, uint64_t position, uint64_t seed, bool shuffle,
-         uint64_t shuffle_window, uint64_t memory_bytes) {
+      [](const PyDataset& pd, uint64_t epoch, uint64_t position, uint64_t seed, uint64_t window) {
         const stream::Dataset& ds = *pd.ds;
-        stream::LoaderOptions o{
-            .shuffle = shuffle, .shuffle_window = shuffle_window, .memory_bytes = memory_bytes};
         if (position > ds.samples())
           raise(Code::kInvalidArgument, "position " + std::to_string(position) +
                                             " is past the dataset's " +
@@ -151,22 +156,10 @@ void bind_data(py::module_& m) {
                                    .samples = ds.samples(),
                                    .fingerprint = ds.fingerprint(),
                                    .seed = seed,
-                                   .window = stream::Loader::shuffle_window_for(ds, o)});
+                                   .window = window});
       },
       py::arg("dataset"), py::arg("epoch"), py::arg("position"), py::arg("seed"),
-      py::arg("shuffle"), py::arg("shuffle_window"), py::arg("memory_bytes"));
-  m.def("parse_token", [](const std::string& token) {
-    auto p = stream::parse_token(token);
-    if (!p) raise(p.error());
-    py::dict d;
-    d["epoch"] = p->epoch;
-    d["position"] = p->position;
-    d["samples"] = p->samples;
-    d["fingerprint"] = p->fingerprint;
-    d["seed"] = p->seed;
-    d["window"] = p->window;
-    return d;
-  });
+      py::arg("window"));
 }
 
 }  // namespace sluice::python

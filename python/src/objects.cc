@@ -139,8 +139,6 @@ class Writer {
 
 struct PySession {
   std::shared_ptr<client::Session> s;
-  std::shared_ptr<std::string> fallback;  // the last reason reads went to the embedded cache
-  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
 
   client::ObjectRef open(const std::string& uri, client::ObjectOpen how) const {
     auto r = without_gil([&] { return client::open_object(*s, uri, how); });
@@ -150,6 +148,12 @@ struct PySession {
     auto i = without_gil([&] { return ref.store->stat(ref.key); });
     if (!i) raise(i.error().with_context(ref.text));
     return *i;
+  }
+  // The object `uri` names, opened for reading at the version it has now.
+  std::unique_ptr<Reader> reader(const std::string& uri, bool cache) const {
+    auto ref = open(uri, {.through_cache = cache});
+    auto info = stat(ref);
+    return std::make_unique<Reader>(std::move(ref), std::move(info));
   }
 };
 
@@ -168,14 +172,7 @@ PySession make_session(py::object home, py::object daemon, py::object cache_dir,
   if (!region.is_none()) aws.region = region.cast<std::string>();
   o.s3 = unwrap(client::s3_options_from_environment(aws));
   o.ledger = client::ledger_from_environment(ledger.is_none() ? "" : ledger.cast<std::string>());
-  PySession ps;
-  ps.fallback = std::make_shared<std::string>();
-  o.on_fallback = [f = ps.fallback, mu = ps.mu](const std::string& why) {
-    std::lock_guard lock(*mu);
-    *f = why;
-  };
-  ps.s = std::make_shared<client::Session>(std::move(o));
-  return ps;
+  return PySession{std::make_shared<client::Session>(std::move(o))};
 }
 
 py::dict copy_summary(const client::CopySummary& s) {
@@ -215,22 +212,13 @@ void bind_objects(py::module_& m) {
       .def_property_readonly("home", [](const PySession& p) { return p.s->options().home; })
       .def("cache_route",
            [](const PySession& p) {
-             client::CacheRoute r;
-             {
-               py::gil_scoped_release unlocked;
-               r = p.s->cache_route();
-             }
+             client::CacheRoute r = without_gil([&] { return p.s->cache_route(); });
              py::dict d;
              d["daemon"] = r.daemon;
              d["socket"] = r.socket;
              d["directory"] = r.directory;
              d["reason"] = r.reason;
              return d;
-           })
-      .def("last_fallback",
-           [](const PySession& p) {
-             std::lock_guard lock(*p.mu);
-             return *p.fallback;
            })
       .def(
           "stat",
@@ -242,9 +230,7 @@ void bind_objects(py::module_& m) {
       .def(
           "open_reader",
           [](const PySession& p, const std::string& uri, bool cache) {
-            auto ref = p.open(uri, {.through_cache = cache});
-            auto info = p.stat(ref);
-            return std::make_unique<Reader>(std::move(ref), std::move(info));
+            return p.reader(uri, cache);
           },
           py::arg("uri"), py::arg("cache") = false)
       .def(
@@ -263,12 +249,7 @@ void bind_objects(py::module_& m) {
       .def(
           "read_into",
           [](const PySession& p, const std::string& uri, py::handle buffer, uint64_t offset,
-             bool cache) {
-            auto ref = p.open(uri, {.through_cache = cache});
-            auto info = p.stat(ref);
-            Reader r(std::move(ref), std::move(info));
-            return r.read_into(buffer, offset);
-          },
+             bool cache) { return p.reader(uri, cache)->read_into(buffer, offset); },
           py::arg("uri"), py::arg("buffer"), py::arg("offset") = 0, py::arg("cache") = false)
       .def(
           "copy",

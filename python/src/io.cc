@@ -116,6 +116,35 @@ struct PyFile {
     if (!h) raise(Code::kInvalidArgument, path + ": I/O on a closed sluice.io.File");
     return h;
   }
+
+  // A blocking read (kWrite false) or write of `size` bytes (default: what fits) at
+  // `file_offset`, into or from `buf` at `buf_offset`.
+  template <bool kWrite>
+  size_t now(py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
+    const std::string what = (kWrite ? "write " : "read ") + path;
+    IoMemory mem = io_memory(buf, !kWrite, what);
+    size_t n = io_size(mem, size, buf_offset, what);
+    auto h = handle();
+    auto r = without_gil([&] {
+      return kWrite ? h->write(mem.buf, n, file_offset, buf_offset)
+                    : h->read(mem.buf, n, file_offset, buf_offset);
+    });
+    return unwrap(std::move(r));
+  }
+
+  // The same, started: a future holding the memory and the file until it is done.
+  template <bool kWrite>
+  std::unique_ptr<IoFuture> start(py::handle buf, py::object size, uint64_t file_offset,
+                                  size_t buf_offset) {
+    const std::string what = (kWrite ? "pwrite " : "pread ") + path;
+    auto fut = std::make_unique<IoFuture>();
+    fut->memory = io_memory(buf, !kWrite, what);
+    size_t n = io_size(fut->memory, size, buf_offset, what);
+    fut->file = handle();
+    fut->f = kWrite ? fut->file->write_async(fut->memory.buf, n, file_offset, buf_offset)
+                    : fut->file->read_async(fut->memory.buf, n, file_offset, buf_offset);
+    return fut;
+  }
 };
 
 py::dict report_dict(const io::PathReport& r, const mem::Target* target) {
@@ -127,10 +156,6 @@ py::dict report_dict(const io::PathReport& r, const mem::Target* target) {
   d["path"] = r.describe(target);
   return d;
 }
-
-struct BatchResultCopy {
-  Result<size_t> result = size_t{0};
-};
 
 }  // namespace
 
@@ -172,52 +197,14 @@ void bind_io(py::module_& m) {
            }),
            py::arg("path"), py::arg("flags") = "r", py::arg("direct") = "auto",
            py::arg("compat") = "auto")
-      .def(
-          "read",
-          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
-            IoMemory mem = io_memory(buf, true, "read " + f.path);
-            size_t n = io_size(mem, size, buf_offset, "read " + f.path);
-            auto h = f.handle();
-            auto r = without_gil([&] { return h->read(mem.buf, n, file_offset, buf_offset); });
-            return unwrap(std::move(r));
-          },
-          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
-          py::arg("buf_offset") = 0)
-      .def(
-          "write",
-          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
-            IoMemory mem = io_memory(buf, false, "write " + f.path);
-            size_t n = io_size(mem, size, buf_offset, "write " + f.path);
-            auto h = f.handle();
-            auto r = without_gil([&] { return h->write(mem.buf, n, file_offset, buf_offset); });
-            return unwrap(std::move(r));
-          },
-          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
-          py::arg("buf_offset") = 0)
-      .def(
-          "pread",
-          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
-            auto fut = std::make_unique<IoFuture>();
-            fut->memory = io_memory(buf, true, "pread " + f.path);
-            size_t n = io_size(fut->memory, size, buf_offset, "pread " + f.path);
-            fut->file = f.handle();
-            fut->f = fut->file->read_async(fut->memory.buf, n, file_offset, buf_offset);
-            return fut;
-          },
-          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
-          py::arg("buf_offset") = 0)
-      .def(
-          "pwrite",
-          [](PyFile& f, py::handle buf, py::object size, uint64_t file_offset, size_t buf_offset) {
-            auto fut = std::make_unique<IoFuture>();
-            fut->memory = io_memory(buf, false, "pwrite " + f.path);
-            size_t n = io_size(fut->memory, size, buf_offset, "pwrite " + f.path);
-            fut->file = f.handle();
-            fut->f = fut->file->write_async(fut->memory.buf, n, file_offset, buf_offset);
-            return fut;
-          },
-          py::arg("buf"), py::arg("size") = py::none(), py::arg("file_offset") = 0,
-          py::arg("buf_offset") = 0)
+      .def("read", &PyFile::now<false>, py::arg("buf"), py::arg("size") = py::none(),
+           py::arg("file_offset") = 0, py::arg("buf_offset") = 0)
+      .def("write", &PyFile::now<true>, py::arg("buf"), py::arg("size") = py::none(),
+           py::arg("file_offset") = 0, py::arg("buf_offset") = 0)
+      .def("pread", &PyFile::start<false>, py::arg("buf"), py::arg("size") = py::none(),
+           py::arg("file_offset") = 0, py::arg("buf_offset") = 0)
+      .def("pwrite", &PyFile::start<true>, py::arg("buf"), py::arg("size") = py::none(),
+           py::arg("file_offset") = 0, py::arg("buf_offset") = 0)
       .def(
           "batch",
           [](PyFile& f, const py::list& ios) {
@@ -241,7 +228,7 @@ void bind_io(py::module_& m) {
                                .file_offset = t[3].cast<uint64_t>(),
                                .cookie = i});
             }
-            auto results = without_gil([&]() -> Result<std::vector<BatchResultCopy>> {
+            auto results = without_gil([&]() -> Result<std::vector<Result<size_t>>> {
               SLUICE_ASSIGN_OR_RETURN(io::Batch b, io::Batch::create(f.ctx, batch.size()));
               SLUICE_RETURN_IF_ERROR(b.submit(batch));
               std::vector<io::BatchResult> out;
@@ -250,12 +237,12 @@ void bind_io(py::module_& m) {
                     size_t got, b.wait(out, batch.size() - out.size(), std::chrono::hours(1)));
                 (void)got;
               }
-              std::vector<BatchResultCopy> copy(batch.size());
-              for (auto& r : out) copy[r.cookie] = {r.result};
-              return copy;
+              std::vector<Result<size_t>> in_order(batch.size());
+              for (auto& r : out) in_order[r.cookie] = std::move(r.result);
+              return in_order;
             });
             py::list out;
-            for (auto& r : unwrap(std::move(results))) out.append(unwrap(std::move(r.result)));
+            for (auto& r : unwrap(std::move(results))) out.append(unwrap(std::move(r)));
             return out;
           },
           py::arg("ios"))

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -29,14 +30,43 @@ struct NodeClient::Impl {
   DaemonInfo info;
   std::atomic<uint64_t> next_id{1};
 
+  // Connections open at once, at most: a caller past it waits for one to come back. The
+  // daemon limits the connections of a uid (64 by default), and a node runs many processes
+  // of one uid (ranks, their DataLoader workers): a loader's 32 reads in flight took a
+  // connection each, and 4 workers' reads were refused and retried after a back-off (a
+  // warm epoch 3.0 s instead of 0.5 s). A read's bytes do not cross the connection (the
+  // chunk's descriptor, or the connection's reply window, carries them), so a few suffice.
+  static constexpr size_t kMaxOpen = 4;
+
+  // Counts an open connection until destroyed (then wakes a caller waiting for one).
+  class OpenSlot {
+   public:
+    OpenSlot() = default;
+    explicit OpenSlot(Impl* owner) : owner_(owner) {}
+    OpenSlot(OpenSlot&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)) {}
+    OpenSlot& operator=(OpenSlot&& o) noexcept {
+      std::swap(owner_, o.owner_);
+      return *this;
+    }
+    ~OpenSlot() {
+      if (owner_) owner_->closed();
+    }
+
+   private:
+    Impl* owner_ = nullptr;
+  };
+
   // A connection, and the reply window the daemon mapped for it (reads only).
   struct Conn {
     std::unique_ptr<FrameChannel> ch;
     std::optional<Window> window;
     bool window_asked = false;  // once per connection: a refusal is not asked again
+    OpenSlot slot;
   };
   std::mutex mu;
-  std::vector<Conn> idle;  // guarded by mu
+  std::condition_variable returned;  // a connection came back to `idle`, or closed
+  size_t open = 0;                   // guarded by mu
+  std::vector<Conn> idle;            // guarded by mu
 
   // A reply that still holds its connection: the pieces of a read reply may name bytes of
   // the connection's window, which the next request on it overwrites. The connection goes
@@ -67,24 +97,44 @@ struct NodeClient::Impl {
   };
 
   void release(Conn c) {
-    std::lock_guard lock(mu);
-    idle.push_back(std::move(c));
-  }
-
-  // A pooled connection (first attempt only), else a new one; `pooled` says which.
-  Result<Conn> take(bool reuse, bool& pooled) {
     {
       std::lock_guard lock(mu);
-      if (!idle.empty() && reuse) {
+      idle.push_back(std::move(c));
+    }
+    returned.notify_one();
+  }
+
+  void closed() {
+    {
+      std::lock_guard lock(mu);
+      --open;
+    }
+    returned.notify_one();
+  }
+
+  // A pooled connection (first attempt only), else a new one; `pooled` says which. Waits
+  // while kMaxOpen connections are out.
+  Result<Conn> take(bool reuse, bool& pooled) {
+    OpenSlot slot;
+    {
+      std::unique_lock lock(mu);
+      returned.wait(lock, [&] { return !idle.empty() || open < kMaxOpen; });
+      if (!idle.empty()) {
         Conn c = std::move(idle.back());
         idle.pop_back();
-        pooled = true;
-        return c;
+        if (reuse) {
+          pooled = true;
+          return c;
+        }
+        slot = std::move(c.slot);  // a new connection in the place of this one
+      } else {
+        ++open;
+        slot = OpenSlot(this);
       }
     }
     pooled = false;
     SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<FrameChannel> ch, dial());
-    return Conn{std::move(ch), std::nullopt, false};
+    return Conn{std::move(ch), std::nullopt, false, std::move(slot)};
   }
 
   Result<std::unique_ptr<FrameChannel>> dial() const {

@@ -58,13 +58,13 @@ def s3(s3server, tmp_path):
 
 
 class Daemon:
-    def __init__(self, workdir, endpoint):
+    def __init__(self, workdir, endpoint, *extra):
         self.socket = os.path.join(workdir, "sluiced.sock")
         self.log = open(os.path.join(workdir, "sluiced.log"), "ab")
         self.proc = subprocess.Popen(
             [binary("sluiced"), "--socket", self.socket, "--cache-dir",
              os.path.join(workdir, "dcache"), "--chunk-size", "1M", "--cache-ram", "0",
-             "--endpoint-url", endpoint], stdout=self.log, stderr=self.log)
+             "--endpoint-url", endpoint, *extra], stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

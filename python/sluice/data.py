@@ -131,6 +131,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._iter_layout: tuple[int, int, int, int] | None = None
         self._dataset: Any = None
         self._dataset_pid = -1
+        self._pack = False  # in DataLoader workers: yield whole batches in shared memory
         # Opened now, in the calling process: a missing dataset is an error here, not in
         # the first worker; the catalog makes each worker's own open cheap.
         self._open()
@@ -236,6 +237,20 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                               shuffle_window=window,
                               memory_bytes=max(8 << 20, self.memory_bytes // workers),
                               skip_corrupt=self.skip_corrupt)
+        if self._pack and torch.utils.data.get_worker_info() is not None:
+            # sluice's DataLoader with the default collation: whole blocks, their bytes in
+            # one shared-memory buffer each (see DataLoader).
+            while True:
+                held: list = []
+                records = loader.next_packed(self.batch_size, lambda n: _shared_bytes(n, held))
+                if records is None:
+                    break
+                self._worker_batches += 1
+                yield _Packed(held[0], records)  # type: ignore[misc]
+            self.epoch += 1
+            self._start = 0
+            self._worker_batches = 0
+            return
         in_block = 0
         want = max(self.batch_size, 64)
         while True:
@@ -337,8 +352,23 @@ class DataLoader(torch.utils.data.DataLoader):
             raise InvalidArgument("in_order=False hands batches out of the rank's order, which "
                                   "the count of what was taken relies on")
         dataset.batch_size = batch_size
-        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self._sluice_batch_size = batch_size
+        # With workers and the default collation, each worker hands a batch to the main
+        # process as one shared-memory buffer (a descriptor) instead of pickling every
+        # sample's bytes through a pipe: 1.1 s against 1.8 s for a GiB of 100 KiB samples
+        # with 4 workers on 2 cores. torch's loader then takes the worker's batches as they
+        # are (its batch_size None); batch_size still says the batch size.
+        self._packed = kwargs.get("num_workers", 0) > 0 and kwargs.get("collate_fn") is None
+        super().__init__(dataset, batch_size=None if self._packed else batch_size, **kwargs)
         self._taken = 0  # samples of this epoch handed out (from the dataset's start)
+
+    @property  # type: ignore[override]
+    def batch_size(self) -> int:
+        return self._sluice_batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Any) -> None:
+        pass  # torch's own setting (None when batches come packed); ours is fixed at init
 
     def __iter__(self) -> Iterator[Any]:
         ds: StreamingDataset = self.dataset  # type: ignore[assignment]
@@ -346,7 +376,14 @@ class DataLoader(torch.utils.data.DataLoader):
         self._taken = 0
         ds._worker_batches, ds._iter_layout = 0, None  # this count is the one that holds
         rank, world = ds._layout()[:2]
-        for batch in super().__iter__():
+        ds._pack = self._packed
+        try:
+            batches = super().__iter__()  # the workers start here, with their copy of ds
+        finally:
+            ds._pack = False
+        for batch in batches:
+            if isinstance(batch, _Packed):
+                batch = batch.unpack()
             self._taken += _batch_len(batch)
             # Where the next sample of this rank's stream is, job-wide (lockstep).
             pos = start + world * self._taken
@@ -376,3 +413,44 @@ def _batch_len(batch: Any) -> int:
     raise InvalidArgument("sluice.data.DataLoader: cannot count the samples of a batch of type "
                           f"{type(batch).__name__} (a collate_fn should return a dict with "
                           "__key__, or a list)")
+
+
+def _shared_bytes(n: int, held: list) -> Any:
+    """A new buffer of n bytes in shared memory (a tensor, kept in `held`), as numpy."""
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is not None and n:
+        t = torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
+    else:  # the public way, which also copies the fresh tensor's bytes once
+        t = torch.empty(n, dtype=torch.uint8).share_memory_()
+    held.append(t)
+    return t.numpy()
+
+
+class _Packed:
+    """A batch from a DataLoader worker: its samples' bytes back to back in one tensor in
+    shared memory (torch hands it to the main process as a descriptor), and where each
+    sample's fields lie in it."""
+
+    def __init__(self, data: torch.Tensor, records: list) -> None:
+        self.data = data
+        self.records = records  # (key, index, ((field, offset, length), ...)) per sample
+
+    def unpack(self) -> dict:
+        """The batch as the default collation makes it of the samples: ``__key__`` a list,
+        ``__index__`` a tensor, one list of ``bytes`` per field."""
+        view = memoryview(self.data.numpy())
+        first_key, _, first_fields = self.records[0]
+        names = [f[0] for f in first_fields]
+        batch: dict = {"__key__": [r[0] for r in self.records],
+                       "__index__": torch.tensor([r[1] for r in self.records])}
+        for name in names:
+            batch[name] = []
+        for key, _, fields in self.records:
+            if [f[0] for f in fields] != names:
+                raise InvalidArgument(
+                    f"sample '{key}' has the fields {sorted(f[0] for f in fields)} and sample "
+                    f"'{first_key}' of the same batch {sorted(names)}: the default collation "
+                    "needs the same fields in every sample of a batch (pass a collate_fn)")
+            for name, at, length in fields:
+                batch[name].append(bytes(view[at:at + length]))
+        return batch

@@ -1,6 +1,7 @@
 // Datasets and loaders: sluice.data's compiled half.
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 
 #include "core.h"
@@ -49,6 +50,46 @@ struct PyLoader {
       out.append(std::move(d));
     }
     return out;
+  }
+
+  // Up to n samples with their fields' bytes copied back to back into the buffer
+  // `alloc(total bytes)` returns (shared memory, which a DataLoader worker hands to the
+  // main process by descriptor instead of pickling the bytes through a pipe): a list of
+  // (key, index, ((field, offset, length), ...)) per sample; None at the end.
+  py::object next_packed(size_t n, const py::function& alloc) {
+    auto batch = without_gil([&] { return loader->next_batch(n); });
+    if (!batch) raise(batch.error());
+    if (batch->empty()) return py::none();
+    uint64_t total = 0;
+    for (const stream::Sample& s : *batch)
+      for (const stream::Field& f : s.fields) total += f.data.size();
+    py::object buffer = alloc(total);
+    Borrowed dst(buffer, true, "the packed batch's buffer");
+    if (dst.size() < total)
+      raise(Code::kInvalidArgument, "the packed batch's buffer holds " +
+                                        std::to_string(dst.size()) + " bytes, not " +
+                                        std::to_string(total));
+    py::list records;
+    uint64_t at = 0;
+    for (const stream::Sample& s : *batch) {
+      py::tuple fields(s.fields.size());
+      for (size_t i = 0; i < s.fields.size(); ++i) {
+        const stream::Field& f = s.fields[i];
+        fields[i] = py::make_tuple(py::str(f.name), at, f.data.size());
+        at += f.data.size();
+      }
+      records.append(py::make_tuple(py::str(s.key.data(), s.key.size()), s.index, fields));
+    }
+    without_gil([&] {
+      std::byte* out = dst.data();
+      for (const stream::Sample& s : *batch)
+        for (const stream::Field& f : s.fields) {
+          std::memcpy(out, f.data.data(), f.data.size());
+          out += f.data.size();
+        }
+      return 0;
+    });
+    return records;
   }
 };
 
@@ -119,6 +160,7 @@ void bind_data(py::module_& m) {
            py::arg("shuffle") = true, py::arg("shuffle_window") = 0,
            py::arg("memory_bytes") = uint64_t{256} << 20, py::arg("skip_corrupt") = false)
       .def("next_batch", &PyLoader::next_batch, py::arg("n"))
+      .def("next_packed", &PyLoader::next_packed, py::arg("n"), py::arg("alloc"))
       .def("state", [](const PyLoader& l) { return l.loader->state(); })
       .def("stats", [](const PyLoader& l) {
         stream::LoaderStats s = l.loader->stats();

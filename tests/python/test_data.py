@@ -6,10 +6,13 @@ import collections
 import os
 
 import pytest
+import torch
 import webdataset as wds
 
+import conftest
 import sluice
 import sluice.data
+from sluice import _core
 
 SAMPLES = 157  # not a multiple of anything below
 
@@ -90,6 +93,59 @@ def test_exactly_once_two_workers_three_ranks(shards, batch_size):
         seen.update(keys)
     assert set(seen) == set(expected)
     assert set(seen.values()) == {1}
+
+
+def test_workers_hand_batches_over_in_shared_memory(shards, tmp_path):
+    """With workers and the default collation, batches come packed in shared memory and are
+    the default collation of the samples: the same bytes, keys, indexes; len and batch_size
+    as a DataLoader has them."""
+    root, expected = shards
+    ds = sluice.data.StreamingDataset(root, seed=4)
+    loader = sluice.data.DataLoader(ds, batch_size=8, num_workers=2)
+    assert loader.batch_size == 8 and len(loader) == (SAMPLES + 7) // 8
+    seen = {}
+    sizes = []
+    for batch in loader:
+        assert set(batch) == {"__key__", "__index__", "txt", "cls"}
+        assert batch["__index__"].dtype == torch.int64
+        sizes.append(len(batch["__key__"]))
+        for i, key in enumerate(batch["__key__"]):
+            assert type(batch["txt"][i]) is bytes
+            seen[key] = {"txt": batch["txt"][i], "cls": batch["cls"][i]}
+            assert ds._open().key(int(batch["__index__"][i])) == key
+    assert seen == expected
+    assert sizes[:-1] == [8] * (len(sizes) - 1)
+    # Samples whose fields differ cannot share a default-collated batch: said, not guessed.
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    with wds.TarWriter(str(odd / "shard-0000.tar")) as sink:
+        sink.write({"__key__": "a", "txt": b"1"})
+        sink.write({"__key__": "b", "json": b"{}"})
+    bad = sluice.data.DataLoader(sluice.data.StreamingDataset(str(odd), shuffle=False),
+                                 batch_size=2, num_workers=1)
+    with pytest.raises(sluice.InvalidArgument, match="same fields in every sample"):
+        run(bad)
+
+
+def test_a_loader_keeps_a_few_connections_to_sluiced(shards, s3, s3server, tmp_path):
+    """A loader's reads in flight share a few connections to sluiced: a daemon that allows
+    a uid 6 refuses none of them (it refused most when each read took its own)."""
+    if not os.path.exists(conftest.binary("sluiced")):
+        pytest.skip("no sluiced in the build")
+    root, expected = shards
+    s3.copy(root, "s3://data/conns/", recursive=True)
+    d = conftest.Daemon(str(tmp_path), s3server.endpoint, "--max-connections-per-uid", "6")
+    try:
+        s = sluice.connect(home=s3.home, daemon=d.socket, endpoint_url=s3server.endpoint)
+        ds = _core.open_dataset(s._core, "s3://data/conns/", True)
+        loader = _core.Loader(dataset=ds, seed=1, shuffle=True, memory_bytes=8 << 20)
+        keys = []
+        while batch := loader.next_batch(64):
+            keys += [x["__key__"] for x in batch]
+        assert sorted(keys) == sorted(expected)
+        assert loader.stats()["throttled"] == 0
+    finally:
+        d.stop()
 
 
 def test_a_rank_sees_its_stream_in_order_with_workers(shards):

@@ -383,7 +383,7 @@ class DataLoader(torch.utils.data.DataLoader):
             ds._pack = False
         for batch in batches:
             if isinstance(batch, _Packed):
-                batch = batch.unpack()
+                batch = batch.unpack(self.pin_memory and torch.cuda.is_available())
             self._taken += _batch_len(batch)
             # Where the next sample of this rank's stream is, job-wide (lockstep).
             pos = start + world * self._taken
@@ -435,18 +435,19 @@ class _Packed:
         self.data = data
         self.records = records  # (key, index, ((field, offset, length), ...)) per sample
 
-    def unpack(self) -> dict:
+    def unpack(self, pin_memory: bool = False) -> dict:
         """The batch as the default collation makes it of the samples: ``__key__`` a list,
-        ``__index__`` a tensor, one list of ``bytes`` per field."""
+        ``__index__`` a tensor (pinned with ``pin_memory``), one list of ``bytes`` per field."""
         view = memoryview(self.data.numpy())
         first_key, _, first_fields = self.records[0]
-        names = [f[0] for f in first_fields]
+        names = {f[0] for f in first_fields}
+        index = torch.tensor([r[1] for r in self.records])
         batch: dict = {"__key__": [r[0] for r in self.records],
-                       "__index__": torch.tensor([r[1] for r in self.records])}
-        for name in names:
+                       "__index__": index.pin_memory() if pin_memory else index}
+        for name, _, _ in first_fields:
             batch[name] = []
         for key, _, fields in self.records:
-            if [f[0] for f in fields] != names:
+            if len(fields) != len(names) or any(f[0] not in names for f in fields):
                 raise InvalidArgument(
                     f"sample '{key}' has the fields {sorted(f[0] for f in fields)} and sample "
                     f"'{first_key}' of the same batch {sorted(names)}: the default collation "

@@ -113,12 +113,16 @@ struct NodeClient::Impl {
   }
 
   // A pooled connection (first attempt only), else a new one; `pooled` says which. Waits
-  // while kMaxOpen connections are out.
+  // while kMaxOpen connections are out (Unavailable after the request timeout).
   Result<Conn> take(bool reuse, bool& pooled) {
     OpenSlot slot;
     {
       std::unique_lock lock(mu);
-      returned.wait(lock, [&] { return !idle.empty() || open < kMaxOpen; });
+      if (!returned.wait_for(lock, timeout, [&] { return !idle.empty() || open < kMaxOpen; }))
+        return fail(Code::kUnavailable, "sluiced at " + socket + ": all " +
+                                            std::to_string(kMaxOpen) +
+                                            " connections of this process busy for " +
+                                            std::to_string(timeout.count()) + " ms");
       if (!idle.empty()) {
         Conn c = std::move(idle.back());
         idle.pop_back();

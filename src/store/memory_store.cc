@@ -135,6 +135,7 @@ class MemoryStore : public Store {
 
   std::string uri() const override { return "mem://" + name_; }
   bool reports_replaced() const override { return true; }
+  bool cheap_requests() const override { return true; }
 
  private:
   std::shared_ptr<const Object> find(std::string_view key) {

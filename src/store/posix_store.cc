@@ -360,6 +360,7 @@ class PosixStore : public Store {
 
   std::string uri() const override { return "file://" + root_; }
   bool reports_replaced() const override { return true; }
+  bool cheap_requests() const override { return true; }
   const std::string& root() const { return root_; }
 
   // Opens the directory that holds `key` (creating it if asked) and returns it with the

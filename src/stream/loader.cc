@@ -192,7 +192,7 @@ struct Loader::Impl {
   std::optional<Error> bad_options;
   Clock::time_point created = Clock::now();
   cache::ReadAhead* cache = nullptr;  // the dataset's store, where it takes declarations
-  bool local_store = false;           // a file system or memory: a request costs little
+  bool cheap_requests = false;        // the store's requests cost little (Store::cheap_requests)
 
   // The consumer's side (the caller's thread).
   std::shared_ptr<Slice> current;
@@ -400,8 +400,8 @@ struct Loader::Impl {
     // headers between a slice's samples): a DataLoader worker takes a few of every chunk's
     // samples, and a 1 MiB gap read every worker the whole chunk (3.6x the bytes with 4).
     const uint64_t chunk = cache ? cache->chunk_size() : 0;
-    const bool cheap_requests = chunk || local_store;
-    const uint64_t gap = cheap_requests ? std::min(o.coalesce_gap, kNearGap) : o.coalesce_gap;
+    const uint64_t gap =
+        chunk || cheap_requests ? std::min(o.coalesce_gap, kNearGap) : o.coalesce_gap;
     std::vector<size_t> by_place(samples.size());
     if (ds->numbered_in_place()) {
       // Sample numbers already go by (shard, offset): sort them, not their places.
@@ -474,10 +474,11 @@ struct Loader::Impl {
     for (auto& r : runs) {
       for (size_t n = r.first; n <= r.last; ++n)
         where[by_place[n]] = total + (ds->sample(samples[by_place[n]]).offset - r.begin);
-      // Pieces end on multiples of max_request in the object: through a cache a run of whole
-      // chunks then never shares a chunk between two of its requests.
+      // Through a cache, pieces end on multiples of max_request in the object: a run of
+      // whole chunks then never shares a chunk between two of its requests.
       for (uint64_t off = r.begin; off < r.end;) {
-        uint64_t next = std::min(r.end, (off / max_request + 1) * max_request);
+        uint64_t next = chunk ? (off / max_request + 1) * max_request : off + max_request;
+        next = std::min(r.end, next);
         ranges.push_back(Range{r.shard, off, next - off, total + (off - r.begin)});
         off = next;
       }
@@ -820,8 +821,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     return;
   }
   m.cache = m.ds->store().capability<cache::ReadAhead>();
-  const std::string uri = m.ds->store().uri();
-  m.local_store = uri.starts_with("file://") || uri.starts_with("mem://");
+  m.cheap_requests = m.ds->store().cheap_requests();
   if (auto* r = m.o.registry) {
     m.m_samples = &r->counter("sluice_stream_samples_total", {}, "samples delivered by loaders");
     m.m_bytes = &r->counter("sluice_stream_bytes_total", {}, "sample bytes delivered by loaders");

@@ -3,7 +3,9 @@ workers, exact resume (plain DataLoader counting, torchdata's StatefulDataLoader
 resume."""
 
 import collections
+import io
 import os
+import tarfile
 
 import pytest
 import torch
@@ -125,6 +127,19 @@ def test_workers_hand_batches_over_in_shared_memory(shards, tmp_path):
                                  batch_size=2, num_workers=1)
     with pytest.raises(sluice.InvalidArgument, match="same fields in every sample"):
         run(bad)
+    # The same fields in another order (a tar made by hand) are the same fields.
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    with tarfile.open(str(mixed / "shard-0000.tar"), "w") as tar:
+        for name, data in (("a.txt", b"A"), ("a.cls", b"1"), ("b.cls", b"2"), ("b.txt", b"B")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    loader = sluice.data.DataLoader(sluice.data.StreamingDataset(str(mixed), shuffle=False),
+                                    batch_size=2, num_workers=1)
+    (batch,) = list(loader)
+    assert batch["__key__"] == ["a", "b"]
+    assert batch["txt"] == [b"A", b"B"] and batch["cls"] == [b"1", b"2"]
 
 
 def test_a_loader_keeps_a_few_connections_to_sluiced(shards, s3, s3server, tmp_path):

@@ -196,6 +196,9 @@ class Store {
   // Whether its writers call WriteOptions::on_publish with what each publish replaced
   // (file://, mem://). Object stores cannot know it.
   virtual bool reports_replaced() const { return false; }
+  // A request costs little next to its bytes (a local file system, memory): readers need
+  // not merge neighbouring ranges into one request across gaps.
+  virtual bool cheap_requests() const { return false; }
   // What this store offers beyond these calls (a cache's read-ahead, its counters), asked by
   // type: the object of that type behind this store, or null. A decorator forwards the
   // question to the store it wraps, so no wrapper hides a capability; use capability<T>().

@@ -33,6 +33,7 @@ class StoreWrapper : public Store {
   std::string uri() const override { return target_->uri(); }
   std::string identity() const override { return target_->identity(); }
   bool reports_replaced() const override { return target_->reports_replaced(); }
+  bool cheap_requests() const override { return target_->cheap_requests(); }
   void* find_capability(const std::type_info& type) override {
     return target_->find_capability(type);
   }

@@ -97,11 +97,19 @@ def test_exactly_once_two_workers_three_ranks(shards, batch_size):
     assert set(seen.values()) == {1}
 
 
-def test_workers_hand_batches_over_in_shared_memory(shards, tmp_path):
-    """With workers and the default collation, batches come packed in shared memory and are
-    the default collation of the samples: the same bytes, keys, indexes; len and batch_size
-    as a DataLoader has them."""
+@pytest.mark.parametrize("packed", [True, False])
+def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
+    """With workers and the default collation, workers make whole batches, packed in shared
+    memory for large samples (forced here) and pickled for small ones: either way the
+    default collation of the samples, with the same bytes, keys and indexes; len and
+    batch_size as a DataLoader has them."""
     root, expected = shards
+    unpacked = []
+    if packed:
+        monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
+        unpack = sluice.data._Packed.unpack
+        monkeypatch.setattr(sluice.data._Packed, "unpack",
+                            lambda self, *a: unpacked.append(1) or unpack(self, *a))
     ds = sluice.data.StreamingDataset(root, seed=4)
     loader = sluice.data.DataLoader(ds, batch_size=8, num_workers=2)
     assert loader.batch_size == 8 and len(loader) == (SAMPLES + 7) // 8
@@ -117,6 +125,11 @@ def test_workers_hand_batches_over_in_shared_memory(shards, tmp_path):
             assert ds._open().key(int(batch["__index__"][i])) == key
     assert seen == expected
     assert sizes[:-1] == [8] * (len(sizes) - 1)
+    assert len(unpacked) == (len(sizes) if packed else 0)
+
+
+def test_packed_batches_need_the_same_fields(tmp_path, monkeypatch):
+    monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
     # Samples whose fields differ cannot share a default-collated batch: said, not guessed.
     odd = tmp_path / "odd"
     odd.mkdir()

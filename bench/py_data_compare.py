@@ -24,13 +24,13 @@ which tool goes first. Anchors not installed are skipped, with the reason.
 """
 
 import argparse
+import ctypes
 import importlib.util
 import json
 import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +42,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
 from benchlib import parse_size, print_table  # noqa: E402
+import sluiced_harness  # noqa: E402
 
 BUILD = os.environ.get("SLUICE_BUILD", os.path.join(REPO, "build"))
 sys.path.insert(0, os.path.join(BUILD, "python"))
@@ -162,40 +163,25 @@ print(json.dumps({"seconds": seconds, "check": int(buf[::1 << 20].astype(np.uint
 """
 
 
+def _die_with_parent():
+    """In a child: SIGKILL when the bench dies (a stopped bench left children running)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def run_child(script, args, env, timeout=1800):
     p = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
-                       text=True, timeout=timeout, env=env)
+                       text=True, timeout=timeout, env=env, preexec_fn=_die_with_parent)
     if p.returncode != 0:
         raise RuntimeError(f"{args[0]} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-class Sluiced:
+def start_sluiced(workdir, endpoint, env):
     """A fresh sluiced over its own cache directory, with its defaults (1 GiB RAM tier)."""
-
-    def __init__(self, workdir, endpoint, env):
-        self.socket = os.path.join(workdir, "sluiced.sock")
-        self.log = open(os.path.join(workdir, "sluiced.log"), "ab")
-        self.proc = subprocess.Popen(
-            [os.path.join(BUILD, "bin", "sluiced"), "--socket", self.socket, "--cache-dir",
-             os.path.join(workdir, "cache"), "--endpoint-url", endpoint],
-            stdout=self.log, stderr=self.log, env=env)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("sluiced exited: " + open(self.log.name).read())
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(self.socket)
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("sluiced did not start")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
-        self.log.close()
+    return sluiced_harness.Sluiced(os.path.join(BUILD, "bin", "sluiced"),
+                                   os.path.join(workdir, "sluiced.sock"),
+                                   os.path.join(workdir, "cache"),
+                                   ["--endpoint-url", endpoint], env=env)
 
 
 # ---- writing each tool's format -----------------------------------------------------------
@@ -301,7 +287,7 @@ def epochs(tools, work, endpoint, env, n, workers, rounds, shards, tag):
             fmt = "sluice" if tool.startswith("sluice") else tool
             got = None
             for attempt in (1, 2, 3):
-                daemon = Sluiced(cache, endpoint, env) if fmt == "sluice" else None
+                daemon = start_sluiced(cache, endpoint, env) if fmt == "sluice" else None
                 try:
                     if daemon:
                         cenv["BENCH_SOCKET"] = daemon.socket

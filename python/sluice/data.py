@@ -242,11 +242,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                               memory_bytes=max(8 << 20, self.memory_bytes // workers),
                               skip_corrupt=self.skip_corrupt)
         if self._whole_batches and torch.utils.data.get_worker_info() is not None:
-            # sluice's DataLoader with the default collation: whole blocks, collated here.
-            # Large samples' bytes go in one shared-memory buffer a batch (see DataLoader);
-            # small ones are pickled as torch would (for 1 KiB samples unpacking each one in
-            # the main process cost more than the pickle: 4.6 s against 2.6 s an epoch of
-            # 200,000; for 100 KiB ones packing won, 1.6 s against 2.1 s a GiB).
+            # sluice's DataLoader with the default collation: whole blocks, collated in the
+            # main process (a tensor made here would cross in a shared-memory file of its
+            # own: for 1 KiB samples that doubled an epoch). Large samples' bytes go in one
+            # shared-memory buffer a batch (see DataLoader), small ones are pickled.
             packed = ds.bytes >= _PACK_MIN_SAMPLE_BYTES * max(1, ds.samples)
             while True:
                 if packed:
@@ -260,7 +259,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                     samples = loader.next_batch(self.batch_size)
                     if not samples:
                         break
-                    batch = torch.utils.data.default_collate(samples)
+                    batch = _Samples(samples)
                 self._worker_batches += 1
                 yield batch
             self.epoch += 1
@@ -401,7 +400,7 @@ class DataLoader(torch.utils.data.DataLoader):
         finally:
             ds._whole_batches = False
         for batch in batches:
-            if isinstance(batch, _Packed):
+            if isinstance(batch, (_Packed, _Samples)):
                 batch = batch.unpack(self.pin_memory and torch.cuda.is_available())
             self._taken += _batch_len(batch)
             # Where the next sample of this rank's stream is, job-wide (lockstep).
@@ -455,22 +454,39 @@ class _Packed:
         self.records = records  # (key, index, ((field, offset, length), ...)) per sample
 
     def unpack(self, pin_memory: bool = False) -> dict:
-        """The batch as the default collation makes it of the samples: ``__key__`` a list,
-        ``__index__`` a tensor (pinned with ``pin_memory``), one list of ``bytes`` per field."""
         view = memoryview(self.data.numpy())
-        first_key, _, first_fields = self.records[0]
-        names = {f[0] for f in first_fields}
-        index = torch.tensor([r[1] for r in self.records])
-        batch: dict = {"__key__": [r[0] for r in self.records],
-                       "__index__": index.pin_memory() if pin_memory else index}
-        for name, _, _ in first_fields:
-            batch[name] = []
-        for key, _, fields in self.records:
-            if len(fields) != len(names) or any(f[0] not in names for f in fields):
-                raise InvalidArgument(
-                    f"sample '{key}' has the fields {sorted(f[0] for f in fields)} and sample "
-                    f"'{first_key}' of the same batch {sorted(names)}: the default collation "
-                    "needs the same fields in every sample of a batch (pass a collate_fn)")
-            for name, at, length in fields:
-                batch[name].append(bytes(view[at:at + length]))
-        return batch
+        return _collated([(key, index, {name: bytes(view[at:at + length])
+                                        for name, at, length in fields})
+                          for key, index, fields in self.records], pin_memory)
+
+
+class _Samples:
+    """A batch of small samples from a DataLoader worker, pickled as they are."""
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def unpack(self, pin_memory: bool = False) -> dict:
+        return _collated([(s.pop("__key__"), s.pop("__index__"), s) for s in self.samples],
+                         pin_memory)
+
+
+def _collated(samples: list, pin_memory: bool) -> dict:
+    """What torch's default collation makes of (key, index, {field: bytes}) samples:
+    ``__key__`` a list, ``__index__`` a tensor (pinned with ``pin_memory``), one list of
+    ``bytes`` per field, which every sample must have."""
+    first_key, _, first = samples[0]
+    index = torch.tensor([s[1] for s in samples])
+    batch: dict = {"__key__": [s[0] for s in samples],
+                   "__index__": index.pin_memory() if pin_memory else index}
+    for name in first:
+        batch[name] = []
+    for key, _, fields in samples:
+        if fields.keys() != first.keys():
+            raise InvalidArgument(
+                f"sample '{key}' has the fields {sorted(fields)} and sample '{first_key}' of "
+                f"the same batch {sorted(first)}: the default collation needs the same "
+                "fields in every sample of a batch (pass a collate_fn)")
+        for name, value in fields.items():
+            batch[name].append(value)
+    return batch

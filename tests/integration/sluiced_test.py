@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from s3_harness import Runner, S3rver, find_s3rver  # noqa: E402
+import sluiced_harness  # noqa: E402
 
 SLUICE = os.path.abspath(sys.argv[1])
 SLUICED = os.path.abspath(sys.argv[2])
@@ -41,29 +42,11 @@ def env():
     return e
 
 
-class Daemon:
+class Daemon(sluiced_harness.Sluiced):
     def __init__(self, endpoint, *extra):
-        self.log = open(os.path.join(WORK, "sluiced.log"), "ab")
-        self.proc = subprocess.Popen(
-            [SLUICED, "--socket", SOCK, "--cache-dir", CACHE, "--chunk-size", "1M", "--cache-ram", "0",
-             "--endpoint-url", endpoint, *extra], env=env(), stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("sluiced exited: " + open(self.log.name).read())
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(SOCK)
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("sluiced did not start")
-
-    def stop(self, sig=signal.SIGTERM):
-        self.proc.send_signal(sig)
-        rc = self.proc.wait(20)
-        self.log.close()
-        return rc
+        super().__init__(SLUICED, SOCK, CACHE,
+                         ["--chunk-size", "1M", "--cache-ram", "0", "--endpoint-url", endpoint,
+                          *extra], env=env(), log=os.path.join(WORK, "sluiced.log"))
 
 
 def sluice(*args, check=True):

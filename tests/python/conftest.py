@@ -1,11 +1,7 @@
 """Fixtures of the Python tests: a private SLUICE_HOME, a real s3rver, a real sluiced."""
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -14,6 +10,7 @@ BUILD = os.environ.get("SLUICE_BUILD", os.path.join(REPO, "build"))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
 
 import s3_harness  # noqa: E402  (the integration tests' s3rver)
+import sluiced_harness  # noqa: E402
 
 import sluice  # noqa: E402
 
@@ -57,30 +54,15 @@ def s3(s3server, tmp_path):
                           endpoint_url=s3server.endpoint)
 
 
-class Daemon:
-    def __init__(self, workdir, endpoint, *extra):
-        self.socket = os.path.join(workdir, "sluiced.sock")
-        self.log = open(os.path.join(workdir, "sluiced.log"), "ab")
-        self.proc = subprocess.Popen(
-            [binary("sluiced"), "--socket", self.socket, "--cache-dir",
-             os.path.join(workdir, "dcache"), "--chunk-size", "1M", "--cache-ram", "0",
-             "--endpoint-url", endpoint, *extra], stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("sluiced exited: " + open(self.log.name).read())
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(self.socket)
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("sluiced did not start")
+class Daemon(sluiced_harness.Sluiced):
+    """The build's sluiced over WORKDIR/dcache (1 MiB chunks, no RAM tier), reading s3://
+    from `endpoint`; `extra` flags after those."""
 
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(20)
-        self.log.close()
+    def __init__(self, workdir, endpoint, *extra):
+        super().__init__(binary("sluiced"), os.path.join(workdir, "sluiced.sock"),
+                         os.path.join(workdir, "dcache"),
+                         ["--chunk-size", "1M", "--cache-ram", "0", "--endpoint-url", endpoint,
+                          *extra])
 
 
 @pytest.fixture

@@ -128,8 +128,10 @@ def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
     assert len(unpacked) == (len(sizes) if packed else 0)
 
 
-def test_packed_batches_need_the_same_fields(tmp_path, monkeypatch):
-    monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
+@pytest.mark.parametrize("packed", [True, False])
+def test_whole_batches_need_the_same_fields(tmp_path, monkeypatch, packed):
+    if packed:
+        monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
     # Samples whose fields differ cannot share a default-collated batch: said, not guessed.
     odd = tmp_path / "odd"
     odd.mkdir()
@@ -142,7 +144,7 @@ def test_packed_batches_need_the_same_fields(tmp_path, monkeypatch):
         run(bad)
     # The same fields in another order (a tar made by hand) are the same fields.
     mixed = tmp_path / "mixed"
-    mixed.mkdir()
+    mixed.mkdir(exist_ok=True)
     with tarfile.open(str(mixed / "shard-0000.tar"), "w") as tar:
         for name, data in (("a.txt", b"A"), ("a.cls", b"1"), ("b.cls", b"2"), ("b.txt", b"B")):
             info = tarfile.TarInfo(name)

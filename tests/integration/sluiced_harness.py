@@ -1,0 +1,40 @@
+"""A real sluiced for tests and benchmarks: started on its own socket, waited for until it
+answers, stopped with a signal. Standard library only."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+
+class Sluiced:
+    """`binary` --socket SOCKET --cache-dir CACHE_DIR plus `args`, its output appended to
+    LOG; ready when a connection to the socket succeeds (20 s at most)."""
+
+    def __init__(self, binary, socket_path, cache_dir, args=(), env=None, log=None):
+        self.socket = socket_path
+        self.log = open(log or os.path.join(os.path.dirname(socket_path), "sluiced.log"), "ab")
+        self.proc = subprocess.Popen(
+            [binary, "--socket", socket_path, "--cache-dir", cache_dir, *args],
+            env=env, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.close()
+                raise RuntimeError("sluiced exited: " + open(self.log.name).read())
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(socket_path)
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop(signal.SIGKILL)
+        raise RuntimeError("sluiced did not start")
+
+    def stop(self, sig=signal.SIGTERM):
+        """Signals it, waits for it (30 s at most) and returns its exit status."""
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(30)
+        self.log.close()
+        return rc

@@ -33,9 +33,10 @@ struct NodeClient::Impl {
   // Connections open at once, at most: a caller past it waits for one to come back. The
   // daemon limits the connections of a uid (64 by default), and a node runs many processes
   // of one uid (ranks, their DataLoader workers): a loader's 32 reads in flight took a
-  // connection each, and 4 workers' reads were refused and retried after a back-off (a
-  // warm epoch 3.0 s instead of 0.5 s). A read's bytes do not cross the connection (the
-  // chunk's descriptor, or the connection's reply window, carries them), so a few suffice.
+  // connection each, and 4 workers' reads were refused and retried after a back-off (their
+  // warm epoch took 3.0 s, 1.55 s with this bound). A read's bytes do not cross the
+  // connection (the chunk's descriptor, or the connection's reply window, carries them), so
+  // a few suffice.
   static constexpr size_t kMaxOpen = 4;
 
   // Counts an open connection until destroyed (then wakes a caller waiting for one).
@@ -121,7 +122,7 @@ struct NodeClient::Impl {
       if (!returned.wait_for(lock, timeout, [&] { return !idle.empty() || open < kMaxOpen; }))
         return fail(Code::kUnavailable, "sluiced at " + socket + ": all " +
                                             std::to_string(kMaxOpen) +
-                                            " connections of this process busy for " +
+                                            " connections this client keeps busy for " +
                                             std::to_string(timeout.count()) + " ms");
       if (!idle.empty()) {
         Conn c = std::move(idle.back());

@@ -185,8 +185,8 @@ struct LoaderOptions {
   uint64_t shuffle_window = 0;
   uint64_t memory_bytes = uint64_t{256} << 20;  // read ahead, at most
   unsigned inflight = 32;                       // requests in flight, at most
-  // Ranges of one shard closer than this are read with one request (through a cache, at
-  // least its chunk size).
+  // Ranges of one shard closer than this are read with one request; where requests are
+  // cheap (a cache, Store::cheap_requests) at most 64 KiB apart.
   uint64_t coalesce_gap = uint64_t{1} << 20;
   bool skip_corrupt = false;
   telemetry::Registry* registry = nullptr;  // where sluice_stream_* metrics go; may be null

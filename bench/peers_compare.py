@@ -18,9 +18,7 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import statistics
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integ
 sys.path.insert(0, os.path.dirname(__file__))
 from benchlib import SLUICE_DEFAULT, parse_size, print_table  # noqa: E402
 from s3_harness import S3rver, find_s3rver, free_port  # noqa: E402
+import sluiced_harness  # noqa: E402
 
 BIN = os.path.dirname(os.path.abspath(SLUICE_DEFAULT))
 
@@ -45,7 +44,7 @@ def env(work):
 def fan_out(work, endpoint, n, size, digest):
     d = tempfile.mkdtemp(prefix=f"fan{n}-", dir=work)
     names = [f"n{i}" for i in range(n)]
-    procs, socks, _ = start_daemons(d, work, endpoint, names, size)
+    daemons, socks, _ = start_daemons(d, work, endpoint, names, size)
     try:
         t0 = time.perf_counter()
         readers = [subprocess.Popen([f"{BIN}/sluice", "cat", "--cache", "--daemon", sock, "s3://test/bench/fan"],
@@ -62,41 +61,36 @@ def fan_out(work, endpoint, n, size, digest):
         errors = sum(x["errors"] for st in stats for x in st["peers"])
         return backing / size, peer / size, errors, wall
     finally:
-        stop_daemons(procs)
+        stop_daemons(daemons)
         shutil.rmtree(d, ignore_errors=True)
 
 
 def start_daemons(d, work, endpoint, names, size, fetch_only=()):
-    """Daemons named `names` on loopback with one peers file; returns (procs, socks, ports)."""
+    """Daemons named `names` on loopback with one peers file; returns (daemons, socks, ports)."""
     ports = [free_port() for _ in names]
     with open(os.path.join(d, "peers"), "w") as f:
         f.writelines(f"{n} 127.0.0.1:{p}{' fetch-only' if n in fetch_only else ''}\n" for n, p in zip(names, ports))
     secret = os.path.join(d, "secret")
     with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("bench-secret-0123456789\n")
-    procs, socks = [], [os.path.join(d, f"{n}.sock") for n in names]
-    for n, p, sock in zip(names, ports, socks):
-        procs.append(subprocess.Popen(
-            [f"{BIN}/sluiced", "--socket", sock, "--cache-dir", os.path.join(d, f"c-{n}"), "--cache-ram", "0",
-             "--cache-size", f"{2 * size >> 20}M", "--endpoint-url", endpoint, "--peer-listen", f"127.0.0.1:{p}",
-             "--peers", os.path.join(d, "peers"), "--node-name", n, "--node-secret-file", secret],
-            env=env(work), stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, f"{n}.log"), "wb")))
-    for sock in socks:
-        for _ in range(400):
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(sock)
-                break
-            except OSError:
-                time.sleep(0.05)
-    return procs, socks, ports
+    daemons = []
+    try:
+        for n, p in zip(names, ports):
+            daemons.append(sluiced_harness.Sluiced(
+                f"{BIN}/sluiced", os.path.join(d, f"{n}.sock"), os.path.join(d, f"c-{n}"),
+                ["--cache-ram", "0", "--cache-size", f"{2 * size >> 20}M", "--endpoint-url",
+                 endpoint, "--peer-listen", f"127.0.0.1:{p}", "--peers", os.path.join(d, "peers"),
+                 "--node-name", n, "--node-secret-file", secret],
+                env=env(work), log=os.path.join(d, f"{n}.log")))
+    except Exception:
+        stop_daemons(daemons)
+        raise
+    return daemons, [x.socket for x in daemons], ports
 
 
-def stop_daemons(procs):
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        p.wait(60)
+def stop_daemons(daemons):
+    for x in daemons:
+        x.stop(timeout=60)
 
 
 def stat(work, sock):
@@ -110,7 +104,7 @@ def peer_case(work, endpoint, size, rounds, rows):
     and holds it on NVMe (sendfile), through to a reader on the fetching node, against
     iperf3 on loopback; the fetcher's cache is evicted before each round."""
     d = tempfile.mkdtemp(prefix="peer-", dir=work)
-    procs, socks, _ = start_daemons(d, work, endpoint, ["owner", "asker"], size, fetch_only=("asker",))
+    daemons, socks, _ = start_daemons(d, work, endpoint, ["owner", "asker"], size, fetch_only=("asker",))
     iperf_port = free_port()
     iperf_server = subprocess.Popen(["iperf3", "-s", "-p", str(iperf_port)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -187,7 +181,7 @@ def peer_case(work, endpoint, size, rounds, rows):
     finally:
         iperf_server.terminate()
         iperf_server.wait(10)
-        stop_daemons(procs)
+        stop_daemons(daemons)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -210,9 +210,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     # ---- reading ---------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[Any]:
         rank, world, worker, workers = self._layout()
-        ds = self._open_for_reading(torch.utils.data.get_worker_info() is not None)
+        in_worker = torch.utils.data.get_worker_info() is not None
+        ds = self._open_for_reading(in_worker)
         layout = (world, workers, self.batch_size, worker)
         skip = 0
         if self._worker_batches:
@@ -241,37 +242,20 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                               shuffle_window=window,
                               memory_bytes=max(8 << 20, self.memory_bytes // workers),
                               skip_corrupt=self.skip_corrupt)
-        if self._whole_batches and torch.utils.data.get_worker_info() is not None:
-            # sluice's DataLoader with the default collation: whole blocks, collated in the
-            # main process (a tensor made here would cross in a shared-memory file of its
-            # own: for 1 KiB samples that doubled an epoch). Large samples' bytes go in one
-            # shared-memory buffer a batch (see DataLoader), small ones are pickled.
-            packed = ds.bytes >= _PACK_MIN_SAMPLE_BYTES * max(1, ds.samples)
-            while True:
-                if packed:
-                    held: list = []
-                    records = loader.next_packed(self.batch_size,
-                                                 lambda n: _shared_bytes(n, held))
-                    if records is None:
-                        break
-                    batch: Any = _Packed(held[0], records)
-                else:
-                    samples = loader.next_batch(self.batch_size)
-                    if not samples:
-                        break
-                    batch = _Samples(samples)
-                self._worker_batches += 1
-                yield batch
-            self.epoch += 1
-            self._start = 0
-            self._worker_batches = 0
-            return
+        if self._whole_batches and in_worker:
+            yield from self._batches(loader, ds)
+        else:
+            yield from self._samples(loader)
+        # A full pass: what a worker's state says now is the next epoch's start.
+        self.epoch += 1
+        self._start = 0
+        self._worker_batches = 0
+
+    def _samples(self, loader: Any) -> Iterator[dict]:
+        """The pass's samples one by one, counting this copy's whole blocks."""
         in_block = 0
         want = max(self.batch_size, 64)
-        while True:
-            batch = loader.next_batch(want)
-            if not batch:
-                break
+        while batch := loader.next_batch(want):
             for sample in batch:
                 # Counted before it is handed out: a worker's state is taken right after it
                 # made a batch, with the batch's last sample still "in" the generator.
@@ -280,10 +264,27 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                     in_block = 0
                     self._worker_batches += 1
                 yield sample
-        # A full pass: what a worker's state says now is the next epoch's start.
-        self.epoch += 1
-        self._start = 0
-        self._worker_batches = 0
+
+    def _batches(self, loader: Any, ds: Any) -> Iterator[Any]:
+        """The pass in whole blocks, for sluice's DataLoader with the default collation,
+        collated in the main process (a tensor made here would cross in a shared-memory
+        file of its own: for 1 KiB samples that doubled an epoch). Large samples' bytes go in
+        one shared-memory buffer a batch (see DataLoader), small ones are pickled."""
+        packed = ds.bytes >= _PACK_MIN_SAMPLE_BYTES * max(1, ds.samples)
+        while True:
+            if packed:
+                held: list = []
+                records = loader.next_packed(self.batch_size, lambda n: _shared_bytes(n, held))
+                if records is None:
+                    return
+                batch: Any = _Packed(held[0], records)
+            else:
+                samples = loader.next_batch(self.batch_size)
+                if not samples:
+                    return
+                batch = _Samples(samples)
+            self._worker_batches += 1
+            yield batch
 
     # ---- resume state (torchdata's StatefulDataLoader calls these in each worker) -----
 

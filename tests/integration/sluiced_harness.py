@@ -32,9 +32,9 @@ class Sluiced:
         self.stop(signal.SIGKILL)
         raise RuntimeError("sluiced did not start")
 
-    def stop(self, sig=signal.SIGTERM):
-        """Signals it, waits for it (30 s at most) and returns its exit status."""
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        """Signals it, waits for it (`timeout` s at most) and returns its exit status."""
         self.proc.send_signal(sig)
-        rc = self.proc.wait(30)
+        rc = self.proc.wait(timeout)
         self.log.close()
         return rc

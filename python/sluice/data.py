@@ -271,13 +271,14 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         file of its own: for 1 KiB samples that doubled an epoch). Large samples' bytes go in
         one shared-memory buffer a batch (see DataLoader), small ones are pickled."""
         packed = ds.bytes >= _PACK_MIN_SAMPLE_BYTES * max(1, ds.samples)
+        slots = _SharedSlots() if packed else None
         while True:
-            if packed:
-                held: list = []
-                records = loader.next_packed(self.batch_size, lambda n: _shared_bytes(n, held))
+            if slots is not None:
+                taken: list = []
+                records = loader.next_packed(self.batch_size, lambda n: slots.take(n, taken))
                 if records is None:
                     return
-                batch: Any = _Packed(held[0], records)
+                batch: Any = _Packed(slots, *taken[0], records)
             else:
                 samples = loader.next_batch(self.batch_size)
                 if not samples:
@@ -400,8 +401,11 @@ class DataLoader(torch.utils.data.DataLoader):
             batches = super().__iter__()  # the workers start here, with their copy of ds
         finally:
             ds._whole_batches = False
+        held: dict = {}  # the workers' shared buffers (see _SharedSlots)
         for batch in batches:
-            if isinstance(batch, (_Packed, _Samples)):
+            if isinstance(batch, _Packed):
+                batch = batch.unpack(self.pin_memory and torch.cuda.is_available(), held)
+            elif isinstance(batch, _Samples):
                 batch = batch.unpack(self.pin_memory and torch.cuda.is_available())
             self._taken += _batch_len(batch)
             # Where the next sample of this rank's stream is, job-wide (lockstep).
@@ -434,31 +438,85 @@ def _batch_len(batch: Any) -> int:
                           "__key__, or a list)")
 
 
-def _shared_bytes(n: int, held: list) -> Any:
-    """A new buffer of n bytes in shared memory (a tensor, kept in `held`), as numpy."""
+def _shared_tensor(n: int) -> torch.Tensor:
+    """A new uint8 tensor of n bytes in shared memory."""
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if new_shared is not None and n:
-        t = torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
-    else:  # the public way, which also copies the fresh tensor's bytes once
-        t = torch.empty(n, dtype=torch.uint8).share_memory_()
-    held.append(t)
-    return t.numpy()
+        return torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
+    return torch.empty(n, dtype=torch.uint8).share_memory_()  # copies the fresh bytes once
+
+
+class _SharedSlots:
+    """A DataLoader worker's shared-memory buffers for packed batches, used again and
+    again. A fresh buffer a batch cost more than the batch's copies: creating and zeroing
+    it, faulting its pages in on both sides, unmapping it on both sides (about a quarter of
+    the CPU of a warm epoch of 100 KiB samples, 4 workers, 2 cores). torch maps a buffer
+    it has seen once into the main process again from its cache, as long as the main
+    process holds it (`DataLoader.__iter__` does, in `_Packed.unpack`).
+
+    A slot is busy from `take` until the main process has copied the batch out of it and
+    cleared the slot's byte in `busy` (a shared tensor too). When every slot is busy a
+    batch gets a buffer of its own, not kept."""
+
+    _MAX = 8  # slots: the batches in flight (prefetch_factor) and a few more
+
+    def __init__(self) -> None:
+        self.id = f"{os.getpid()}-{id(self)}"
+        self.busy = _shared_tensor(self._MAX)
+        self.busy.zero_()
+        self._busy = self.busy.numpy()
+        self.slots: list = []  # tensors
+
+    def take(self, n: int, taken: list) -> Any:
+        """A buffer of at least n bytes (as numpy); appends (slot, tensor) to `taken`
+        (slot -1: a buffer of its own)."""
+        free = [i for i in range(len(self.slots)) if not self._busy[i]]
+        fits = [i for i in free if self.slots[i].numel() >= n]
+        if fits:
+            slot = fits[0]
+        elif len(self.slots) < self._MAX or free:
+            # a new slot, or a free one too small made again a quarter larger than asked
+            slot = free[0] if free else len(self.slots)
+            t = _shared_tensor(max(n + n // 4, 1 << 16))
+            if slot == len(self.slots):
+                self.slots.append(t)
+            else:
+                self.slots[slot] = t
+        else:
+            t = _shared_tensor(n)
+            taken.append((-1, t))
+            return t.numpy()
+        self._busy[slot] = 1
+        taken.append((slot, self.slots[slot]))
+        return self.slots[slot].numpy()
 
 
 class _Packed:
-    """A batch from a DataLoader worker: its samples' bytes back to back in one tensor in
-    shared memory (torch hands it to the main process as a descriptor), and where each
-    sample's fields lie in it."""
+    """A batch from a DataLoader worker: its samples' bytes back to back in a tensor in
+    shared memory (one of the worker's `_SharedSlots`; torch hands it to the main process
+    as a descriptor), and where each sample's fields lie in it."""
 
-    def __init__(self, data: torch.Tensor, records: list) -> None:
+    def __init__(self, slots: _SharedSlots, slot: int, data: torch.Tensor,
+                 records: list) -> None:
+        self.pool, self.busy, self.slot = slots.id, slots.busy, slot
         self.data = data
         self.records = records  # (key, index, ((field, offset, length), ...)) per sample
 
-    def unpack(self, pin_memory: bool = False) -> dict:
+    def unpack(self, pin_memory: bool = False, held: dict | None = None) -> dict:
+        """The collated batch; the slot is free again when this returns. `held` keeps the
+        worker's buffers mapped here, so that torch maps them from its cache next time."""
         view = memoryview(self.data.numpy())
-        return _collated([(key, index, {name: bytes(view[at:at + length])
-                                        for name, at, length in fields})
-                          for key, index, fields in self.records], pin_memory)
+        try:
+            return _collated([(key, index, {name: bytes(view[at:at + length])
+                                            for name, at, length in fields})
+                              for key, index, fields in self.records], pin_memory)
+        finally:
+            view.release()
+            if self.slot >= 0:
+                if held is not None:
+                    held[self.pool, self.slot] = self.data
+                    held[self.pool, "busy"] = self.busy
+                self.busy.numpy()[self.slot] = 0
 
 
 class _Samples:

@@ -102,14 +102,15 @@ def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
     """With workers and the default collation, workers make whole batches, packed in shared
     memory for large samples (forced here) and pickled for small ones: either way the
     default collation of the samples, with the same bytes, keys and indexes; len and
-    batch_size as a DataLoader has them."""
+    batch_size as a DataLoader has them. Packed batches come in a few shared buffers per
+    worker, used again and again."""
     root, expected = shards
     unpacked = []
     if packed:
         monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
         unpack = sluice.data._Packed.unpack
-        monkeypatch.setattr(sluice.data._Packed, "unpack",
-                            lambda self, *a: unpacked.append(1) or unpack(self, *a))
+        monkeypatch.setattr(sluice.data._Packed, "unpack", lambda self, *a: unpacked.append(
+            (self.pool, self.slot, self.data.data_ptr())) or unpack(self, *a))
     ds = sluice.data.StreamingDataset(root, seed=4)
     loader = sluice.data.DataLoader(ds, batch_size=8, num_workers=2)
     assert loader.batch_size == 8 and len(loader) == (SAMPLES + 7) // 8
@@ -126,6 +127,14 @@ def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
     assert seen == expected
     assert sizes[:-1] == [8] * (len(sizes) - 1)
     assert len(unpacked) == (len(sizes) if packed else 0)
+    if packed:
+        # every batch in a slot of its worker (none had to get a buffer of its own), and
+        # each slot mapped here once: the same address every time it came back
+        assert len({pool for pool, _, _ in unpacked}) == 2
+        assert all(slot >= 0 for _, slot, _ in unpacked)
+        slots = {(pool, slot) for pool, slot, _ in unpacked}
+        assert len(slots) < len(unpacked) / 2
+        assert len({(pool, slot, ptr) for pool, slot, ptr in unpacked}) == len(slots)
 
 
 @pytest.mark.parametrize("packed", [True, False])

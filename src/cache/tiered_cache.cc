@@ -27,12 +27,31 @@ TieredCache::Impl::Impl(std::unique_ptr<store::Store> b, CacheOptions o)
       own_registry(options.registry ? nullptr : std::make_unique<telemetry::Registry>()),
       registry(options.registry ? options.registry : own_registry.get()),
       m(*registry),
-      // Enough idle buffers to recycle a full NVMe write queue: fresh memory is slow to touch.
-      pool(round_up(options.chunk_size), 16 + options.disk_write_queue_bytes / options.chunk_size),
+      // Enough idle buffers to recycle a full NVMe write queue, and a prefaulted RAM tier's
+      // buffers: fresh memory is slow to touch.
+      pool(round_up(options.chunk_size),
+           16 + options.disk_write_queue_bytes / options.chunk_size +
+               (options.prefault_ram ? options.ram_bytes / options.chunk_size : 0)),
       ram(std::make_unique<RamTier>(options.ram_bytes, options.policy, &m.ram_evictions)) {}
+
+void TieredCache::Impl::prefault_ram() {
+  const auto start = std::chrono::steady_clock::now();
+  auto added = pool.reserve(options.ram_bytes / options.chunk_size, pf_quit);
+  if (!options.prefaulted || pf_quit) return;  // closing: nothing to say
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!added) {
+    options.prefaulted(0, took,
+                       Status(std::unexpected(added.error().with_context(
+                           "cache: allocating the RAM tier's buffers"))));
+  } else {
+    options.prefaulted(*added * pool.buffer_size(), took, ok());
+  }
+}
 
 TieredCache::Impl::~Impl() {
   pf_quit = true;
+  if (prefaulter.joinable()) prefaulter.join();
   {
     std::lock_guard lock(wq_mu);  // a prefetcher waiting for write room sees pf_quit
   }
@@ -208,6 +227,8 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
   if (options.max_objects == 0) return fail(Code::kInvalidArgument, "cache: max_objects is 0");
   auto impl = std::make_unique<Impl>(std::move(backing), std::move(options));
   CacheOptions& o = impl->options;
+  if (o.prefault_ram && o.ram_bytes >= o.chunk_size)
+    impl->prefaulter = std::thread([p = impl.get()] { p->prefault_ram(); });
   if (!o.directory.empty()) {
     if (!o.io) {
       SLUICE_ASSIGN_OR_RETURN(o.io, io::Context::open({}));

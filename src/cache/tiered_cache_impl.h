@@ -107,6 +107,10 @@ struct TieredCache::Impl {
   telemetry::Registry* registry;
   Metrics m;
   BufferPool pool;  // full-size chunk buffers; declared before the tiers that hold them
+  // Allocates and touches the RAM tier's chunk buffers into `pool` (options.prefault_ram),
+  // on `prefaulter`, until done or pf_quit.
+  void prefault_ram();
+  std::thread prefaulter;
   std::unique_ptr<RamTier> ram;
   std::unique_ptr<DiskTier> disk;
 

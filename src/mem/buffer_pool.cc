@@ -87,6 +87,18 @@ Result<PooledBuffer> BufferPool::acquire() {
   return PooledBuffer(this, std::move(b));
 }
 
+Result<size_t> BufferPool::reserve(size_t count, const std::atomic<bool>& stop) {
+  size_t added = 0;
+  for (; added < count && !stop.load(std::memory_order_relaxed); ++added) {
+    SLUICE_ASSIGN_OR_RETURN(AlignedBuffer b, allocator_(buffer_size_));
+    for (size_t at = 0; at < b.size(); at += 4096) b.data()[at] = std::byte{0};
+    std::lock_guard lock(mu_);
+    if (idle_.size() >= max_idle_) break;
+    idle_.push_back(std::move(b));
+  }
+  return added;
+}
+
 size_t BufferPool::idle() const {
   std::lock_guard lock(mu_);
   return idle_.size();

@@ -32,6 +32,18 @@ class Sluiced:
         self.stop(signal.SIGKILL)
         raise RuntimeError("sluiced did not start")
 
+    def wait_for(self, text, timeout=60):
+        """Waits until its log has a line containing `text` (such as "RAM tier ready")."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log.name, "rb") as f:
+                if text.encode() in f.read():
+                    return
+            if self.proc.poll() is not None:
+                raise RuntimeError("sluiced exited: " + open(self.log.name).read())
+            time.sleep(0.05)
+        raise RuntimeError(f"sluiced did not say '{text}' in {timeout} s")
+
     def stop(self, sig=signal.SIGTERM, timeout=30):
         """Signals it, waits for it (`timeout` s at most) and returns its exit status."""
         self.proc.send_signal(sig)

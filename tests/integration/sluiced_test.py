@@ -272,6 +272,12 @@ def test_a_team_proves_access_with_its_own_credentials(s3, digest):
     p = subprocess.run([SLUICED, "--socket", SOCK, "--cache-dir", CACHE, "--config", cfg], capture_output=True,
                        env=env(), timeout=30)
     assert p.returncode != 0 and b"go together" in p.stderr, p.stderr
+    # A setting of the wrong type is named; prefault_ram takes true or false.
+    with open(cfg, "w") as f:
+        json.dump({"prefault_ram": "yes"}, f)
+    p = subprocess.run([SLUICED, "--socket", SOCK, "--cache-dir", CACHE, "--config", cfg], capture_output=True,
+                       env=env(), timeout=30)
+    assert p.returncode != 0 and b'"prefault_ram" must be true or false' in p.stderr, p.stderr
 
 
 def test_sigterm_stops_cleanly_and_kill9_loses_nothing(s3, digest):

@@ -102,9 +102,17 @@ Result<Json> apply_config(Args& a, std::string_view text, const std::string& fil
     into = j[name].get<unsigned>();
     return ok();
   };
+  auto boolean = [&](const char* name, const char* flag, bool& into) -> Status {
+    if (!j.contains(name) || given(flag)) return ok();
+    if (!j[name].is_boolean())
+      return fail(Code::kInvalidArgument, file + ": \"" + name + "\" must be true or false");
+    into = j[name].get<bool>();
+    return ok();
+  };
   SLUICE_RETURN_IF_ERROR(str("socket", "--socket", a.socket));
   SLUICE_RETURN_IF_ERROR(str("cache_dir", "--cache-dir", a.cache.dir));
   SLUICE_RETURN_IF_ERROR(str("cache_ram", "--cache-ram", a.cache.ram));
+  SLUICE_RETURN_IF_ERROR(boolean("prefault_ram", "--prefault-ram", a.prefault_ram));
   SLUICE_RETURN_IF_ERROR(str("cache_size", "--cache-size", a.cache.disk));
   SLUICE_RETURN_IF_ERROR(str("chunk_size", "--chunk-size", a.cache.chunk));
   SLUICE_RETURN_IF_ERROR(str("policy", "--policy", a.cache.policy));

@@ -30,6 +30,7 @@ struct Args {
   unsigned max_connections = 256, max_per_uid = 64;
   unsigned idle_s = 300;
   std::string window_memory = "512M";
+  bool prefault_ram = true;
 };
 
 // Whether a flag ("--socket") was given on the command line: a flag given wins over the

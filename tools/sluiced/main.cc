@@ -69,6 +69,18 @@ int run(Args& a, const CLI::App& app) {
   auto co = cli::cache_options(a.cache, home);
   if (!co) return cli::report_error(co.error());
   o.cache = *co;
+  o.cache.prefault_ram = a.prefault_ram;
+  o.cache.prefaulted = [](uint64_t bytes, double seconds, const Status& outcome) {
+    char took[32];
+    std::snprintf(took, sizeof took, "%.2f s", seconds);
+    if (outcome)
+      log_line("RAM tier ready: " + format_size(static_cast<double>(bytes)) +
+               " allocated and touched in " + took + " (--no-prefault-ram: as chunks arrive)");
+    else
+      log_line("RAM tier: " + outcome.error().to_string() +
+               "; the rest is allocated as "
+               "chunks arrive");
+  };
   s3::register_scheme();
   auto s3o = client::s3_options_from_environment(a.aws);
   if (!s3o) return cli::report_error(s3o.error());
@@ -153,6 +165,10 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   cli::add_cache_flags(&app, a.cache, /*client=*/false);
   app.get_option("--cache-ram")->description("RAM tier limit")->default_str("1G");
+  app.add_flag("--prefault-ram,!--no-prefault-ram", a.prefault_ram,
+               "Allocate and touch the RAM tier's memory from the start, in the background "
+               "(default), not as chunks first arrive: memory is slow to touch the first "
+               "time");
   app.add_option("--max-connections", a.max_connections, "Connections served at once")
       ->default_val(256);
   app.add_option("--max-connections-per-uid", a.max_per_uid, "Connections one uid may hold")

@@ -90,6 +90,10 @@ class BufferPool {
 
   // A buffer from the idle list, or a new one. Fails only if allocation fails.
   Result<PooledBuffer> acquire();
+  // Allocates new buffers, touches every page, and adds each to the idle list as it is
+  // ready (where a concurrent acquire takes it), until `count` were added or the idle list
+  // is full or `stop` is set. Returns how many were added.
+  Result<size_t> reserve(size_t count, const std::atomic<bool>& stop);
   size_t buffer_size() const { return buffer_size_; }
   size_t idle() const;
 

@@ -1,6 +1,7 @@
 // TieredCache over a memory or file:// backing store: byte-exact reads, single-flight,
 // staleness, persistence, corruption, kill -9 during fills, limits under concurrency.
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/mem/buffer_pool.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -134,6 +135,58 @@ TEST(TieredCache, ReadsAreByteExactForEveryRangeShape) {
     CacheStats s = cache->stats();
     EXPECT_GT(s.ram.hits + s.disk.hits, 0u) << "variant " << variant;
   }
+}
+
+TEST(TieredCache, APrefaultedRamTierIsReadyInTheBackgroundAndServesReads) {
+  Backing b;
+  auto backing = b.open();
+  const auto data = pattern(5 * kChunk + 7, 11);
+  ASSERT_TRUE(backing->put("obj", data));
+  CacheOptions o = small_options();
+  o.prefault_ram = true;
+  std::promise<std::pair<uint64_t, bool>> done;
+  o.prefaulted = [&](uint64_t bytes, double seconds, const Status& outcome) {
+    EXPECT_GE(seconds, 0.0);
+    done.set_value({bytes, outcome.has_value()});
+  };
+  auto cache = open_cache(std::move(backing), o);
+  ASSERT_TRUE(cache);
+  // Reads need not wait for it (they take the buffers as they are ready).
+  EXPECT_EQ(read_range(*cache, "obj", 0, data.size()), data);
+  auto [bytes, ok] = done.get_future().get();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(bytes, o.ram_bytes);  // every chunk buffer of the RAM tier
+  EXPECT_EQ(read_range(*cache, "obj", kChunk, 2 * kChunk),
+            std::vector<std::byte>(data.begin() + kChunk, data.begin() + 3 * kChunk));
+  EXPECT_LE(cache->stats().ram.bytes, o.ram_bytes);
+}
+
+TEST(TieredCache, ACacheClosedWhileItsRamTierIsPrefaultedStopsWithoutASay) {
+  Backing b;
+  CacheOptions o = small_options();
+  o.chunk_size = 1 << 20;
+  o.ram_bytes = 1ULL << 30;  // long enough to be cut short
+  o.prefault_ram = true;
+  std::atomic<int> said{0};
+  o.prefaulted = [&](uint64_t, double, const Status&) { said++; };
+  auto cache = open_cache(b.open(), o);
+  cache.reset();  // joins the prefaulting thread
+  EXPECT_LE(said.load(), 1);
+}
+
+TEST(BufferPool, ReserveAddsTouchedBuffersUpToItsIdleLimitUntilStopped) {
+  BufferPool pool(1 << 16, 3);
+  std::atomic<bool> stop{false};
+  auto added = pool.reserve(5, stop);
+  ASSERT_TRUE(added) << added.error().to_string();
+  EXPECT_EQ(*added, 3u);  // the idle limit
+  EXPECT_EQ(pool.idle(), 3u);
+  auto b = pool.acquire();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(pool.idle(), 2u);
+  stop = true;
+  EXPECT_EQ(*pool.reserve(5, stop), 0u);
+  EXPECT_EQ(pool.idle(), 2u);
 }
 
 TEST(TieredCache, ConcurrentMissesOnOneChunkReadTheBackingStoreOnce) {

@@ -269,7 +269,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         """The pass in whole blocks, for sluice's DataLoader with the default collation,
         collated in the main process (a tensor made here would cross in a shared-memory
         file of its own: for 1 KiB samples that doubled an epoch). Large samples' bytes go in
-        one shared-memory buffer a batch (see DataLoader), small ones are pickled."""
+        one of this worker's shared-memory buffers (`_SharedSlots`), small ones are
+        pickled."""
         packed = ds.bytes >= _PACK_MIN_SAMPLE_BYTES * max(1, ds.samples)
         slots = _SharedSlots() if packed else None
         while True:
@@ -512,6 +513,10 @@ class _Packed:
                               for key, index, fields in self.records], pin_memory)
         finally:
             view.release()
+            # The copies above are done (bytes() returned) before this store frees the slot
+            # for the worker's next write: program order on x86 (TSO). On weaker memory
+            # models (aarch64) only the interpreter's work between them keeps the store
+            # after the loads; a release fence from _core would make it certain.
             if self.slot >= 0:
                 if held is not None:
                     held[self.pool, self.slot] = self.data

@@ -17,6 +17,9 @@ Result<std::shared_ptr<Chunk>> TieredCache::Impl::new_chunk(const ChunkKey& key,
     SLUICE_ASSIGN_OR_RETURN(c->buf, pool.acquire());
   } else {  // a short last chunk or a small object: only what it needs
     SLUICE_ASSIGN_OR_RETURN(AlignedBuffer b, AlignedBuffer::allocate(round_up(length)));
+    // ... and as much of a prefaulted RAM tier's idle memory is given back, so the two
+    // together stay within the tier's size when small chunks fill it.
+    if (options.prefault_ram) pool.shed(round_up(length), base_idle());
     c->buf = PooledBuffer(nullptr, std::move(b));
   }
   return c;

@@ -30,8 +30,7 @@ TieredCache::Impl::Impl(std::unique_ptr<store::Store> b, CacheOptions o)
       // Enough idle buffers to recycle a full NVMe write queue, and a prefaulted RAM tier's
       // buffers: fresh memory is slow to touch.
       pool(round_up(options.chunk_size),
-           16 + options.disk_write_queue_bytes / options.chunk_size +
-               (options.prefault_ram ? options.ram_bytes / options.chunk_size : 0)),
+           base_idle() + (options.prefault_ram ? options.ram_bytes / options.chunk_size : 0)),
       ram(std::make_unique<RamTier>(options.ram_bytes, options.policy, &m.ram_evictions)) {}
 
 void TieredCache::Impl::prefault_ram() {
@@ -227,8 +226,6 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
   if (options.max_objects == 0) return fail(Code::kInvalidArgument, "cache: max_objects is 0");
   auto impl = std::make_unique<Impl>(std::move(backing), std::move(options));
   CacheOptions& o = impl->options;
-  if (o.prefault_ram && o.ram_bytes >= o.chunk_size)
-    impl->prefaulter = std::thread([p = impl.get()] { p->prefault_ram(); });
   if (!o.directory.empty()) {
     if (!o.io) {
       SLUICE_ASSIGN_OR_RETURN(o.io, io::Context::open({}));
@@ -247,6 +244,8 @@ Result<std::unique_ptr<TieredCache>> TieredCache::open(std::unique_ptr<store::St
     impl->load_pins();
     impl->writer = std::thread([p = impl.get()] { p->write_loop(); });
   }
+  if (o.prefault_ram && o.ram_bytes >= o.chunk_size)
+    impl->prefaulter = std::thread([p = impl.get()] { p->prefault_ram(); });
   return std::unique_ptr<TieredCache>(new TieredCache(std::move(impl)));
 }
 

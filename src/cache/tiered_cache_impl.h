@@ -107,6 +107,9 @@ struct TieredCache::Impl {
   telemetry::Registry* registry;
   Metrics m;
   BufferPool pool;  // full-size chunk buffers; declared before the tiers that hold them
+  // Idle chunk buffers the pool keeps without a prefaulted RAM tier: enough to recycle a
+  // full NVMe write queue.
+  size_t base_idle() const { return 16 + options.disk_write_queue_bytes / options.chunk_size; }
   // Allocates and touches the RAM tier's chunk buffers into `pool` (options.prefault_ram),
   // on `prefaulter`, until done or pf_quit.
   void prefault_ram();

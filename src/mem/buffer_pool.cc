@@ -82,21 +82,55 @@ Result<PooledBuffer> BufferPool::acquire() {
       idle_.pop_back();
       return PooledBuffer(this, std::move(b));
     }
+    ++live_;  // counted before it exists, so a concurrent reserve stops in time
   }
-  SLUICE_ASSIGN_OR_RETURN(AlignedBuffer b, allocator_(buffer_size_));
-  return PooledBuffer(this, std::move(b));
+  auto b = allocator_(buffer_size_);
+  if (!b) {
+    std::lock_guard lock(mu_);
+    --live_;
+    return std::unexpected(b.error());
+  }
+  return PooledBuffer(this, std::move(*b));
 }
 
 Result<size_t> BufferPool::reserve(size_t count, const std::atomic<bool>& stop) {
   size_t added = 0;
-  for (; added < count && !stop.load(std::memory_order_relaxed); ++added) {
-    SLUICE_ASSIGN_OR_RETURN(AlignedBuffer b, allocator_(buffer_size_));
-    for (size_t at = 0; at < b.size(); at += 4096) b.data()[at] = std::byte{0};
+  // Relaxed: `stop` only cuts the work short; the buffers are published under mu_.
+  while (!stop.load(std::memory_order_relaxed)) {
+    {
+      std::lock_guard lock(mu_);
+      if (live_ >= count || idle_.size() >= max_idle_) break;
+      ++live_;
+    }
+    auto b = allocator_(buffer_size_);
+    if (!b) {
+      std::lock_guard lock(mu_);
+      --live_;
+      return fail(b.error().code(), "after " + std::to_string(added) + " of " +
+                                        std::to_string(count) + " buffers: " + b.error().message());
+    }
+    for (size_t at = 0; at < b->size(); at += 4096) b->data()[at] = std::byte{0};
     std::lock_guard lock(mu_);
-    if (idle_.size() >= max_idle_) break;
-    idle_.push_back(std::move(b));
+    idle_.push_back(std::move(*b));
+    ++added;
   }
   return added;
+}
+
+void BufferPool::shed(size_t bytes, size_t keep_idle) {
+  std::vector<AlignedBuffer> freed;  // freed outside the lock
+  std::lock_guard lock(mu_);
+  if (idle_.size() <= keep_idle) {
+    shed_bytes_ = 0;  // nothing beyond the floor: nothing owed
+    return;
+  }
+  shed_bytes_ += bytes;
+  while (shed_bytes_ >= buffer_size_ && idle_.size() > keep_idle) {
+    freed.push_back(std::move(idle_.back()));
+    idle_.pop_back();
+    --live_;
+    shed_bytes_ -= buffer_size_;
+  }
 }
 
 size_t BufferPool::idle() const {
@@ -106,8 +140,11 @@ size_t BufferPool::idle() const {
 
 void BufferPool::give_back(AlignedBuffer buf) {
   std::lock_guard lock(mu_);
-  if (idle_.size() < max_idle_) idle_.push_back(std::move(buf));
-  // else: `buf` is freed as it goes out of scope, outside nothing but this lock
+  if (idle_.size() < max_idle_) {
+    idle_.push_back(std::move(buf));
+  } else {
+    --live_;  // `buf` is freed as it goes out of scope, outside nothing but this lock
+  }
 }
 
 std::shared_ptr<BufferRecycler> BufferRecycler::create(size_t max_idle_bytes) {

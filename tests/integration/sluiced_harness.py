@@ -15,6 +15,7 @@ class Sluiced:
     def __init__(self, binary, socket_path, cache_dir, args=(), env=None, log=None):
         self.socket = socket_path
         self.log = open(log or os.path.join(os.path.dirname(socket_path), "sluiced.log"), "ab")
+        self.log_start = self.log.tell()  # where this daemon's lines begin
         self.proc = subprocess.Popen(
             [binary, "--socket", socket_path, "--cache-dir", cache_dir, *args],
             env=env, stdout=self.log, stderr=self.log)
@@ -33,10 +34,12 @@ class Sluiced:
         raise RuntimeError("sluiced did not start")
 
     def wait_for(self, text, timeout=60):
-        """Waits until its log has a line containing `text` (such as "RAM tier ready")."""
+        """Waits until this daemon has logged a line containing `text` (such as "RAM tier
+        ready")."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with open(self.log.name, "rb") as f:
+                f.seek(self.log_start)
                 if text.encode() in f.read():
                     return
             if self.proc.poll() is not None:

@@ -137,6 +137,28 @@ def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
         assert len({(pool, slot, ptr) for pool, slot, ptr in unpacked}) == len(slots)
 
 
+def test_a_workers_shared_slots_are_used_again_and_a_busy_one_never():
+    slots = sluice.data._SharedSlots()
+    taken: list = []
+    for _ in range(slots._MAX):
+        slots.take(100, taken)
+    assert [slot for slot, _ in taken] == list(range(slots._MAX))
+    assert all(t.numel() >= 100 and t.is_shared() for _, t in taken)
+    # every slot busy: a buffer of its own, not kept
+    own = slots.take(100, taken)
+    assert taken[-1][0] == -1 and len(own) == 100 and len(slots.slots) == slots._MAX
+    # the main process frees slot 3: the next batch goes there, in the same memory
+    slots.busy[3] = 0
+    slots.take(100, taken)
+    assert taken[-1][0] == 3 and taken[-1][1].data_ptr() == taken[3][1].data_ptr()
+    # a batch larger than the free slot: that slot is made again, larger
+    slots.busy[3] = 0
+    slots.take(1 << 20, taken)
+    assert taken[-1][0] == 3 and taken[-1][1].numel() >= 1 << 20
+    assert slots.slots[3] is taken[-1][1]
+    assert int(slots.busy.sum()) == slots._MAX
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_whole_batches_need_the_same_fields(tmp_path, monkeypatch, packed):
     if packed:

@@ -34,8 +34,9 @@ using sluiced::Args;
 void log_line(std::string_view line) {
   static std::mutex mu;
   std::time_t now = std::time(nullptr);
+  std::tm utc{};
   char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", ::gmtime_r(&now, &utc));
   std::lock_guard lock(mu);
   std::fprintf(stderr, "%s sluiced: %.*s\n", when, static_cast<int>(line.size()), line.data());
 }

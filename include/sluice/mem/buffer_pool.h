@@ -7,8 +7,8 @@
 // setting is "never"). A BufferPool hands out move-only PooledBuffers
 // that return themselves to the pool when destroyed.
 //
-// Thread safety: acquire and release may run concurrently from any thread. The pool must
-// outlive every buffer it handed out.
+// Thread safety: every call, and the release of a buffer, may run concurrently from any
+// thread. The pool must outlive every buffer it handed out.
 #pragma once
 
 #include <atomic>
@@ -91,9 +91,14 @@ class BufferPool {
   // A buffer from the idle list, or a new one. Fails only if allocation fails.
   Result<PooledBuffer> acquire();
   // Allocates new buffers, touches every page, and adds each to the idle list as it is
-  // ready (where a concurrent acquire takes it), until `count` were added or the idle list
-  // is full or `stop` is set. Returns how many were added.
+  // ready (where a concurrent acquire takes it), until the pool's buffers (idle and handed
+  // out, counting those acquire allocated meanwhile) number `count`, or the idle list is
+  // full, or `stop` is set. Returns how many it added; an allocation that fails is an error
+  // naming how many were added before it.
   Result<size_t> reserve(size_t count, const std::atomic<bool>& stop);
+  // Frees idle buffers beyond `keep_idle` worth `bytes` (carried over between calls in
+  // whole buffers): memory the caller took elsewhere gives back as much of a reserve.
+  void shed(size_t bytes, size_t keep_idle);
   size_t buffer_size() const { return buffer_size_; }
   size_t idle() const;
 
@@ -106,6 +111,8 @@ class BufferPool {
   Allocator allocator_;
   mutable std::mutex mu_;
   std::vector<AlignedBuffer> idle_;  // guarded by mu_
+  size_t live_ = 0;                  // buffers idle or handed out; guarded by mu_
+  size_t shed_bytes_ = 0;            // owed by shed, less than a buffer; guarded by mu_
 };
 
 // Buffers of any size, recycled: one whose last reference goes comes back here (up to

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "sluice/mem/target.h"
 #include "sluice/store/store.h"
@@ -481,6 +484,62 @@ TEST(Loader, SlowDownIsBackedOffNotFatal) {
   auto r = dead.next();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), Code::kUnavailable);
+}
+
+// Holds every read until opened, and counts what was asked.
+class GatedStore : public store::StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options = {}) override {
+    {
+      std::unique_lock lock(mu);
+      asked += dst.size();
+      cv.wait(lock, [&] { return open; });
+    }
+    return StoreWrapper::read(key, offset, dst, options);
+  }
+  void set_open(bool o) {
+    std::lock_guard lock(mu);
+    open = o;
+    cv.notify_all();
+  }
+  uint64_t asked_bytes() {
+    std::lock_guard lock(mu);
+    return asked;
+  }
+
+ private:
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = true;
+  uint64_t asked = 0;
+};
+
+TEST(Loader, TheFirstSliceIsAboutABlockAndReadAlone) {
+  auto gated = std::make_shared<GatedStore>(store::make_memory_store());
+  write_tar_dataset(*gated, {200});
+  auto ds = open_ds(gated, "ds/");
+  ASSERT_TRUE(ds);
+  const uint64_t opened = gated->asked_bytes();
+  gated->set_open(false);
+  // The budget holds the whole dataset many times over: before, the first slice was all
+  // of it, and the first sample waited for every byte.
+  Loader l(ds, {.seed = 3, .block = 4, .memory_bytes = 64 << 20});
+  std::vector<Read> reads;
+  std::thread reader([&] { reads = drain(l, *ds); });
+  // Whatever the fetcher asks for while the first slice waits: at most what 4 samples and
+  // the 64 KiB gaps between them can span, far from the shard's bytes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const uint64_t first = gated->asked_bytes() - opened;
+  EXPECT_GT(first, 0u);
+  EXPECT_LT(first, ds->bytes() / 3) << "of " << ds->bytes();
+  gated->set_open(true);
+  reader.join();
+  ASSERT_EQ(reads.size(), 200u);
+  std::set<uint64_t> seen;
+  for (const Read& r : reads) seen.insert(r.index);
+  EXPECT_EQ(seen.size(), 200u);
 }
 
 TEST(Loader, StatsAndBatches) {

@@ -280,6 +280,25 @@ def test_a_team_proves_access_with_its_own_credentials(s3, digest):
     assert p.returncode != 0 and b'"prefault_ram" must be true or false' in p.stderr, p.stderr
 
 
+def test_the_ram_tier_is_prefaulted_unless_told_not(s3, digest):
+    cfg = os.path.join(WORK, "prefault.json")
+    for setting, said in ((None, True), (False, False)):
+        with open(cfg, "w") as f:
+            json.dump({} if setting is None else {"prefault_ram": setting}, f)
+        d = sluiced_harness.Sluiced(SLUICED, SOCK, CACHE,
+                                    ["--chunk-size", "1M", "--cache-ram", "8M", "--endpoint-url",
+                                     s3.endpoint, "--config", cfg],
+                                    env=env(), log=os.path.join(WORK, "sluiced.log"))
+        try:
+            if said:  # by default: all 8 buffers of the RAM tier, on their own thread
+                d.wait_for("RAM tier ready: 8.00 MiB allocated and touched", timeout=60)
+        finally:
+            assert d.stop() == 0
+        with open(d.log.name, "rb") as f:
+            f.seek(d.log_start)
+            assert (b"RAM tier ready" in f.read()) == said, setting
+
+
 def test_sigterm_stops_cleanly_and_kill9_loses_nothing(s3, digest):
     d = Daemon(s3.endpoint)
     p = cat("s3://test/ds/big")  # a fill in progress when the daemon dies
@@ -403,6 +422,8 @@ def main():
                           test_a_team_granted_a_prefix_reads_it_through_the_cli),
                          ("a team proves access with its own credentials",
                           test_a_team_proves_access_with_its_own_credentials),
+                         ("the RAM tier is prefaulted unless told not",
+                          test_the_ram_tier_is_prefaulted_unless_told_not),
                          ("SIGTERM is clean, kill -9 loses nothing",
                           test_sigterm_stops_cleanly_and_kill9_loses_nothing),
                          ("a team's cache quota keeps only what it allows",

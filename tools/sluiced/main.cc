@@ -61,6 +61,19 @@ sigset_t block_stop_signals() {
   return stop_signals;
 }
 
+// The cache's word that the RAM tier's buffers are allocated and touched (--prefault-ram).
+void log_prefaulted(uint64_t bytes, double seconds, const Status& outcome) {
+  if (!outcome) {
+    log_line("RAM tier: " + outcome.error().to_string() +
+             "; the rest is allocated as chunks arrive");
+    return;
+  }
+  char took[32];
+  std::snprintf(took, sizeof took, "%.2f s", seconds);
+  log_line("RAM tier ready: " + format_size(static_cast<double>(bytes)) +
+           " allocated and touched in " + took + " (--no-prefault-ram: as chunks arrive)");
+}
+
 int run(Args& a, const CLI::App& app) {
   auto teams_json = apply_config(a, app);
   if (!teams_json) return cli::report_error(teams_json.error());
@@ -71,17 +84,7 @@ int run(Args& a, const CLI::App& app) {
   if (!co) return cli::report_error(co.error());
   o.cache = *co;
   o.cache.prefault_ram = a.prefault_ram;
-  o.cache.prefaulted = [](uint64_t bytes, double seconds, const Status& outcome) {
-    char took[32];
-    std::snprintf(took, sizeof took, "%.2f s", seconds);
-    if (outcome)
-      log_line("RAM tier ready: " + format_size(static_cast<double>(bytes)) +
-               " allocated and touched in " + took + " (--no-prefault-ram: as chunks arrive)");
-    else
-      log_line("RAM tier: " + outcome.error().to_string() +
-               "; the rest is allocated as "
-               "chunks arrive");
-  };
+  o.cache.prefaulted = log_prefaulted;
   s3::register_scheme();
   auto s3o = client::s3_options_from_environment(a.aws);
   if (!s3o) return cli::report_error(s3o.error());

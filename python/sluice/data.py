@@ -27,6 +27,7 @@ Two ways to keep that count:
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from typing import Any, Iterator
 
@@ -372,8 +373,8 @@ class DataLoader(torch.utils.data.DataLoader):
         dataset.batch_size = batch_size
         self._sluice_batch_size = batch_size
         # With workers and the default collation, each worker makes whole batches, and
-        # hands those of large samples to the main process as one shared-memory buffer (a
-        # descriptor) instead of pickling every sample's bytes through a pipe: 1.1 s against
+        # hands those of large samples to the main process in a shared-memory buffer
+        # (_SharedSlots) instead of pickling every sample's bytes through a pipe: 1.1 s against
         # 1.8 s for a GiB of 100 KiB samples with 4 workers on 2 cores. torch's loader then
         # takes the workers' batches as they are (its batch_size None); batch_size still
         # says the batch size.
@@ -439,74 +440,122 @@ def _batch_len(batch: Any) -> int:
                           "__key__, or a list)")
 
 
-def _shared_tensor(n: int) -> torch.Tensor:
-    """A new uint8 tensor of n bytes in shared memory."""
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-    if new_shared is not None and n:
-        return torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
-    return torch.empty(n, dtype=torch.uint8).share_memory_()  # copies the fresh bytes once
+def _memfd(name: str, n: int) -> tuple[int, mmap.mmap]:
+    """A new anonymous shared-memory file of n bytes, mapped: (its descriptor, the map)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, n)
+        return fd, mmap.mmap(fd, n)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class _SharedSlots:
     """A DataLoader worker's shared-memory buffers for packed batches, used again and
     again. A fresh buffer a batch cost more than the batch's copies: creating and zeroing
     it, faulting its pages in on both sides, unmapping it on both sides (about a quarter of
-    the CPU of a warm epoch of 100 KiB samples, 4 workers, 2 cores). torch maps a buffer
-    it has seen once into the main process again from its cache, as long as the main
-    process holds it (`DataLoader.__iter__` does, in `_Packed.unpack`).
+    the CPU of a warm epoch of 100 KiB samples, 4 workers, 2 cores).
+
+    Each slot is a memfd of this worker's. A batch crosses to the main process as the
+    slot's number, descriptor and size (a few bytes pickled), and the main process maps
+    the slot once, through /proc/<worker>/fd, keeping it for the pass (`_Packed.unpack`).
+    Not torch's shared tensors: with the file_system sharing strategy each worker's first
+    one started a torch_shm_manager process, which loads libtorch (about a tenth of the
+    CPU of a cold epoch, 4 workers, 2 cores), and with file_descriptor every batch sent a
+    descriptor through a socket of its own.
 
     A slot is busy from `take` until the main process has copied the batch out of it and
-    cleared the slot's byte in `busy` (a shared tensor too). When every slot is busy a
-    batch gets a buffer of its own, not kept."""
+    cleared the slot's byte in `busy` (a memfd too). When every slot is busy a batch gets
+    a buffer of its own, pickled with the batch. The descriptors stay open until the worker
+    exits (torch's workers do not outlive a pass), not only until this object goes: the main
+    process maps a slot when it unpacks the batch, which may be after the worker's pass is
+    over."""
 
     _MAX = 8  # slots: the batches in flight (prefetch_factor) and a few more
 
     def __init__(self) -> None:
-        self.id = f"{os.getpid()}-{id(self)}"
-        self.busy = _shared_tensor(self._MAX)
-        self.busy.zero_()
-        self._busy = self.busy.numpy()
-        self.slots: list = []  # tensors
+        self.pid = os.getpid()
+        self.id = f"{self.pid}-{id(self)}"
+        self.busy_fd, self._busy_map = _memfd("sluice-busy", self._MAX)
+        self.busy = memoryview(self._busy_map)
+        self.slots: list = []  # (generation, descriptor, size, map) per slot
+        self._made = 0  # slots made, each a generation of its own
+
+    def _make(self, n: int) -> tuple:
+        self._made += 1
+        fd, mm = _memfd("sluice-batch", n)
+        return (self._made, fd, n, mm)
 
     def take(self, n: int, taken: list) -> Any:
-        """A buffer of at least n bytes (as numpy); appends (slot, tensor) to `taken`
-        (slot -1: a buffer of its own)."""
-        free = [i for i in range(len(self.slots)) if not self._busy[i]]
-        fits = [i for i in free if self.slots[i].numel() >= n]
+        """A writable buffer of at least n bytes; appends (slot, where) to `taken`: where
+        the main process finds the slot, (generation, descriptor, size), or for slot -1 a
+        buffer of its own (a bytearray, pickled with the batch)."""
+        free = [i for i in range(len(self.slots)) if not self.busy[i]]
+        fits = [i for i in free if self.slots[i][2] >= n]
         if fits:
             slot = fits[0]
         elif len(self.slots) < self._MAX or free:
             # a new slot, or a free one too small made again a quarter larger than asked
             slot = free[0] if free else len(self.slots)
-            t = _shared_tensor(max(n + n // 4, 1 << 16))
+            made = self._make(max(n + n // 4, 1 << 16))
             if slot == len(self.slots):
-                self.slots.append(t)
+                self.slots.append(made)
             else:
-                self.slots[slot] = t
+                os.close(self.slots[slot][1])
+                self.slots[slot] = made
         else:
-            t = _shared_tensor(n)
-            taken.append((-1, t))
-            return t.numpy()
-        self._busy[slot] = 1
-        taken.append((slot, self.slots[slot]))
-        return self.slots[slot].numpy()
+            own = bytearray(n)
+            taken.append((-1, own))
+            return own
+        self.busy[slot] = 1
+        generation, fd, size, mm = self.slots[slot]
+        taken.append((slot, (generation, fd, size)))
+        return mm
+
+
+def _mapped(pid: int, fd: int, size: int) -> mmap.mmap:
+    """A worker's memfd mapped here, read-write (the busy bytes are written here)."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        own = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        raise Unavailable(f"{path}: cannot open a DataLoader worker's batch buffer: "
+                          f"{e.strerror}") from e
+    try:
+        return mmap.mmap(own, size)
+    finally:
+        os.close(own)
 
 
 class _Packed:
-    """A batch from a DataLoader worker: its samples' bytes back to back in a tensor in
-    shared memory (one of the worker's `_SharedSlots`; torch hands it to the main process
-    as a descriptor), and where each sample's fields lie in it."""
+    """A batch from a DataLoader worker: its samples' bytes back to back in one of the
+    worker's `_SharedSlots` (or, when they were all busy, in a buffer pickled with it), and
+    where each sample's fields lie in it."""
 
-    def __init__(self, slots: _SharedSlots, slot: int, data: torch.Tensor,
-                 records: list) -> None:
-        self.pool, self.busy, self.slot = slots.id, slots.busy, slot
-        self.data = data
+    def __init__(self, slots: _SharedSlots, slot: int, where: Any, records: list) -> None:
+        self.pool, self.pid, self.busy_fd, self.slot = slots.id, slots.pid, slots.busy_fd, slot
+        self.where = where  # (generation, descriptor, size), or the bytes for slot -1
         self.records = records  # (key, index, ((field, offset, length), ...)) per sample
 
     def unpack(self, pin_memory: bool = False, held: dict | None = None) -> dict:
         """The collated batch; the slot is free again when this returns. `held` keeps the
-        worker's buffers mapped here, so that torch maps them from its cache next time."""
-        view = memoryview(self.data.numpy())
+        worker's buffers mapped here, for its next batches in them."""
+        held = {} if held is None else held
+        busy = None
+        if self.slot < 0:
+            data = self.where
+        else:
+            generation, fd, size = self.where
+            mine = held.get((self.pool, self.slot))
+            if mine is None or mine[0] != generation:  # a slot made again: mapped again
+                mine = held[self.pool, self.slot] = (generation, _mapped(self.pid, fd, size))
+            data = mine[1]
+            busy = held.get((self.pool, "busy"))
+            if busy is None:
+                busy = held[self.pool, "busy"] = _mapped(self.pid, self.busy_fd,
+                                                         _SharedSlots._MAX)
+        view = memoryview(data)
         try:
             return _collated([(key, index, {name: bytes(view[at:at + length])
                                             for name, at, length in fields})
@@ -517,11 +566,8 @@ class _Packed:
             # for the worker's next write: program order on x86 (TSO). On weaker memory
             # models (aarch64) only the interpreter's work between them keeps the store
             # after the loads; a release fence from _core would make it certain.
-            if self.slot >= 0:
-                if held is not None:
-                    held[self.pool, self.slot] = self.data
-                    held[self.pool, "busy"] = self.busy
-                self.busy.numpy()[self.slot] = 0
+            if busy is not None:
+                busy[self.slot] = 0
 
 
 class _Samples:

@@ -108,9 +108,11 @@ def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
     unpacked = []
     if packed:
         monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
-        unpack = sluice.data._Packed.unpack
+        unpack, mapped_fn = sluice.data._Packed.unpack, sluice.data._mapped
         monkeypatch.setattr(sluice.data._Packed, "unpack", lambda self, *a: unpacked.append(
-            (self.pool, self.slot, self.data.data_ptr())) or unpack(self, *a))
+            (self.pool, self.slot)) or unpack(self, *a))
+        mapped = []
+        monkeypatch.setattr(sluice.data, "_mapped", lambda *a: mapped.append(a) or mapped_fn(*a))
     ds = sluice.data.StreamingDataset(root, seed=4)
     loader = sluice.data.DataLoader(ds, batch_size=8, num_workers=2)
     assert loader.batch_size == 8 and len(loader) == (SAMPLES + 7) // 8
@@ -129,12 +131,12 @@ def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
     assert len(unpacked) == (len(sizes) if packed else 0)
     if packed:
         # every batch in a slot of its worker (none had to get a buffer of its own), and
-        # each slot mapped here once: the same address every time it came back
-        assert len({pool for pool, _, _ in unpacked}) == 2
-        assert all(slot >= 0 for _, slot, _ in unpacked)
-        slots = {(pool, slot) for pool, slot, _ in unpacked}
+        # each slot mapped here once, with each worker's busy bytes
+        assert len({pool for pool, _ in unpacked}) == 2
+        assert all(slot >= 0 for _, slot in unpacked)
+        slots = set(unpacked)
         assert len(slots) < len(unpacked) / 2
-        assert len({(pool, slot, ptr) for pool, slot, ptr in unpacked}) == len(slots)
+        assert len(mapped) == len(slots) + 2
 
 
 def test_a_workers_shared_slots_are_used_again_and_a_busy_one_never():
@@ -143,20 +145,60 @@ def test_a_workers_shared_slots_are_used_again_and_a_busy_one_never():
     for _ in range(slots._MAX):
         slots.take(100, taken)
     assert [slot for slot, _ in taken] == list(range(slots._MAX))
-    assert all(t.numel() >= 100 and t.is_shared() for _, t in taken)
+    for _, (_, fd, size) in taken:  # memfds of at least the size asked
+        assert size >= 100 and os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
     # every slot busy: a buffer of its own, not kept
     own = slots.take(100, taken)
     assert taken[-1][0] == -1 and len(own) == 100 and len(slots.slots) == slots._MAX
     # the main process frees slot 3: the next batch goes there, in the same memory
     slots.busy[3] = 0
     slots.take(100, taken)
-    assert taken[-1][0] == 3 and taken[-1][1].data_ptr() == taken[3][1].data_ptr()
+    assert taken[-1] == (3, taken[3][1])
     # a batch larger than the free slot: that slot is made again, larger
     slots.busy[3] = 0
     slots.take(1 << 20, taken)
-    assert taken[-1][0] == 3 and taken[-1][1].numel() >= 1 << 20
-    assert slots.slots[3] is taken[-1][1]
-    assert int(slots.busy.sum()) == slots._MAX
+    generation, _, size = taken[-1][1]
+    assert taken[-1][0] == 3 and size >= 1 << 20 and generation != taken[3][1][0]
+    assert sum(slots.busy) == slots._MAX
+
+
+def test_a_packed_batch_is_read_from_the_workers_slot_and_frees_it():
+    """The main process's side of a slot (here the worker is this process): the batch's
+    bytes come out of the worker's memfd, mapped once, and its busy byte is cleared; a
+    slot made again is mapped again; a batch that had no slot brings its own bytes."""
+    slots = sluice.data._SharedSlots()
+    held: dict = {}
+
+    def packed(payload: bytes) -> sluice.data._Packed:
+        taken: list = []
+        buf = slots.take(len(payload), taken)
+        buf[:len(payload)] = payload
+        records = [("a", 0, (("txt", 0, 3),)), ("b", 1, (("txt", 3, len(payload) - 3),))]
+        return sluice.data._Packed(slots, *taken[0], records)
+
+    batch = packed(b"onetwo").unpack(held=held)
+    assert batch["__key__"] == ["a", "b"] and batch["txt"] == [b"one", b"two"]
+    assert batch["__index__"].tolist() == [0, 1]
+    assert sum(slots.busy) == 0 and len(held) == 2  # the slot and the busy bytes
+    first = held[slots.id, 0]
+    assert packed(b"abcdef").unpack(held=held)["txt"] == [b"abc", b"def"]
+    assert held[slots.id, 0] is first  # not mapped again
+    big = b"x" * (1 << 17)
+    assert packed(big).unpack(held=held)["txt"] == [b"xxx", big[3:]]
+    assert held[slots.id, 0] is not first and sum(slots.busy) == 0
+    for i in range(slots._MAX):
+        slots.busy[i] = 1
+    assert packed(b"ownbuf").unpack(held=held)["txt"] == [b"own", b"buf"]
+
+
+def test_a_packed_batch_whose_worker_is_gone_is_a_clear_error():
+    slots = sluice.data._SharedSlots()
+    taken: list = []
+    slots.take(10, taken)
+    batch = sluice.data._Packed(slots, *taken[0], [("a", 0, (("txt", 0, 10),))])
+    batch.pid = 2 ** 22 + 1  # past pid_max's default: no such process
+    with pytest.raises(sluice.errors.Unavailable, match="worker's batch buffer"):
+        batch.unpack(held={})
 
 
 @pytest.mark.parametrize("packed", [True, False])

@@ -8,15 +8,19 @@ reader. A count, not a timing: it does not depend on the machine's noise.
 Case peer: a fetch-only daemon reads --size from the daemon that owns every chunk (held on
 its NVMe, sent with sendfile) through to a reader on its node, against iperf3 on loopback
 (target >= 0.8) and against fio writing as much to the same disk (the fetching daemon keeps
-every chunk it fetches on NVMe), interleaved, --rounds rounds, median ratios.
+every chunk it fetches on NVMe), interleaved, --rounds rounds, median ratios. With
+--asker-ram SIZE the fetching daemon has a RAM tier of that size (default none): the chunks
+it fetches land there, and its NVMe writes follow behind. CPU seconds per GiB fetched: both
+daemons and the reader, from /proc and the children's rusage.
 
     bench/peers_compare.py [--size 256M] [--daemons 2,4,8] [--cases fanout,peer]
-                           [--rounds 5] [--markdown]
+                           [--asker-ram 0] [--rounds 5] [--markdown]
 """
 import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -65,8 +69,9 @@ def fan_out(work, endpoint, n, size, digest):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def start_daemons(d, work, endpoint, names, size, fetch_only=()):
-    """Daemons named `names` on loopback with one peers file; returns (daemons, socks, ports)."""
+def start_daemons(d, work, endpoint, names, size, fetch_only=(), ram=None):
+    """Daemons named `names` on loopback with one peers file; returns (daemons, socks, ports).
+    `ram`: {name: RAM tier bytes} (default none), waited for until it is touched."""
     ports = [free_port() for _ in names]
     with open(os.path.join(d, "peers"), "w") as f:
         f.writelines(f"{n} 127.0.0.1:{p}{' fetch-only' if n in fetch_only else ''}\n" for n, p in zip(names, ports))
@@ -78,10 +83,13 @@ def start_daemons(d, work, endpoint, names, size, fetch_only=()):
         for n, p in zip(names, ports):
             daemons.append(sluiced_harness.Sluiced(
                 f"{BIN}/sluiced", os.path.join(d, f"{n}.sock"), os.path.join(d, f"c-{n}"),
-                ["--cache-ram", "0", "--cache-size", f"{2 * size >> 20}M", "--endpoint-url",
+                ["--cache-ram", f"{(ram or {}).get(n, 0) >> 20}M", "--cache-size",
+                 f"{2 * size >> 20}M", "--endpoint-url",
                  endpoint, "--peer-listen", f"127.0.0.1:{p}", "--peers", os.path.join(d, "peers"),
                  "--node-name", n, "--node-secret-file", secret],
                 env=env(work), log=os.path.join(d, f"{n}.log")))
+            if (ram or {}).get(n):
+                daemons[-1].wait_for("RAM tier ready")
     except Exception:
         stop_daemons(daemons)
         raise
@@ -99,12 +107,26 @@ def stat(work, sock):
     return json.loads(p.stdout)
 
 
-def peer_case(work, endpoint, size, rounds, rows):
+def cpu_seconds(pid):
+    """User + system CPU seconds of a running process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def peer_case(work, endpoint, size, rounds, rows, asker_ram=0):
     """1 GiB (--size) fetched by a fetch-only daemon from the daemon that owns every chunk
     and holds it on NVMe (sendfile), through to a reader on the fetching node, against
     iperf3 on loopback; the fetcher's cache is evicted before each round."""
     d = tempfile.mkdtemp(prefix="peer-", dir=work)
-    daemons, socks, _ = start_daemons(d, work, endpoint, ["owner", "asker"], size, fetch_only=("asker",))
+    daemons, socks, _ = start_daemons(d, work, endpoint, ["owner", "asker"], size, fetch_only=("asker",),
+                                      ram={"asker": asker_ram})
+    cpu = {"sluiced": [], "warm": [], "iperf3": []}  # CPU s/GiB per round
     iperf_port = free_port()
     iperf_server = subprocess.Popen(["iperf3", "-s", "-p", str(iperf_port)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -123,10 +145,13 @@ def peer_case(work, endpoint, size, rounds, rows):
             subprocess.run([f"{BIN}/sluice", "cache", "evict", "s3://test/bench/", "--daemon", socks[1]],
                            check=True, env=env(work), capture_output=True)
             before = stat(work, socks[1])["bytes_from"]
+            c0 = sum(cpu_seconds(x.proc.pid) for x in daemons) + children_cpu()
             t0 = time.perf_counter()
             subprocess.run(command or cat + [socks[1], "s3://test/bench/fan"], check=True, env=env(work),
                            stdout=subprocess.DEVNULL)
             secs = time.perf_counter() - t0
+            c1 = sum(cpu_seconds(x.proc.pid) for x in daemons) + children_cpu()
+            cpu["warm" if command else "sluiced"].append((c1 - c0) / (size / (1 << 30)))
             after = stat(work, socks[1])["bytes_from"]
             if after["peer"] - before["peer"] != size or after["backing"] != before["backing"]:
                 sys.exit(f"peers_compare: the asker did not fetch everything from its peer: {before} -> {after}")
@@ -143,8 +168,10 @@ def peer_case(work, endpoint, size, rounds, rows):
             return json.loads(out.stdout)["jobs"][0]["write"]["bw_bytes"] / (1 << 30)
 
         def loopback():
+            c0 = cpu_seconds(iperf_server.pid) + children_cpu()
             out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(iperf_port), "-n", str(size), "-J"],
                                  capture_output=True, text=True)
+            cpu["iperf3"].append((cpu_seconds(iperf_server.pid) + children_cpu() - c0) / (size / (1 << 30)))
             return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / (1 << 30)
 
         res = []
@@ -154,30 +181,36 @@ def peer_case(work, endpoint, size, rounds, rows):
             order = [("sluiced", via_peer), ("iperf3", loopback), ("fio", disk_write),
                      ("warm", lambda: via_peer(warm))]
             got = {k: f() for k, f in (order if r % 2 == 0 else order[::-1])}
-            print(f"  peer fetch round {r + 1}: sluiced {got['sluiced']:.3f} GiB/s, daemon to daemon "
-                  f"{got['warm']:.3f}, iperf3 {got['iperf3']:.3f}, fio write {got['fio']:.3f}", file=sys.stderr)
+            print(f"  peer fetch round {r + 1}: sluiced {got['sluiced']:.3f} GiB/s "
+                  f"({cpu['sluiced'][-1]:.3f} CPU s/GiB), daemon to daemon {got['warm']:.3f} "
+                  f"({cpu['warm'][-1]:.3f}), iperf3 {got['iperf3']:.3f} ({cpu['iperf3'][-1]:.3f}), "
+                  f"fio write {got['fio']:.3f}", file=sys.stderr)
             res.append(got)
         med = statistics.median
+        into = f", into a {asker_ram >> 20} MiB RAM tier" if asker_ram else ""
+        iperf_cpu = f"{med(cpu['iperf3']):.3f}"
         ratios = [x["sluiced"] / x["iperf3"] for x in res]
-        rows.append(["peer fetch to a reader (NVMe -> sendfile -> HTTP -> cache -> window)",
+        rows.append([f"peer fetch to a reader (NVMe -> sendfile -> HTTP -> cache -> window){into}",
                      f"{size >> 20} MiB", f"{med(x['sluiced'] for x in res):.3f} GiB/s",
                      f"{med(x['iperf3'] for x in res):.3f} GiB/s", "iperf3", f"{med(ratios):.2f}",
-                     f"{min(ratios):.2f}-{max(ratios):.2f}"])
+                     f"{min(ratios):.2f}-{max(ratios):.2f}", f"{med(cpu['sluiced']):.3f}", iperf_cpu])
         ratios = [x["warm"] / x["iperf3"] for x in res]
-        rows.append(["peer fetch daemon to daemon (cache warm through the fetching daemon)",
+        rows.append([f"peer fetch daemon to daemon (cache warm through the fetching daemon){into}",
                      f"{size >> 20} MiB", f"{med(x['warm'] for x in res):.3f} GiB/s",
                      f"{med(x['iperf3'] for x in res):.3f} GiB/s", "iperf3", f"{med(ratios):.2f}",
-                     f"{min(ratios):.2f}-{max(ratios):.2f}"])
+                     f"{min(ratios):.2f}-{max(ratios):.2f}", f"{med(cpu['warm']):.3f}", iperf_cpu])
         # The fetching daemon writes every byte to its disk: that disk's own write rate is
         # the other ceiling of this chain.
         ratios = [x["warm"] / x["fio"] for x in res]
         rows.append(["daemon to daemon, against the fetching node's disk writes", f"{size >> 20} MiB",
                      f"{med(x['warm'] for x in res):.3f} GiB/s", f"{med(x['fio'] for x in res):.3f} GiB/s",
-                     "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}"])
+                     "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}",
+                     "", ""])
         ratios = [x["sluiced"] / x["fio"] for x in res]
         rows.append(["to a reader, against the fetching node's disk writes", f"{size >> 20} MiB",
                      f"{med(x['sluiced'] for x in res):.3f} GiB/s", f"{med(x['fio'] for x in res):.3f} GiB/s",
-                     "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}"])
+                     "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}",
+                     "", ""])
     finally:
         iperf_server.terminate()
         iperf_server.wait(10)
@@ -191,6 +224,7 @@ def main():
     ap.add_argument("--daemons", default="2,4,8")
     ap.add_argument("--cases", default="fanout,peer")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--asker-ram", default="0", help="the fetching daemon's RAM tier (case peer)")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
     if not find_s3rver():
@@ -212,9 +246,9 @@ def main():
         rows = []
         if "peer" in a.cases.split(","):
             peer_rows = []
-            peer_case(work, s3.endpoint, size, a.rounds, peer_rows)
-            print_table(["case", "object", "sluiced", "anchor", "anchor tool", "median ratio", "range"],
-                        peer_rows, a.markdown)
+            peer_case(work, s3.endpoint, size, a.rounds, peer_rows, parse_size(a.asker_ram))
+            print_table(["case", "object", "sluiced", "anchor", "anchor tool", "median ratio", "range",
+                         "CPU s/GiB", "iperf3 CPU s/GiB"], peer_rows, a.markdown)
         for n in (int(x) for x in a.daemons.split(",") if "fanout" in a.cases.split(",")):
             ratio, from_peers, errors, wall = fan_out(work, s3.endpoint, n, size, h.hexdigest())
             print(f"  {n} daemons: backing {ratio:.3f}x, peers {from_peers:.2f}x, {errors} peer errors, "

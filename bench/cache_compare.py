@@ -13,11 +13,15 @@ Cases (issue 7's):
 
     bench/cache_compare.py [--size 1G] [--rounds 5] [--targets disk,ramloop,s3rver] [--markdown]
 
+Warm rows also give CPU seconds (user + system, the process's rusage) per GiB read, of
+sluice's and of the anchor's process.
+
 The RAM-backed target (ext4 on a loop device over /dev/shm) needs root; without it, SKIP.
 """
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -34,22 +38,35 @@ BIN = os.path.dirname(os.path.abspath(SLUICE_DEFAULT))
 MIB = 1 << 20
 
 
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+last_cpu = [None]  # CPU seconds per GiB of the last bench() or fio(), for interleaved()
+
+
 def run(cmd, env=None):
+    c0 = children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    run.cpu = children_cpu() - c0
     if p.returncode != 0:
         sys.exit(f"cache_compare: {' '.join(cmd[:4])}... failed ({p.returncode}):\n{p.stderr[-2000:]}")
     return p.stdout
 
 
 def bench(mode, data, cache, threads=4):
-    return json.loads(run([f"{BIN}/sluice_cache_bench", mode, "--data", data, "--cache", cache,
-                           "--threads", str(threads)]))["gib_s"]
+    j = json.loads(run([f"{BIN}/sluice_cache_bench", mode, "--data", data, "--cache", cache,
+                        "--threads", str(threads)]))
+    last_cpu[0] = run.cpu / (j["gib_s"] * j["seconds"])
+    return j["gib_s"]
 
 
 def fio(cache):
     out = run(["fio", "--name=anchor", f"--opendir={cache}/chunks", "--ioengine=io_uring", "--direct=1",
                "--rw=read", "--bs=1M", "--iodepth=16", "--numjobs=1", "--thread", "--output-format=json"])
     j = json.loads(out[out.index("{"):])["jobs"][0]["read"]  # after "opendir added N files"
+    last_cpu[0] = run.cpu / (j["io_bytes"] / (1 << 30))
     return j["bw_bytes"] / (1 << 30)
 
 
@@ -58,17 +75,26 @@ def interleaved(rounds, pair):
     results = []
     for r in range(rounds):
         order = pair if r % 2 == 0 else pair[::-1]
-        got = {name: fn() for name, fn in order}
+        got = {}
+        for name, fn in order:
+            last_cpu[0] = None
+            got[name] = fn()
+            if last_cpu[0] is not None:
+                got[f"{name} cpu"] = last_cpu[0]
         print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items()), file=sys.stderr)
         results.append(got)
     return results
 
 
 def summarize(label, case, unit, results, a, b):
-    ratio = statistics.median(x[a] / x[b] for x in results)
-    return [label, case, unit, f"{statistics.median(x[a] for x in results):.3f}",
-            f"{statistics.median(x[b] for x in results):.3f}", b, f"{ratio:.2f}",
-            f"{min(x[a] / x[b] for x in results):.2f}-{max(x[a] / x[b] for x in results):.2f}"]
+    med = statistics.median
+    ratio = med(x[a] / x[b] for x in results)
+    cpu = ["", ""]
+    if f"{a} cpu" in results[0] and f"{b} cpu" in results[0]:
+        cpu = [f"{med(x[f'{a} cpu'] for x in results):.3f}", f"{med(x[f'{b} cpu'] for x in results):.3f}"]
+    return [label, case, unit, f"{med(x[a] for x in results):.3f}",
+            f"{med(x[b] for x in results):.3f}", b, f"{ratio:.2f}",
+            f"{min(x[a] / x[b] for x in results):.2f}-{max(x[a] / x[b] for x in results):.2f}", *cpu]
 
 
 def warm_cases(directory, size, rounds, label, rows):
@@ -157,7 +183,8 @@ def main():
                 sys.exit(f"cache_compare: unknown target '{target}' (disk, ramloop, s3rver)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_table(["target", "case", "unit", "sluice", "anchor", "anchor tool", "ratio", "range"], rows, a.markdown)
+    print_table(["target", "case", "unit", "sluice", "anchor", "anchor tool", "ratio", "range",
+                 "CPU s/GiB sluice", "CPU s/GiB anchor"], rows, a.markdown)
     print(f"\nmedians of {a.rounds} interleaved rounds; ratio is the median of per-round ratios\n")
     trace = json.loads(run([f"{BIN}/sluice_cache_bench", "trace"]))
     print_table(["trace (1.5x the cache, 3 epochs)", "policy", "epoch 1", "epoch 2", "epoch 3"],

@@ -14,13 +14,17 @@ What is compared, each round:
             committed (fdatasync, rename, manifest)      (O_DIRECT, io_uring, 4M x 16, end_fsync)
   save      sluice save() until every tier committed vs  torch.save of the tensors + fsync
   restore   sluice restore() into allocated tensors, vs  torch.load from a cold page cache
-            every chunk checked                          (the file's pages dropped first)
+            every chunk checked                          (the file's pages dropped first),
+                                                         and fio reading fio's file back
+                                                         (O_DIRECT, io_uring, 4M x 16)
+            with CPU seconds (user + system, the process's rusage) per GiB of both
 The rounds alternate which side goes first. Needs fio and Debian's python3-torch
 (scripts/install-deps.sh --bench); run with /usr/bin/python3.
 """
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -57,10 +61,17 @@ print(json.dumps({"save_s": save_s, "load_s": load_s}))
 
 
 def run(cmd):
+    c0 = children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True)
+    run.cpu = children_cpu() - c0
     if p.returncode != 0:
         sys.exit(f"ckpt_compare: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
     return p.stdout
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def drop_cache(path):
@@ -77,6 +88,7 @@ def sluice_round(bench, d, nbytes, ntensors, step):
     drop_cache(d)
     restore = json.loads(run([bench, "restore", "--dir", d, "--bytes", str(nbytes), "--tensors",
                               str(ntensors), "--step", str(step)]))
+    restore["restore_cpu_per_gib"] = run.cpu / (nbytes / (1 << 30))  # the process, start included
     shutil.rmtree(os.path.join(d, "bench"), ignore_errors=True)
     return {**save, **restore}
 
@@ -85,8 +97,14 @@ def fio_round(path, nbytes):
     j = json.loads(run(["fio", "--name=anchor", f"--filename={path}", "--ioengine=io_uring",
                         "--direct=1", "--rw=write", "--bs=4M", "--iodepth=16", f"--size={nbytes}",
                         "--end_fsync=1", "--thread", "--output-format=json"]))
+    drop_cache(os.path.dirname(path))
+    r = json.loads(run(["fio", "--name=anchor", f"--filename={path}", "--ioengine=io_uring",
+                        "--direct=1", "--rw=read", "--bs=4M", "--iodepth=16", f"--size={nbytes}",
+                        "--thread", "--output-format=json"]))
     os.unlink(path)
-    return {"fio_s": j["jobs"][0]["write"]["runtime"] / 1000.0}
+    return {"fio_s": j["jobs"][0]["write"]["runtime"] / 1000.0,
+            "fio_read_s": r["jobs"][0]["read"]["runtime"] / 1000.0,
+            "fio_read_cpu_per_gib": run.cpu / (nbytes / (1 << 30))}
 
 
 def torch_round(path, nbytes, ntensors):
@@ -149,6 +167,10 @@ def main():
          f"{med('torch_save_s'):.3f} / {med('total_s'):.3f}"),
         ("restore: torch.load cold / sluice restore", lambda x: x["torch_load_s"] / x["restore_s"], ">= 2",
          f"{med('torch_load_s'):.3f} / {med('restore_s'):.3f}"),
+        ("restore: fio read (O_DIRECT) / sluice restore", lambda x: x["fio_read_s"] / x["restore_s"], "-",
+         f"{med('fio_read_s'):.3f} / {med('restore_s'):.3f}"),
+        ("restore CPU s/GiB: sluice / fio read", lambda x: x["restore_cpu_per_gib"] / x["fio_read_cpu_per_gib"],
+         "-", f"{med('restore_cpu_per_gib'):.3f} / {med('fio_read_cpu_per_gib'):.3f} (CPU s/GiB)"),
     ]
     out = []
     for name, f, target, secs in table:

@@ -458,8 +458,9 @@ class _SharedSlots:
     the CPU of a warm epoch of 100 KiB samples, 4 workers, 2 cores).
 
     Each slot is a memfd of this worker's. A batch crosses to the main process as the
-    slot's number, descriptor and size (a few bytes pickled), and the main process maps
-    the slot once, through /proc/<worker>/fd, keeping it for the pass (`_Packed.unpack`).
+    slot's number, descriptor and size (a few bytes pickled); the main process opens the
+    slot through /proc/<worker>/fd when the batch arrives and maps it the first time,
+    keeping the map for the pass (`_Packed`).
     Not torch's shared tensors: with the file_system sharing strategy each worker's first
     one started a torch_shm_manager process, which loads libtorch (about a tenth of the
     CPU of a cold epoch, 4 workers, 2 cores), and with file_descriptor every batch sent a
@@ -481,6 +482,15 @@ class _SharedSlots:
         self.busy = memoryview(self._busy_map)
         self.slots: list = []  # (generation, descriptor, size, map) per slot
         self._made = 0  # slots made, each a generation of its own
+
+    def close(self) -> None:
+        """Closes the slots' descriptors. Not for a worker's pass (see above): for a
+        process that makes slots and outlives them, such as a test."""
+        self.busy.release()
+        for _, fd, _, _ in self.slots:
+            os.close(fd)
+        os.close(self.busy_fd)
+        self.slots = []
 
     def _make(self, n: int) -> tuple:
         self._made += 1
@@ -514,29 +524,63 @@ class _SharedSlots:
         return mm
 
 
-def _mapped(pid: int, fd: int, size: int) -> mmap.mmap:
-    """A worker's memfd mapped here, read-write (the busy bytes are written here)."""
+def _open_worker_fd(pid: int, fd: int, flags: int) -> int:
+    """A DataLoader worker's descriptor opened here, through /proc."""
     path = f"/proc/{pid}/fd/{fd}"
     try:
-        own = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        return os.open(path, flags | os.O_CLOEXEC)
     except OSError as e:
         raise Unavailable(f"{path}: cannot open a DataLoader worker's batch buffer: "
                           f"{e.strerror}") from e
-    try:
-        return mmap.mmap(own, size)
-    finally:
-        os.close(own)
 
 
 class _Packed:
     """A batch from a DataLoader worker: its samples' bytes back to back in one of the
     worker's `_SharedSlots` (or, when they were all busy, in a buffer pickled with it), and
-    where each sample's fields lie in it."""
+    where each sample's fields lie in it.
+
+    The main process opens the worker's slot and busy bytes as soon as it unpickles the
+    batch: the worker is alive then (torch tells a worker to exit only once its end of pass
+    has come, which follows its batches on the same queue), and may not be by `unpack`,
+    when torch kept the batch back for the order."""
 
     def __init__(self, slots: _SharedSlots, slot: int, where: Any, records: list) -> None:
         self.pool, self.pid, self.busy_fd, self.slot = slots.id, slots.pid, slots.busy_fd, slot
         self.where = where  # (generation, descriptor, size), or the bytes for slot -1
         self.records = records  # (key, index, ((field, offset, length), ...)) per sample
+        self._opened: Any = None  # (data, busy) descriptors of this process, or the error
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_opened"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._open()
+
+    def __del__(self) -> None:
+        self._close()
+
+    def _open(self) -> None:
+        if self.slot < 0 or self._opened is not None:
+            return
+        try:
+            data = _open_worker_fd(self.pid, self.where[1], os.O_RDONLY)
+            try:
+                busy = _open_worker_fd(self.pid, self.busy_fd, os.O_RDWR)
+            except Unavailable:
+                os.close(data)
+                raise
+            self._opened = (data, busy)
+        except Unavailable as e:
+            self._opened = e  # raised by unpack: an unpickling error would be torch's to report
+
+    def _close(self) -> None:
+        opened, self._opened = getattr(self, "_opened", None), None
+        if isinstance(opened, tuple):
+            for fd in opened:
+                os.close(fd)
 
     def unpack(self, pin_memory: bool = False, held: dict | None = None) -> dict:
         """The collated batch; the slot is free again when this returns. `held` keeps the
@@ -546,15 +590,21 @@ class _Packed:
         if self.slot < 0:
             data = self.where
         else:
-            generation, fd, size = self.where
-            mine = held.get((self.pool, self.slot))
-            if mine is None or mine[0] != generation:  # a slot made again: mapped again
-                mine = held[self.pool, self.slot] = (generation, _mapped(self.pid, fd, size))
-            data = mine[1]
-            busy = held.get((self.pool, "busy"))
-            if busy is None:
-                busy = held[self.pool, "busy"] = _mapped(self.pid, self.busy_fd,
-                                                         _SharedSlots._MAX)
+            self._open()
+            try:
+                if isinstance(self._opened, Exception):
+                    raise self._opened
+                generation, _, size = self.where
+                mine = held.get((self.pool, self.slot))
+                if mine is None or mine[0] != generation:  # a slot made again: mapped again
+                    mine = held[self.pool, self.slot] = (
+                        generation, mmap.mmap(self._opened[0], size, prot=mmap.PROT_READ))
+                data = mine[1]
+                busy = held.get((self.pool, "busy"))
+                if busy is None:
+                    busy = held[self.pool, "busy"] = mmap.mmap(self._opened[1], _SharedSlots._MAX)
+            finally:
+                self._close()
         view = memoryview(data)
         try:
             return _collated([(key, index, {name: bytes(view[at:at + length])

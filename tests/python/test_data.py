@@ -4,8 +4,12 @@ resume."""
 
 import collections
 import io
+import mmap
+import multiprocessing
 import os
+import pickle
 import tarfile
+import types
 
 import pytest
 import torch
@@ -108,11 +112,12 @@ def test_workers_make_whole_batches(shards, tmp_path, monkeypatch, packed):
     unpacked = []
     if packed:
         monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
-        unpack, mapped_fn = sluice.data._Packed.unpack, sluice.data._mapped
+        unpack = sluice.data._Packed.unpack
         monkeypatch.setattr(sluice.data._Packed, "unpack", lambda self, *a: unpacked.append(
             (self.pool, self.slot)) or unpack(self, *a))
-        mapped = []
-        monkeypatch.setattr(sluice.data, "_mapped", lambda *a: mapped.append(a) or mapped_fn(*a))
+        mapped = []  # the maps this process makes (the workers' own are in their copies)
+        monkeypatch.setattr(sluice.data, "mmap", types.SimpleNamespace(
+            PROT_READ=mmap.PROT_READ, mmap=lambda *a, **k: mapped.append(a) or mmap.mmap(*a, **k)))
     ds = sluice.data.StreamingDataset(root, seed=4)
     loader = sluice.data.DataLoader(ds, batch_size=8, num_workers=2)
     assert loader.batch_size == 8 and len(loader) == (SAMPLES + 7) // 8
@@ -160,6 +165,7 @@ def test_a_workers_shared_slots_are_used_again_and_a_busy_one_never():
     generation, _, size = taken[-1][1]
     assert taken[-1][0] == 3 and size >= 1 << 20 and generation != taken[3][1][0]
     assert sum(slots.busy) == slots._MAX
+    slots.close()
 
 
 def test_a_packed_batch_is_read_from_the_workers_slot_and_frees_it():
@@ -186,9 +192,39 @@ def test_a_packed_batch_is_read_from_the_workers_slot_and_frees_it():
     big = b"x" * (1 << 17)
     assert packed(big).unpack(held=held)["txt"] == [b"xxx", big[3:]]
     assert held[slots.id, 0] is not first and sum(slots.busy) == 0
-    for i in range(slots._MAX):
-        slots.busy[i] = 1
-    assert packed(b"ownbuf").unpack(held=held)["txt"] == [b"own", b"buf"]
+    for _ in range(slots._MAX):  # every slot made and busy: a buffer of its own
+        slots.take(10, [])
+    assert sum(slots.busy) == len(slots.slots) == slots._MAX
+    batch = packed(b"ownbuf")
+    assert batch.slot == -1 and isinstance(batch.where, bytearray)
+    batch = pickle.loads(pickle.dumps(batch))  # its bytes cross with it
+    assert batch.unpack(held=held)["txt"] == [b"own", b"buf"]
+    slots.close()
+
+
+def _send_a_batch_then_exit(conn) -> None:
+    slots = sluice.data._SharedSlots()
+    taken: list = []
+    slots.take(6, taken)[:6] = b"abcdef"
+    conn.send_bytes(pickle.dumps(sluice.data._Packed(slots, *taken[0], [
+        ("a", 0, (("txt", 0, 6),))])))
+    conn.recv()  # exit when told, as torch tells a worker at its end of pass
+    os._exit(0)
+
+
+def test_a_packed_batch_unpacked_after_its_worker_exited():
+    """torch may keep a worker's batch back for the order while the worker, told its pass is
+    over, exits: the batch is opened when it arrives, and unpacked later."""
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    worker = multiprocessing.get_context("fork").Process(target=_send_a_batch_then_exit,
+                                                         args=(child,))
+    worker.start()
+    batch = pickle.loads(parent.recv_bytes())
+    parent.send(None)
+    worker.join(30)
+    assert worker.exitcode == 0
+    assert not os.path.exists(f"/proc/{worker.pid}")
+    assert batch.unpack(held={})["txt"] == [b"abcdef"]
 
 
 def test_a_packed_batch_whose_worker_is_gone_is_a_clear_error():
@@ -196,9 +232,10 @@ def test_a_packed_batch_whose_worker_is_gone_is_a_clear_error():
     taken: list = []
     slots.take(10, taken)
     batch = sluice.data._Packed(slots, *taken[0], [("a", 0, (("txt", 0, 10),))])
-    batch.pid = 2 ** 22 + 1  # past pid_max's default: no such process
+    batch.pid = 2 ** 22 + 1  # past pid_max's largest: no such process
     with pytest.raises(sluice.errors.Unavailable, match="worker's batch buffer"):
         batch.unpack(held={})
+    slots.close()
 
 
 @pytest.mark.parametrize("packed", [True, False])

@@ -64,15 +64,6 @@ constexpr uint64_t kShardTag = 1, kWindowTag = 2;
 // Where a request costs little (a local file, a cache), samples this close still share one.
 constexpr uint64_t kNearGap = uint64_t{64} << 10;
 
-// Asks the CPU for a tar sample's 512-byte header ahead of its parsing. A slice's bytes come
-// from the NVMe tier's DMA (or a copy long before), so the header is in no cache, and
-// samples are too far apart for the hardware prefetcher to follow: with 1 KiB samples that
-// first touch was about 30% of the cycles.
-constexpr size_t kHeadersAhead = 4;
-inline void prefetch_header(const std::byte* header) {
-  for (size_t line = 0; line < 512; line += 64) __builtin_prefetch(header + line);
-}
-
 // The order of one epoch: units (tar shards, or single samples of a plain-object dataset)
 // shuffled, cut into windows of at least `window` samples, each window's samples shuffled.
 class EpochPlan {
@@ -543,12 +534,7 @@ struct Loader::Impl {
     }
     std::shared_ptr<const void> hold(buffer, buffer.get());
     slice->samples.reserve(samples.size());
-    const bool tar = ds->format() != Format::kObjects;
-    for (size_t i = 0; tar && i < std::min(kHeadersAhead, samples.size()); ++i)
-      prefetch_header(buffer.get() + where[i]);
     for (size_t i = 0; i < samples.size(); ++i) {
-      if (tar && i + kHeadersAhead < samples.size())
-        prefetch_header(buffer.get() + where[i + kHeadersAhead]);
       const auto& ref = ds->sample(samples[i]);
       Sample s{ds->sample_key(samples[i]), epoch, positions[i], samples[i], {}, hold};
       std::byte* base = buffer.get() + where[i];

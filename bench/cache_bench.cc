@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -56,7 +58,21 @@ std::unique_ptr<cache::TieredCache> open_cache(const std::string& data, const st
 }
 
 // Reads big.bin chunk by chunk with `threads` readers; returns seconds.
-double read_all(store::Store& s, uint64_t size, unsigned threads) {
+// The process's user + system CPU seconds so far (every thread).
+double cpu_seconds() {
+  rusage r{};
+  ::getrusage(RUSAGE_SELF, &r);
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return secs(r.ru_utime) + secs(r.ru_stime);
+}
+
+// A timed pass: its wall-clock seconds and the process's CPU seconds over it.
+struct Timed {
+  double seconds = 0, cpu_s = 0;
+};
+
+Timed read_all(store::Store& s, uint64_t size, unsigned threads) {
+  const double c0 = cpu_seconds();
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> ts;
   std::atomic<bool> failed{false};
@@ -75,13 +91,15 @@ double read_all(store::Store& s, uint64_t size, unsigned threads) {
   }
   for (auto& t : ts) t.join();
   if (failed) std::exit(1);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+          cpu_seconds() - c0};
 }
 
-double memcpy_all(uint64_t size, unsigned threads) {
+Timed memcpy_all(uint64_t size, unsigned threads) {
   AlignedBuffer src = touched(size);
   std::vector<AlignedBuffer> dst;
   for (unsigned t = 0; t < threads; ++t) dst.push_back(touched(kChunk));
+  const double c0 = cpu_seconds();
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> ts;
   for (unsigned t = 0; t < threads; ++t) {
@@ -92,7 +110,8 @@ double memcpy_all(uint64_t size, unsigned threads) {
     });
   }
   for (auto& t : ts) t.join();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+          cpu_seconds() - c0};
 }
 
 void trace() {
@@ -174,12 +193,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   uint64_t size = std::filesystem::file_size(big);
-  double seconds = 0;
+  Timed timed;
   if (mode == "memcpy") {
-    seconds = memcpy_all(size, threads);
+    timed = memcpy_all(size, threads);
   } else if (mode == "nvme") {
     auto c = open_cache(data, dir, 0);
-    seconds = read_all(*c, size, threads);
+    timed = read_all(*c, size, threads);
     auto s = c->stats();
     if (s.misses != 0) {
       std::fprintf(stderr, "cache_bench: %lu misses: run prepare first\n",
@@ -189,16 +208,18 @@ int main(int argc, char** argv) {
   } else if (mode == "ram") {
     auto c = open_cache(data, dir, size + (64 << 20));
     read_all(*c, size, threads);  // NVMe -> RAM, not timed
-    seconds = read_all(*c, size, threads);
+    timed = read_all(*c, size, threads);
   } else {
     std::fprintf(stderr, "cache_bench: unknown mode %s\n", mode.c_str());
     return 2;
   }
-  std::printf("%s\n", nlohmann::json({{"mode", mode},
-                                      {"bytes", size},
-                                      {"seconds", seconds},
-                                      {"gib_s", static_cast<double>(size) / seconds / (1 << 30)}})
-                          .dump()
-                          .c_str());
+  std::printf("%s\n",
+              nlohmann::json({{"mode", mode},
+                              {"bytes", size},
+                              {"seconds", timed.seconds},
+                              {"cpu_s", timed.cpu_s},
+                              {"gib_s", static_cast<double>(size) / timed.seconds / (1 << 30)}})
+                  .dump()
+                  .c_str());
   return 0;
 }

@@ -6,8 +6,12 @@
 //     stall_s    save() until it returned (bytes staged; training may go on)
 //     durable_s  save() until the local tier committed (fdatasync'd, renamed, manifest)
 //     total_s    save() until every tier committed
+//     save_cpu_s the process's CPU seconds (user + system, every thread) over total_s
 //   sluice_ckpt_bench restore --dir D --step S
 //     restore_s  restore() into already-allocated, touched buffers, every chunk verified
+//     restore_cpu_s  the process's CPU seconds over restore_s
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +31,14 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The process's user + system CPU seconds so far (every thread).
+double cpu_seconds() {
+  rusage r{};
+  ::getrusage(RUSAGE_SELF, &r);
+  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return secs(r.ru_utime) + secs(r.ru_stime);
 }
 
 int die(const Error& e) {
@@ -86,6 +98,7 @@ int main(int argc, char** argv) {
                        per,
                        nullptr,
                        {}});
+    const double c0 = cpu_seconds();
     t0 = Clock::now();
     auto h = (*cp)->save(step, views);
     if (!h) return die(h.error());
@@ -94,15 +107,18 @@ int main(int argc, char** argv) {
     out["durable_s"] = since(t0);
     if (auto st = (*h)->wait(); !st) return die(st.error());
     out["total_s"] = since(t0);
+    out["save_cpu_s"] = cpu_seconds() - c0;
   } else {
     std::vector<ckpt::TensorDest> dests;
     for (unsigned i = 0; i < tensors; ++i)
       dests.push_back(
           {"layer." + std::to_string(i) + ".weight", -1, state[i].data(), per, nullptr});
+    const double c0 = cpu_seconds();
     auto t0 = Clock::now();
     auto r = (*cp)->restore(step, dests);
     if (!r) return die(r.error());
     out["restore_s"] = since(t0);
+    out["restore_cpu_s"] = cpu_seconds() - c0;
   }
   std::printf("%s\n", out.dump().c_str());
   return 0;

@@ -17,14 +17,15 @@ What is compared, each round:
             every chunk checked                          (the file's pages dropped first),
                                                          and fio reading fio's file back
                                                          (O_DIRECT, io_uring, 4M x 16)
-            with CPU seconds (user + system, the process's rusage) per GiB of both
+  CPU       seconds (user + system) per GiB: sluice's over save() until every tier
+            committed and over restore() (its rusage, every thread), fio's over its write
+            and its read (its own usr_cpu + sys_cpu)
 The rounds alternate which side goes first. Needs fio and Debian's python3-torch
 (scripts/install-deps.sh --bench); run with /usr/bin/python3.
 """
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -61,17 +62,15 @@ print(json.dumps({"save_s": save_s, "load_s": load_s}))
 
 
 def run(cmd):
-    c0 = children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True)
-    run.cpu = children_cpu() - c0
     if p.returncode != 0:
         sys.exit(f"ckpt_compare: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
     return p.stdout
 
 
-def children_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def fio_cpu(job, rw):
+    """A fio job's CPU seconds over its run (its usr_cpu + sys_cpu are percentages)."""
+    return (job["usr_cpu"] + job["sys_cpu"]) / 100 * job[rw]["runtime"] / 1000
 
 
 def drop_cache(path):
@@ -85,10 +84,11 @@ def drop_cache(path):
 def sluice_round(bench, d, nbytes, ntensors, step):
     save = json.loads(run([bench, "save", "--dir", d, "--bytes", str(nbytes), "--tensors",
                            str(ntensors), "--step", str(step)]))
+    save["save_cpu_per_gib"] = save["save_cpu_s"] / (nbytes / (1 << 30))
     drop_cache(d)
     restore = json.loads(run([bench, "restore", "--dir", d, "--bytes", str(nbytes), "--tensors",
                               str(ntensors), "--step", str(step)]))
-    restore["restore_cpu_per_gib"] = run.cpu / (nbytes / (1 << 30))  # the process, start included
+    restore["restore_cpu_per_gib"] = restore["restore_cpu_s"] / (nbytes / (1 << 30))
     shutil.rmtree(os.path.join(d, "bench"), ignore_errors=True)
     return {**save, **restore}
 
@@ -97,14 +97,15 @@ def fio_round(path, nbytes):
     j = json.loads(run(["fio", "--name=anchor", f"--filename={path}", "--ioengine=io_uring",
                         "--direct=1", "--rw=write", "--bs=4M", "--iodepth=16", f"--size={nbytes}",
                         "--end_fsync=1", "--thread", "--output-format=json"]))
+    write_cpu = fio_cpu(j["jobs"][0], "write") / (nbytes / (1 << 30))
     drop_cache(os.path.dirname(path))
     r = json.loads(run(["fio", "--name=anchor", f"--filename={path}", "--ioengine=io_uring",
                         "--direct=1", "--rw=read", "--bs=4M", "--iodepth=16", f"--size={nbytes}",
                         "--thread", "--output-format=json"]))
     os.unlink(path)
-    return {"fio_s": j["jobs"][0]["write"]["runtime"] / 1000.0,
+    return {"fio_s": j["jobs"][0]["write"]["runtime"] / 1000.0, "fio_write_cpu_per_gib": write_cpu,
             "fio_read_s": r["jobs"][0]["read"]["runtime"] / 1000.0,
-            "fio_read_cpu_per_gib": run.cpu / (nbytes / (1 << 30))}
+            "fio_read_cpu_per_gib": fio_cpu(r["jobs"][0], "read") / (nbytes / (1 << 30))}
 
 
 def torch_round(path, nbytes, ntensors):
@@ -163,6 +164,8 @@ def main():
          f"{med('stall_s'):.3f} / {med('memcpy_s'):.3f}"),
         ("durable: local tier committed / fio + fsync", lambda x: x["durable_s"] / x["fio_s"], "<= 1.15",
          f"{med('durable_s'):.3f} / {med('fio_s'):.3f}"),
+        ("save CPU s/GiB: sluice / fio write", lambda x: x["save_cpu_per_gib"] / x["fio_write_cpu_per_gib"],
+         "-", f"{med('save_cpu_per_gib'):.3f} / {med('fio_write_cpu_per_gib'):.3f} (CPU s/GiB)"),
         ("save: torch.save + fsync / sluice save", lambda x: x["torch_save_s"] / x["total_s"], ">= 3",
          f"{med('torch_save_s'):.3f} / {med('total_s'):.3f}"),
         ("restore: torch.load cold / sluice restore", lambda x: x["torch_load_s"] / x["restore_s"], ">= 2",
@@ -178,7 +181,7 @@ def main():
         out.append([name, f"{m:.2f}", f"{lo:.2f}-{hi:.2f}", target, secs])
     print(f"{nbytes / (1 << 30):.2f} GiB in {a.tensors} float32 tensors, {a.rounds} rounds, medians, "
           f"on {a.target}")
-    print_table(["comparison", "median ratio", "range", "target", "median seconds"], out, a.markdown)
+    print_table(["comparison", "median ratio", "range", "target", "medians"], out, a.markdown)
 
 
 if __name__ == "__main__":

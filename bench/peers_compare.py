@@ -245,6 +245,10 @@ def main():
     if not find_s3rver():
         print("SKIP: s3rver not found (make test-tools)", file=sys.stderr)
         return
+    missing = [t for t in ("iperf3", "fio") if "peer" in a.cases.split(",") and not shutil.which(t)]
+    if missing:
+        sys.exit(f"peers_compare: case peer needs {' and '.join(missing)} "
+                 "(scripts/install-deps.sh --bench)")
     size = parse_size(a.size)
     work = tempfile.mkdtemp(prefix="sluice-peers-bench-", dir="/var/tmp")
     s3 = S3rver(buckets=("test",))

@@ -139,9 +139,10 @@ def peer_case(work, endpoint, size, rounds, rows, asker_ram=0):
                                       ram={"asker": asker_ram})
     cpu = {"sluiced": [], "warm": [], "iperf3": []}  # CPU s/GiB per round
     iperf_port = free_port()
-    iperf_server = subprocess.Popen(["iperf3", "-s", "-p", str(iperf_port)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
+    iperf_server = None
+    try:  # the daemons are stopped whatever fails from here on
+        iperf_server = subprocess.Popen(["iperf3", "-s", "-p", str(iperf_port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cat = [f"{BIN}/sluice", "cat", "--cache", "--daemon"]
         subprocess.run(cat + [socks[0], "s3://test/bench/fan"], check=True, env=env(work),
                        stdout=subprocess.DEVNULL)
@@ -227,8 +228,9 @@ def peer_case(work, endpoint, size, rounds, rows, asker_ram=0):
                      "fio write (4M, O_DIRECT, QD 4)", f"{med(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}",
                      "", ""])
     finally:
-        iperf_server.terminate()
-        iperf_server.wait(10)
+        if iperf_server:
+            iperf_server.terminate()
+            iperf_server.wait(10)
         stop_daemons(daemons)
         shutil.rmtree(d, ignore_errors=True)
 

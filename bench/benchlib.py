@@ -1,7 +1,27 @@
 """Small helpers shared by the benchmark scripts (standard library only)."""
 import os
+import resource
 
 SLUICE_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin", "sluice")
+
+
+def children_cpu():
+    """User + system CPU seconds of this process's waited-for children so far (rusage)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu(pid):
+    """User + system CPU seconds of a running process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fio_cpu(job, rw):
+    """A fio job's CPU seconds over its `rw` ("read" or "write") run, from its JSON: its
+    usr_cpu and sys_cpu are percentages of that runtime."""
+    return (job["usr_cpu"] + job["sys_cpu"]) / 100 * job[rw]["runtime"] / 1000
 
 
 def parse_size(s):

@@ -18,17 +18,17 @@
 #include <thread>
 #include <vector>
 
-#include <sys/resource.h>
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cpu_seconds.h"
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/mem/buffer_pool.h"
 
 namespace {
 
 using namespace sluice;
+using bench::cpu_seconds;
 constexpr uint64_t kChunk = 4 << 20;
 
 [[noreturn]] void die(const std::string& what, const Error& e) {
@@ -57,20 +57,12 @@ std::unique_ptr<cache::TieredCache> open_cache(const std::string& data, const st
   return std::move(*c);
 }
 
-// Reads big.bin chunk by chunk with `threads` readers; returns seconds.
-// The process's user + system CPU seconds so far (every thread).
-double cpu_seconds() {
-  rusage r{};
-  ::getrusage(RUSAGE_SELF, &r);
-  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-  return secs(r.ru_utime) + secs(r.ru_stime);
-}
-
 // A timed pass: its wall-clock seconds and the process's CPU seconds over it.
 struct Timed {
   double seconds = 0, cpu_s = 0;
 };
 
+// Reads big.bin chunk by chunk with `threads` readers.
 Timed read_all(store::Store& s, uint64_t size, unsigned threads) {
   const double c0 = cpu_seconds();
   auto t0 = std::chrono::steady_clock::now();

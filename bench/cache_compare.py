@@ -31,7 +31,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 sys.path.insert(0, os.path.dirname(__file__))
 from s3_harness import S3rver, find_s3rver  # noqa: E402
-from benchlib import SLUICE_DEFAULT, parse_size, print_table  # noqa: E402
+from benchlib import SLUICE_DEFAULT, fio_cpu, parse_size, print_table  # noqa: E402
 from fio_compare import RamLoop  # noqa: E402
 
 BIN = os.path.dirname(os.path.abspath(SLUICE_DEFAULT))
@@ -59,10 +59,8 @@ def fio(cache):
     out = run(["fio", "--name=anchor", f"--opendir={cache}/chunks", "--ioengine=io_uring", "--direct=1",
                "--rw=read", "--bs=1M", "--iodepth=16", "--numjobs=1", "--thread", "--output-format=json"])
     job = json.loads(out[out.index("{"):])["jobs"][0]  # after "opendir added N files"
-    j = job["read"]
-    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * j["runtime"] / 1000
-    last_cpu[0] = cpu_s / (j["io_bytes"] / (1 << 30))
-    return j["bw_bytes"] / (1 << 30)
+    last_cpu[0] = fio_cpu(job, "read") / (job["read"]["io_bytes"] / (1 << 30))
+    return job["read"]["bw_bytes"] / (1 << 30)
 
 
 def interleaved(rounds, pair):

@@ -10,8 +10,6 @@
 //   sluice_ckpt_bench restore --dir D --step S
 //     restore_s  restore() into already-allocated, touched buffers, every chunk verified
 //     restore_cpu_s  the process's CPU seconds over restore_s
-#include <sys/resource.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -22,23 +20,17 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cpu_seconds.h"
 #include "sluice/ckpt/checkpointer.h"
 
 namespace {
 
 using namespace sluice;
+using bench::cpu_seconds;
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The process's user + system CPU seconds so far (every thread).
-double cpu_seconds() {
-  rusage r{};
-  ::getrusage(RUSAGE_SELF, &r);
-  auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-  return secs(r.ru_utime) + secs(r.ru_stime);
 }
 
 int die(const Error& e) {

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchlib import parse_size, print_table
+from benchlib import fio_cpu, parse_size, print_table
 from fio_compare import RamLoop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,11 +66,6 @@ def run(cmd):
     if p.returncode != 0:
         sys.exit(f"ckpt_compare: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
     return p.stdout
-
-
-def fio_cpu(job, rw):
-    """A fio job's CPU seconds over its run (its usr_cpu + sys_cpu are percentages)."""
-    return (job["usr_cpu"] + job["sys_cpu"]) / 100 * job[rw]["runtime"] / 1000
 
 
 def drop_cache(path):

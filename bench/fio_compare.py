@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchlib import SLUICE_DEFAULT, parse_size, print_table
+from benchlib import SLUICE_DEFAULT, fio_cpu, parse_size, print_table
 
 GIB = 1 << 30
 
@@ -63,10 +63,10 @@ def fio_once(path, size, rw, bs, qd, runtime):
     if runtime:
         cmd += [f"--runtime={runtime}", "--time_based"]
     j = json.loads(run(cmd))["jobs"][0]
-    side = j["write"] if rw in ("write", "randwrite") else j["read"]
-    seconds = side["runtime"] / 1000.0
+    kind = "write" if rw in ("write", "randwrite") else "read"
+    side = j[kind]
     gib = side["io_bytes"] / GIB
-    cpu_s = (j["usr_cpu"] + j["sys_cpu"]) / 100 * seconds
+    cpu_s = fio_cpu(j, kind)
     return {
         "gib_s": side["bw_bytes"] / GIB,
         "iops": side["iops"],

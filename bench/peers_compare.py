@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 sys.path.insert(0, os.path.dirname(__file__))
-from benchlib import SLUICE_DEFAULT, parse_size, print_table  # noqa: E402
+from benchlib import SLUICE_DEFAULT, children_cpu, parse_size, print_table, process_cpu  # noqa: E402
 from s3_harness import S3rver, find_s3rver, free_port  # noqa: E402
 import sluiced_harness  # noqa: E402
 
@@ -72,6 +71,7 @@ def fan_out(work, endpoint, n, size, digest):
 def start_daemons(d, work, endpoint, names, size, fetch_only=(), ram=None):
     """Daemons named `names` on loopback with one peers file; returns (daemons, socks, ports).
     `ram`: {name: RAM tier bytes} (default none), waited for until it is touched."""
+    ram = ram or {}
     ports = [free_port() for _ in names]
     with open(os.path.join(d, "peers"), "w") as f:
         f.writelines(f"{n} 127.0.0.1:{p}{' fetch-only' if n in fetch_only else ''}\n" for n, p in zip(names, ports))
@@ -83,12 +83,12 @@ def start_daemons(d, work, endpoint, names, size, fetch_only=(), ram=None):
         for n, p in zip(names, ports):
             daemons.append(sluiced_harness.Sluiced(
                 f"{BIN}/sluiced", os.path.join(d, f"{n}.sock"), os.path.join(d, f"c-{n}"),
-                ["--cache-ram", f"{(ram or {}).get(n, 0) >> 20}M", "--cache-size",
+                ["--cache-ram", f"{ram.get(n, 0) >> 20}M", "--cache-size",
                  f"{2 * size >> 20}M", "--endpoint-url",
                  endpoint, "--peer-listen", f"127.0.0.1:{p}", "--peers", os.path.join(d, "peers"),
                  "--node-name", n, "--node-secret-file", secret],
                 env=env(work), log=os.path.join(d, f"{n}.log")))
-            if (ram or {}).get(n):
+            if ram.get(n):
                 daemons[-1].wait_for("RAM tier ready")
     except Exception:
         stop_daemons(daemons)
@@ -107,13 +107,6 @@ def stat(work, sock):
     return json.loads(p.stdout)
 
 
-def cpu_seconds(pid):
-    """User + system CPU seconds of a running process."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def settle(work, sock):
     """Waits until a daemon's NVMe tier stops growing (its writes behind a RAM tier)."""
     last = None
@@ -123,11 +116,6 @@ def settle(work, sock):
             return
         last = n
         time.sleep(0.1)
-
-
-def children_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def peer_case(work, endpoint, size, rounds, rows, asker_ram=0):
@@ -157,7 +145,7 @@ def peer_case(work, endpoint, size, rounds, rows, asker_ram=0):
             subprocess.run([f"{BIN}/sluice", "cache", "evict", "s3://test/bench/", "--daemon", socks[1]],
                            check=True, env=env(work), capture_output=True)
             before = stat(work, socks[1])["bytes_from"]
-            c0 = sum(cpu_seconds(x.proc.pid) for x in daemons) + children_cpu()
+            c0 = sum(process_cpu(x.proc.pid) for x in daemons) + children_cpu()
             t0 = time.perf_counter()
             subprocess.run(command or cat + [socks[1], "s3://test/bench/fan"], check=True, env=env(work),
                            stdout=subprocess.DEVNULL)
@@ -166,7 +154,7 @@ def peer_case(work, endpoint, size, rounds, rows, asker_ram=0):
             # Behind a RAM tier the fetching daemon's NVMe writes go on after the read: their
             # CPU is the fetch's, not the next round's.
             settle(work, socks[1])
-            c1 += sum(cpu_seconds(x.proc.pid) for x in daemons)
+            c1 += sum(process_cpu(x.proc.pid) for x in daemons)
             cpu["warm" if command else "sluiced"].append((c1 - c0) / (size / (1 << 30)))
             after = stat(work, socks[1])["bytes_from"]
             if after["peer"] - before["peer"] != size or after["backing"] != before["backing"]:
@@ -184,10 +172,10 @@ def peer_case(work, endpoint, size, rounds, rows, asker_ram=0):
             return json.loads(out.stdout)["jobs"][0]["write"]["bw_bytes"] / (1 << 30)
 
         def loopback():
-            c0 = cpu_seconds(iperf_server.pid) + children_cpu()
+            c0 = process_cpu(iperf_server.pid) + children_cpu()
             out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(iperf_port), "-n", str(size), "-J"],
                                  capture_output=True, text=True)
-            cpu["iperf3"].append((cpu_seconds(iperf_server.pid) + children_cpu() - c0) / (size / (1 << 30)))
+            cpu["iperf3"].append((process_cpu(iperf_server.pid) + children_cpu() - c0) / (size / (1 << 30)))
             return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / (1 << 30)
 
         res = []

@@ -21,7 +21,6 @@ The RAM-backed target (ext4 on a loop device over /dev/shm) needs root; without 
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 sys.path.insert(0, os.path.dirname(__file__))
-from benchlib import SLUICE_DEFAULT, parse_size, print_table  # noqa: E402
+from benchlib import SLUICE_DEFAULT, children_cpu, parse_size, print_table, process_cpu  # noqa: E402
 from cache_compare import fio, interleaved, summarize  # noqa: E402
 from fio_compare import RamLoop  # noqa: E402
 
@@ -44,18 +43,6 @@ def sluice(*args, env=None):
     if p.returncode != 0:
         sys.exit(f"sluiced_compare: sluice {' '.join(args[:3])} failed: {p.stderr.decode()[-2000:]}")
     return p.stdout
-
-
-def children_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def process_cpu(pid):
-    """User + system seconds of a running process, from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def warm_case(directory, size, rounds, label, rows):

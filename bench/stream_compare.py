@@ -24,7 +24,6 @@ Needs s3rver (make test-tools), fio and curl. Run with /usr/bin/python3.
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -34,16 +33,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
-from benchlib import SLUICE_DEFAULT, print_table  # noqa: E402
+from benchlib import SLUICE_DEFAULT, children_cpu, print_table  # noqa: E402
 from s3_harness import S3rver, find_s3rver  # noqa: E402
 
 WARM_EPOCHS = 3  # read by the warm case, in one process (and as many loops of fio)
 ENV = dict(os.environ, AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER")
-
-
-def children_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def run(cmd, **kw):

@@ -470,8 +470,8 @@ class _SharedSlots:
     cleared the slot's byte in `busy` (a memfd too). When every slot is busy a batch gets
     a buffer of its own, pickled with the batch. The descriptors stay open until the worker
     exits (torch's workers do not outlive a pass), not only until this object goes: the main
-    process maps a slot when it unpacks the batch, which may be after the worker's pass is
-    over."""
+    process opens a slot when the batch arrives, which may be after the worker's pass is
+    over (its last batches still in the pipe)."""
 
     _MAX = 8  # slots: the batches in flight (prefetch_factor) and a few more
 

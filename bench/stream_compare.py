@@ -4,6 +4,7 @@ interleaved, several rounds; prints medians and the median of the per-round rati
 
     bench/stream_compare.py                  # 5 rounds
     bench/stream_compare.py --rounds 3 --markdown
+    bench/stream_compare.py --cases small --cache-on ramloop   # caches on a RAM-backed loop (root)
 
 Datasets (made once, on s3rver):
   d100k   100 KiB samples in 16 MiB WebDataset shards with indexes (sluice dataset pack)
@@ -16,10 +17,16 @@ What is compared, each round:
   epoch 2 (warm)  the same read again, 3 epochs in one process (the cache's NVMe tier)  vs
                   fio reading the cache directory's chunk files 3 times (O_DIRECT, io_uring,
                   1M x 16); each side's CPU seconds (user + system, rusage) per GiB delivered
-  1 KiB warm      d1k read from a warm cache: samples/s, time to the first sample
+  1 KiB warm      d1k read from a warm cache, 3 epochs in one process: samples/s, samples per
+                  CPU second (user + system, rusage: "on one core" is at least the rate), time
+                  to the first sample  vs  fio reading the cache's chunk files as often, in
+                  samples/s at the bytes the loader read per sample (the device's ceiling)
   1 KiB objects   `sluice dataset read --no-cache` of o1k: objects/s    vs  curl with 16 parallel
                   connections GETting the same objects (the server's ceiling)
-Needs s3rver (make test-tools), fio and curl. Run with /usr/bin/python3.
+With --cache-on ramloop the caches live on ext4 over a loop device in /dev/shm, a fast
+device that leaves the CPU to measure (this VM's disk reads at 1-2 GiB/s, which caps the
+1 KiB case near its own speed). Needs s3rver (make test-tools), fio and curl. Run with
+/usr/bin/python3.
 """
 import argparse
 import json
@@ -34,6 +41,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 from benchlib import SLUICE_DEFAULT, children_cpu, print_table  # noqa: E402
+from fio_compare import RamLoop  # noqa: E402
 from s3_harness import S3rver, find_s3rver  # noqa: E402
 
 WARM_EPOCHS = 3  # read by the warm case, in one process (and as many loops of fio)
@@ -76,7 +84,12 @@ def main():
     ap.add_argument("--read-args", default="", help="extra arguments for sluice dataset read")
     ap.add_argument("--cases", default="cold,warm,small,objects",
                     help="which cases to run (comma-separated: cold, warm, small, objects)")
+    ap.add_argument("--cache-on", choices=["disk", "ramloop"], default="disk",
+                    help="where the caches live: this machine's disk, or ext4 on a RAM-backed loop "
+                         "device (needs root)")
     a = ap.parse_args()
+    if a.cache_on == "ramloop" and os.geteuid() != 0:
+        sys.exit("stream_compare: --cache-on ramloop needs root (losetup, mount)")
     for tool in ("fio", "curl"):
         if not shutil.which(tool):
             sys.exit(f"stream_compare: {tool} not found (scripts/install-deps.sh --bench)")
@@ -87,7 +100,13 @@ def main():
     ENV["SLUICE_HOME"] = os.path.join(work, "home")  # its own catalogs and caches
     s3 = S3rver(buckets=("bench",))
     ep = s3.endpoint
+    loop = None
     try:
+        caches = work
+        if a.cache_on == "ramloop":
+            # One round's caches at a time: the 100 KiB and 1 KiB datasets, and ext4's share.
+            loop = RamLoop(a.big_samples * (110 << 10) + a.small_samples * 1600)
+            caches = loop.mount
         print("preparing datasets on s3rver ...", file=sys.stderr)
         src = os.path.join(work, "src")
         make_dir(src + "100k", a.big_samples, 100 << 10)
@@ -117,9 +136,19 @@ def main():
             return j
 
         rows = {k: [] for k in ("cold", "cp", "warm", "fio", "warm_cpu", "fio_cpu", "amplification",
-                                "small_rate", "small_ttfb", "objs", "curl")}
+                                "small_rate", "small_per_cpu", "small_fio", "small_ttfb", "objs",
+                                "curl")}
+
+        def fio_loops(directory):
+            """fio reading the chunk files under `directory` WARM_EPOCHS times: (bytes/s, CPU s)."""
+            r = run(["fio", "--name=warm", f"--opendir={directory}/chunks", "--rw=read", "--bs=1M",
+                     "--direct=1", "--ioengine=io_uring", "--iodepth=16", "--readonly",
+                     f"--loops={WARM_EPOCHS}", "--output-format=json"])
+            job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]["read"]
+            return job["io_bytes"] / (job["runtime"] / 1000), r.cpu, job["io_bytes"]
+
         for rnd in range(a.rounds):
-            cache = os.path.join(work, f"cache-{rnd}")
+            cache = os.path.join(caches, f"cache-{rnd}")
             first = rnd % 2 == 0
             # epoch 1 (cold) against cp -r of the same shards
             def cold():
@@ -147,24 +176,32 @@ def main():
                 rows["amplification"].append(j["read_bytes"] / j["bytes"])
 
             def fio():
-                r = run(["fio", "--name=warm", f"--opendir={cache}/chunks", "--rw=read", "--bs=1M",
-                         "--direct=1", "--ioengine=io_uring", "--iodepth=16", "--readonly",
-                         f"--loops={WARM_EPOCHS}",
-                         "--output-format=json"])
-                job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]["read"]
-                rows["fio"].append(job["io_bytes"] / (job["runtime"] / 1000) / (1 << 20))
-                rows["fio_cpu"].append(r.cpu / (job["io_bytes"] / (1 << 30)))
+                rate, cpu, io_bytes = fio_loops(cache)
+                rows["fio"].append(rate / (1 << 20))
+                rows["fio_cpu"].append(cpu / (io_bytes / (1 << 30)))
             if "warm" in cases:
                 for fn in ((warm, fio) if first else (fio, warm)):
                     fn()
 
-            # 1 KiB samples, warm
+            # 1 KiB samples, warm, against fio on the same chunk files
             if "small" in cases:
-                small_cache = os.path.join(work, f"small-cache-{rnd}")
+                small_cache = os.path.join(caches, f"small-cache-{rnd}")
                 read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd))
-                j = read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd), "--epoch", "1")
-                rows["small_rate"].append(j["samples_per_s"])
-                rows["small_ttfb"].append(j["first_batch_s"] * 1e3)
+                got = {}
+
+                def small():
+                    j = read("s3://bench/d1k", "--cache-dir", small_cache, "--seed", str(rnd),
+                             "--epoch", "1", "--epochs", str(WARM_EPOCHS))
+                    rows["small_rate"].append(j["samples_per_s"])
+                    rows["small_per_cpu"].append(j["samples"] / j["cpu"])
+                    rows["small_ttfb"].append(j["first_batch_s"] * 1e3)
+                    got["bytes_per_sample"] = j["read_bytes"] / j["samples"]  # from the cache
+
+                def small_fio():
+                    got["fio"] = fio_loops(small_cache)[0]
+                for fn in ((small, small_fio) if first else (small_fio, small)):
+                    fn()
+                rows["small_fio"].append(got["fio"] / got["bytes_per_sample"])
                 shutil.rmtree(small_cache, ignore_errors=True)
 
             # 1 KiB objects, cold, against curl with 16 connections
@@ -201,18 +238,24 @@ def main():
              f"{med('fio_cpu'):.3f}", *ratio("warm_cpu", "fio_cpu"), "2.0"],
             ["epoch 2 (warm): bytes read per byte delivered", "x", f"{med('amplification'):.2f}", "-",
              "-", "-", "-", "1.05"],
-            ["1 KiB samples, warm", "samples/s", f"{med('small_rate'):.0f}", "-", "-", "-", "-",
-             "1000000"],
+            ["1 KiB samples, warm", "samples/s", f"{med('small_rate'):.0f}",
+             "fio on the cache, in samples/s", f"{med('small_fio'):.0f}",
+             *ratio("small_rate", "small_fio"), "1000000"],
+            ["1 KiB samples, warm: per CPU second", "samples", f"{med('small_per_cpu'):.0f}", "-",
+             "-", "-", "-", "1000000"],
             ["1 KiB samples, warm: first sample", "ms", f"{med('small_ttfb'):.1f}", "-", "-", "-", "-",
              "-"],
             ["1 KiB objects, cold", "objects/s", f"{med('objs'):.0f}", "curl, 16 connections",
              f"{med('curl'):.0f}", *ratio("objs", "curl"), "0.9"],
         ]
-        print(f"s3rver on loopback, {a.rounds} rounds, medians; ratio = sluice / anchor per round")
+        print(f"s3rver on loopback, caches on {a.cache_on}, {a.rounds} rounds, medians; "
+              "ratio = sluice / anchor per round")
         print_table(["case", "unit", "sluice", "anchor", "anchor value", "ratio", "range", "target"],
                     table, a.markdown)
     finally:
         s3.close()
+        if loop:
+            loop.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

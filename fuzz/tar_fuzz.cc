@@ -62,6 +62,7 @@ void parse(std::span<const std::byte> shard) {
   auto samples = stream::parse_tar(source, 0, shard.size(), "fuzz.tar");
   if (!samples) return;
   uint64_t prev_end = 0;
+  stream::TarSample reused;  // the loader parses a slice's samples into one, in turn
   for (const auto& s : *samples) {
     SLUICE_FUZZ_CHECK(
         s.offset >= prev_end && s.length <= shard.size() && s.offset <= shard.size() - s.length,
@@ -84,6 +85,18 @@ void parse(std::span<const std::byte> shard) {
                             alone->fields[i].offset == s.fields[i].offset &&
                             alone->fields[i].size == s.fields[i].size,
                         "alone, each field has the same name, offset and size");
+    // Into a TarSample that held the samples before: nothing of theirs is left in it.
+    SLUICE_FUZZ_CHECK(
+        stream::parse_tar_sample(shard.subspan(s.offset, s.length), s.offset, "fuzz.tar", reused),
+        "a sample parses alone into a used TarSample");
+    SLUICE_FUZZ_CHECK(reused.key == s.key && reused.offset == s.offset &&
+                          reused.length == s.length && reused.fields.size() == s.fields.size(),
+                      "into a used TarSample, the same key, range and fields");
+    for (size_t i = 0; i < s.fields.size(); ++i)
+      SLUICE_FUZZ_CHECK(reused.fields[i].name == s.fields[i].name &&
+                            reused.fields[i].offset == s.fields[i].offset &&
+                            reused.fields[i].size == s.fields[i].size,
+                        "into a used TarSample, each field the same");
   }
 }
 

@@ -102,9 +102,9 @@ class EpochPlan {
   size_t windows() const { return starts_.size() - 1; }
   // The dataset-wide sample number at `position`.
   uint64_t sample_at(uint64_t position) {
-    size_t w = window_of(position);
-    load(w);
-    return order_[position - starts_[w]];
+    if (loaded_ == SIZE_MAX || position < starts_[loaded_] || position >= starts_[loaded_ + 1])
+      load(window_of(position));
+    return order_[position - starts_[loaded_]];
   }
 
  private:
@@ -374,18 +374,56 @@ struct Loader::Impl {
     return ok();
   }
 
+  // A sample of a slice, in the order of the places in the slice's buffer: `i`, its index
+  // in the slice's order; `sample`, its dataset-wide number; `where`, its place.
+  struct Placed {
+    size_t i;
+    uint64_t sample, where;
+  };
+
+  // `samples` (dataset-wide numbers) in the order of their places in the dataset, each with
+  // its index in `samples` (`where` left 0).
+  std::vector<Placed> in_place_order(const std::vector<uint64_t>& samples) const {
+    std::vector<Placed> placed(samples.size());
+    if (samples.empty()) return placed;
+    auto [lo, hi] = std::minmax_element(samples.begin(), samples.end());
+    if (ds->numbered_in_place() && *hi - *lo < uint64_t{4} * samples.size()) {
+      // Sample numbers go by (shard, offset) and, a window's whole shards shuffled, fill
+      // most of their range: each index goes straight to its number's place, no sort.
+      std::vector<size_t> at(static_cast<size_t>(*hi - *lo + 1), SIZE_MAX);
+      for (size_t i = 0; i < samples.size(); ++i) at[samples[i] - *lo] = i;
+      size_t n = 0;
+      for (size_t j = 0; j < at.size() && n < placed.size(); ++j)
+        if (at[j] != SIZE_MAX) placed[n++] = {at[j], *lo + j, 0};
+      if (n == samples.size()) return placed;
+      // A number twice (in no plan of ours): sorted below like any other.
+    }
+    for (size_t i = 0; i < samples.size(); ++i) placed[i] = {i, samples[i], 0};
+    if (ds->numbered_in_place()) {
+      std::sort(placed.begin(), placed.end(), [](const Placed& a, const Placed& b) {
+        return std::tie(a.sample, a.i) < std::tie(b.sample, b.i);
+      });
+    } else {
+      std::sort(placed.begin(), placed.end(), [&](const Placed& a, const Placed& b) {
+        const auto &x = ds->sample(a.sample), &y = ds->sample(b.sample);
+        return std::tie(x.shard, x.offset, a.i) < std::tie(y.shard, y.offset, b.i);
+      });
+    }
+    return placed;
+  }
+
   // The requests that read `samples` (dataset-wide numbers): for tar, ranges of one shard
-  // closer than coalesce_gap merge (up to 4 MiB a request, so a slice reads in parallel); each
-  // sample's place in the buffer goes to `where`.
-  std::vector<Range> plan_reads(const std::vector<uint64_t>& samples, std::vector<uint64_t>& where,
+  // closer than coalesce_gap merge (up to 4 MiB a request, so a slice reads in parallel). The
+  // samples go to `placed` in the order of their places in the buffer, with those places.
+  std::vector<Range> plan_reads(const std::vector<uint64_t>& samples, std::vector<Placed>& placed,
                                 uint64_t& total) const {
     std::vector<Range> ranges;
-    where.assign(samples.size(), 0);
     total = 0;
     if (ds->format() == Format::kObjects) {
+      placed.resize(samples.size());
       for (size_t i = 0; i < samples.size(); ++i) {
         const auto& ref = ds->sample(samples[i]);
-        where[i] = total;
+        placed[i] = {i, samples[i], total};
         for (uint32_t f = 0; f < ref.objects; ++f) {
           uint64_t size = ds->shards()[ref.shard + f].size;
           ranges.push_back(Range{ref.shard + f, 0, size, total});
@@ -402,28 +440,15 @@ struct Loader::Impl {
     const uint64_t chunk = cache ? cache->chunk_size() : 0;
     const uint64_t gap =
         chunk || cheap_requests ? std::min(o.coalesce_gap, kNearGap) : o.coalesce_gap;
-    std::vector<size_t> by_place(samples.size());
-    if (ds->numbered_in_place()) {
-      // Sample numbers already go by (shard, offset): sort them, not their places.
-      std::vector<std::pair<uint64_t, size_t>> numbered(samples.size());
-      for (size_t i = 0; i < samples.size(); ++i) numbered[i] = {samples[i], i};
-      std::sort(numbered.begin(), numbered.end());
-      for (size_t i = 0; i < numbered.size(); ++i) by_place[i] = numbered[i].second;
-    } else {
-      for (size_t i = 0; i < by_place.size(); ++i) by_place[i] = i;
-      std::sort(by_place.begin(), by_place.end(), [&](size_t a, size_t b) {
-        const auto &x = ds->sample(samples[a]), &y = ds->sample(samples[b]);
-        return std::tie(x.shard, x.offset) < std::tie(y.shard, y.offset);
-      });
-    }
+    placed = in_place_order(samples);
     struct Run {
       uint32_t shard;
       uint64_t begin, end;
-      size_t first, last;  // in by_place
+      size_t first, last;  // in placed
     };
     std::vector<Run> runs;
-    for (size_t n = 0; n < by_place.size(); ++n) {
-      const auto& ref = ds->sample(samples[by_place[n]]);
+    for (size_t n = 0; n < placed.size(); ++n) {
+      const auto& ref = ds->sample(placed[n].sample);
       Run* r = runs.empty() ? nullptr : &runs.back();
       if (r && r->shard == ref.shard && ref.offset >= r->end && ref.offset - r->end <= gap) {
         r->end = ref.offset + ref.length;
@@ -473,7 +498,7 @@ struct Loader::Impl {
         chunk ? std::max<uint64_t>(chunk, uint64_t{16} << 20) / chunk * chunk : uint64_t{4} << 20;
     for (auto& r : runs) {
       for (size_t n = r.first; n <= r.last; ++n)
-        where[by_place[n]] = total + (ds->sample(samples[by_place[n]]).offset - r.begin);
+        placed[n].where = total + (ds->sample(placed[n].sample).offset - r.begin);
       // Through a cache, pieces end on multiples of max_request in the object: a run of
       // whole chunks then never shares a chunk between two of its requests.
       for (uint64_t off = r.begin; off < r.end;) {
@@ -508,9 +533,9 @@ struct Loader::Impl {
         return slice;
       }
     }
-    std::vector<uint64_t> where;
+    std::vector<Placed> placed;
     uint64_t total = 0;
-    auto ranges = plan_reads(samples, where, total);
+    auto ranges = plan_reads(samples, placed, total);
     // Sizes come from the listing and the indexes, which may lie: an allocation that cannot
     // be made is an error naming the sizes, not an abort. Aligned for O_DIRECT: chunk-aligned
     // requests land on aligned addresses, so a cache's NVMe tier, or sluiced's handed-off
@@ -525,50 +550,107 @@ struct Loader::Impl {
                                                " samples (sizes from the listing or an index)");
       return slice;
     }
-    std::shared_ptr<AlignedBuffer> owner = std::move(*aligned);
-    auto buffer = std::shared_ptr<std::byte>(owner, owner->data());
+    // What the slice's samples hold: the buffer, and every sample's fields in one list.
+    struct Held {
+      std::shared_ptr<AlignedBuffer> buffer;
+      std::vector<Field> fields;
+    };
+    auto held = std::make_shared<Held>();
+    held->buffer = std::move(*aligned);
+    std::byte* const buffer = held->buffer->data();
     slice->bytes = total;
-    if (auto st = read_all(ranges, buffer.get()); !st) {
+    if (auto st = read_all(ranges, buffer); !st) {
       slice->error = st.error();
       return slice;
     }
-    std::shared_ptr<const void> hold(buffer, buffer.get());
-    slice->samples.reserve(samples.size());
-    for (size_t i = 0; i < samples.size(); ++i) {
-      const auto& ref = ds->sample(samples[i]);
-      Sample s{ds->sample_key(samples[i]), epoch, positions[i], samples[i], {}, hold};
-      std::byte* base = buffer.get() + where[i];
-      if (ds->format() == Format::kObjects) {
+    std::shared_ptr<const void> hold(held, held.get());
+    // Parsed in the order of the samples' places in the buffer, each into its place in the
+    // slice's order: the buffer, the index and its keys are then walked front to back, not
+    // at random (a slice of small samples spans tens of MiB; at random, nearly every header
+    // was a cache and TLB miss).
+    slice->samples.resize(samples.size());
+    // Room for as many fields a sample as the first one has: where the list grows after all,
+    // the samples are pointed into it again at the end.
+    std::vector<Field>& fields = held->fields;
+    std::vector<size_t> first_field(samples.size());  // in `fields`, by the slice's order
+    const Field* pointed_into = nullptr;
+    bool moved = false;
+    auto point = [&](Sample& s, size_t first) {
+      if (first == 0 && !fields.empty()) fields.reserve(samples.size() * fields.size());
+      moved = moved || (pointed_into && fields.data() != pointed_into);
+      pointed_into = fields.data();
+      s.fields = std::span<const Field>(fields).subspan(first);
+    };
+    std::vector<bool> skipped;
+    TarSample parsed;
+    constexpr size_t kAhead = 8;  // samples: about a memory latency's worth of parsing
+    const bool tar = ds->format() == Format::kTar;
+    for (size_t k = 0; k < placed.size(); ++k) {
+      const size_t i = placed[k].i;
+      if (k + kAhead < placed.size()) {
+        // Small samples: the next header (8 cache lines), Sample slot and position are each
+        // a miss otherwise.
+        const Placed& ahead = placed[k + kAhead];
+        if (tar)
+          for (size_t line = 0; line < kTarBlock; line += 64)
+            __builtin_prefetch(buffer + ahead.where + line);
+        const auto* slot = reinterpret_cast<const char*>(&slice->samples[ahead.i]);
+        __builtin_prefetch(slot, 1);
+        __builtin_prefetch(slot + sizeof(Sample) - 1, 1);  // it may span two lines
+        __builtin_prefetch(&positions[ahead.i]);
+      }
+      const auto& ref = ds->sample(placed[k].sample);
+      Sample& s = slice->samples[i];
+      s.key = ds->sample_key(placed[k].sample);
+      s.epoch = epoch;
+      s.position = positions[i];
+      s.index = placed[k].sample;
+      s.hold = hold;
+      first_field[i] = fields.size();
+      std::byte* base = buffer + placed[k].where;
+      if (!tar) {
         uint64_t off = 0;
         std::string key, field;
         for (uint32_t f = 0; f < ref.objects; ++f) {
           const ShardInfo& obj = ds->shards()[ref.shard + f];
           std::string_view rel = std::string_view(obj.key).substr(ds->prefix().size());
           if (!split_sample_name(rel, key, field)) field = "data";
-          s.fields.push_back(Field{field, {base + off, obj.size}});
+          fields.push_back(Field{field, {base + off, obj.size}});
           off += obj.size;
         }
-      } else {
-        const ShardInfo& shard = ds->shards()[ref.shard];
-        auto parsed = parse_tar_sample({base, ref.length}, ref.offset, shard.key);
-        if (parsed && parsed->key != s.key)
-          parsed =
-              fail(Code::kCorruption, "shard " + shard.key + " at offset " +
-                                          std::to_string(ref.offset) + ": sample '" + parsed->key +
-                                          "' where the index has '" + std::string(s.key) + "'");
-        if (!parsed) {
-          if (o.skip_corrupt) {
-            counts.skipped.fetch_add(1, std::memory_order_relaxed);
-            continue;
-          }
-          slice->error = parsed.error();
-          slice->samples.clear();
-          return slice;
-        }
-        for (auto& f : parsed->fields)
-          s.fields.push_back(Field{std::move(f.name), {base + (f.offset - ref.offset), f.size}});
+        point(s, first_field[i]);
+        continue;
       }
-      slice->samples.push_back(std::move(s));
+      const ShardInfo& shard = ds->shards()[ref.shard];
+      auto st = parse_tar_sample({base, ref.length}, ref.offset, shard.key, parsed);
+      if (st && parsed.key != s.key)
+        st = fail(Code::kCorruption, "shard " + shard.key + " at offset " +
+                                         std::to_string(ref.offset) + ": sample '" + parsed.key +
+                                         "' where the index has '" + std::string(s.key) + "'");
+      if (!st) {
+        if (o.skip_corrupt) {
+          counts.skipped.fetch_add(1, std::memory_order_relaxed);
+          if (skipped.empty()) skipped.resize(samples.size());
+          skipped[i] = true;
+          continue;
+        }
+        slice->error = st.error();
+        slice->samples.clear();
+        return slice;
+      }
+      for (const auto& f : parsed.fields)
+        fields.push_back(Field{f.name, {base + (f.offset - ref.offset), f.size}});
+      point(s, first_field[i]);
+    }
+    if (moved)
+      for (size_t i = 0; i < slice->samples.size(); ++i)
+        slice->samples[i].fields =
+            std::span<const Field>(fields).subspan(first_field[i], slice->samples[i].fields.size());
+    if (!skipped.empty()) {
+      size_t kept = 0;
+      for (size_t i = 0; i < slice->samples.size(); ++i)
+        if (!skipped[i]) slice->samples[kept++] = std::move(slice->samples[i]);
+      slice->samples.resize(kept);
     }
     return slice;
   }
@@ -584,9 +666,9 @@ struct Loader::Impl {
       if (p >= hi) break;
       samples.push_back(plan.sample_at(p));
     }
-    std::vector<uint64_t> where;
+    std::vector<Placed> placed;
     uint64_t total = 0;
-    auto ranges = plan_reads(samples, where, total);
+    auto ranges = plan_reads(samples, placed, total);
     std::vector<cache::PlannedRead> order;
     order.reserve(ranges.size());
     for (const auto& r : ranges)
@@ -648,8 +730,12 @@ struct Loader::Impl {
     for (uint64_t j = c.k; j < count;) {
       uint64_t end = plan.window_start(plan.window_of(position(c.from, j)) + 1);
       uint64_t n = 0, window_bytes = 0;  // this consumer's samples in the window, from j
-      while (j + n < count && position(c.from, j + n) < end)
-        window_bytes += ds->sample(plan.sample_at(position(c.from, j + n++))).length;
+      constexpr uint64_t kAhead = 16;    // the samples' sizes lie at random in the index
+      for (uint64_t p; j + n < count && (p = position(c.from, j + n)) < end; ++n) {
+        if (uint64_t a; j + n + kAhead < count && (a = position(c.from, j + n + kAhead)) < end)
+          __builtin_prefetch(&ds->sample(plan.sample_at(a)));
+        window_bytes += ds->sample(plan.sample_at(p)).length;
+      }
       if (!next.positions.empty() && next.bytes + window_bytes > slice_bytes) break;
       if (window_bytes > slice_bytes) {
         uint64_t parts = (window_bytes + slice_bytes - 1) / slice_bytes;
@@ -806,6 +892,9 @@ struct Loader::Impl {
         if (m_stall_us) m_stall_us->add(ns / 1000);
       }
     }
+    // The slice's list of fields is in the order of the samples' places, not this one.
+    if (current_i + 4 < current->samples.size())
+      __builtin_prefetch(current->samples[current_i + 4].fields.data());
     Sample s = std::move(current->samples[current_i++]);
     if (!first_delivered) {
       first_delivered = true;

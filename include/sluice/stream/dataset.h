@@ -161,8 +161,10 @@ struct Sample {
   uint64_t epoch = 0;
   uint64_t position = 0;  // in the epoch's order
   uint64_t index = 0;     // the dataset-wide sample number (Dataset::sample)
-  std::vector<Field> fields;
-  std::shared_ptr<const void> hold;  // keeps the bytes alive
+  // Held, with the bytes, by `hold`: the loader keeps one list of fields a slice, not one
+  // allocation a sample (which cost small samples a tenth of their time in malloc and free).
+  std::span<const Field> fields;
+  std::shared_ptr<const void> hold;  // keeps the fields and their bytes alive
   const Field* field(std::string_view name) const;
   uint64_t bytes() const;
 };

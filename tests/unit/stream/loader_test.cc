@@ -457,6 +457,57 @@ TEST(Loader, CorruptShardNamesShardAndOffsetOrIsSkipped) {
   EXPECT_EQ(skipped->samples(), 8u);
 }
 
+TEST(Loader, SamplesWithMoreFieldsThanTheFirstKeepTheirOwn) {
+  // A slice keeps one list of fields, reserved for as many a sample as its first has: here
+  // the first sample has one and the others three, so the list grows while samples already
+  // point into it. Each sample must still see its own fields, after the loader is gone too.
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  std::vector<std::byte> tar;
+  TarWriter w([&](std::span<const std::byte> b) {
+    tar.insert(tar.end(), b.begin(), b.end());
+    return ok();
+  });
+  constexpr size_t kSamples = 300;
+  for (size_t i = 0; i < kSamples; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof key, "k%05zu", i);
+    ASSERT_TRUE(w.add(std::string(key) + ".txt", as_bytes(key)));
+    if (i == 0) continue;
+    ASSERT_TRUE(w.add(std::string(key) + ".a", as_bytes("a" + std::to_string(i))));
+    ASSERT_TRUE(w.add(std::string(key) + ".b", as_bytes("b" + std::to_string(i))));
+  }
+  ASSERT_TRUE(w.finish());
+  ASSERT_TRUE(s->put("m/shard.tar", tar));
+  auto ds = open_ds(s, "m/");
+  ASSERT_TRUE(ds);
+  std::vector<Sample> kept;
+  {
+    Loader l(ds, {.seed = 7});
+    auto batch = l.next_batch(kSamples + 1);
+    ASSERT_TRUE(batch) << batch.error().to_string();
+    kept = std::move(*batch);
+  }
+  ASSERT_EQ(kept.size(), kSamples);
+  std::set<uint64_t> seen;
+  for (const Sample& x : kept) {
+    seen.insert(x.index);
+    auto text = [](const Field* f) {
+      return f ? std::string(reinterpret_cast<const char*>(f->data.data()), f->data.size())
+               : std::string("(none)");
+    };
+    EXPECT_EQ(text(x.field("txt")), std::string(x.key));
+    const size_t i = std::stoul(std::string(x.key.substr(1)));
+    if (i == 0) {
+      EXPECT_EQ(x.fields.size(), 1u);
+      continue;
+    }
+    ASSERT_EQ(x.fields.size(), 3u) << x.key;
+    EXPECT_EQ(text(x.field("a")), "a" + std::to_string(i));
+    EXPECT_EQ(text(x.field("b")), "b" + std::to_string(i));
+  }
+  EXPECT_EQ(seen.size(), kSamples);
+}
+
 TEST(Loader, ReplacedShardIsConflictNotMixedBytes) {
   std::shared_ptr<store::Store> s = store::make_memory_store();
   write_tar_dataset(*s, {4, 4});

@@ -85,7 +85,11 @@ void parse(std::span<const std::byte> shard) {
                             alone->fields[i].offset == s.fields[i].offset &&
                             alone->fields[i].size == s.fields[i].size,
                         "alone, each field has the same name, offset and size");
-    // Into a TarSample that held the samples before: nothing of theirs is left in it.
+    // Into a TarSample that held the samples before, and a failed parse: nothing of theirs
+    // is left in it.
+    if (s.length > stream::kTarBlock)
+      (void)stream::parse_tar_sample(shard.subspan(s.offset + 1, s.length - 1), s.offset + 1,
+                                     "fuzz.tar", reused);
     SLUICE_FUZZ_CHECK(
         stream::parse_tar_sample(shard.subspan(s.offset, s.length), s.offset, "fuzz.tar", reused),
         "a sample parses alone into a used TarSample");

@@ -569,14 +569,23 @@ struct Loader::Impl {
     // at random (a slice of small samples spans tens of MiB; at random, nearly every header
     // was a cache and TLB miss).
     slice->samples.resize(samples.size());
-    // Room for as many fields a sample as the first one has: where the list grows after all,
-    // the samples are pointed into it again at the end.
+    // Room for every field: the objects format knows how many; a tar sample gets room for as
+    // many as the first one has, but never more than the buffer has headers for (a field
+    // each), so a shard that lies costs no more than its bytes. Where the list grows after
+    // all, the samples are pointed into it again at the end.
+    const bool tar = ds->format() == Format::kTar;
     std::vector<Field>& fields = held->fields;
+    if (!tar) {
+      uint64_t objects = 0;
+      for (const Placed& p : placed) objects += ds->sample(p.sample).objects;
+      fields.reserve(objects);
+    }
     std::vector<size_t> first_field(samples.size());  // in `fields`, by the slice's order
     const Field* pointed_into = nullptr;
     bool moved = false;
     auto point = [&](Sample& s, size_t first) {
-      if (first == 0 && !fields.empty()) fields.reserve(samples.size() * fields.size());
+      if (tar && first == 0 && !fields.empty())
+        fields.reserve(std::min<uint64_t>(samples.size() * fields.size(), total / kTarBlock));
       moved = moved || (pointed_into && fields.data() != pointed_into);
       pointed_into = fields.data();
       s.fields = std::span<const Field>(fields).subspan(first);
@@ -584,7 +593,6 @@ struct Loader::Impl {
     std::vector<bool> skipped;
     TarSample parsed;
     constexpr size_t kAhead = 8;  // samples: about a memory latency's worth of parsing
-    const bool tar = ds->format() == Format::kTar;
     for (size_t k = 0; k < placed.size(); ++k) {
       const size_t i = placed[k].i;
       if (k + kAhead < placed.size()) {
@@ -596,7 +604,7 @@ struct Loader::Impl {
             __builtin_prefetch(buffer + ahead.where + line);
         const auto* slot = reinterpret_cast<const char*>(&slice->samples[ahead.i]);
         __builtin_prefetch(slot, 1);
-        __builtin_prefetch(slot + sizeof(Sample) - 1, 1);  // it may span two lines
+        __builtin_prefetch(slot + sizeof(Sample) - 1, 1);  // 72 bytes: two lines
         __builtin_prefetch(&positions[ahead.i]);
       }
       const auto& ref = ds->sample(placed[k].sample);

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <optional>
 
-#if defined(__SSE2__)
+#if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
 
@@ -57,11 +57,11 @@ bool parse_number(const std::byte* p, size_t n, uint64_t& out) {
   return digits;
 }
 
-// The sum of a header's 512 bytes, unsigned. With SSE2 (every x86-64) by PSADBW, eight
+// The sum of a header's 512 bytes, unsigned. On x86-64 (SSE2 always) by PSADBW, eight
 // bytes to a lane at a time: the plain loop the compiler made of it widened each byte to
 // 64 bits, and this runs once a sample, a million times a second for small ones.
 uint64_t byte_sum(const std::byte* h) {
-#if defined(__SSE2__)
+#if defined(__x86_64__)
   __m128i acc = _mm_setzero_si128();
   const __m128i zero = _mm_setzero_si128();
   for (size_t i = 0; i < kTarBlock; i += 16) {

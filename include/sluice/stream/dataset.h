@@ -150,7 +150,8 @@ class Dataset {
   bool from_catalog_ = false, numbered_in_place_ = true;
 };
 
-// One field of a sample: its name ("jpg") and bytes (valid while the Sample lives).
+// One field of a sample: its name ("jpg") and bytes (valid while the Sample's `hold`, in it
+// or in a copy of it, lives).
 struct Field {
   std::string name;
   std::span<const std::byte> data;

@@ -84,9 +84,13 @@ class RamLoop:
         self.dev = None
         with open(self.image, "wb") as f:
             f.truncate(int(size * 1.25) + (256 << 20))
-        self.dev = run(["losetup", "--find", "--show", self.image]).strip()
-        run(["mkfs.ext4", "-q", "-F", self.dev])
-        run(["mount", self.dev, self.mount])
+        try:
+            self.dev = run(["losetup", "--find", "--show", self.image]).strip()
+            run(["mkfs.ext4", "-q", "-F", self.dev])
+            run(["mount", self.dev, self.mount])
+        except BaseException:
+            self.close()  # no image left in /dev/shm, no loop device left attached
+            raise
 
     def close(self):
         subprocess.run(["umount", self.mount], capture_output=True)

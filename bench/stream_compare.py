@@ -140,7 +140,8 @@ def main():
                                 "curl")}
 
         def fio_loops(directory):
-            """fio reading the chunk files under `directory` WARM_EPOCHS times: (bytes/s, CPU s)."""
+            """fio reading the chunk files under `directory` WARM_EPOCHS times: (bytes/s, CPU
+            seconds, bytes read)."""
             r = run(["fio", "--name=warm", f"--opendir={directory}/chunks", "--rw=read", "--bs=1M",
                      "--direct=1", "--ioengine=io_uring", "--iodepth=16", "--readonly",
                      f"--loops={WARM_EPOCHS}", "--output-format=json"])

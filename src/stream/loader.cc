@@ -109,8 +109,7 @@ class EpochPlan {
 
  private:
   uint64_t unit_samples(uint32_t u) const { return tar_ ? ds_.shards()[u].samples : 1; }
-  void load(size_t w) {
-    if (loaded_ == w) return;
+  void load(size_t w) {  // sample_at calls it only for a window other than loaded_
     order_.clear();
     for (size_t u = first_unit_[w]; u < first_unit_[w + 1]; ++u) {
       if (!tar_) {

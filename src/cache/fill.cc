@@ -144,6 +144,8 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
     // chunk in a tier: take it from there rather than read the backing store again.
     Result<std::shared_ptr<const Chunk>> have = resident(info, key, length, hit_bytes);
     if (have && *have) {
+      // Into RAM before the flight ends: a reader that comes after finds it there.
+      (void)ram->offer(*have, pinned(key.key));
       mine.set_value(*have);
       std::lock_guard lock(flight_mu);
       flights.erase(id);
@@ -203,9 +205,17 @@ Result<bool> TieredCache::Impl::from_disk(const store::ObjectInfo& info, const C
     (void)disk->drop_if([&](const ChunkKey& k) { return k == key; });
     return false;
   }
+  bool whole = within == 0 && out.size() == length;
+  if (!whole && options.ram_bytes >= options.chunk_size) {
+    // A part, where the RAM tier can keep the chunk: parts asked at once (a loader's slice
+    // takes several samples of a chunk) share one read of it, as fills do, and later parts
+    // find it in RAM. Read by each, 1,500 parts of 50 chunks cost 0.74 s against 0.1.
+    SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<const Chunk> got, fill(info, key, length, out.size()));
+    std::memcpy(out.data(), got->buf.data() + within, out.size());
+    return true;
+  }
   std::shared_ptr<Chunk> c;
   std::span<std::byte> into = out;
-  bool whole = within == 0 && out.size() == length;
   if (!whole || options.ram_bytes > 0) {  // through a buffer the RAM tier can keep
     SLUICE_ASSIGN_OR_RETURN(c, new_chunk(key, length, info));
     into = std::span<std::byte>(c->buf.data(), length);

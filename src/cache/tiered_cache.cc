@@ -313,6 +313,10 @@ uint64_t TieredCache::chunk_size() const {
   return impl_->options.chunk_size;
 }
 
+bool TieredCache::keeps_chunks() const {
+  return impl_->options.ram_bytes >= impl_->options.chunk_size;
+}
+
 Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset,
                                                        std::string_view etag) {
   SLUICE_RETURN_IF_ERROR(store::validate_key(key));

@@ -699,6 +699,10 @@ uint64_t NodeStore::chunk_size() const {
   return impl_->client->daemon().chunk_size;
 }
 
+bool NodeStore::keeps_chunks() const {
+  return true;
+}
+
 std::string NodeStore::uri() const {
   return "node+" + impl_->root;
 }

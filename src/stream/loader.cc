@@ -7,6 +7,8 @@
 #include <deque>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <semaphore>
 #include <thread>
 
 #include "core/executor.h"
@@ -174,10 +176,17 @@ struct Slice {
   bool end = false;  // nothing follows
 };
 
-// One request: `length` bytes of object `shard` at `offset`, into the slice's buffer.
+// A part of a gathered read: `length` bytes of the object from `offset`, to `buffer_offset`.
+struct Piece {
+  uint64_t offset, buffer_offset, length;
+};
+
+// One read of a slice: `length` bytes of a shard from `offset`, into the slice's buffer at
+// `buffer_offset`; or, with `pieces`, into scratch memory, from which the pieces are copied.
 struct Range {
   uint32_t shard;
   uint64_t offset, length, buffer_offset;
+  std::vector<Piece> pieces;
 };
 
 }  // namespace
@@ -215,6 +224,9 @@ struct Loader::Impl {
   // zeroed by the kernel on first touch, which cost a warm epoch most of its CPU. Up to
   // the memory budget is kept idle.
   std::shared_ptr<BufferRecycler> buffers;
+  // Gathered reads in progress at once, each holding a chunk's scratch memory (set with
+  // the cache, where gathered reads are used).
+  std::optional<std::counting_semaphore<>> gather_slots;
 
   struct Counters {
     std::atomic<uint64_t> samples{0}, bytes{0}, requests{0}, read_bytes{0}, throttled{0},
@@ -357,11 +369,13 @@ struct Loader::Impl {
     std::condition_variable done_cv;
     size_t left = ranges.size();
     std::optional<Error> first;
-    for (const Range& r : ranges) {
-      io->post([&, r] {
-        const ShardInfo& s = ds->shards()[r.shard];
+    for (const Range& range : ranges) {
+      io->post([&, r = &range] {
+        const ShardInfo& s = ds->shards()[r->shard];
         store::ReadOptions ro{.if_match = s.etag, .object_size = s.size};
-        auto st = read_range(s.key, r.offset, {buffer + r.buffer_offset, r.length}, ro);
+        auto st = r->pieces.empty()
+                      ? read_range(s.key, r->offset, {buffer + r->buffer_offset, r->length}, ro)
+                      : read_gathered(s.key, *r, buffer, ro);
         std::lock_guard lock(done_mu);
         if (!st && !first) first = st.error();
         if (--left == 0) done_cv.notify_all();
@@ -370,6 +384,26 @@ struct Loader::Impl {
     std::unique_lock lock(done_mu);
     done_cv.wait(lock, [&] { return left == 0; });
     if (first) return std::unexpected(*first);
+    return ok();
+  }
+
+  // `r`'s chunk read whole into scratch memory and its pieces copied into the slice: from a
+  // cache that keeps no chunks, each part asked of a chunk costs a read and a check of the
+  // whole chunk.
+  Status read_gathered(const std::string& key, const Range& r, std::byte* buffer,
+                       const store::ReadOptions& ro) {
+    gather_slots->acquire();
+    struct Release {
+      std::counting_semaphore<>& slots;
+      ~Release() { slots.release(); }
+    } release{*gather_slots};
+    auto scratch = buffers->acquire(r.length);
+    if (!scratch)
+      return fail(Code::kNoSpace, "loader: cannot allocate " + std::to_string(r.length) +
+                                      " bytes to read a chunk of " + key);
+    SLUICE_RETURN_IF_ERROR(read_range(key, r.offset, {(*scratch)->data(), r.length}, ro));
+    for (const Piece& p : r.pieces)
+      std::memcpy(buffer + p.buffer_offset, (*scratch)->data() + (p.offset - r.offset), p.length);
     return ok();
   }
 
@@ -443,7 +477,8 @@ struct Loader::Impl {
     struct Run {
       uint32_t shard;
       uint64_t begin, end;
-      size_t first, last;  // in placed
+      size_t first, last;   // in placed
+      bool gather = false;  // read by whole chunks into scratch memory (read_gathered)
     };
     std::vector<Run> runs;
     for (size_t n = 0; n < placed.size(); ++n) {
@@ -462,8 +497,12 @@ struct Loader::Impl {
       // once from the NVMe tier and checked, and a cold miss is one large backing read (0.95x
       // and 0.89x sluice cp in two 5-round runs, against 0.76x twice with single-chunk
       // requests). Where the slice reads less than half of the chunks' bytes (one of several
-      // DataLoader workers) its runs stay as they are: the cache checks a chunk once as it
-      // comes into its RAM tier, and serves parts of it from there.
+      // DataLoader workers, or a part of a window larger than a slice) its runs stay as they
+      // are: the cache checks a chunk once as it comes into its RAM tier, and serves parts of
+      // it from there. A cache without a RAM tier reads and checks the whole chunk for every
+      // part asked of it, so there each chunk is read once and the runs copied out of it
+      // (a warm epoch of 256 MiB shards at the default budget read 0.21 GiB/s before, 0.75 now).
+      const bool gather = gather_slots.has_value();
       std::vector<Run> merged;
       size_t group_first = 0;
       uint64_t used = 0;
@@ -471,7 +510,10 @@ struct Loader::Impl {
         Run& g = merged.back();
         if (used * 2 >= g.end - g.begin) return;
         merged.pop_back();
-        merged.insert(merged.end(), runs.begin() + group_first, runs.begin() + end_run);
+        for (size_t i = group_first; i < end_run; ++i) {
+          merged.push_back(runs[i]);
+          merged.back().gather = gather;
+        }
       };
       for (size_t i = 0; i < runs.size(); ++i) {
         const Run& r = runs[i];
@@ -498,6 +540,24 @@ struct Loader::Impl {
     for (auto& r : runs) {
       for (size_t n = r.first; n <= r.last; ++n)
         placed[n].where = total + (ds->sample(placed[n].sample).offset - r.begin);
+      if (r.gather) {
+        // A request per chunk, shared by the runs in it (runs go by offset, so a chunk's
+        // come one after another).
+        const uint64_t size = ds->shards()[r.shard].size;
+        for (uint64_t off = r.begin; off < r.end;) {
+          uint64_t begin = off / chunk * chunk, end = std::min(size, begin + chunk);
+          uint64_t next = std::min(r.end, end);
+          Piece piece{off, total + (off - r.begin), next - off};
+          Range* last = ranges.empty() ? nullptr : &ranges.back();
+          if (last && !last->pieces.empty() && last->shard == r.shard && last->offset == begin)
+            last->pieces.push_back(piece);
+          else
+            ranges.push_back(Range{r.shard, begin, end - begin, 0, {piece}});
+          off = next;
+        }
+        total += (r.end - r.begin + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+        continue;
+      }
       // Through a cache, pieces end on multiples of max_request in the object: a run of
       // whole chunks then never shares a chunk between two of its requests.
       for (uint64_t off = r.begin; off < r.end;) {
@@ -926,6 +986,12 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     return;
   }
   m.cache = m.ds->store().capability<cache::ReadAhead>();
+  // Gathered reads take a chunk of scratch memory each, an eighth of the budget in all;
+  // chunks larger than that are read in parts, as they are asked.
+  if (m.cache && !m.cache->keeps_chunks() && m.cache->chunk_size() > 0 &&
+      m.cache->chunk_size() <= m.o.memory_bytes / 8)
+    m.gather_slots.emplace(static_cast<ptrdiff_t>(
+        std::min<uint64_t>(m.o.memory_bytes / 8 / m.cache->chunk_size(), 64)));
   m.cheap_requests = m.ds->store().cheap_requests();
   if (auto* r = m.o.registry) {
     m.m_samples = &r->counter("sluice_stream_samples_total", {}, "samples delivered by loaders");

@@ -34,6 +34,11 @@ class ReadAhead {
   virtual Status declare(std::span<const PlannedRead> order) = 0;
   // Reads aligned to whole chunks of this size cost the cache no more than the bytes asked.
   virtual uint64_t chunk_size() const = 0;
+  // Whether parts of a chunk read one after another cost about their own bytes: the cache
+  // keeps a chunk in memory once read (a RAM tier). false: each part read is a read and a
+  // check of the whole chunk, so a caller that wants several parts of a chunk should read
+  // the chunk once and take the parts from it.
+  virtual bool keeps_chunks() const = 0;
 };
 
 }  // namespace sluice::cache

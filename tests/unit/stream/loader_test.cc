@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "sluice/cache/tiered_cache.h"
 #include "sluice/mem/target.h"
 #include "sluice/store/store.h"
 #include "sluice/store/wrapper.h"
@@ -592,6 +593,78 @@ TEST(Loader, TheFirstSliceIsAboutABlockAndReadAlone) {
   std::set<uint64_t> seen;
   for (const Read& r : reads) seen.insert(r.index);
   EXPECT_EQ(seen.size(), 200u);
+}
+
+// A window larger than a slice is read in parts, each a few samples of every chunk. A cache
+// without a RAM tier reads and checks the whole chunk for each part asked of it, so the
+// loader reads a chunk once a slice and copies the samples out of it. Before, each sample
+// was a whole-chunk read: an epoch of 256 MiB shards at the default budget took 10x longer.
+TEST(Loader, PartsOfAChunkAreOneReadFromACacheThatKeepsNoChunks) {
+  testing::TempDir dir;
+  std::unique_ptr<store::Store> backing = store::make_memory_store();
+  // One shard of 320 samples of about 100 KiB: 8 chunks of 4 MiB.
+  constexpr size_t kSamples = 320;
+  auto bin_of = [](size_t i) { return testing::random_bytes((100 << 10) + 37 * i, i); };
+  {
+    std::vector<std::byte> tar;
+    TarWriter w([&](std::span<const std::byte> b) {
+      tar.insert(tar.end(), b.begin(), b.end());
+      return ok();
+    });
+    ShardIndex index;
+    for (size_t i = 0; i < kSamples; ++i) {
+      std::string key = sample_key(0, i);
+      uint64_t start = w.bytes();
+      ASSERT_TRUE(w.add(key + ".txt", as_bytes(key)));
+      ASSERT_TRUE(w.add(key + ".bin", bin_of(i)));
+      index.samples.push_back({key, start, w.bytes() - start});
+    }
+    ASSERT_TRUE(w.finish());
+    index.shard_size = tar.size();
+    ASSERT_TRUE(backing->put("ds/shard-0000.tar", tar));
+    ASSERT_TRUE(backing->put("ds/shard-0000.tar.idx", encode_index(index)));
+  }
+  cache::CacheOptions co;
+  co.directory = dir.path();
+  co.ram_bytes = 0;
+  co.chunk_size = 4 << 20;
+  co.disk_bytes = 256 << 20;
+  auto opened = cache::TieredCache::open(std::move(backing), co);
+  ASSERT_TRUE(opened) << opened.error().to_string();
+  cache::TieredCache* cache = opened->get();
+  ASSERT_FALSE(cache->keeps_chunks());
+  std::shared_ptr<store::Store> cached(std::move(*opened));
+  auto ds = open_ds(cached, "ds/");
+  ASSERT_TRUE(ds);
+  const uint64_t chunks = (ds->shards()[0].size + co.chunk_size - 1) / co.chunk_size;
+  // 32 MiB: slices of 8 MiB, and the window is the whole 33 MiB shard, in 5 parts.
+  const LoaderOptions lo{.seed = 5, .memory_bytes = 32 << 20};
+  auto read_epoch = [&] {
+    Loader l(ds, lo);
+    size_t n = 0;
+    while (true) {
+      auto s = l.next();
+      ASSERT_TRUE(s) << s.error().to_string();
+      if (!*s) break;
+      const Field* bin = (*s)->field("bin");
+      ASSERT_NE(bin, nullptr);
+      auto want = bin_of((*s)->index);
+      ASSERT_TRUE(std::ranges::equal(bin->data, want)) << (*s)->key;
+      ++n;
+    }
+    EXPECT_EQ(n, kSamples);
+  };
+  read_epoch();  // cold: fills the NVMe tier
+  for (int i = 0; i < 500 && cache->stats().disk.chunks < chunks; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(cache->stats().disk.chunks, chunks);  // and the index's
+  const uint64_t before = cache->stats().disk.hits;
+  read_epoch();
+  const uint64_t reads = cache->stats().disk.hits - before;
+  // At most each chunk once a part (5 parts; 6 for slack); a read per sample was ~300.
+  EXPECT_GE(reads, chunks);
+  EXPECT_LE(reads, 6 * chunks) << "whole-chunk reads from the NVMe tier for " << kSamples
+                               << " samples in " << chunks << " chunks";
 }
 
 TEST(Loader, StatsAndBatches) {

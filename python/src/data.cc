@@ -171,6 +171,7 @@ void bind_data(py::module_& m) {
         d["read_bytes"] = s.read_bytes;
         d["throttled"] = s.throttled;
         d["skipped_samples"] = s.skipped_samples;
+        d["window_parts"] = s.window_parts;
         d["first_batch_seconds"] = s.first_batch_seconds;
         d["stall_seconds"] = s.stall_seconds;
         d["elapsed_seconds"] = s.elapsed_seconds;

@@ -230,7 +230,7 @@ struct Loader::Impl {
 
   struct Counters {
     std::atomic<uint64_t> samples{0}, bytes{0}, requests{0}, read_bytes{0}, throttled{0},
-        skipped{0}, stall_ns{0}, first_ns{0};
+        skipped{0}, stall_ns{0}, first_ns{0}, window_parts{0};
   } counts;
   telemetry::Counter *m_samples = nullptr, *m_bytes = nullptr, *m_stall_us = nullptr,
                      *m_throttled = nullptr, *m_requests = nullptr;
@@ -805,6 +805,8 @@ struct Loader::Impl {
       }
       if (!next.positions.empty() && next.bytes + window_bytes > slice_bytes) break;
       if (window_bytes > slice_bytes) {
+        if (slice_bytes >= o.memory_bytes / 4)  // not the first slice, cut short by design
+          counts.window_parts.fetch_add(1, std::memory_order_relaxed);
         uint64_t parts = (window_bytes + slice_bytes - 1) / slice_bytes;
         n = std::max<uint64_t>(1, n / parts);
         window_bytes = 0;
@@ -1055,6 +1057,7 @@ LoaderStats Loader::stats() const {
   s.read_bytes = c.read_bytes.load(std::memory_order_relaxed);
   s.throttled = c.throttled.load(std::memory_order_relaxed);
   s.skipped_samples = c.skipped.load(std::memory_order_relaxed);
+  s.window_parts = c.window_parts.load(std::memory_order_relaxed);
   s.first_batch_seconds = static_cast<double>(c.first_ns.load(std::memory_order_relaxed)) / 1e9;
   s.stall_seconds = static_cast<double>(c.stall_ns.load(std::memory_order_relaxed)) / 1e9;
   s.elapsed_seconds = seconds_since(impl_->created);

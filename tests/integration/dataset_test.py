@@ -369,6 +369,31 @@ def test_s3_pack_read_slowdown(ctx):
         assert proxy.faults(), "no SlowDown was sent"
 
 
+def test_a_shard_larger_than_a_slice(ctx):
+    """A shard over a quarter of --memory is read in parts: every sample still once, the
+    parts counted, and the report says how much memory reads each chunk once."""
+    src, dst = ctx.dir("src"), ctx.dir("ds")
+    keys = make_source(src, 300, seed=3, max_size=200_000)
+    ok(run("pack", src, dst, "--shard-size", "1G"))
+    # The embedded cache without a RAM tier (the default) takes each chunk once a part.
+    cache = os.path.join(ctx.scratch, "parts-cache")
+    args = ("--daemon", "none", "--memory", "32M", "--cache-dir", cache, "--no-progress")
+    assert sorted(read_keys(dst, *args[2:])) == keys
+    j = json.loads(ok(run("read", dst, *args, "--json")).stdout)
+    assert j["samples"] == 300 and j["window_parts"] >= 2, j
+    # The chunks were read once a part, not once a sample: 300 requests would be one a sample.
+    assert j["requests"] < 150, j
+    text = ok(run("read", dst, *args)).stdout
+    assert "parts of shuffle windows larger than a quarter of --memory (32M)" in text, text
+    shard = max(os.path.getsize(os.path.join(dst, f)) for f in os.listdir(dst) if f.endswith(".tar"))
+    assert f"--memory {(4 * shard + (1 << 20) - 1) >> 20}M" in text, text
+    # With that much, no parts and no note.
+    big = f"{(4 * shard + (1 << 20) - 1) >> 20}M"
+    j = json.loads(ok(run("read", dst, "--daemon", "none", "--memory", big, "--cache-dir", cache,
+                          "--no-progress", "--json")).stdout)
+    assert j["samples"] == 300 and j["window_parts"] == 0, j
+
+
 def main():
     global BIN, ctx
     if len(sys.argv) != 2:
@@ -386,7 +411,8 @@ def main():
         tests = [test_pack_read_exactly_once, test_resume_exact_and_elastic,
                  test_repacked_dataset_is_listed_again, test_system_tar_formats,
                  test_corrupt_and_truncated_shards, test_bad_input, test_interrupt_prints_token,
-                 test_killed_pack_is_cleaned_up_by_the_next, test_killed_pack_is_not_a_dataset]
+                 test_killed_pack_is_cleaned_up_by_the_next, test_killed_pack_is_not_a_dataset,
+                 test_a_shard_larger_than_a_slice]
         if have_s3:
             tests.append(test_s3_pack_read_slowdown)
         else:

@@ -297,8 +297,8 @@ Result<uint64_t> read_samples(const DatasetArgs& a, stream::Loader& loader) {
 }
 
 // What the read did, and what the cache served of it (`cache`: the counters before).
-void print_read_report(const DatasetArgs& a, stream::Loader& loader, bool stopped,
-                       cache::TieredCache* cache, const cache::CacheStats& before) {
+void print_read_report(const DatasetArgs& a, const stream::Dataset& ds, stream::Loader& loader,
+                       bool stopped, cache::TieredCache* cache, const cache::CacheStats& before) {
   auto s = loader.stats();
   double rate = s.elapsed_seconds > 0 ? static_cast<double>(s.samples) / s.elapsed_seconds : 0;
   double bps = s.elapsed_seconds > 0 ? static_cast<double>(s.bytes) / s.elapsed_seconds : 0;
@@ -317,7 +317,8 @@ void print_read_report(const DatasetArgs& a, stream::Loader& loader, bool stoppe
            {"requests", s.requests},
            {"read_bytes", s.read_bytes},
            {"throttled", s.throttled},
-           {"skipped_samples", s.skipped_samples}};
+           {"skipped_samples", s.skipped_samples},
+           {"window_parts", s.window_parts}};
     // The whole process's CPU (start, listing and reading): what a benchmark puts per GiB.
     struct rusage ru {};
     if (::getrusage(RUSAGE_SELF, &ru) == 0) {
@@ -348,6 +349,16 @@ void print_read_report(const DatasetArgs& a, stream::Loader& loader, bool stoppe
                 format_size(static_cast<double>(source)).c_str());
   if (s.skipped_samples)
     std::printf("skipped %lu corrupt samples\n", static_cast<unsigned long>(s.skipped_samples));
+  if (s.window_parts) {
+    uint64_t largest = 0;
+    for (const auto& shard : ds.shards()) largest = std::max(largest, shard.size);
+    std::printf(
+        "%lu slices were parts of shuffle windows larger than a quarter of --memory (%s): each "
+        "part read its window's chunks again; --memory %s (4x the largest shard) with the "
+        "automatic window reads each once\n",
+        static_cast<unsigned long>(s.window_parts), a.memory.c_str(),
+        (std::to_string((4 * largest + (1 << 20) - 1) >> 20) + "M").c_str());
+  }
 }
 
 int run_read(DatasetArgs& a) {
@@ -384,7 +395,7 @@ int run_read(DatasetArgs& a) {
   // The resume token is the last line whenever the read was cut short or limited: with
   // --limit a script always finds one, also when this rank's share ended first.
   const bool token = cancelled(a) || a.limit;
-  if (!a.keys) print_read_report(a, loader, token, cache, before);
+  if (!a.keys) print_read_report(a, **ds, loader, token, cache, before);
   if (a.limit && *n < a.limit && !cancelled(a))
     std::fprintf(stderr,
                  "sluice: this rank's share of the epochs ended after %llu samples, before "
@@ -441,7 +452,8 @@ void add_read(CLI::App* ds, DatasetArgs& a, CancelHook cancel, int& rc) {
   rd->add_option("--resume", a.lo.resume, "Continue from a resume token");
   rd->add_option("--shuffle-window", a.lo.shuffle_window,
                  "Samples mixed at once (whole shards at least); 0: what a quarter of --memory "
-                 "holds, so each window is read once")
+                 "holds, so each window is read once (a larger one, or a shard larger than a "
+                 "quarter of --memory, is read in parts, each reading its chunks again)")
       ->default_val(0);
   rd->add_flag("!--no-shuffle", a.lo.shuffle, "Read in stored order");
   rd->add_option("--limit", a.limit, "Stop after N samples (at least 1) and print the resume token")

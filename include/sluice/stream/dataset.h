@@ -200,6 +200,10 @@ struct LoaderStats {
   uint64_t requests = 0, read_bytes = 0;  // sent to the store (coalesced ranges included)
   uint64_t throttled = 0;                 // Unavailable answers backed off
   uint64_t skipped_samples = 0;
+  // Slices that were parts of a shuffle window larger than a slice (a shard larger than a
+  // quarter of memory_bytes): each part reads the window's chunks again. The first slice,
+  // about one block by design, is not counted.
+  uint64_t window_parts = 0;
   double first_batch_seconds = 0;  // from construction to the first sample
   double stall_seconds = 0;        // the caller waited on data
   double elapsed_seconds = 0;      // since construction

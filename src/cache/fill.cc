@@ -120,7 +120,7 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
   for (;;) {
     ChunkId id = key.id();
     std::promise<ChunkResult> mine;
-    std::shared_ptr<Flight> joined;
+    std::shared_ptr<Flight> joined, claimed;
     {
       std::lock_guard lock(flight_mu);
       auto it = flights.find(id);
@@ -128,6 +128,7 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
         joined = it->second;
       } else if (it == flights.end()) {
         flights.emplace(id, std::make_shared<Flight>(Flight{key, mine.get_future().share()}));
+        claimed = flights.at(id);
       } else {
         return fetch(info, key, length);  // an id collision: no sharing, no caching risk
       }
@@ -138,14 +139,20 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
       // Null: the fill wrote the chunk to NVMe straight from its reader's buffer (or the
       // NVMe tier refused it): look again, in the tiers or with a fill of this reader's.
       if (r && !*r) continue;
+      // A reader that shared a tier's read was served by that tier: its bytes count there
+      // (the read itself counted once, by the reader that made it).
+      if (r && hit_bytes && joined->served != Served::kBacking)
+        (joined->served == Served::kDisk ? m.disk_hit_bytes : m.ram_hit_bytes).add(hit_bytes);
       return r;
     }
     // A fill that ended between the caller's look at the tiers and this claim left the
     // chunk in a tier: take it from there rather than read the backing store again.
-    Result<std::shared_ptr<const Chunk>> have = resident(info, key, length, hit_bytes);
+    Result<std::shared_ptr<const Chunk>> have =
+        resident(info, key, length, hit_bytes, &claimed->served);
     if (have && *have) {
-      // Into RAM before the flight ends: a reader that comes after finds it there.
-      (void)ram->offer(*have, pinned(key.key));
+      // A reader's chunk goes into RAM before the flight ends, so a reader that comes after
+      // finds it there (a warm or a prefetch leaves RAM as it is).
+      if (hit_bytes) (void)ram->offer(*have, pinned(key.key));
       mine.set_value(*have);
       std::lock_guard lock(flight_mu);
       flights.erase(id);
@@ -168,11 +175,13 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
 Result<std::shared_ptr<const Chunk>> TieredCache::Impl::resident(const store::ObjectInfo& info,
                                                                  const ChunkKey& key,
                                                                  uint64_t length,
-                                                                 uint64_t hit_bytes) {
+                                                                 uint64_t hit_bytes,
+                                                                 Served* served) {
   // A reader served from here is a hit, counted as from_tiers counts one.
   std::shared_ptr<const Chunk> c = ram->find(key);
   if (!c && disk) c = queued(key);
   if (c) {
+    if (served) *served = Served::kRam;
     if (hit_bytes) {
       m.ram_hits.add();
       m.ram_hit_bytes.add(hit_bytes);
@@ -183,8 +192,15 @@ Result<std::shared_ptr<const Chunk>> TieredCache::Impl::resident(const store::Ob
   std::optional<DiskTier::Entry> e = disk->find(key);
   if (!e || e->length != length) return c;
   SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Chunk> read, new_chunk(key, length, info));
-  if (!disk->read(*e, std::span<std::byte>(read->buf.data(), length))) return c;
+  if (Status s = disk->read(*e, std::span<std::byte>(read->buf.data(), length)); !s) {
+    if (s.error().code() == Code::kCorruption) {  // dropped by the read: counted as from_disk does
+      m.checksum_failures.add();
+      m.corrupt.add();
+    }
+    return c;
+  }
   read->xxh3 = e->xxh3;
+  if (served) *served = Served::kDisk;
   if (hit_bytes) {
     m.disk_hits.add();
     m.disk_hit_bytes.add(hit_bytes);
@@ -193,7 +209,9 @@ Result<std::shared_ptr<const Chunk>> TieredCache::Impl::resident(const store::Ob
 }
 
 // From the NVMe tier into `out` (bytes [within, within + out.size()) of the chunk).
-// false: not there (or corrupt, now dropped): the caller goes to the backing store.
+// false: not there (or corrupt, now dropped): the caller goes to the backing store. A part
+// read through fill() (a RAM tier to keep the chunk) goes there itself when the chunk is
+// gone or corrupt, and is true.
 Result<bool> TieredCache::Impl::from_disk(const store::ObjectInfo& info, const ChunkKey& key,
                                           uint64_t length, uint64_t within,
                                           std::span<std::byte> out) {

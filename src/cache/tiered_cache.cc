@@ -314,7 +314,9 @@ uint64_t TieredCache::chunk_size() const {
 }
 
 bool TieredCache::keeps_chunks() const {
-  return impl_->options.ram_bytes >= impl_->options.chunk_size;
+  // Room for the chunks a slice's reads are in at once, and then some: a RAM tier of one or
+  // two chunks would drop each before its other parts came.
+  return impl_->options.ram_bytes >= 16 * impl_->options.chunk_size;
 }
 
 Result<std::optional<ChunkExtent>> TieredCache::locate(std::string_view key, uint64_t offset,

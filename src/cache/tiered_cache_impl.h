@@ -43,10 +43,14 @@ struct ObjectMeta {
   std::optional<Clock::time_point> checked;  // last stat or listing; none: restored
 };
 
+// Where a flight's chunk came from: the backing store, or a tier (a part read's flight).
+enum class Served { kBacking, kRam, kDisk };
+
 // A fill in progress: the first miss on a chunk reads it, later ones wait here.
 struct Flight {
   ChunkKey key;
   std::shared_future<ChunkResult> result;
+  Served served = Served::kBacking;  // written before `result` is set, read after
 };
 
 struct Metrics {
@@ -211,7 +215,8 @@ struct TieredCache::Impl {
   ChunkResult fill(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,
                    uint64_t hit_bytes = 0);
   Result<std::shared_ptr<const Chunk>> resident(const store::ObjectInfo& info, const ChunkKey& key,
-                                                uint64_t length, uint64_t hit_bytes);
+                                                uint64_t length, uint64_t hit_bytes,
+                                                Served* served = nullptr);
   Result<bool> from_disk(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,
                          uint64_t within, std::span<std::byte> out);
   Result<bool> from_tiers(const store::ObjectInfo& info, const ChunkKey& key, uint64_t length,

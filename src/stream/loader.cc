@@ -400,7 +400,8 @@ struct Loader::Impl {
     auto scratch = buffers->acquire(r.length);
     if (!scratch)
       return fail(Code::kNoSpace, "loader: cannot allocate " + std::to_string(r.length) +
-                                      " bytes to read a chunk of " + key);
+                                      " bytes to read " + key + " at offset " +
+                                      std::to_string(r.offset));
     SLUICE_RETURN_IF_ERROR(read_range(key, r.offset, {(*scratch)->data(), r.length}, ro));
     for (const Piece& p : r.pieces)
       std::memcpy(buffer + p.buffer_offset, (*scratch)->data() + (p.offset - r.offset), p.length);
@@ -770,6 +771,7 @@ struct Loader::Impl {
     uint64_t epoch = 0, from = 0, k = 0;
     std::unique_ptr<EpochPlan> plan;
     size_t declared = SIZE_MAX;
+    size_t cut = SIZE_MAX;  // the window last cut into parts, in this epoch's plan
   };
 
   // The next slice: whole windows (this consumer's positions in them) while they fit in
@@ -785,6 +787,7 @@ struct Loader::Impl {
       c.from = 0;
       c.k = 0;
       c.plan.reset();
+      c.cut = SIZE_MAX;
     }
     if (!c.plan) {
       c.plan = std::make_unique<EpochPlan>(*ds, o.seed, c.epoch, window != 0,
@@ -794,8 +797,11 @@ struct Loader::Impl {
     EpochPlan& plan = *c.plan;
     const uint64_t count = share(c.from);
     Planned next{.epoch = c.epoch};
+    bool part = false;  // of a window cut into parts (the first slice, cut by design, aside)
     for (uint64_t j = c.k; j < count;) {
-      uint64_t end = plan.window_start(plan.window_of(position(c.from, j)) + 1);
+      const size_t w = plan.window_of(position(c.from, j));
+      uint64_t end = plan.window_start(w + 1);
+      part = part || w == c.cut;
       uint64_t n = 0, window_bytes = 0;  // this consumer's samples in the window, from j
       constexpr uint64_t kAhead = 16;    // the samples' sizes lie at random in the index
       for (uint64_t p; j + n < count && (p = position(c.from, j + n)) < end; ++n) {
@@ -805,8 +811,10 @@ struct Loader::Impl {
       }
       if (!next.positions.empty() && next.bytes + window_bytes > slice_bytes) break;
       if (window_bytes > slice_bytes) {
-        if (slice_bytes >= o.memory_bytes / 4)  // not the first slice, cut short by design
-          counts.window_parts.fetch_add(1, std::memory_order_relaxed);
+        if (slice_bytes >= o.memory_bytes / 4) {
+          c.cut = w;
+          part = true;
+        }
         uint64_t parts = (window_bytes + slice_bytes - 1) / slice_bytes;
         n = std::max<uint64_t>(1, n / parts);
         window_bytes = 0;
@@ -822,6 +830,7 @@ struct Loader::Impl {
       j += n;
       if (window_bytes > slice_bytes / 2) break;  // a part of a large window: alone
     }
+    if (part) counts.window_parts.fetch_add(1, std::memory_order_relaxed);
     c.k += next.positions.size();
     size_t w = plan.window_of(next.positions.front());
     if (w != c.declared) {
@@ -1062,6 +1071,12 @@ LoaderStats Loader::stats() const {
   s.stall_seconds = static_cast<double>(c.stall_ns.load(std::memory_order_relaxed)) / 1e9;
   s.elapsed_seconds = seconds_since(impl_->created);
   return s;
+}
+
+uint64_t Loader::memory_for_whole_windows(const Dataset& ds) {
+  uint64_t largest = 0;
+  for (const ShardInfo& s : ds.shards()) largest = std::max(largest, s.size);
+  return 4 * largest;
 }
 
 uint64_t Loader::shuffle_window_for(const Dataset& ds, const LoaderOptions& o) {

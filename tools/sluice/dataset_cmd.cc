@@ -350,14 +350,13 @@ void print_read_report(const DatasetArgs& a, const stream::Dataset& ds, stream::
   if (s.skipped_samples)
     std::printf("skipped %lu corrupt samples\n", static_cast<unsigned long>(s.skipped_samples));
   if (s.window_parts) {
-    uint64_t largest = 0;
-    for (const auto& shard : ds.shards()) largest = std::max(largest, shard.size);
+    const uint64_t enough = stream::Loader::memory_for_whole_windows(ds);
     std::printf(
         "%lu slices were parts of shuffle windows larger than a quarter of --memory (%s): each "
         "part read its window's chunks again; --memory %s (4x the largest shard) with the "
         "automatic window reads each once\n",
         static_cast<unsigned long>(s.window_parts), a.memory.c_str(),
-        (std::to_string((4 * largest + (1 << 20) - 1) >> 20) + "M").c_str());
+        (std::to_string((enough + (1 << 20) - 1) >> 20) + "M").c_str());
   }
 }
 

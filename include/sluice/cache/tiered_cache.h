@@ -211,7 +211,7 @@ class TieredCache : public store::Store, public ReadAhead {
   // declared before.
   Status declare(std::span<const PlannedRead> order) override;
   uint64_t chunk_size() const override;
-  // With a RAM tier that holds a chunk at least (CacheOptions::ram_bytes).
+  // With a RAM tier of 16 chunks at least (CacheOptions::ram_bytes).
   bool keeps_chunks() const override;
   // Where the chunk holding `offset` of `key` lies on NVMe; nullopt when it is not there.
   // The caller is taken to read it: a hit of the NVMe tier, and a declared chunk counts as

@@ -105,7 +105,8 @@ class NodeStore final : public store::Store, public cache::ReadAhead {
   void* find_capability(const std::type_info& type) override;
   Status declare(std::span<const cache::PlannedRead> order) override;
   uint64_t chunk_size() const override;
-  // true: sluiced keeps chunks in its RAM tier (1 GiB unless its --cache-ram says less).
+  // true: sluiced keeps chunks in its RAM tier (1 GiB by default). The daemon does not say
+  // its --cache-ram, so one run with none is taken to have it too.
   bool keeps_chunks() const override;
 
   const DaemonInfo& daemon() const;

@@ -43,7 +43,10 @@
 // Reads: a background thread reads ahead, within `memory_bytes`, the samples this consumer
 // will take next, in slices of whole windows (two slices read at once, each at most a
 // quarter of the budget), with up to `inflight` requests in flight; ranges of one shard
-// that lie close together are read with one request. Where the store is a cache::TieredCache, the
+// that lie close together are read with one request. From a cache that keeps no chunks in
+// RAM (cache::ReadAhead::keeps_chunks), a chunk a slice takes only some samples of is read
+// whole into scratch memory (an eighth of the budget at most) and the samples copied out.
+// Where the store is a cache::TieredCache, the
 // loader declares each coming window's ranges to it (the cache fetches ahead and evicts by the
 // declared order); at the end of an epoch the next epoch's first window is read ahead like any
 // other, so there is no dip at the epoch boundary. A store answering Unavailable (S3 SlowDown, 503)
@@ -234,6 +237,9 @@ class Loader {
   // The shuffle window a loader with these options uses (0: no shuffle): the options' own,
   // else the automatic one (resume tokens carry it).
   static uint64_t shuffle_window_for(const Dataset& ds, const LoaderOptions& options);
+  // The memory_bytes at which, with the automatic window, no window is larger than a slice
+  // (LoaderStats::window_parts stays 0): four times the largest shard.
+  static uint64_t memory_for_whole_windows(const Dataset& ds);
 
   struct Impl;
 

@@ -1010,10 +1010,12 @@ TEST(TieredCache, PartsOfAChunkAskedAtOnceAreOneNvmeRead) {
   // Later parts, and the chunk's other half, come from RAM.
   EXPECT_EQ(read_range(*cache, "a", 7, 100),
             std::vector<std::byte>(bytes.begin() + 7, bytes.begin() + 107));
+  // One read of the NVMe tier; every part's bytes counted where they were served from.
   CacheStats st = cache->stats();
   EXPECT_EQ(st.disk.hits, 1u);
   EXPECT_EQ(st.misses, 0u);
   EXPECT_EQ(st.ram.hits + st.singleflight_joins, kParts);
+  EXPECT_EQ(st.disk.hit_bytes + st.ram.hit_bytes, kParts * (kPart - 1) + 100);
 }
 
 // Flips one byte in every chunk on disk (segments hold whole chunks at multiples of kChunk).
@@ -1125,6 +1127,22 @@ TEST(TieredCache, BitFlipsAreDetectedAndRefetched) {
   EXPECT_EQ(rep->chunks, 3u);
   EXPECT_EQ(rep->corrupt.size(), 3u);
   EXPECT_EQ(cache->stats().disk.chunks, 0u);
+}
+
+// A part of a chunk with a RAM tier is read through the fill's single flight: a flipped
+// bit there is found, counted and refetched as a whole read's is.
+TEST(TieredCache, BitFlipsUnderAPartReadAreCountedToo) {
+  TempDir dir;
+  Backing b;
+  const auto whole = pattern(3 * kChunk, 1);
+  ASSERT_TRUE(b.open()->put("a", whole));
+  { read_range(*open_cache(b.open(), small_options(dir.path())), "a", 0, 3 * kChunk); }
+  flip_every_chunk(dir.path());
+  auto cache = open_cache(b.open(), small_options(dir.path()));
+  EXPECT_EQ(read_range(*cache, "a", kChunk + 5, 100),
+            std::vector<std::byte>(whole.begin() + kChunk + 5, whole.begin() + kChunk + 105));
+  EXPECT_EQ(cache->stats().checksum_failures, 1u);
+  EXPECT_EQ(cache->stats().misses, 1u);
 }
 
 TEST(TieredCache, OpenDropsOrphansRecordsWithoutFilesAndATornTail) {

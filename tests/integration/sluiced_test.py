@@ -49,8 +49,33 @@ class Daemon(sluiced_harness.Sluiced):
                           *extra], env=env(), log=os.path.join(WORK, "sluiced.log"))
 
 
+def stacks(pid):
+    """Every thread's stack of process `pid` (gdb), for a command that hangs; empty without gdb."""
+    if not shutil.which("gdb"):
+        return "(no gdb for stacks)"
+    r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                       capture_output=True, text=True, timeout=120)
+    return "\n".join(line for line in r.stdout.splitlines() if line.startswith(("#", "Thread")))
+
+
 def sluice(*args, check=True):
-    p = subprocess.run([SLUICE, *args], capture_output=True, env=env(), timeout=300)
+    proc = subprocess.Popen([SLUICE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        # A hang (seen once, under ASan in CI, in `cache warm` through the daemon): the client's
+        # and the daemons' stacks and the daemon's log, before the client is killed.
+        report = [f"sluice {' '.join(args)} hung for 300 s", "client:", stacks(proc.pid)]
+        for pid in subprocess.run(["pgrep", "-f", SLUICED], capture_output=True,
+                                  text=True).stdout.split():
+            report += [f"sluiced {pid}:", stacks(int(pid))]
+        log = os.path.join(WORK, "sluiced.log")
+        if os.path.exists(log):
+            report += ["sluiced.log (tail):", open(log, errors="replace").read()[-4000:]]
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("\n".join(report))
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check and p.returncode != 0:
         raise AssertionError(f"sluice {' '.join(args)} exited {p.returncode}: {p.stderr.decode()}")
     return p

@@ -127,8 +127,9 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
       if (it != flights.end() && it->second->key == key) {
         joined = it->second;
       } else if (it == flights.end()) {
-        flights.emplace(id, std::make_shared<Flight>(Flight{key, mine.get_future().share()}));
-        claimed = flights.at(id);
+        claimed =
+            flights.emplace(id, std::make_shared<Flight>(Flight{key, mine.get_future().share()}))
+                .first->second;
       } else {
         return fetch(info, key, length);  // an id collision: no sharing, no caching risk
       }

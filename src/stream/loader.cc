@@ -556,16 +556,15 @@ struct Loader::Impl {
             ranges.push_back(Range{r.shard, begin, end - begin, 0, {piece}});
           off = next;
         }
-        total += (r.end - r.begin + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-        continue;
-      }
-      // Through a cache, pieces end on multiples of max_request in the object: a run of
-      // whole chunks then never shares a chunk between two of its requests.
-      for (uint64_t off = r.begin; off < r.end;) {
-        uint64_t next = chunk ? (off / max_request + 1) * max_request : off + max_request;
-        next = std::min(r.end, next);
-        ranges.push_back(Range{r.shard, off, next - off, total + (off - r.begin)});
-        off = next;
+      } else {
+        // Through a cache, pieces end on multiples of max_request in the object: a run of
+        // whole chunks then never shares a chunk between two of its requests.
+        for (uint64_t off = r.begin; off < r.end;) {
+          uint64_t next = chunk ? (off / max_request + 1) * max_request : off + max_request;
+          next = std::min(r.end, next);
+          ranges.push_back(Range{r.shard, off, next - off, total + (off - r.begin)});
+          off = next;
+        }
       }
       // Each run starts on an O_DIRECT boundary of the buffer, even after a shard's short
       // last chunk: an unaligned destination is read through a bounce buffer and copied.

@@ -25,6 +25,7 @@ packages=(
   libsqlite3-dev                                 # the embedded ledger (quotas, usage)
   libpq-dev                                      # the PostgreSQL ledger of a fleet
   clang-format                                   # formatting check
+  ccache                                         # compiler cache shared by every build and clone
 )
 case "${1:-}" in
   --bench) packages+=(fio awscli curl rclone iperf3 python3-torch) ;;

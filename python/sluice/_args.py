@@ -25,8 +25,10 @@ def check_int(value: Any, name: str, *, lo: int = 0, hi: int = I64_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgument(f"{name}: {value!r} is not an integer")
     v = int(value)
-    if v < lo or v > hi:
-        raise InvalidArgument(f"{name}: {v} is out of range (it must be from {lo} to {hi})")
+    if v < lo:
+        raise InvalidArgument(f"{name}: {v} is below {lo}")
+    if v > hi:
+        raise InvalidArgument(f"{name}: {v} is above {hi}, the largest it can be")
     return v
 
 

@@ -1,7 +1,13 @@
 # Type stubs of sluice's compiled core (python/src/). Users call the package above it.
 from typing import Any, Callable
 
-Memory = Any  # a buffer-protocol object, or (address, nbytes)
+Memory = Any  # a buffer-protocol object, or a _RawSpan the package built from a tensor
+
+class _RawSpan:
+    address: int
+    nbytes: int
+    cuda_device: int
+    def __init__(self, address: int, nbytes: int, cuda_device: int = ...) -> None: ...
 
 def _set_error_classes(classes: dict[str, type]) -> None: ...
 def _raise(code: str, message: str) -> None: ...

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from . import _core
+from ._args import check_int, check_optional_int
 from ._buffers import host_memory, is_tensor
 from .errors import InvalidArgument
 
@@ -27,7 +28,8 @@ def _memory(buf: Any, what: str) -> Any:
     if is_tensor(buf) and buf.device.type == "cuda":
         if not buf.is_contiguous():
             raise InvalidArgument(f"{what}: the tensor is not contiguous (its bytes are not one range)")
-        return (buf.data_ptr(), buf.numel() * buf.element_size(), "cuda", buf.device.index or 0)
+        return _core._RawSpan(buf.data_ptr(), buf.numel() * buf.element_size(),
+                              buf.device.index or 0)
     cai = getattr(buf, "__cuda_array_interface__", None)
     if cai is not None and not is_tensor(buf):
         if cai.get("strides") not in (None,):
@@ -37,8 +39,14 @@ def _memory(buf: Any, what: str) -> Any:
             n *= d
         import numpy as np
 
-        return (cai["data"][0], n * np.dtype(cai["typestr"]).itemsize, "cuda", 0)
+        return _core._RawSpan(cai["data"][0], n * np.dtype(cai["typestr"]).itemsize, 0)
     return host_memory(buf, what)
+
+
+def _checked(what: str, size: Any, file_offset: Any, buf_offset: Any) -> tuple:
+    """(size, file_offset, buf_offset) checked where the caller called (InvalidArgument)."""
+    return (check_optional_int(size, f"{what}: size"), check_int(file_offset, f"{what}: file_offset"),
+            check_int(buf_offset, f"{what}: buf_offset"))
 
 
 class IOFuture:
@@ -69,25 +77,29 @@ class File:
               buf_offset: int = 0) -> IOFuture:
         """Starts reading ``size`` bytes (default: what fits) at ``file_offset`` into
         ``buf`` at ``buf_offset``."""
-        return IOFuture(self._f.pread(_memory(buf, "pread"), size, file_offset, buf_offset), buf)
+        args = _checked("pread", size, file_offset, buf_offset)
+        return IOFuture(self._f.pread(_memory(buf, "pread"), *args), buf)
 
     def pwrite(self, buf: Any, size: int | None = None, file_offset: int = 0,
                buf_offset: int = 0) -> IOFuture:
-        return IOFuture(self._f.pwrite(_memory(buf, "pwrite"), size, file_offset, buf_offset), buf)
+        args = _checked("pwrite", size, file_offset, buf_offset)
+        return IOFuture(self._f.pwrite(_memory(buf, "pwrite"), *args), buf)
 
     def read(self, buf: Any, size: int | None = None, file_offset: int = 0,
              buf_offset: int = 0) -> int:
-        return self._f.read(_memory(buf, "read"), size, file_offset, buf_offset)
+        return self._f.read(_memory(buf, "read"), *_checked("read", size, file_offset, buf_offset))
 
     def write(self, buf: Any, size: int | None = None, file_offset: int = 0,
               buf_offset: int = 0) -> int:
-        return self._f.write(_memory(buf, "write"), size, file_offset, buf_offset)
+        args = _checked("write", size, file_offset, buf_offset)
+        return self._f.write(_memory(buf, "write"), *args)
 
     def batch(self, ios: list[tuple]) -> list[int]:
         """Many reads and writes in flight at once, as cuFile's batch API (which KvikIO's
         Python API lacks): ``ios`` is a list of (op, buf, size or None, file_offset) with op
         "read" or "write"; returns each one's bytes, in order, once all are done."""
-        return self._f.batch([(op, _memory(buf, "batch"), size, off) for op, buf, size, off in ios])
+        return self._f.batch([(op, _memory(buf, "batch"), *_checked("batch", size, off, 0)[:2])
+                              for op, buf, size, off in ios])
 
     def sync(self) -> None:
         """Makes written bytes durable (fdatasync)."""

@@ -70,10 +70,20 @@ void drop_owned(P& p, pid_t owner) {
   without_gil([&] { p.reset(); });
 }
 
+// Memory named by its address: what the package's own Python builds from a torch tensor's
+// data_ptr() (or a __cuda_array_interface__) while it holds the tensor, as
+// sluice._core._RawSpan. Never built from what a caller passed: a public call takes the
+// buffer protocol and tensors only, so no caller can name arbitrary process memory (a
+// plain (address, nbytes) tuple is refused as not a buffer).
+struct RawSpan {
+  uintptr_t address = 0;
+  size_t nbytes = 0;
+  int cuda_device = -1;  // -1: host memory; else the CUDA device it is on
+};
+
 // Memory a Python object lends for the length of one call: anything with the buffer
-// protocol (bytearray, memoryview, numpy arrays, mmap), C-contiguous; or a tuple
-// (address, nbytes) that the Python layer builds from a torch tensor's data_ptr() while it
-// holds the tensor. Construct and destroy with the GIL held; use the span without it.
+// protocol (bytearray, memoryview, numpy arrays, mmap), C-contiguous; or a host RawSpan.
+// Construct and destroy with the GIL held; use the span without it.
 class Borrowed {
  public:
   Borrowed(py::handle obj, bool writable, const std::string& what);

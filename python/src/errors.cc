@@ -17,6 +17,15 @@ py::dict& classes() {
 }  // namespace
 
 void bind_errors(py::module_& m) {
+  // Private to the package (python/sluice/_buffers.py): see RawSpan in core.h.
+  py::class_<RawSpan>(m, "_RawSpan")
+      .def(py::init([](uintptr_t address, size_t nbytes, int cuda_device) {
+             return RawSpan{address, nbytes, cuda_device};
+           }),
+           py::arg("address"), py::arg("nbytes"), py::arg("cuda_device") = -1)
+      .def_readonly("address", &RawSpan::address)
+      .def_readonly("nbytes", &RawSpan::nbytes)
+      .def_readonly("cuda_device", &RawSpan::cuda_device);
   m.def(
       "_set_error_classes", [](py::dict d) { classes() = std::move(d); },
       "Sets the exception class raised for each error code (python/sluice/errors.py).");
@@ -43,14 +52,14 @@ void bind_errors(py::module_& m) {
 }
 
 Borrowed::Borrowed(py::handle obj, bool writable, const std::string& what) {
-  if (py::isinstance<py::tuple>(obj)) {
-    auto t = py::reinterpret_borrow<py::tuple>(obj);
-    if (t.size() != 2) raise(Code::kInvalidArgument, what + ": a raw buffer is (address, nbytes)");
-    auto addr = t[0].cast<uintptr_t>();
-    auto n = t[1].cast<size_t>();
-    if (addr == 0 && n != 0) raise(Code::kInvalidArgument, what + ": a raw buffer at address 0");
-    data_ = reinterpret_cast<std::byte*>(addr);
-    size_ = n;
+  if (py::isinstance<RawSpan>(obj)) {
+    const auto& raw = obj.cast<const RawSpan&>();
+    if (raw.cuda_device >= 0)
+      raise(Code::kInvalidArgument, what + ": device memory is not host memory");
+    if (raw.address == 0 && raw.nbytes != 0)
+      raise(Code::kInvalidArgument, what + ": a raw span at address 0");
+    data_ = reinterpret_cast<std::byte*>(raw.address);
+    size_ = raw.nbytes;
     return;
   }
   int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);

@@ -26,8 +26,7 @@ mem::Target* cuda_target(int device) {
   return t.get();
 }
 
-// Memory for one I/O: a buffer (host), or (address, nbytes) host memory, or (address,
-// nbytes, "cuda", device) device memory.
+// Memory for one I/O: a buffer or host RawSpan (Borrowed), or a RawSpan on a CUDA device.
 struct IoMemory {
   std::unique_ptr<Borrowed> host;
   io::Buffer buf;
@@ -35,14 +34,10 @@ struct IoMemory {
 
 IoMemory io_memory(py::handle obj, bool writable, const std::string& what) {
   IoMemory m;
-  if (py::isinstance<py::tuple>(obj) && py::len(obj) == 4) {
-    auto t = py::reinterpret_borrow<py::tuple>(obj);
-    if (t[2].cast<std::string>() != "cuda")
-      raise(Code::kInvalidArgument, what +
-                                        ": device memory is (address, nbytes, "
-                                        "\"cuda\", device)");
-    m.buf = io::Buffer{reinterpret_cast<void*>(t[0].cast<uintptr_t>()), t[1].cast<size_t>(),
-                       cuda_target(t[3].cast<int>())};
+  if (py::isinstance<RawSpan>(obj) && obj.cast<const RawSpan&>().cuda_device >= 0) {
+    const auto& raw = obj.cast<const RawSpan&>();
+    m.buf =
+        io::Buffer{reinterpret_cast<void*>(raw.address), raw.nbytes, cuda_target(raw.cuda_device)};
     return m;
   }
   m.host = std::make_unique<Borrowed>(obj, writable, what);

@@ -75,3 +75,25 @@ def test_bad_input(tmp_path):
     fut = h.pread(buf)
     h.close()
     assert fut.get() == 8 << 20 and buf[-1:] == b"z"
+
+
+def test_out_of_range_integers_name_the_argument(tmp_path):
+    # Issue 47, item 10: a negative offset reached pybind11 as "incompatible function
+    # arguments"; each call now names the argument, before any I/O.
+    path = str(tmp_path / "f")
+    with sluice.io.File(path, "w") as f:
+        f.write(bytearray(8192))
+    buf = bytearray(4096)
+    with sluice.io.File(path, "r") as f:
+        for call in (f.pread, f.read):
+            with pytest.raises(sluice.InvalidArgument, match="file_offset"):
+                call(buf, file_offset=-5)
+            with pytest.raises(sluice.InvalidArgument, match="size"):
+                call(buf, size=2**64)
+            with pytest.raises(sluice.InvalidArgument, match="buf_offset"):
+                call(buf, buf_offset=-1)
+        with pytest.raises(sluice.InvalidArgument, match="file_offset"):
+            f.batch([("read", buf, None, -5)])
+        with pytest.raises(sluice.InvalidArgument, match="tuple is not a buffer"):
+            f.read((id(buf), 16))
+        assert f.read(buf, file_offset=4096) == 4096

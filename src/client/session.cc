@@ -91,8 +91,9 @@ Result<std::unique_ptr<cache::Control>> Session::cache_control() const {
   // A WARM request fetches up to 64 MiB from the source: the node store's request timeout.
   auto client = node::NodeClient::connect(daemon_socket(), node::NodeOptions{}.timeout);
   if (!client) {
-    // The default socket with nobody on it: this node runs no daemon.
-    if (client.error().code() == Code::kUnavailable && o_.daemon_socket.empty()) return embedded();
+    // The default socket with nobody on it: this node runs no daemon. (One that is there
+    // and refuses, or hangs, is an error: its cache is not the directory's.)
+    if (node::no_daemon_listens(client.error()) && o_.daemon_socket.empty()) return embedded();
     return std::unexpected(client.error());
   }
   return std::make_unique<node::DaemonControl>(std::move(*client), daemon_socket());

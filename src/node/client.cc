@@ -152,8 +152,8 @@ struct NodeClient::Impl {
     std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       int err = errno;
-      if (err == ENOENT || err == ECONNREFUSED)
-        return fail(Code::kUnavailable, "no sluiced answers on " + socket);
+      if (err == ENOENT || err == ECONNREFUSED)  // errno kept: no_daemon_listens reads it
+        return std::unexpected(Error(Code::kUnavailable, "no sluiced answers on " + socket, err));
       return fail_errno(err, "connect to sluiced at " + socket);
     }
     return std::make_unique<FrameChannel>(std::move(fd));
@@ -655,6 +655,17 @@ Result<store::ListPage> NodeStore::list(const store::ListOptions& options) {
                   "sluiced: listed '" + info.key + "' outside prefix '" + options.prefix + "'");
     page.objects.push_back(std::move(info));
   }
+  if (auto skipped = j.find("skipped"); skipped != j.end() && skipped->is_array()) {
+    for (const Json& s : *skipped) {
+      store::SkippedKey k;
+      SLUICE_ASSIGN_OR_RETURN(k.key, get_string(s, "key"));
+      SLUICE_ASSIGN_OR_RETURN(k.reason, get_string(s, "reason"));
+      if (!k.key.starts_with(options.prefix))
+        return fail(Code::kCorruption,
+                    "sluiced: skipped '" + k.key + "' outside prefix '" + options.prefix + "'");
+      page.skipped.push_back(std::move(k));
+    }
+  }
   return page;
 }
 
@@ -719,6 +730,11 @@ NodeReadStats NodeStore::read_stats() const {
                        r(impl_->retries)};
 }
 
+bool no_daemon_listens(const Error& error) {
+  return error.code() == Code::kUnavailable &&
+         (error.sys_errno() == ENOENT || error.sys_errno() == ECONNREFUSED);
+}
+
 void register_scheme() {
   for (const std::string& scheme : store::registered_schemes()) {
     if (scheme.starts_with("node+") || scheme.starts_with("cache+")) continue;
@@ -731,8 +747,14 @@ void register_scheme() {
           if (const auto* given = so.backend.get<NodeOptions>()) o = *given;
           auto s = NodeStore::open(root, o);
           if (s) return std::unique_ptr<store::Store>(std::move(*s));
-          if (!o.fallback || s.error().code() != Code::kUnavailable)
-            return std::unexpected(s.error());
+          if (!o.fallback || !no_daemon_listens(s.error())) {
+            if (s.error().code() != Code::kUnavailable) return std::unexpected(s.error());
+            return std::unexpected(
+                Error(Code::kUnavailable,
+                      s.error().message() +
+                          "; not read through the embedded cache instead, which could reach "
+                          "another S3 server than the daemon's"));
+          }
           if (o.on_fallback) o.on_fallback(s.error().message() + ": using the embedded cache");
           cache::register_scheme();
           return store::open_store("cache+" + root, so);

@@ -404,6 +404,52 @@ def test_a_client_asking_for_another_endpoint_is_refused(s3, digest):
         assert d.stop() == 0
 
 
+def test_a_busy_daemon_is_not_bypassed_to_another_server(s3, digest):
+    # A command given no endpoint is served with the daemon's. When the daemon refuses its
+    # connection (past --max-connections-per-uid), reading through the embedded cache instead
+    # would send the request, signed with this process's credentials, to the default AWS
+    # endpoint: another server with a bucket of the same name. It fails, naming the busy
+    # daemon (issue 47, item 2).
+    d = Daemon(s3.endpoint, "--max-connections-per-uid", "1")
+    held = hold_a_connection()
+    try:
+        p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", check=False)
+        err = p.stderr.decode()
+        assert p.returncode != 0 and not p.stdout, (p.returncode, err)
+        assert "too many connections" in err and SOCK in err, err
+        assert "not read through the embedded cache" in err, err
+        assert "using the embedded cache" not in err and "amazonaws" not in err, err
+        held.close()
+        # Once the connection is given back, the same command is served by the daemon.
+        deadline = time.time() + 10
+        while True:
+            p = sluice("cat", "--cache", "--daemon", SOCK, "s3://test/ds/obj", check=False)
+            if p.returncode == 0 or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert p.returncode == 0 and hashlib.sha256(p.stdout).hexdigest() == digest, p.stderr
+    finally:
+        held.close()
+        assert d.stop() == 0
+
+
+def hold_a_connection():
+    """A connection to the daemon that it keeps open: the uid's one, once the harness's
+    start-up probe has been let go (until then the daemon refuses and closes it)."""
+    deadline = time.time() + 10
+    while True:
+        held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        held.connect(SOCK)
+        held.settimeout(0.3)
+        try:
+            if not held.recv(1 << 16) and time.time() > deadline:
+                raise AssertionError("sluiced refused every connection for 10 s")
+        except socket.timeout:
+            return held  # nothing said, nothing closed: the daemon serves it
+        held.close()
+        time.sleep(0.1)
+
+
 def test_chunks_an_embedded_cache_left_are_dropped(s3, digest):
     # Warmed by the embedded cache (keyed by store), they could never be served by the
     # daemon (keyed by root): it drops them at start, says so, and counts none of them.
@@ -456,7 +502,9 @@ def main():
                          ("a client asking for another endpoint is refused",
                           test_a_client_asking_for_another_endpoint_is_refused),
                          ("chunks an embedded cache left are dropped",
-                          test_chunks_an_embedded_cache_left_are_dropped)]:
+                          test_chunks_an_embedded_cache_left_are_dropped),
+                         ("a busy daemon is not bypassed to another server",
+                          test_a_busy_daemon_is_not_bypassed_to_another_server)]:
             shutil.rmtree(CACHE, ignore_errors=True)
             r.run(name, fn, s3, digest)
         r.finish()

@@ -49,9 +49,12 @@ struct NodeOptions {
   // read bytes are then written there by the daemon and copied out by the reader, instead
   // of crossing the socket. 0: no window (the bytes come in the reply frames).
   uint64_t window_bytes = 8 << 20;
-  // For node+ URIs: where no daemon answers, open the embedded cache (cache+<uri>, with
-  // the CacheOptions of the store options) and call on_fallback with the reason. false:
-  // Unavailable.
+  // For node+ URIs: where no daemon listens on the socket (no_daemon_listens), open the
+  // embedded cache (cache+<uri>, with the CacheOptions of the store options) and call
+  // on_fallback with the reason. false: Unavailable. A daemon that is there but refuses
+  // (too many connections), times out or fails is never bypassed: the embedded cache
+  // would read s3:// from this process's own endpoint (the default AWS one when it was
+  // given none), another server than the daemon's, with this process's credentials.
   bool fallback = true;
   std::function<void(const std::string&)> on_fallback;
   // The S3 endpoint this process was told to read s3:// from (empty: none given, the
@@ -187,6 +190,11 @@ class DaemonControl final : public cache::Control {
 };
 
 // Registers "node+<scheme>://" for every scheme open_store knows now.
+// Whether `error` (of NodeClient::connect or a node+ open) says that nothing listens on
+// the socket: no socket file, or nobody accepting on it. Only then does a node+ open fall
+// back to the embedded cache; a daemon that answered and refused, or hung, is an error.
+bool no_daemon_listens(const Error& error);
+
 void register_scheme();
 
 }  // namespace sluice::node

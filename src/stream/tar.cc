@@ -101,6 +101,26 @@ bool all_zero(std::span<const std::byte> b) {
   return std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0}; });
 }
 
+// After the end-of-archive block at `zero`, the rest up to `end` must be zeros too (the
+// second end block, a record's padding). Data after zeros is what a torn or zeroed write
+// leaves in the middle of a shard: ending there would drop every sample after it silently.
+// Reads the rest a MiB at a time; a well-formed archive has at most a record (10 KiB) left.
+Status only_zeros_after(const ByteSource& source, uint64_t zero, uint64_t end,
+                        std::string_view shard) {
+  for (uint64_t pos = zero + kTarBlock; pos < end;) {
+    SLUICE_ASSIGN_OR_RETURN(auto b, source(pos, std::min<uint64_t>(end - pos, 1 << 20)));
+    if (b.empty()) break;  // the source ends before `end`: nothing more to look at
+    auto data = std::find_if(b.begin(), b.end(), [](std::byte x) { return x != std::byte{0}; });
+    if (data != b.end())
+      return fail(Code::kCorruption,
+                  at(shard, zero) + ": zero blocks followed by data at offset " +
+                      std::to_string(pos + static_cast<uint64_t>(data - b.begin())) +
+                      " (a torn or zeroed write?); the samples after it would be lost");
+    pos += b.size();
+  }
+  return ok();
+}
+
 // PAX records "LEN key=value\n"; takes path and size.
 // `has_size`: whether a size record was there (plain members: gcc 12 takes an optional's
 // value for uninitialized in parse_tar once this file inlines more).
@@ -168,8 +188,11 @@ Result<std::vector<TarSample>> parse_tar(const ByteSource& source, uint64_t begi
     SLUICE_ASSIGN_OR_RETURN(auto h, source(pos, kTarBlock));
     if (h.size() < kTarBlock) return corrupt(pos, "truncated tar header");
     // End of archive: a zero block (a header's name never starts with NUL, so only such a
-    // block is compared whole).
-    if (h[0] == std::byte{0} && all_zero(h.first(kTarBlock))) break;
+    // block is compared whole), and nothing but zeros after it.
+    if (h[0] == std::byte{0} && all_zero(h.first(kTarBlock))) {
+      SLUICE_RETURN_IF_ERROR(only_zeros_after(source, pos, end, shard));
+      break;
+    }
     if (!checksum_ok(h.data())) return corrupt(pos, "bad tar header checksum");
     uint64_t size = 0;
     if (!parse_number(h.data() + 124, 12, size))

@@ -132,6 +132,32 @@ TEST(Tar, ArchiveWithoutEndMarkerEndsAtItsSize) {
   EXPECT_EQ(r->size(), 1u);
 }
 
+// Issue 47, item 4: a page zeroed in the middle of a shard (what a torn write leaves) read
+// as the end of the archive, and the samples after it were dropped without a word.
+TEST(Tar, ZeroBlocksFollowedByDataAreCorruption) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (int i = 0; i < 20; ++i)
+    files.push_back(
+        {"s" + std::to_string(100 + i) + ".bin", std::string(1500, static_cast<char>('a' + i))});
+  auto tar = make_tar(files);
+  ASSERT_TRUE(parse(tar));
+  EXPECT_EQ(parse(tar)->size(), 20u);
+  auto torn = tar;
+  const size_t page = 4096 * (tar.size() / 4096 / 2);
+  std::fill(torn.begin() + page, torn.begin() + page + 4096, std::byte{0});
+  auto r = parse(torn);
+  ASSERT_FALSE(r) << r->size() << " samples";
+  EXPECT_EQ(r.error().code(), Code::kCorruption);
+  EXPECT_NE(r.error().message().find("t.tar"), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().message().find("followed by data at offset"), std::string::npos)
+      << r.error().message();
+  // Zeros to the end (the end blocks, a record's padding) are a well-formed end.
+  auto padded = tar;
+  padded.resize(tar.size() + 10240, std::byte{0});
+  ASSERT_TRUE(parse(padded));
+  EXPECT_EQ(parse(padded)->size(), 20u);
+}
+
 TEST(Tar, HostileSizeFieldsAreRefused) {
   auto tar = make_tar({{"a.txt", "1"}});
   // A base-256 size of 2^63: must not overflow the offset arithmetic.

@@ -6,11 +6,13 @@ import io
 import logging
 import os
 import threading
+import warnings
 from typing import Any
 
 from . import _core
+from ._args import check_int
 from ._buffers import host_memory, is_tensor
-from .errors import Corruption, InvalidArgument
+from .errors import Corruption, InvalidArgument, SkippedWarning
 
 log = logging.getLogger("sluice")
 
@@ -84,8 +86,7 @@ class Session:
         array or torch tensor) without an intermediate copy; returns the bytes read: the
         buffer's size, or fewer where the object ends first."""
         target = _uri(uri)
-        if offset < 0:
-            raise InvalidArgument(f"{target}: offset {offset} is below 0")
+        offset = check_int(offset, f"read_into {target}: offset")
         if is_tensor(buffer) and buffer.device.type != "cpu":
             return _read_into_device(self, target, buffer, offset, cache)
         return self._core.read_into(target, host_memory(buffer, "read_into"), offset, cache)
@@ -122,13 +123,19 @@ class Session:
             source, code, message = failures[0]
             more = f" (and {len(failures) - 1} more failed)" if len(failures) > 1 else ""
             _core._raise(code, f"{message}{more}")
+        for _key, reason in summary["skipped"]:
+            warnings.warn(f"copy {src}: skipped {reason}", SkippedWarning, stacklevel=2)
         return summary
 
     def ls(self, uri: Any, *, recursive: bool = False) -> list[dict]:
         """The objects under a prefix (a local directory, s3://bucket/prefix/, ...): each a
         dict of key, size, etag, mtime_ns. Not recursive: the folders below as keys ending
-        in '/'."""
-        return self._core.ls(_uri(uri), recursive)
+        in '/'. A local symlink that leads out of the folder is no object of it: it is left
+        out, and a :class:`SkippedWarning` names it."""
+        objects, skipped = self._core.ls(_uri(uri), recursive)
+        for _key, reason in skipped:
+            warnings.warn(f"ls {uri}: skipped {reason}", SkippedWarning, stacklevel=2)
+        return objects
 
 
 def _read_into_device(session: Session, uri: str, tensor: Any, offset: int, cache: bool) -> int:

@@ -26,6 +26,7 @@ __all__ = [
     "TimedOut",
     "Conflict",
     "InternalError",
+    "SkippedWarning",
 ]
 
 
@@ -119,7 +120,13 @@ class InternalError(Error):
     code = "internal"
 
 
-_BY_CODE = {cls.code: cls for cls in (globals()[name] for name in __all__) if cls is not Error}
+class SkippedWarning(UserWarning):
+    """A listing left a name out: a local symlink that leads out of the folder listed (no
+    object of it; reading it is refused). The rest of the listing, copy or dataset stands."""
+
+
+_BY_CODE = {cls.code: cls for cls in (globals()[name] for name in __all__)
+            if issubclass(cls, Error) and cls is not Error}
 _core._set_error_classes(_BY_CODE)
 
 

@@ -193,6 +193,9 @@ py::dict copy_summary(const client::CopySummary& s) {
     failures.append(
         py::make_tuple(f.source, std::string(code_name(f.error.code())), f.error.message()));
   d["failures"] = failures;
+  py::list skipped;
+  for (const auto& k : s.skipped) skipped.append(py::make_tuple(k.key, k.reason));
+  d["skipped"] = skipped;
   return d;
 }
 
@@ -277,10 +280,13 @@ void bind_objects(py::module_& m) {
       .def(
           "ls",
           [](const PySession& p, const std::string& uri, bool recursive) {
-            auto r = without_gil([&] { return client::list_objects(*p.s, uri, recursive); });
-            py::list out;
+            std::vector<store::SkippedKey> skipped;
+            auto r =
+                without_gil([&] { return client::list_objects(*p.s, uri, recursive, &skipped); });
+            py::list out, left_out;
             for (const auto& i : unwrap(std::move(r))) out.append(info_dict(i));
-            return out;
+            for (const auto& k : skipped) left_out.append(py::make_tuple(k.key, k.reason));
+            return py::make_tuple(out, left_out);
           },
           py::arg("uri"), py::arg("recursive") = false);
 

@@ -178,7 +178,9 @@ Result<CopySummary> copy(const Session& session, const CopyRequest& o) {
     co.part_align = chunked->chunk_size();
   xfer::CopyReport report = xfer::copy_all(*src_store, *dst_store, plan.items, co);
   report.failures.insert(report.failures.begin(), plan.rejected.begin(), plan.rejected.end());
-  return summarize(report, *src_store, registry);
+  CopySummary sum = summarize(report, *src_store, registry);
+  sum.skipped = std::move(plan.skipped);
+  return sum;
 }
 
 }  // namespace sluice::client

@@ -46,9 +46,10 @@ Result<ObjectRef> open_object(const Session& session, const std::string& text,
 }
 
 Result<std::vector<store::ObjectInfo>> list_objects(const Session& session, const std::string& text,
-                                                    bool recursive) {
+                                                    bool recursive,
+                                                    std::vector<store::SkippedKey>* skipped) {
   SLUICE_ASSIGN_OR_RETURN(ObjectRef ref, open_object(session, text, {.prefix = true}));
-  SLUICE_ASSIGN_OR_RETURN(auto all, ref.store->list_all(ref.key));
+  SLUICE_ASSIGN_OR_RETURN(auto all, ref.store->list_all(ref.key, skipped));
   if (recursive) return all;
   // One level: the objects directly under the prefix, and each folder below it once.
   std::vector<store::ObjectInfo> out;

@@ -55,7 +55,7 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
   do {
     SLUICE_ASSIGN_OR_RETURN(store::ListPage page, st->list(lo));
     for (auto& obj : page.objects) listing.push_back(std::move(obj));
-    for (auto& why : page.skipped) skipped.push_back("project " + p.id + ": " + why);
+    for (auto& s : page.skipped) skipped.push_back("project " + p.id + ": " + s.reason);
     lo.continuation = std::move(page.next_token);
   } while (!lo.continuation.empty());
   std::map<std::string, uint64_t> sizes;

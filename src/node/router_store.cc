@@ -105,6 +105,7 @@ Result<store::ListPage> RouterStore::list(const store::ListOptions& options) {
   o.prefix = r.key;
   SLUICE_ASSIGN_OR_RETURN(store::ListPage page, r.store->list(o));
   for (store::ObjectInfo& info : page.objects) info.key = r.id + "/" + info.key;
+  for (store::SkippedKey& s : page.skipped) s.key = r.id + "/" + s.key;
   return page;
 }
 

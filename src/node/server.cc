@@ -953,6 +953,12 @@ struct NodeServer::Impl {
       if (!prove_file_access(caller, id, unrouted(i.key), /*listing=*/false)) continue;
       r.body["objects"].push_back(info_json(i));
     }
+    // Links the listing left out (store.h), named where the caller may list their folder.
+    for (const store::SkippedKey& s : page.skipped) {
+      if (!prove_file_access(caller, id, unrouted(s.key), /*listing=*/true)) continue;
+      if (!r.body.contains("skipped")) r.body["skipped"] = Json::array();
+      r.body["skipped"].push_back(Json{{"key", unrouted(s.key)}, {"reason", s.reason}});
+    }
     return r;
   }
 

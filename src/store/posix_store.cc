@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <iterator>
 #include <random>
 
 #include "sluice/core/fd.h"
@@ -323,15 +324,20 @@ class PosixStore : public Store {
                   ? keys.begin()
                   : std::upper_bound(keys.begin(), keys.end(), options.continuation);
     for (; it != keys.end(); ++it) {
-      if (page.objects.size() == options.max_keys) {
-        page.next_token = page.objects.back().key;
+      // What a page names, left out or not, counts towards max_keys: a folder of many
+      // links cannot make one page (one sluiced reply frame) unbounded.
+      if (page.objects.size() + page.skipped.size() == options.max_keys) {
+        page.next_token = *std::prev(it);
         break;
       }
       auto info = stat(*it);
       if (!info) {
         if (info.error().code() == Code::kNotFound) continue;  // removed while listing
-        if (options.skip_unreadable) {
-          page.skipped.push_back(*it + ": " + info.error().message());
+        // A symlink out of the root (EXDEV from RESOLVE_BENEATH) or a loop (ELOOP; any
+        // symlink without openat2) is no object here: left out and named (store.h).
+        const int err = info.error().sys_errno();
+        if (options.skip_unreadable || err == EXDEV || err == ELOOP) {
+          page.skipped.push_back({*it, info.error().message()});
           continue;
         }
         return std::unexpected(info.error());

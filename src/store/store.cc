@@ -87,13 +87,16 @@ Result<std::vector<std::byte>> Store::get(std::string_view key) {
   return data;
 }
 
-Result<std::vector<ObjectInfo>> Store::list_all(std::string_view prefix) {
+Result<std::vector<ObjectInfo>> Store::list_all(std::string_view prefix,
+                                                std::vector<SkippedKey>* skipped) {
   std::vector<ObjectInfo> all;
   ListOptions opts;
   opts.prefix = std::string(prefix);
   do {
     SLUICE_ASSIGN_OR_RETURN(ListPage page, list(opts));
     for (auto& o : page.objects) all.push_back(std::move(o));
+    if (skipped)
+      for (auto& s : page.skipped) skipped->push_back(std::move(s));
     opts.continuation = std::move(page.next_token);
   } while (!opts.continuation.empty());
   return all;

@@ -436,8 +436,8 @@ CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyIt
 
 Result<CopyPlan> plan_prefix(store::Store& src, std::string_view src_prefix,
                              std::string_view dst_prefix) {
-  SLUICE_ASSIGN_OR_RETURN(auto objects, src.list_all(src_prefix));
   CopyPlan plan;
+  SLUICE_ASSIGN_OR_RETURN(auto objects, src.list_all(src_prefix, &plan.skipped));
   plan.items.reserve(objects.size());
   for (auto& obj : objects) {
     // A listing is untrusted input: a key outside the prefix is a broken or hostile server.

@@ -244,3 +244,69 @@ def test_the_gil_is_released_during_a_long_read(s3):
     # A read that held the GIL would let the ticker run at most once or twice.
     assert len(during) >= 5, f"{len(during)} ticks in a {end - start:.3f} s read"
     assert hashlib.sha256(buf).digest() == hashlib.sha256(data).digest()
+
+
+def test_a_raw_address_is_not_a_buffer(session):
+    # Issue 47, item 3: a bare (address, nbytes) tuple named process memory. Read into, it
+    # crashed the process; written, it published whatever lay there as an object.
+    import ctypes
+
+    session.write("mem://raw/a", b"0123456789abcdef")
+    secret = ctypes.create_string_buffer(b"secret process memory", 24)
+    with pytest.raises(sluice.InvalidArgument, match="tuple is not a buffer"):
+        session.read_into("mem://raw/a", (4096, 16))
+    with pytest.raises(sluice.InvalidArgument, match="tuple is not a buffer"):
+        session.write("mem://raw/b", (ctypes.addressof(secret), 24))
+    with pytest.raises(sluice.InvalidArgument, match="tuple is not a buffer"):
+        with session.open("mem://raw/c", "wb") as w:
+            w.write((ctypes.addressof(secret), 24))
+    assert [o["key"] for o in session.ls("mem://raw/")] == ["a"]
+    # What the public calls take: the buffer protocol, and tensors.
+    t = torch.zeros(16, dtype=torch.uint8)
+    assert session.read_into("mem://raw/a", t) == 16
+    assert bytes(t.numpy()) == b"0123456789abcdef"
+    session.write("mem://raw/d", torch.arange(4, dtype=torch.uint8))
+    assert session.read("mem://raw/d") == bytes([0, 1, 2, 3])
+
+
+def test_out_of_range_integers_name_the_argument(session):
+    # Issue 47, item 10: pybind11 answered these with "incompatible function arguments".
+    session.write("mem://ints/a", b"x" * 8)
+    for bad in (2**64, -1, 1.5, True):
+        with pytest.raises(sluice.InvalidArgument, match="offset"):
+            session.read_into("mem://ints/a", bytearray(4), offset=bad)
+
+
+def _folder_with_a_link_out(tmp_path):
+    (tmp_path / "secret").write_bytes(b"not yours")
+    shared = tmp_path / "shared"
+    (shared / "sub").mkdir(parents=True)
+    (shared / "a.bin").write_bytes(b"a" * 10)
+    (shared / "sub" / "b.bin").write_bytes(b"b" * 20)
+    os.symlink(tmp_path / "secret", shared / "sub" / "evil.bin")
+    return shared
+
+
+def test_a_link_out_of_a_folder_is_skipped_and_named(session, tmp_path):
+    # Issue 47, item 9: one symlink out of a shared folder made ls and a recursive copy of
+    # the whole folder fail, for every team. It is left out, and a SkippedWarning names it.
+    shared = _folder_with_a_link_out(tmp_path)
+    with pytest.warns(sluice.SkippedWarning, match="evil.bin"):
+        keys = [o["key"] for o in session.ls(str(shared), recursive=True)]
+    assert keys == ["a.bin", "sub/b.bin"]
+    with pytest.warns(sluice.SkippedWarning, match="evil.bin"):
+        summary = session.copy(str(shared) + "/", "mem://links/", recursive=True)
+    assert summary["objects"] == 2 and [k for k, _ in summary["skipped"]] == ["sub/evil.bin"]
+    assert session.read("mem://links/sub/b.bin") == b"b" * 20
+    with pytest.raises(sluice.InvalidArgument, match="outside the store"):
+        session.read(str(shared / "sub" / "evil.bin"))
+
+
+def test_a_link_out_of_a_folder_is_skipped_through_sluiced(s3server, daemon, tmp_path):
+    shared = _folder_with_a_link_out(tmp_path)
+    s = sluice.connect(home=str(tmp_path / "home"), daemon=daemon.socket,
+                       endpoint_url=s3server.endpoint)
+    with pytest.warns(sluice.SkippedWarning, match="evil.bin"):
+        keys = [o["key"] for o in s.ls(f"cache+file://{shared}", recursive=True)]
+    assert [k.split("/shared/", 1)[-1] for k in keys] == ["a.bin", "sub/b.bin"]  # the daemon's
+    # keys are relative to its own root

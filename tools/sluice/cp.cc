@@ -48,6 +48,11 @@ std::string copy_json(const client::CopySummary& s) {
                       {"failed", s.failures.size()},
                       {"cancelled", s.cancelled}};
   if (!s.failures.empty()) j["error"] = s.failures.front().error.to_string();
+  if (!s.skipped.empty()) {
+    j["skipped"] = nlohmann::json::array();
+    for (const store::SkippedKey& k : s.skipped)
+      j["skipped"].push_back({{"key", k.key}, {"reason", k.reason}});
+  }
   if (s.via_daemon) {
     j["cache"] = {
         {"daemon", true}, {"handoff_bytes", s.handoff_bytes}, {"inline_bytes", s.inline_bytes}};

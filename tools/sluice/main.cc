@@ -192,6 +192,8 @@ int run_cp_command(CpArgs& a) {
   for (const client::CopyFailure& f : sum->failures)
     std::fprintf(stderr, "sluice: cp %s: %s\n", printable(f.source).c_str(),
                  f.error.to_string().c_str());
+  for (const store::SkippedKey& s : sum->skipped)
+    std::fprintf(stderr, "sluice: cp: skipped %s\n", printable(s.reason).c_str());
   std::printf("%s\n", a.json ? copy_json(*sum).c_str() : copy_text(*sum).c_str());
   return sum->cancelled           ? CancelHook{&g_cancel, catch_stop_signals, &g_signal}.exit_code()
          : !sum->failures.empty() ? 1

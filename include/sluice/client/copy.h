@@ -47,7 +47,10 @@ struct CopySummary {
   double seconds = 0;
   bool cancelled = false;
   std::vector<CopyFailure> failures;  // the other objects were copied
-  bool cached = false;                // read through the embedded cache: where bytes came from
+  // What a recursive copy's listing left out (a local symlink leading out of the source
+  // folder): not copied, not a failure; the CLI and Python name each.
+  std::vector<store::SkippedKey> skipped;
+  bool cached = false;  // read through the embedded cache: where bytes came from
   uint64_t cache_hit_bytes = 0, cache_miss_bytes = 0;
   uint64_t cache_not_kept = 0;  // chunks the NVMe tier could not take (full, failing)
   bool via_daemon = false;      // through sluiced: what came as descriptors, what inline

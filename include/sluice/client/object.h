@@ -41,8 +41,11 @@ Result<ObjectRef> open_object(const Session& session, const std::string& text,
 
 // Every object under the prefix `text` names (a local directory: every file under it),
 // keys relative to the store `open_object` opens for it. `recursive` false: only the
-// objects directly under it, and the folders below as keys ending in '/' (size 0).
-Result<std::vector<store::ObjectInfo>> list_objects(const Session& session, const std::string& text,
-                                                    bool recursive);
+// objects directly under it, and the folders below as keys ending in '/' (size 0). What the
+// listing left out (a local symlink leading out of the folder: store.h's ListPage) is
+// appended to `skipped` when given.
+Result<std::vector<store::ObjectInfo>> list_objects(
+    const Session& session, const std::string& text, bool recursive,
+    std::vector<store::SkippedKey>* skipped = nullptr);
 
 }  // namespace sluice::client

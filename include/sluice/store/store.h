@@ -61,16 +61,25 @@ struct ListOptions {
   std::string prefix;        // only keys starting with this
   std::string continuation;  // the previous page's next_token, or empty to start
   size_t max_keys = 1000;    // page size, 1..10000
-  // A key that is listed but cannot be described (file://: a symlink leading out of the
-  // root, or a loop) goes to ListPage::skipped instead of failing the whole listing.
+  // A key that is listed but cannot be described for any other reason (a file it may not
+  // stat) goes to ListPage::skipped instead of failing the whole listing.
   bool skip_unreadable = false;
+};
+
+// A name a listing found but left out of its objects, and why.
+struct SkippedKey {
+  std::string key;
+  std::string reason;  // the error's message, which names the key and the store
 };
 
 struct ListPage {
   std::vector<ObjectInfo> objects;
   std::string next_token;  // empty when there is nothing more
-  // With ListOptions::skip_unreadable: "key: reason" of each key left out of `objects`.
-  std::vector<std::string> skipped;
+  // Names left out of `objects`, for the caller to report. file:// always leaves out a
+  // symlink that leads out of its root (or loops): it is no object of the store (a read of
+  // it is refused), and anyone who can write in a shared folder could otherwise fail every
+  // listing of it. With ListOptions::skip_unreadable, any other key that cannot be described.
+  std::vector<SkippedKey> skipped;
 };
 
 // Callbacks and results a backend may give a read's caller (ReadOptions::hooks).
@@ -215,8 +224,10 @@ class Store {
   // Reads until `dst` is full or the object ends; returns the bytes read.
   Result<size_t> read_full(std::string_view key, uint64_t offset, std::span<std::byte> dst,
                            const ReadOptions& options = {});
-  // Every key under a prefix, following pagination.
-  Result<std::vector<ObjectInfo>> list_all(std::string_view prefix);
+  // Every key under a prefix, following pagination. The names the pages left out
+  // (ListPage::skipped) are appended to `skipped` when it is given, else dropped.
+  Result<std::vector<ObjectInfo>> list_all(std::string_view prefix,
+                                           std::vector<SkippedKey>* skipped = nullptr);
 };
 
 // Checks a key against the rules in the contract above.

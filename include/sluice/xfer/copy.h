@@ -117,10 +117,12 @@ Result<store::ObjectInfo> copy(store::Store& src, std::string_view src_key, stor
 CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyItem> items,
                     const CopyOptions& options = {});
 
-// What to copy, and the listed objects that cannot be copied (named, with the reason).
+// What to copy, the listed objects that cannot be copied (named, with the reason), and what
+// the listing left out (a file:// symlink leading out of the root: store.h's ListPage).
 struct CopyPlan {
   std::vector<CopyItem> items;
   std::vector<CopyFailure> rejected;
+  std::vector<store::SkippedKey> skipped;
 };
 
 // Plans the copy of every object under `src_prefix` of `src` to `dst_prefix` + the rest of

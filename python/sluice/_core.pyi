@@ -49,6 +49,8 @@ class Dataset:
     bytes: int
     shards: int
     fingerprint: int
+    identity: int
+    location: str
     format: str
     def key(self, n: int) -> str: ...
 

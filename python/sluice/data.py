@@ -26,6 +26,8 @@ Two ways to keep that count:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import mmap
 import os
@@ -35,12 +37,16 @@ import torch
 import torch.utils.data
 
 from . import _core
+from ._args import U64_MAX, check_int, check_optional_int
 from ._session import Session, connect
 from .errors import InvalidArgument, Unavailable
 
 __all__ = ["StreamingDataset", "DataLoader", "rank_and_world"]
 
-_STATE_VERSION = 1
+# 2: a state names the dataset's location and content identity and carries a digest of its
+# fields. Version 1 states (layout only, no digest) are still read; see load_state_dict.
+_STATE_VERSION = 2
+_U32_MAX = (1 << 32) - 1  # ranks and world sizes are 32-bit in the core
 # Samples at least this large on average (the dataset's bytes over its samples) reach the
 # main process packed in shared memory; smaller ones pickled. Between 1 KiB (pickling
 # faster) and 100 KiB (packing faster); the crossover itself is not measured.
@@ -104,15 +110,21 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                  skip_corrupt: bool = False, rank: int | None = None,
                  world_size: int | None = None, session: Session | None = None,
                  session_options: dict | None = None) -> None:
+        """Every number is checked here (InvalidArgument naming it), not in a worker: ``seed``
+        and ``shuffle_window`` from 0 to 2**64 - 1, ``epoch`` from 0 to 2**63 - 1,
+        ``batch_size`` from 1, ``memory`` a size (bytes, or text such as "256M") below
+        2**64, ``rank`` below ``world_size`` (at most 2**32 - 1)."""
         super().__init__()
         self.uri = os.fspath(uri)
-        if batch_size < 1:
-            raise InvalidArgument(f"{self.uri}: batch_size {batch_size} is below 1")
+        self.batch_size = check_int(batch_size, f"{self.uri}: batch_size", lo=1)
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.batch_size = int(batch_size)
-        self.shuffle_window = int(shuffle_window)
-        self.memory_bytes = _size(memory, "memory")
+        self.seed = check_int(seed, f"{self.uri}: seed", hi=U64_MAX)
+        self.shuffle_window = check_int(shuffle_window, f"{self.uri}: shuffle_window", hi=U64_MAX)
+        self.memory_bytes = check_int(_size(memory, f"{self.uri}: memory"), f"{self.uri}: memory",
+                                      hi=U64_MAX)
+        epoch = check_int(epoch, f"{self.uri}: epoch")
+        rank = check_optional_int(rank, f"{self.uri}: rank", hi=_U32_MAX - 1)
+        world_size = check_optional_int(world_size, f"{self.uri}: world_size", lo=1, hi=_U32_MAX)
         self.cache = cache
         self.catalog = catalog
         self.format = format
@@ -130,7 +142,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._session_options = dict(session_options or {})
         if session is not None and not self._session_options:
             self._session_options = dict(session.options)
-        self.epoch = int(epoch)
+        self.epoch = epoch
         self._start = 0  # where this epoch's reads start (a resumed position)
         self._worker_batches = 0  # batches this worker copy has yielded in this epoch
         self._iter_layout: tuple[int, int, int, int] | None = None
@@ -204,8 +216,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         return rank, world, worker, workers
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next ``iter()`` reads, from its start."""
-        self.epoch = int(epoch)
+        """The epoch the next ``iter()`` reads, from its start (0 to 2**63 - 1, else
+        InvalidArgument)."""
+        self.epoch = check_int(epoch, f"{self.uri}: epoch")
         self._start = 0
         self._worker_batches = 0
 
@@ -293,11 +306,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     def state_dict(self) -> dict:
         """This copy's place: the epoch, where it started, and the batches it has yielded
-        (in a worker: its own)."""
-        return {"version": _STATE_VERSION, "uri": self.uri, "seed": self.seed,
-                **self._identity(), "epoch": self.epoch, "start": self._start,
-                "worker_batches": self._worker_batches,
-                "layout": list(self._iter_layout) if self._iter_layout else None}
+        (in a worker: its own), with what :meth:`load_state_dict` checks it against."""
+        return _sealed({"version": _STATE_VERSION, "uri": self.uri, "seed": self.seed,
+                        **self._identity(), "epoch": self.epoch, "start": self._start,
+                        "worker_batches": self._worker_batches,
+                        "layout": list(self._iter_layout) if self._iter_layout else None})
 
     def _window(self) -> int:
         """The shuffle window in effect (0: no shuffle): the given one, else the whole
@@ -306,45 +319,114 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                                     self.memory_bytes)
 
     def _identity(self) -> dict:
-        """What a state is tied to: the dataset, and the order (shuffle and its window)."""
+        """What a state is tied to: where the dataset is, its layout and content (the
+        layout's fingerprint; the identity, which adds each shard's etag and sample table),
+        and the order (shuffle and its window)."""
         ds = self._open()
-        return {"samples": ds.samples, "fingerprint": ds.fingerprint, "shuffle": self.shuffle,
-                "window": self._window()}
+        return {"location": ds.location, "samples": ds.samples, "fingerprint": ds.fingerprint,
+                "identity": ds.identity, "shuffle": self.shuffle, "window": self._window()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continues from a state of :meth:`state_dict` or of :meth:`DataLoader.state_dict`."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise InvalidArgument(f"{self.uri}: not a sluice StreamingDataset state: {state!r}")
+        """Continues from a state of :meth:`state_dict` or of :meth:`DataLoader.state_dict`.
+
+        The state must be one saved for this dataset, unchanged: the same location, layout
+        and content (each shard's etag and sample table), seed and shuffle setting, its
+        numbers in range, and every field as it was saved (its digest). Otherwise
+        InvalidArgument says which, and this dataset is left as it was. A state with the
+        automatic shuffle window brings its window along (the order of the epoch depends on
+        it); an explicit ``shuffle_window`` must be the state's. Version 1 states (of older
+        releases) name the layout only: they are read with a warning, and only with the
+        window this dataset uses itself.
+        """
+        where = self.uri
+        version = state.get("version") if isinstance(state, dict) else None
+        if version not in (1, _STATE_VERSION):
+            raise InvalidArgument(f"{where}: not a sluice StreamingDataset state: {state!r}")
         if state.get("seed") != self.seed:
-            raise InvalidArgument(f"{self.uri}: the state was saved with seed {state.get('seed')}, "
+            raise InvalidArgument(f"{where}: the state was saved with seed {state.get('seed')!r}, "
                                   f"this dataset has seed {self.seed}")
         mine = self._identity()
+        # The numbers first, each named: a negative or huge one is a broken state, whatever
+        # else matches.
+        epoch = check_int(state.get("epoch"), f"{where}: the state's epoch")
+        window = check_int(state.get("window"), f"{where}: the state's window", hi=U64_MAX)
+        if "position" in state:  # a DataLoader's (main-process) state
+            start = check_int(state["position"], f"{where}: the state's position",
+                              hi=mine["samples"])
+            worker_batches, layout = 0, None
+        else:
+            start = check_int(state.get("start", 0), f"{where}: the state's start",
+                              hi=mine["samples"])
+            worker_batches = check_int(state.get("worker_batches", 0),
+                                       f"{where}: the state's worker_batches")
+            layout = state.get("layout")
+            if layout is not None:
+                if not isinstance(layout, (list, tuple)) or len(layout) != 4:
+                    raise InvalidArgument(f"{where}: the state's layout {layout!r} is not "
+                                          "(world, workers, batch_size, worker)")
+                layout = tuple(check_int(v, f"{where}: the state's layout") for v in layout)
+        # Why a digest rather than a check of the window alone: a state's window is whatever
+        # the saving job's memory budget or shuffle_window gave, any number from 1, so no
+        # rule can tell an edited window (or epoch, or position) from a real one. The digest
+        # over every field refuses a state edited, or pieced together from two, after
+        # state_dict made it. It is a checksum, not a signature: a state is as trusted as the
+        # checkpoint that holds it, and this stops mistakes, not a forger.
+        if version == _STATE_VERSION and state.get("digest") != _digest(state, where):
+            raise InvalidArgument(f"{where}: the state does not match its digest: a field was "
+                                  "changed after it was saved (or it joins two states); resume "
+                                  "from the state as state_dict() returned it")
+        if version >= 2 and state.get("location") != mine["location"]:
+            raise InvalidArgument(f"{where}: the state was saved for another dataset, "
+                                  f"{state.get('location')!r}, not {mine['location']!r}")
         if (state.get("samples"), state.get("fingerprint")) != (mine["samples"], mine["fingerprint"]):
             raise InvalidArgument(
-                f"{self.uri}: the state was saved for another dataset ({state.get('samples')} "
+                f"{where}: the state was saved for another dataset ({state.get('samples')} "
                 f"samples; this one has {mine['samples']}, or its shards changed)")
+        if version >= 2 and state.get("identity") != mine["identity"]:
+            raise InvalidArgument(
+                f"{where}: the state was saved for another dataset with the same shards, sizes "
+                f"and sample counts ({mine['location']}): a shard's etag or sample table differs "
+                "(the dataset was regenerated or replaced since the state was saved)")
         if state.get("shuffle") != self.shuffle:
-            raise InvalidArgument(f"{self.uri}: the state was saved with shuffle="
+            raise InvalidArgument(f"{where}: the state was saved with shuffle="
                                   f"{state.get('shuffle')}, this dataset has shuffle={self.shuffle}")
-        if self.shuffle and state.get("window") != mine["window"]:
+        adopt = None
+        if self.shuffle and window != mine["window"]:
             if self.shuffle_window:
                 raise InvalidArgument(
-                    f"{self.uri}: the state was saved with shuffle window {state.get('window')}, "
-                    f"this dataset uses {mine['window']}")
-            self.shuffle_window = int(state["window"])  # an automatic window follows the state
-        self.epoch = int(state["epoch"])
-        self._start = int(state.get("start", 0))
-        if "position" in state:  # a DataLoader's (main-process) state
-            self._start = int(state["position"])
-            self._worker_batches = 0
-            self._iter_layout = None
-        else:
-            self._worker_batches = int(state.get("worker_batches", 0))
-            layout = state.get("layout")
-            self._iter_layout = tuple(layout) if layout else None
-        if self._start > self.samples:
-            raise InvalidArgument(f"{self.uri}: the state's position {self._start} is past the "
-                                  f"dataset's {self.samples} samples")
+                    f"{where}: the state was saved with shuffle window {window}, this dataset "
+                    f"uses {mine['window']}")
+            if version == 1:  # no digest: its window cannot be told from an edited one
+                raise InvalidArgument(
+                    f"{where}: the version 1 state names shuffle window {window}, this dataset "
+                    f"uses {mine['window']}: pass shuffle_window={window} if the state is as "
+                    "it was saved")
+            adopt = window  # an automatic window follows the state
+        if version == 1:
+            _note_once(f"sluice: {where}: resuming from a version 1 state, which names the "
+                       "dataset's layout but not its content: a state of a dataset regenerated "
+                       "with the same layout cannot be told from one of this dataset")
+        if adopt is not None:
+            self.shuffle_window = adopt
+        self.epoch, self._start = epoch, start
+        self._worker_batches, self._iter_layout = worker_batches, layout
+
+
+def _digest(state: dict, where: str) -> str:
+    """The digest a sealed state carries: BLAKE2b-128 of its other fields as canonical
+    JSON (sorted keys; lists and tuples alike)."""
+    fields = {k: v for k, v in state.items() if k != "digest"}
+    try:
+        text = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"{where}: not a sluice StreamingDataset state: {e}") from None
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _sealed(state: dict) -> dict:
+    """The state with its digest (see load_state_dict)."""
+    state["digest"] = _digest(state, state["uri"])
+    return state
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -361,9 +443,8 @@ class DataLoader(torch.utils.data.DataLoader):
             raise InvalidArgument("shuffle is the dataset's (StreamingDataset(shuffle=True))")
         if kwargs.get("drop_last"):
             raise InvalidArgument("drop_last would drop samples the count says were taken")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidArgument(f"sluice.data.DataLoader: batch_size {batch_size!r} is not a "
-                                  "count of samples (the count of what was taken needs batches)")
+        batch_size = check_int(batch_size, "sluice.data.DataLoader: batch_size (a count of "
+                               "samples: the count of what was taken needs batches)", lo=1)
         if kwargs.get("persistent_workers"):
             raise InvalidArgument("persistent_workers: workers that outlive a pass keep their own "
                                   "place, which a resume or a new epoch cannot reach")
@@ -378,8 +459,13 @@ class DataLoader(torch.utils.data.DataLoader):
         # 1.8 s for a GiB of 100 KiB samples with 4 workers on 2 cores. torch's loader then
         # takes the workers' batches as they are (its batch_size None); batch_size still
         # says the batch size.
+        # Without workers the batches are collated by the same function (_collated) as
+        # the workers' whole batches: torch's default collation would take the first
+        # sample's fields for the batch's, dropping a field the first sample lacks.
         self._whole_batches = (kwargs.get("num_workers", 0) > 0
                                and kwargs.get("collate_fn") is None)
+        if kwargs.get("collate_fn") is None and not self._whole_batches:
+            kwargs["collate_fn"] = _collate_samples
         super().__init__(dataset, batch_size=None if self._whole_batches else batch_size,
                          **kwargs)
         self._taken = 0  # samples of this epoch handed out (from the dataset's start)
@@ -423,8 +509,8 @@ class DataLoader(torch.utils.data.DataLoader):
     def state_dict(self) -> dict:
         """The exact place to resume from: the epoch and the job-wide position in it."""
         ds: StreamingDataset = self.dataset  # type: ignore[assignment]
-        return {"version": _STATE_VERSION, "uri": ds.uri, "seed": ds.seed, **ds._identity(),
-                "epoch": ds.epoch, "position": ds._start}
+        return _sealed({"version": _STATE_VERSION, "uri": ds.uri, "seed": ds.seed,
+                        **ds._identity(), "epoch": ds.epoch, "position": ds._start})
 
     def load_state_dict(self, state: dict) -> None:
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
@@ -629,6 +715,14 @@ class _Samples:
     def unpack(self, pin_memory: bool = False) -> dict:
         return _collated([(s.pop("__key__"), s.pop("__index__"), s) for s in self.samples],
                          pin_memory)
+
+
+def _collate_samples(samples: list) -> dict:
+    """The DataLoader's collation without workers: WebDataset-style sample dicts, as
+    :func:`_collated` makes batches of them (torch pins the result with ``pin_memory``)."""
+    return _collated([(s["__key__"], s["__index__"],
+                       {k: v for k, v in s.items() if k not in ("__key__", "__index__")})
+                      for s in samples], False)
 
 
 def _collated(samples: list, pin_memory: bool) -> dict:

@@ -101,6 +101,17 @@ void bind_data(py::module_& m) {
       .def_property_readonly("bytes", [](const PyDataset& d) { return d.ds->bytes(); })
       .def_property_readonly("shards", [](const PyDataset& d) { return d.ds->shards().size(); })
       .def_property_readonly("fingerprint", [](const PyDataset& d) { return d.ds->fingerprint(); })
+      .def_property_readonly("identity", [](const PyDataset& d) { return d.ds->identity(); })
+      // Where the dataset is: the store's URI and the prefix in it ("file:///data/train",
+      // "s3://bucket/train/"), whatever route it was read by: a state saved reading through
+      // sluiced resumes through the embedded cache (a node whose daemon is down) or none.
+      .def_property_readonly("location",
+                             [](const PyDataset& d) {
+                               std::string uri = d.ds->store().uri();
+                               for (std::string_view route : {"node+", "cache+"})
+                                 if (uri.starts_with(route)) uri.erase(0, route.size());
+                               return uri + d.ds->prefix();
+                             })
       .def_property_readonly("format",
                              [](const PyDataset& d) {
                                return d.ds->format() == stream::Format::kTar ? "tar" : "objects";
@@ -199,7 +210,8 @@ void bind_data(py::module_& m) {
                                    .samples = ds.samples(),
                                    .fingerprint = ds.fingerprint(),
                                    .seed = seed,
-                                   .window = window});
+                                   .window = window,
+                                   .identity = ds.identity()});
       },
       py::arg("dataset"), py::arg("epoch"), py::arg("position"), py::arg("seed"),
       py::arg("window"));

@@ -22,6 +22,9 @@ struct Catalog {
     std::vector<ShardIndex::Entry> samples;
   };
   std::vector<Table> tables;  // tar: one per shard
+  // What the listing left out (a local symlink leading out of the folder: store.h's
+  // ListPage), for the opening that listed to report. Not kept in a catalog file.
+  std::vector<store::SkippedKey> left_out;
 };
 
 // `identity` names what the catalog describes (store URI, prefix, options); a file whose

@@ -49,11 +49,25 @@ Result<std::vector<TarSample>> scan_shard(store::Store& store, const store::Obje
   return parse_tar(source, 0, info.size, info.key);
 }
 
+// A shard's etag as the content identity takes it. A local file's etag begins with its
+// device number (docs/stores.md), which differs on each node that mounts the same shared
+// file system (NFS, Lustre): the identity takes it from the inode on, so a state saved on
+// one node resumes on another. A copy of the files (other inodes) is still other content.
+std::string_view content_etag(std::string_view etag, bool local_file) {
+  if (!local_file || std::count(etag.begin(), etag.end(), '-') != 4) return etag;
+  return etag.substr(etag.find('-') + 1);
+}
+
 // Lists the prefix and learns each shard's samples (from its index, or by scanning it).
 Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
                               const DatasetOptions& options) {
-  SLUICE_ASSIGN_OR_RETURN(auto listing,
-                          retry_unavailable([&] { return store.list_all(prefix); }, [] {}));
+  std::vector<store::SkippedKey> left_out;
+  SLUICE_ASSIGN_OR_RETURN(auto listing, retry_unavailable(
+                                            [&] {
+                                              left_out.clear();
+                                              return store.list_all(prefix, &left_out);
+                                            },
+                                            [] {}));
   if (listing.empty())
     return fail(Code::kNotFound, "dataset " + store.uri() + " prefix '" + prefix + "': no objects");
   // The listing is untrusted: a key outside the prefix asked for is a broken store.
@@ -92,6 +106,7 @@ Result<Catalog> build_catalog(store::Store& store, const std::string& prefix,
   Format format = options.format;
   if (format == Format::kAuto) format = !tars.empty() && !other ? Format::kTar : Format::kObjects;
   Catalog c;
+  c.left_out = std::move(left_out);
   c.tar = format == Format::kTar;
   if (!c.tar) {
     c.objects = std::move(listing);
@@ -242,6 +257,7 @@ Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> sto
   } else {
     SLUICE_ASSIGN_OR_RETURN(cat, node_catalog(*store, prefix, options, ds->from_catalog_));
   }
+  ds->left_out_ = std::move(cat.left_out);
   ds->store_ = std::move(store);
   ds->prefix_ = prefix;
   ds->options_ = options;
@@ -298,6 +314,24 @@ Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> sto
   for (const auto& s : ds->shards_)
     layout += s.key + '\0' + std::to_string(s.size) + ':' + std::to_string(s.samples) + '\n';
   ds->fingerprint_ = XXH3_64bits(layout.data(), layout.size());
+  // The content identity: the same walk with each shard's etag and sample table, folded a
+  // shard at a time (each shard's hash seeded with the one before) rather than built as one
+  // string of every sample. Keys count from the prefix: the location is not content.
+  const bool local = ds->store_->uri().find("file://") != std::string::npos;
+  uint64_t identity = 0;
+  std::string part;
+  for (const auto& s : ds->shards_) {
+    part.assign(std::string_view(s.key).substr(prefix.size()));
+    part += '\0' + std::to_string(s.size) + '\0' + std::string(content_etag(s.etag, local)) + '\0' +
+            std::to_string(s.samples) + '\n';
+    for (uint64_t n = s.first; n < s.first + s.samples; ++n) {
+      const SampleRef& r = ds->samples_[n];
+      part +=
+          ds->keys_[n] + '\0' + std::to_string(r.offset) + ':' + std::to_string(r.length) + '\n';
+    }
+    identity = XXH3_64bits_withSeed(part.data(), part.size(), identity);
+  }
+  ds->identity_ = identity;
   for (size_t n = 1; n < ds->samples_.size() && ds->numbered_in_place_; ++n) {
     const SampleRef &x = ds->samples_[n - 1], &y = ds->samples_[n];
     ds->numbered_in_place_ = std::tie(x.shard, x.offset) < std::tie(y.shard, y.offset);

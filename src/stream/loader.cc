@@ -299,6 +299,12 @@ struct Loader::Impl {
                     "loader: the resume token was made for another dataset (" +
                         std::to_string(p.samples) + " samples; this one has " +
                         std::to_string(ds->samples()) + ", or its shards changed)");
+      // Tokens before v3 carry only the layout: they are checked as far as they can be.
+      if (p.version >= 3 && p.identity != ds->identity())
+        return fail(Code::kInvalidArgument,
+                    "loader: the resume token was made for another dataset with the same "
+                    "shards, sizes and sample counts: a shard's etag or sample table differs "
+                    "(the dataset was regenerated, or the token is another dataset's)");
       if (p.seed != o.seed)
         return fail(Code::kInvalidArgument, "loader: the resume token was made with seed " +
                                                 std::to_string(p.seed) + ", not " +
@@ -315,7 +321,7 @@ struct Loader::Impl {
                         (window ? "shuffle window " + std::to_string(window) : "no shuffle"));
       // A v1 token has no checksum: one cut short in its last field (the window) would
       // still parse, so it must name the window this loader would use itself.
-      if (!p.checked && p.window != window)
+      if (p.version == 1 && p.window != window)
         return fail(Code::kInvalidArgument,
                     "loader: the v1 resume token names shuffle window " + std::to_string(p.window) +
                         ", this read uses " + std::to_string(window) + ": pass --shuffle-window " +
@@ -1049,7 +1055,8 @@ std::string Loader::state() const {
   ResumePoint p{.samples = m.ds ? m.ds->samples() : 0,
                 .fingerprint = m.ds ? m.ds->fingerprint() : 0,
                 .seed = m.o.seed,
-                .window = m.window};
+                .window = m.window,
+                .identity = m.ds ? m.ds->identity() : 0};
   std::lock_guard lock(m.state_mu);
   p.epoch = m.token_epoch;
   p.position = m.token_position;
@@ -1110,16 +1117,18 @@ uint64_t Sample::bytes() const {
 }
 
 // ---- tokens --------------------------------------------------------------------------------
-// "v2.EPOCH.POSITION.SAMPLES.FINGERPRINT(16 hex).SEED.WINDOW.CHECK(16 hex)": CHECK is the
-// XXH3-64 of the text before its dot, so a token cut short or mistyped is refused. "v1."
-// tokens (no CHECK) of older versions are still read; see Loader's open for how.
+// "v3.EPOCH.POSITION.SAMPLES.FINGERPRINT(16 hex).IDENTITY(16 hex).SEED.WINDOW.CHECK(16 hex)":
+// CHECK is the XXH3-64 of the text before its dot, so a token cut short or mistyped is
+// refused. Older tokens are still read: "v2." (no IDENTITY) and "v1." (no IDENTITY, no
+// CHECK); see Loader's open for how each is checked.
 
 std::string make_token(const ResumePoint& p) {
-  char fp[17];
+  char fp[17], id[17];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(p.fingerprint));
-  std::string body = "v2." + std::to_string(p.epoch) + "." + std::to_string(p.position) + "." +
-                     std::to_string(p.samples) + "." + fp + "." + std::to_string(p.seed) + "." +
-                     std::to_string(p.window);
+  std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(p.identity));
+  std::string body = "v3." + std::to_string(p.epoch) + "." + std::to_string(p.position) + "." +
+                     std::to_string(p.samples) + "." + fp + "." + id + "." +
+                     std::to_string(p.seed) + "." + std::to_string(p.window);
   return body + "." + xxh3_hex(body);
 }
 
@@ -1127,30 +1136,49 @@ Result<ResumePoint> parse_token(std::string_view token) {
   auto bad = [&](std::string_view why) {
     return fail(Code::kInvalidArgument,
                 "resume token '" + std::string(token.substr(0, 120)) + "' " + std::string(why) +
-                    " (expected v2.EPOCH.POSITION.SAMPLES.FINGERPRINT.SEED.WINDOW.CHECK, as "
-                    "`dataset read` printed it)");
+                    " (expected v3.EPOCH.POSITION.SAMPLES.FINGERPRINT.IDENTITY.SEED.WINDOW.CHECK, "
+                    "as `dataset read` printed it)");
   };
-  const bool v1 = token.starts_with("v1.");
-  if (!v1 && !token.starts_with("v2.")) return bad("is malformed");
+  unsigned version = 0;
+  if (token.starts_with("v1."))
+    version = 1;
+  else if (token.starts_with("v2."))
+    version = 2;
+  else if (token.starts_with("v3."))
+    version = 3;
+  else
+    return bad("is malformed");
   std::string_view rest = token.substr(3);
-  if (!v1) {
+  if (version >= 2) {
     const size_t dot = token.rfind('.');
     if (dot < 3 || token.size() - dot - 1 != 16) return bad("is cut short or malformed");
     if (token.substr(dot + 1) != xxh3_hex(token.substr(0, dot)))
       return bad("fails its checksum: it was cut short or changed");
     rest = token.substr(3, dot - 3);
   }
-  uint64_t v[6];
-  for (int i = 0; i < 6; ++i) {
+  // The fields in order; v3 has IDENTITY after FINGERPRINT, both hex.
+  const int fields = version == 3 ? 7 : 6;
+  uint64_t v[7] = {};
+  for (int i = 0; i < fields; ++i) {
     size_t dot = rest.find('.');
     std::string_view part = rest.substr(0, dot);
-    if (part.empty() || (dot == std::string_view::npos) != (i == 5)) return bad("is malformed");
-    auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v[i], i == 3 ? 16 : 10);
+    if (part.empty() || (dot == std::string_view::npos) != (i == fields - 1))
+      return bad("is malformed");
+    const bool hex = i == 3 || (version == 3 && i == 4);
+    auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v[i], hex ? 16 : 10);
     if (ec != std::errc{} || p != part.data() + part.size()) return bad("is malformed");
     rest = dot == std::string_view::npos ? std::string_view{} : rest.substr(dot + 1);
   }
-  ResumePoint r{v[0], v[1], v[2], v[3], v[4], v[5]};
-  r.checked = !v1;
+  ResumePoint r{.epoch = v[0], .position = v[1], .samples = v[2], .fingerprint = v[3]};
+  if (version == 3) {
+    r.identity = v[4];
+    r.seed = v[5];
+    r.window = v[6];
+  } else {
+    r.seed = v[4];
+    r.window = v[5];
+  }
+  r.version = version;
   if (r.position > r.samples) return bad("names a position past the end of its epoch");
   return r;
 }

@@ -129,10 +129,10 @@ def test_resume_exact_and_elastic(ctx):
     # Stop, resume, stop again, resume: the same keys in the same order.
     first = read_keys(dst, *common, "--limit", "123")
     token = first.pop()
-    assert token.startswith("v2.0.123.") and ".50." in token, token
+    assert token.startswith("v3.0.123.") and ".50." in token, token
     second = read_keys(dst, *common, "--resume", token, "--limit", "250")
     token2 = second.pop()
-    assert token2.startswith("v2.1."), token2
+    assert token2.startswith("v3.1."), token2
     # A token cut short (here its last characters) is refused, never resumed from.
     r = run("read", dst, "--daemon", "none", *common, "--resume", token[:-2], "--limit", "5")
     assert r.returncode != 0 and "resume token" in r.stderr, (r.returncode, r.stderr)
@@ -155,7 +155,7 @@ def test_resume_exact_and_elastic(ctx):
     r = ok(run("read", dst, "--keys", "--daemon", "none", "--seed", "3", "--world", "8",
                "--rank", "1", "--limit", "1000"))
     lines = r.stdout.splitlines()
-    assert lines[-1].startswith("v2."), lines[-3:]
+    assert lines[-1].startswith("v3."), lines[-3:]
     assert "ended after" in r.stderr and "--limit 1000" in r.stderr, r.stderr
     assert read_keys(dst, "--seed", "3", "--world", "8", "--rank", "1", "--resume", lines[-1]) == []
 
@@ -234,6 +234,48 @@ def test_corrupt_and_truncated_shards(ctx):
     assert st["skipped_shards"] == 1, st
 
 
+def test_a_zeroed_page_is_corruption(ctx):
+    """Issue 47, item 4: a 4 KiB page zeroed in the middle of a shard (a torn write) read as
+    the shard's end: 24 of 40 samples and exit 0. Now the read fails naming the shard and
+    where the data resumes; --skip-corrupt skips the shard and counts it."""
+    d = ctx.dir("torn")
+    src, out = os.path.join(d, "src"), os.path.join(d, "ds")
+    os.makedirs(src)
+    os.makedirs(out)
+    names = []
+    for i in range(20):
+        name = f"s{i:03d}.bin"
+        with open(os.path.join(src, name), "wb") as f:
+            f.write(bytes([i]) * 1500)  # a header and 3 blocks: 2 KiB a sample
+        names.append(name)
+    for shard in ("a.tar", "b.tar"):
+        gnu_tar(src, os.path.join(out, shard), "ustar", names)
+    with open(os.path.join(out, "b.tar"), "r+b") as f:
+        f.seek(5 * 4096)  # samples 10 and 11
+        f.write(bytes(4096))
+    r = run("read", out, "--keys", "--daemon", "none", "--no-cache")
+    assert r.returncode == 1, (r.returncode, r.stdout.count("\n"), r.stderr)
+    assert "b.tar" in r.stderr and "followed by data at offset" in r.stderr, r.stderr
+    r = ok(run("read", out, "--daemon", "none", "--no-cache", "--skip-corrupt", "--json"))
+    j = json.loads(r.stdout)
+    assert j["samples"] == 20, j
+
+
+def test_a_link_out_of_the_folder_is_skipped(ctx):
+    """Issue 47, item 9: one symlink out of a dataset's folder failed its open for everyone.
+    It is left out, and the command names it."""
+    src, dst = ctx.dir("src"), ctx.dir("ds")
+    keys = make_source(src, 10, seed=6)
+    ok(run("pack", src, dst))
+    secret = os.path.join(ctx.scratch, "secret.tar")
+    with open(secret, "wb") as f:
+        f.write(b"not part of it")
+    os.symlink(secret, os.path.join(dst, "zz-evil.tar"))
+    r = ok(run("read", dst, "--keys", "--daemon", "none", "--no-cache"))
+    assert sorted(r.stdout.splitlines()) == keys
+    assert "skipped" in r.stderr and "zz-evil.tar" in r.stderr, r.stderr
+
+
 def test_bad_input(ctx):
     src, dst = ctx.dir("src"), ctx.dir("ds")
     make_source(src, 10, seed=5)
@@ -277,7 +319,7 @@ def test_interrupt_prints_token(ctx):
     out, err = p.communicate(timeout=30)
     assert p.returncode == 143, (p.returncode, err)
     lines = out.splitlines()
-    assert lines and lines[-1].startswith("v2."), lines[-3:]
+    assert lines and lines[-1].startswith("v3."), lines[-3:]
 
 
 def test_killed_pack_is_cleaned_up_by_the_next(ctx):
@@ -410,7 +452,9 @@ def main():
         ctx = Ctx(scratch, s3)
         tests = [test_pack_read_exactly_once, test_resume_exact_and_elastic,
                  test_repacked_dataset_is_listed_again, test_system_tar_formats,
-                 test_corrupt_and_truncated_shards, test_bad_input, test_interrupt_prints_token,
+                 test_corrupt_and_truncated_shards, test_a_zeroed_page_is_corruption,
+                 test_a_link_out_of_the_folder_is_skipped,
+                 test_bad_input, test_interrupt_prints_token,
                  test_killed_pack_is_cleaned_up_by_the_next, test_killed_pack_is_not_a_dataset,
                  test_a_shard_larger_than_a_slice]
         if have_s3:

@@ -8,6 +8,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import shutil
 import tarfile
 import types
 
@@ -23,15 +24,16 @@ from sluice import _core
 SAMPLES = 157  # not a multiple of anything below
 
 
-def write_shards(root, samples=SAMPLES, per_shard=20):
-    """WebDataset shards written by the webdataset library itself."""
+def write_shards(root, samples=SAMPLES, per_shard=20, name="sample", text="text of"):
+    """WebDataset shards written by the webdataset library itself. Another `name` or `text`
+    of the same length gives other keys or bytes in shards of the same sizes."""
     os.makedirs(root, exist_ok=True)
     expected = {}
     for shard in range((samples + per_shard - 1) // per_shard):
         with wds.TarWriter(os.path.join(root, f"shard-{shard:04d}.tar")) as sink:
             for i in range(shard * per_shard, min(samples, (shard + 1) * per_shard)):
-                key = f"sample{i:06d}"
-                txt = f"text of {i}".encode() * (1 + i % 7)
+                key = f"{name}{i:06d}"
+                txt = f"{text} {i}".encode() * (1 + i % 7)
                 cls = str(i % 10).encode()
                 sink.write({"__key__": key, "txt": txt, "cls": cls})
                 expected[key] = {"txt": txt, "cls": cls}
@@ -238,20 +240,24 @@ def test_a_packed_batch_whose_worker_is_gone_is_a_clear_error():
     slots.close()
 
 
-@pytest.mark.parametrize("packed", [True, False])
-def test_whole_batches_need_the_same_fields(tmp_path, monkeypatch, packed):
+@pytest.mark.parametrize("workers,packed", [(0, False), (1, False), (1, True)])
+def test_whole_batches_need_the_same_fields(tmp_path, monkeypatch, workers, packed):
     if packed:
         monkeypatch.setattr(sluice.data, "_PACK_MIN_SAMPLE_BYTES", 0)
-    # Samples whose fields differ cannot share a default-collated batch: said, not guessed.
-    odd = tmp_path / "odd"
-    odd.mkdir()
-    with wds.TarWriter(str(odd / "shard-0000.tar")) as sink:
-        sink.write({"__key__": "a", "txt": b"1"})
-        sink.write({"__key__": "b", "json": b"{}"})
-    bad = sluice.data.DataLoader(sluice.data.StreamingDataset(str(odd), shuffle=False),
-                                 batch_size=2, num_workers=1)
-    with pytest.raises(sluice.InvalidArgument, match="same fields in every sample"):
-        run(bad)
+    # Samples whose fields differ cannot share a default-collated batch: said, not guessed,
+    # with any number of workers (issue 47, defect 6: without workers torch's collation took
+    # the first sample's fields and dropped "json" from the batch).
+    for name, first, second in (("fewer", {"txt": b"1"}, {"txt": b"2", "json": b"{}"}),
+                                ("odd", {"txt": b"1"}, {"json": b"{}"})):
+        odd = tmp_path / name
+        odd.mkdir()
+        with wds.TarWriter(str(odd / "shard-0000.tar")) as sink:
+            sink.write({"__key__": "a", **first})
+            sink.write({"__key__": "b", **second})
+        bad = sluice.data.DataLoader(sluice.data.StreamingDataset(str(odd), shuffle=False),
+                                     batch_size=2, num_workers=workers)
+        with pytest.raises(sluice.InvalidArgument, match="same fields in every sample"):
+            run(bad)
     # The same fields in another order (a tar made by hand) are the same fields.
     mixed = tmp_path / "mixed"
     mixed.mkdir(exist_ok=True)
@@ -261,10 +267,11 @@ def test_whole_batches_need_the_same_fields(tmp_path, monkeypatch, packed):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     loader = sluice.data.DataLoader(sluice.data.StreamingDataset(str(mixed), shuffle=False),
-                                    batch_size=2, num_workers=1)
+                                    batch_size=2, num_workers=workers)
     (batch,) = list(loader)
     assert batch["__key__"] == ["a", "b"]
     assert batch["txt"] == [b"A", b"B"] and batch["cls"] == [b"1", b"2"]
+    assert batch["__index__"].tolist() == [0, 1]
 
 
 def test_a_loader_keeps_a_few_connections_to_sluiced(shards, s3, s3server, tmp_path):
@@ -399,3 +406,131 @@ def test_bad_input_raises(shards, tmp_path):
     run(state, limit=2)
     with pytest.raises(sluice.InvalidArgument, match="another dataset"):
         ds2.load_state_dict(state.state_dict())
+
+
+def mid_epoch_state(root, **kwargs):
+    """A DataLoader's state after two batches of 4 (seed 1)."""
+    loader = sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=1, **kwargs),
+                                    batch_size=4)
+    run(loader, limit=2)
+    return loader.state_dict()
+
+
+def test_a_state_binds_to_the_datasets_content(shards, tmp_path):
+    """Issue 47, defect 7: a state of another dataset with the same shard names, sizes and
+    sample counts, or of this dataset before it was regenerated, is refused; so is one of
+    the same shards at another location. It used to be accepted, and the resumed epoch
+    skipped samples."""
+    root, _ = shards
+    state = mid_epoch_state(root)
+    layout = {n: os.path.getsize(os.path.join(root, n)) for n in os.listdir(root)}
+    # Regenerated in place: other keys and other bytes, the same names, sizes and counts.
+    write_shards(root, name="elpmas", text="TEXT OF")
+    assert {n: os.path.getsize(os.path.join(root, n)) for n in os.listdir(root)} == layout
+    regenerated = sluice.data.StreamingDataset(root, seed=1)
+    assert regenerated._open().fingerprint == state["fingerprint"]  # the layout cannot tell
+    with pytest.raises(sluice.InvalidArgument, match="etag or sample table"):
+        regenerated.load_state_dict(state)
+    assert (regenerated.epoch, regenerated._start) == (0, 0)  # left as it was
+    # Regenerated again with the same keys (only the bytes differ): a stale state.
+    state = mid_epoch_state(root)
+    write_shards(root, name="elpmas", text="Text Of")
+    with pytest.raises(sluice.InvalidArgument, match="etag or sample table"):
+        sluice.data.StreamingDataset(root, seed=1).load_state_dict(state)
+    # The resume token the core checks is bound the same way (sluice dataset read --resume).
+    old = sluice.data.StreamingDataset(root, seed=1)
+    token = _core.make_token(old._open(), 0, 8, 1, old._window())
+    assert token.startswith("v3.")
+    write_shards(root, name="elpmas", text="text of")
+    new = sluice.data.StreamingDataset(root, seed=1)
+    loader = _core.Loader(dataset=new._open(), seed=1, resume=token, shuffle_window=old._window())
+    with pytest.raises(sluice.InvalidArgument, match="etag or sample table"):
+        loader.next_batch(1)
+    # The same shards copied elsewhere: another dataset, by location.
+    state = mid_epoch_state(root)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(root, elsewhere)
+    with pytest.raises(sluice.InvalidArgument, match="another dataset"):
+        sluice.data.StreamingDataset(str(elsewhere), seed=1).load_state_dict(state)
+    # The same dataset named another way (a relative path) is the same dataset.
+    relative = os.path.relpath(root)
+    resumed = sluice.data.StreamingDataset(relative, seed=1)
+    resumed.load_state_dict(state)
+    assert (resumed.epoch, resumed._start) == (0, 8)
+    # So is the same dataset read by another route (not through the node's cache; or
+    # through a node whose daemon is down: the embedded cache).
+    direct = sluice.data.StreamingDataset(root, seed=1, cache=False)
+    direct.load_state_dict(state)
+    assert (direct.epoch, direct._start) == (0, 8)
+
+
+def test_an_edited_state_is_refused(shards):
+    """Issue 47, defect 7: a state whose window (or any other field) was changed after it
+    was saved is refused; an edited window used to be adopted, and the rest of the epoch
+    read 17 samples twice."""
+    root, expected = shards
+    state = mid_epoch_state(root)
+    for field, value in (("window", state["window"] + 17), ("position", 12), ("epoch", 1),
+                         ("shuffle", False), ("identity", 1), ("location", "file:///x")):
+        edited = dict(state, **{field: value})
+        ds = sluice.data.StreamingDataset(root, seed=1)
+        with pytest.raises(sluice.InvalidArgument, match="digest"):
+            ds.load_state_dict(edited)
+        assert ds.shuffle_window == 0 and (ds.epoch, ds._start) == (0, 0)
+    with pytest.raises(sluice.InvalidArgument, match="digest"):
+        sluice.data.StreamingDataset(root, seed=1).load_state_dict(
+            {k: v for k, v in state.items() if k != "digest"})
+    # A worker's state (StatefulDataLoader) is sealed the same way.
+    worker_state = sluice.data.StreamingDataset(root, seed=1).state_dict()
+    with pytest.raises(sluice.InvalidArgument, match="digest"):
+        sluice.data.StreamingDataset(root, seed=1).load_state_dict(
+            dict(worker_state, worker_batches=3))
+    # The state as saved resumes exactly, with the window it names (another memory budget).
+    full = run(sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=1), batch_size=4))
+    loader = sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=1, memory="64M"),
+                                    batch_size=4)
+    loader.load_state_dict(state)
+    assert full[:8] + run(loader) == full
+
+
+def test_a_version_1_state_is_read_by_its_layout(shards, caplog):
+    """States of older releases (version 1: no location, identity or digest) still resume,
+    with a warning, and only with the window this dataset uses itself."""
+    root, expected = shards
+    state = mid_epoch_state(root)
+    old = {k: v for k, v in state.items() if k not in ("location", "identity", "digest")}
+    old["version"] = 1
+    loader = sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=1), batch_size=4)
+    with caplog.at_level("WARNING", logger="sluice"):
+        loader.load_state_dict(old)
+    assert "version 1 state" in caplog.text
+    first = run(sluice.data.DataLoader(sluice.data.StreamingDataset(root, seed=1), batch_size=4),
+                limit=2)
+    assert sorted(first + run(loader)) == sorted(expected)
+    with pytest.raises(sluice.InvalidArgument, match="shuffle_window=9"):
+        sluice.data.StreamingDataset(root, seed=1).load_state_dict(dict(old, window=9))
+
+
+def test_numbers_out_of_range_are_refused_where_given(shards):
+    """Issue 47, defect 10: numbers a C++ parameter cannot hold are InvalidArgument naming
+    the argument, raised by the call that took them (they used to reach pybind11 as a
+    TypeError, a bad seed only at iter())."""
+    root, _ = shards
+    for kwargs, name in (({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"),
+                         ({"epoch": -1}, "epoch"), ({"shuffle_window": -1}, "shuffle_window"),
+                         ({"memory": 2**70}, "memory"), ({"batch_size": "4"}, "batch_size"),
+                         ({"rank": -1, "world_size": 2}, "rank"),
+                         ({"rank": 0, "world_size": 2**32}, "world_size")):
+        with pytest.raises(sluice.InvalidArgument, match=name):
+            sluice.data.StreamingDataset(root, **kwargs)
+    ds = sluice.data.StreamingDataset(root, seed=2**64 - 1)  # the largest seed reads
+    assert len(run(sluice.data.DataLoader(ds, batch_size=8), limit=1)) == 8
+    with pytest.raises(sluice.InvalidArgument, match="epoch"):
+        ds.set_epoch(-1)
+    state = mid_epoch_state(root)
+    for field, value in (("epoch", -1), ("position", -4), ("window", -1), ("position", 2**64),
+                         ("epoch", 2**64)):
+        with pytest.raises(sluice.InvalidArgument, match=f"state's {field}"):
+            sluice.data.StreamingDataset(root, seed=1).load_state_dict(dict(state, **{field: value}))
+    with pytest.raises(sluice.InvalidArgument, match="seed"):
+        sluice.data.StreamingDataset(root, seed=1).load_state_dict(dict(state, seed=-1))

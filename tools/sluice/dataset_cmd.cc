@@ -127,7 +127,11 @@ Result<std::shared_ptr<stream::Dataset>> open_dataset(const DatasetArgs& a, bool
   SLUICE_ASSIGN_OR_RETURN(spec.format, parse_format(a.format));
   spec.skip_corrupt = a.skip_corrupt;
   spec.registry = a.registry;
-  return client::open_dataset(session, spec);
+  auto ds = client::open_dataset(session, spec);
+  if (ds)
+    for (const store::SkippedKey& s : (*ds)->left_out())
+      std::fprintf(stderr, "sluice: dataset: skipped %s\n", printable(s.reason).c_str());
+  return ds;
 }
 
 const char* format_name(stream::Format f) {

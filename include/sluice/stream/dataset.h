@@ -120,11 +120,24 @@ class Dataset {
   uint64_t samples() const { return samples_.size(); }
   uint64_t bytes() const { return bytes_; }  // of the shards (or objects)
   uint64_t skipped_shards() const { return skipped_shards_; }
+  // Names this opening's listing left out (a local symlink leading out of the dataset's
+  // folder: store.h's ListPage), for the caller to report; empty when a catalog was reused.
+  const std::vector<store::SkippedKey>& left_out() const { return left_out_; }
   // true when open read the node's catalog instead of listing the store.
   bool from_catalog() const { return from_catalog_; }
-  // A fingerprint of the dataset's layout (shards, sizes, sample counts): a resume token
-  // carries it so it is never applied to a different dataset.
+  // A fingerprint of the dataset's layout (shards, sizes, sample counts): what the order
+  // of an epoch depends on. Tokens of versions before v3 carry only this.
   uint64_t fingerprint() const { return fingerprint_; }
+  // The dataset's content identity: its layout and, for every shard, its etag and its
+  // sample table (keys and byte ranges). Unlike the fingerprint it changes when a shard is
+  // rewritten, regenerated or replaced with the same names, sizes and counts, so a resume
+  // token (v3) that carries it is never applied to other content. It leaves out the route
+  // the dataset is read by (the store's URI, a cache in front of it: the same content by
+  // every route) and the prefix (shard keys count from it); sluice.data's state
+  // names the location beside it. Etags are the store's own, except that a local file's
+  // device number is left out (it differs on each node mounting the same shared file
+  // system); its inode is kept, so a copy of the files has another identity.
+  uint64_t identity() const { return identity_; }
   // Whether sample numbers go by (shard, offset), as pack and shard scans number them (an
   // index written by another tool may not): reads of a set of samples then sort by number.
   bool numbered_in_place() const { return numbered_in_place_; }
@@ -149,8 +162,9 @@ class Dataset {
   std::vector<ShardInfo> shards_;  // tar shards, or objects (one per field object)
   std::vector<SampleRef> samples_;
   std::vector<std::string> keys_;
-  uint64_t bytes_ = 0, skipped_shards_ = 0, fingerprint_ = 0;
+  uint64_t bytes_ = 0, skipped_shards_ = 0, fingerprint_ = 0, identity_ = 0;
   bool from_catalog_ = false, numbered_in_place_ = true;
+  std::vector<store::SkippedKey> left_out_;
 };
 
 // One field of a sample: its name ("jpg") and bytes (valid while the Sample's `hold`, in it
@@ -257,11 +271,17 @@ struct TargetBatch {
 // pinned staging buffers), and returns once the copies are done.
 Result<TargetBatch> copy_batch(std::span<const Sample> batch, mem::Target& target);
 
-// A resume token's parts, for tools (`sluice dataset read --resume`).
+// A resume token's parts, for tools (`sluice dataset read --resume`). Format:
+// docs/dataset.md, "Resume tokens".
 struct ResumePoint {
   uint64_t epoch = 0, position = 0, samples = 0, fingerprint = 0, seed = 0;
   uint64_t window = 0;  // the shuffle window; 0: not shuffled
-  bool checked = true;  // parsed from a token with a checksum (v2); v1 tokens have none
+  // The dataset's content identity (Dataset::identity); v3 tokens carry it, older ones do
+  // not (0 when parsed from one).
+  uint64_t identity = 0;
+  // The form the token was parsed from: 1 (no checksum), 2 (no identity) or 3. make_token
+  // writes v3 whatever this says.
+  unsigned version = 3;
 };
 Result<ResumePoint> parse_token(std::string_view token);
 std::string make_token(const ResumePoint& point);

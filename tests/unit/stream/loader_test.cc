@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/core/hash.h"
 #include "sluice/mem/target.h"
 #include "sluice/store/store.h"
 #include "sluice/store/wrapper.h"
@@ -371,6 +372,17 @@ TEST(Loader, ElasticResumeCoversTheRestOnce) {
   }
 }
 
+// A token in the form of an older version: v1 (no identity, no checksum) or v2 (no
+// identity), as those versions wrote them.
+std::string older_token(const ResumePoint& p, int version) {
+  char fp[17];
+  std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(p.fingerprint));
+  std::string body = "v" + std::to_string(version) + "." + std::to_string(p.epoch) + "." +
+                     std::to_string(p.position) + "." + std::to_string(p.samples) + "." + fp + "." +
+                     std::to_string(p.seed) + "." + std::to_string(p.window);
+  return version == 1 ? body : body + "." + xxh3_hex(body);
+}
+
 TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
   auto ds = tar_dataset({3, 4});
   auto other = tar_dataset({3, 5});
@@ -396,7 +408,7 @@ TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
   EXPECT_NE(r.error().message().find("another dataset"), std::string::npos);
   EXPECT_TRUE(parse_token(token));
   // Defect 6 of the hostile test: a token cut short (its window field) or changed is refused.
-  ASSERT_TRUE(token.starts_with("v2."));
+  ASSERT_TRUE(token.starts_with("v3."));
   for (size_t cut = 1; cut < token.size() - 3; ++cut) {
     auto p = parse_token(token.substr(0, token.size() - cut));
     ASSERT_FALSE(p) << token.substr(0, token.size() - cut);
@@ -410,8 +422,7 @@ TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
   // A v1 token (no checksum) is read only with the shuffle window this read would use.
   ResumePoint v1p = p;
   v1p.window = p.window + 1;  // a field that cannot be told from a cut one
-  std::string v1 = make_token(v1p);
-  v1 = "v1." + v1.substr(3, v1.rfind('.') - 3);
+  std::string v1 = older_token(v1p, 1);
   Loader cut(ds, {.seed = 1, .resume = v1, .shuffle_window = 0});
   auto cr = cut.next();
   ASSERT_FALSE(cr);
@@ -421,6 +432,80 @@ TEST(Loader, BadTokensAndPartitionsAreClearErrors) {
   EXPECT_FALSE(parse_token("v1.1.2.3.00.4"));    // no window
   EXPECT_FALSE(parse_token("v1.1.9.3.00.4.5"));  // position past the samples
   EXPECT_TRUE(parse_token("v1.1.2.3.00.4.5"));
+}
+
+// Issue 47, defect 7: a token binds to the dataset's content (Dataset::identity), not only
+// to its layout. A dataset regenerated with the same shard names, sizes and sample counts
+// (other keys and bytes, or only other bytes) is another dataset to it; a v2 token (layout
+// only) of an older version is still read.
+TEST(Loader, TokenIsBoundToTheDatasetsContent) {
+  std::shared_ptr<store::Store> s = store::make_memory_store();
+  write_tar_dataset(*s, {4, 5, 3});
+  auto ds = open_ds(s, "ds/");
+  ASSERT_TRUE(ds);
+  Loader a(ds, {.seed = 3, .shuffle_window = 4});
+  ASSERT_EQ(drain(a, *ds, 5).size(), 5u);
+  const std::string token = a.state();
+  ASSERT_TRUE(token.starts_with("v3."));
+  auto point = parse_token(token).value();
+  EXPECT_EQ(point.version, 3u);
+  EXPECT_EQ(point.identity, ds->identity());
+  EXPECT_EQ(parse_token(make_token(point)).value().identity, ds->identity());
+
+  // The same bytes read again (a second open) are the same identity.
+  auto again = open_ds(s, "ds/");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->identity(), ds->identity());
+  Loader same(again, {.seed = 3, .resume = token, .shuffle_window = 4});
+  EXPECT_EQ(drain(same, *again).size(), ds->samples() - 5);
+
+  // Shard 1 written again with the same size and sample table but other bytes (a
+  // regenerated dataset whose layout did not change): another etag, another identity.
+  auto shard = s->get("ds/shard-0001.tar").value();
+  shard[3 * 512 + 50] ^= std::byte{1};  // in the first sample's "bin" data
+  ASSERT_TRUE(s->put("ds/shard-0001.tar", shard));
+  auto regenerated = open_ds(s, "ds/");
+  ASSERT_TRUE(regenerated);
+  EXPECT_EQ(regenerated->fingerprint(), ds->fingerprint());
+  EXPECT_NE(regenerated->identity(), ds->identity());
+  Loader stale(regenerated, {.seed = 3, .resume = token, .shuffle_window = 4});
+  auto r = stale.next();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("etag or sample table"), std::string::npos)
+      << r.error().message();
+
+  // Two copies that differ only in their indexes' sample keys (of the same lengths, so the
+  // same sizes; written in the same order, so with the same etags): the layout fingerprint
+  // cannot tell them apart; the identity, which covers the sample tables, can.
+  auto copy = [&](bool rename) {
+    std::shared_ptr<store::Store> to = store::make_memory_store();
+    const auto listing = s->list_all("ds/").value();
+    for (const auto& o : listing) {
+      auto bytes = s->get(o.key).value();
+      if (rename && o.key.ends_with(".idx")) {
+        auto index = decode_index(bytes, o.key).value();
+        for (auto& e : index.samples) e.key[0] = 'r';
+        bytes = encode_index(index);
+      }
+      EXPECT_TRUE(to->put(o.key, bytes));
+    }
+    return open_ds(to, "ds/");
+  };
+  auto plain = copy(false), renamed = copy(true);
+  ASSERT_TRUE(plain && renamed);
+  EXPECT_EQ(renamed->fingerprint(), plain->fingerprint());
+  EXPECT_NE(renamed->identity(), plain->identity());
+
+  // A v2 token of the same dataset (no identity) is read, checked against the layout.
+  Loader b(regenerated, {.seed = 3, .shuffle_window = 4});
+  ASSERT_EQ(drain(b, *regenerated, 5).size(), 5u);
+  const std::string v2 = older_token(parse_token(b.state()).value(), 2);
+  auto parsed = parse_token(v2).value();
+  EXPECT_EQ(parsed.version, 2u);
+  EXPECT_EQ(parsed.identity, 0u);
+  Loader old(regenerated, {.seed = 3, .resume = v2, .shuffle_window = 4});
+  EXPECT_EQ(drain(old, *regenerated).size(), regenerated->samples() - 5);
 }
 
 TEST(Loader, CorruptShardNamesShardAndOffsetOrIsSkipped) {

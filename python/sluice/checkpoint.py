@@ -8,8 +8,10 @@
     handle.committed.result()    # every required tier is durable
     state = ckpt.load("latest", into={"model": model.state_dict(), ...})
 
-A state is nested dicts, lists and tuples of torch tensors, numpy arrays and plain values
-(None, bools, ints, floats, strings). Tensor bytes are copied from their memory into the
+A state is nested dicts, lists and tuples (at most ``MAX_DEPTH`` deep) of torch tensors
+(dense: not sparse), numpy arrays (any dtype that numpy's .npy format describes, Python
+objects excepted) and plain values (None, bools, ints, floats, strings). Tensor bytes, of
+a conjugate or negative view the values it shows, are copied from their memory into the
 checkpointer's staging memory and written to the first tier, then copied to the later ones;
 they are never pickled. The structure and plain values are saved beside them as JSON, so
 nothing in a checkpoint runs code when it is loaded. Every chunk read back is checked
@@ -24,17 +26,24 @@ import json
 import os
 import threading
 import uuid
+import warnings
 from typing import Any
 
 from . import _core
+from ._args import check_int
 from ._buffers import host_memory, is_tensor
 from ._session import Session, connect
-from .errors import InvalidArgument, NotFound
+from .errors import Corruption, InvalidArgument, NotFound
 
-__all__ = ["Checkpointer", "AsyncSave"]
+__all__ = ["Checkpointer", "AsyncSave", "MAX_DEPTH"]
 
 STATE_NAME = "__sluice_state__"  # the structure and plain values of a rank's state, JSON
 _FORMAT = 1
+# How deep a state may nest (dicts, lists and tuples in one another). Real states are a few
+# levels deep; the limit keeps a runaway (or self-containing) state an InvalidArgument rather
+# than a RecursionError, here and in the JSON coder (about 3 of its levels per state level).
+MAX_DEPTH = 100
+_U32_MAX = (1 << 32) - 1  # rank, world size and keep_last are `unsigned` in the core
 
 
 def _is_numpy(x: Any) -> bool:
@@ -63,17 +72,22 @@ class _Flattened:
         return name
 
     def walk(self, x: Any, path: list[str]) -> Any:
+        if len(path) > MAX_DEPTH:
+            raise InvalidArgument(f"{'/'.join(path[:3])}/...: the state nests deeper than "
+                                  f"{MAX_DEPTH} levels (sluice.checkpoint.MAX_DEPTH), or "
+                                  "contains itself")
         if is_tensor(x) or _is_numpy(x):
-            if _is_numpy(x) and x.dtype.hasobject:
-                raise InvalidArgument(f"{'/'.join(path)}: a numpy array of Python objects "
-                                      "cannot be saved (its values would need pickling)")
+            where = "/".join(path) or "the state"
             name = self.name_for(path)
             self.tensors.append((name, x))
             leaf = {"kind": "torch" if is_tensor(x) else "numpy", "name": name,
                     "dtype": _dtype_name(x), "shape": list(x.shape)}
             if is_tensor(x):
+                _check_strided(x, where)
                 leaf["device"] = str(x.device)
                 leaf["requires_grad"] = bool(x.requires_grad)
+            else:
+                leaf["descr"] = _numpy_descr(x.dtype, where)
             return {"t": leaf}
         if x is None or isinstance(x, (bool, int, float, str)):
             return {"v": x}
@@ -93,10 +107,47 @@ class _Flattened:
                               "dicts, lists, tuples and plain values only)")
 
 
+def _check_strided(t: Any, where: str) -> None:
+    """InvalidArgument naming ``where`` unless ``t`` is a strided (dense) tensor: a sparse
+    tensor's bytes are not one range of values, and are not saved as if they were."""
+    import torch
+
+    if t.layout != torch.strided:
+        raise InvalidArgument(f"{where}: a tensor of layout {t.layout} cannot be saved or "
+                              "filled (only dense tensors are; call .to_dense() first)")
+
+
+def _numpy_descr(dtype: Any, where: str) -> Any:
+    """``dtype`` as numpy's .npy format writes it (a JSON value), checked to load back as
+    the same dtype; InvalidArgument naming ``where`` for one that would not (Python objects,
+    field titles, user-defined dtypes), so that nothing unloadable is ever committed."""
+    from numpy.lib.format import descr_to_dtype, dtype_to_descr
+
+    if dtype.hasobject:
+        raise InvalidArgument(f"{where}: a numpy array of Python objects cannot be saved "
+                              f"(dtype {dtype}; its values would need pickling)")
+    try:
+        with warnings.catch_warnings():  # a dtype's metadata is not kept: numpy warns
+            warnings.simplefilter("ignore")
+            descr = json.loads(json.dumps(dtype_to_descr(dtype)))
+        back = descr_to_dtype(descr)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"{where}: numpy dtype {dtype} cannot be saved ({e})") from None
+    if back != dtype or back.itemsize != dtype.itemsize:
+        raise InvalidArgument(f"{where}: numpy dtype {dtype} cannot be saved (it would load "
+                              f"as {back})")
+    return descr
+
+
 def _host_bytes(x: Any) -> tuple[Any, Any]:
-    """(keep-alive, memory) of a leaf's bytes in host memory, contiguous."""
+    """(keep-alive, memory) of a leaf's bytes in host memory, contiguous. A conjugate or
+    negative view is resolved first: its memory holds the values before conj() or neg()."""
     if is_tensor(x):
         t = x.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
         if t.device.type != "cpu":
             t = t.cpu()
         if not t.is_contiguous():
@@ -132,26 +183,35 @@ class Checkpointer:
     """Checkpoints of one series on tiers, nearest first (local paths, s3://bucket/prefix,
     sluiced:// peers; none: $SLUICE_HOME/ckpt). A save commits once every required tier is
     durable (``require_all=False``: only the first); ``keep_last`` keeps that many committed
-    steps on each tier. With several ranks (``torch.distributed``, or rank/world_size given),
-    each rank saves its own state and rank 0 commits the step once every rank's is there."""
+    steps on each tier (0: all). With several ranks (``torch.distributed``, or rank/world_size
+    given), each rank saves its own state and rank 0 commits the step once every rank's is
+    there. ``staging`` is the host memory saves are copied into, allocated once here (bytes,
+    or a size such as "256M"; None: 1 GiB). Every number is checked here: one out of range
+    raises InvalidArgument naming it."""
 
     def __init__(self, series: str, tiers: list[Any] | None = None, *, rank: int | None = None,
                  world_size: int | None = None, run_id: str | None = None,
-                 staging: Any = "1G", keep_last: int = 0, require_all: bool = True,
-                 session: Session | None = None) -> None:
-        from .data import _size, rank_and_world
+                 staging: int | str | None = None, keep_last: int = 0,
+                 require_all: bool = True, session: Session | None = None) -> None:
+        from .data import rank_and_world
 
-        if rank is None and world_size is None:
+        given_rank, given_world, staging_bytes, keep_last = _check_numbers(
+            rank, world_size, staging, keep_last)
+        if given_rank is None or given_world is None:
             rank, world_size = rank_and_world()
-        rank, world_size = int(rank or 0), int(world_size or 1)
+        else:
+            rank, world_size = given_rank, given_world
         if world_size > 1 and not run_id:
             run_id = _shared_run_id()
         self.series = series
         self.rank, self.world_size = rank, world_size
         self._session = session or connect()
+        uris = [os.fspath(t) for t in (tiers or [])]
+        # The tiers by name, as the core orders them (none given: its default, home/ckpt).
+        self.tiers: list[str] = uris or [self._session.home + "/ckpt"]
         self._cp = _core.open_checkpointer(
-            self._session._core, series, [os.fspath(t) for t in (tiers or [])], rank,
-            world_size, run_id or "", _size(staging, "staging"), keep_last, require_all, True)
+            self._session._core, series, uris, rank, world_size, run_id or "", staging_bytes,
+            keep_last, require_all, True)
         self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sluice-save")
         self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sluice-commit")
         self._lock = threading.Lock()
@@ -175,8 +235,8 @@ class Checkpointer:
     def async_save(self, step: int, state: Any) -> AsyncSave:
         """Starts a save and returns at once; see :class:`AsyncSave`. Saves run one at a time
         in the order they were started. Until ``staged`` resolves, the state's tensors must
-        not change."""
-        result = AsyncSave(step)
+        not change. ``step`` is checked here (InvalidArgument), the state as it is staged."""
+        result = AsyncSave(check_int(step, "step"))
 
         def stage() -> None:
             try:
@@ -215,26 +275,34 @@ class Checkpointer:
 
     def verify(self, step: int) -> dict:
         """Reads every chunk of the step on every tier holding it and checks it."""
-        return self._cp.verify(step)
+        return self._cp.verify(check_int(step, "step"))
 
     def load(self, step: Any = "latest", into: Any = None) -> Any:
         """The state saved at ``step`` ("latest": the newest intact one), from the nearest
         intact copy, every chunk verified. With ``into``, its tensors and arrays are filled
         in place (CPU or CUDA), after every one was checked against what was saved (dtype,
         shape): a mismatch raises before anything is read; its dicts get the saved plain
-        values. Returns the state (``into`` itself when given)."""
-        if step == "latest":
+        values. A conjugate or negative view of ``into`` is filled so that it shows the saved
+        values; a sparse tensor there is refused. Returns the state (``into`` itself when
+        given)."""
+        if isinstance(step, str):
+            if step != "latest":
+                raise InvalidArgument(f"step {step!r} is not a step number or 'latest'")
             step = self.latest()
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise InvalidArgument(f"step {step!r} is not a step number or 'latest'")
+        step = check_int(step, "step")
         entries = {(e["name"], e["rank"]): e for e in self._cp.manifest(step)}
         meta = entries.get((STATE_NAME, self.rank))
         if meta is None:
             raise NotFound(f"step {step} of series {self.series} holds no state saved by "
                            f"rank {self.rank} from Python (saved with the CLI or another tool?)")
         doc = bytearray(meta["bytes"])
-        self._cp.restore(step, [(STATE_NAME, self.rank, doc)])
-        skeleton = json.loads(bytes(doc))["state"]
+        report = self._cp.restore(step, [(STATE_NAME, self.rank, doc)])
+        try:
+            skeleton = json.loads(bytes(doc))["state"]
+        except (ValueError, RecursionError, KeyError, TypeError) as e:
+            raise Corruption(f"step {step} of series {self.series} on "
+                             f"{self._tier_read(report)}: the state saved by rank {self.rank} "
+                             f"is not one sluice writes ({type(e).__name__}: {e})") from None
         saved = {name: e for (name, rank), e in entries.items() if rank == self.rank}
         plan: list[tuple[str, Any, Any]] = []  # name, destination leaf, where to copy after
         assign: list[tuple[Any, Any, Any]] = []  # into's containers: set once the restore is done
@@ -254,6 +322,11 @@ class Checkpointer:
             container[key] = value
         return built
 
+    def _tier_read(self, report: dict) -> str:
+        """The tier (or tiers) a restore's bytes came from, by name, from its report."""
+        names = [t for t, n in zip(self.tiers, report["bytes_by_tier"]) if n]
+        return " and ".join(names) or " and ".join(self.tiers)
+
     def close(self) -> None:
         """Waits for the saves started and closes."""
         self._saver.shutdown(wait=True)
@@ -265,6 +338,29 @@ class Checkpointer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _check_numbers(rank: Any, world_size: Any, staging: Any,
+                   keep_last: Any) -> tuple[int | None, int | None, int, int]:
+    """A Checkpointer's numbers checked where the caller gave them, InvalidArgument naming
+    the one out of range: (rank, world_size) (both None where neither was given: found when
+    the checkpointer opens), the staging bytes (0: the core's default, 1 GiB), keep_last."""
+    if rank is not None or world_size is not None:
+        world_size = check_int(1 if world_size is None else world_size, "world_size", lo=1,
+                               hi=_U32_MAX)
+        rank = check_int(0 if rank is None else rank, "rank", hi=world_size - 1)
+    if staging is None:
+        staging_bytes = 0
+    else:
+        if isinstance(staging, str):
+            from ._units import parse_size
+
+            staging = parse_size(staging, "staging")
+        staging_bytes = check_int(staging, "staging")
+        if staging_bytes == 0:  # the core would take 0 for its default: refused instead
+            raise InvalidArgument("staging: 0 bytes cannot hold a save (None: the default, "
+                                  "1 GiB)")
+    return rank, world_size, staging_bytes, check_int(keep_last, "keep_last", hi=_U32_MAX)
 
 
 def _shared_run_id() -> str:
@@ -299,6 +395,8 @@ def _build(node: dict, into: Any, saved: dict, plan: list, assign: list, path: l
             if not (is_tensor(into) or _is_numpy(into)):
                 raise InvalidArgument(f"{where}: the checkpoint has a tensor here, the state to "
                                       f"fill has a {type(into).__name__}")
+            if is_tensor(into):
+                _check_strided(into, where)
             if _dtype_name(into) != leaf["dtype"] or list(into.shape) != leaf["shape"]:
                 raise InvalidArgument(
                     f"{where}: saved as {leaf['dtype']}{leaf['shape']}, the tensor to fill is "
@@ -346,7 +444,7 @@ def _allocate(leaf: dict, where: str) -> Any:
     if leaf["kind"] == "torch":
         import torch
 
-        dtype = getattr(torch, leaf["dtype"], None)
+        dtype = vars(torch).get(leaf["dtype"])  # vars(): no lazy import by a crafted name
         if not isinstance(dtype, torch.dtype):
             raise InvalidArgument(f"{where}: dtype {leaf['dtype']} is not one this torch has")
         t = torch.empty(leaf["shape"], dtype=dtype)
@@ -354,15 +452,23 @@ def _allocate(leaf: dict, where: str) -> Any:
             t.requires_grad_(True)
         return t
     import numpy as np
+    from numpy.lib.format import descr_to_dtype
 
-    return np.empty(leaf["shape"], dtype=np.dtype(leaf["dtype"]))
+    try:  # "descr": saved since structured dtypes load (str(dtype) does not parse back)
+        dtype = descr_to_dtype(leaf["descr"]) if "descr" in leaf else np.dtype(leaf["dtype"])
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"{where}: numpy dtype {leaf['dtype']} does not load ({e})") \
+            from None
+    return np.empty(leaf["shape"], dtype=dtype)
 
 
 def _dest_memory(leaf: Any) -> tuple[Any, Any]:
-    """(host object filled, memory) for a restore into ``leaf``."""
+    """(host object filled, memory) for a restore into ``leaf``. A device tensor, and a
+    conjugate or negative view (its memory holds the values before conj() or neg()), is
+    filled through a host tensor copied into it after the restore."""
     if is_tensor(leaf):
         t = leaf.detach()
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" or t.is_conj() or t.is_neg():
             import torch
 
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())

@@ -9,11 +9,19 @@ from the nearest intact copy.
     dcp.load(state, storage_reader=Reader("llama", tiers=[...]))   # the newest intact step
 
 Each rank's items are one shard of the step (tensor bytes as they are, BYTE_IO items as
-bytes); the coordinator's shard also holds DCP's Metadata, pickled by DCP's rules as its
-own FileSystemWriter does. Every rank stages its shard in write_data; the coordinator saves
+bytes); the coordinator's shard also holds DCP's Metadata, pickled as DCP's own
+FileSystemWriter does. Every rank stages its shard in write_data; the coordinator saves
 its own in finish, after every rank's results are in, and the step commits once every
 rank's shard is durable on each required tier. ``sluice ckpt ls/verify/restore`` see these
 steps like any other.
+
+Loading runs no code from the tier (docs/python.md, "What loading from a shared tier
+trusts"). The Reader decodes the Metadata with an unpickler that admits only DCP's
+metadata classes and the torch values they hold (torch.Size, dtypes, layouts); it decodes
+each BYTE_IO item with ``torch.load(weights_only=True)`` and hands DCP's planner (which
+loads them with weights_only=False) only bytes it saved again itself. Anything else is
+Corruption naming the step and the tier. A tensor is filled with the dtype it was saved as:
+a target of another dtype is InvalidArgument, never a silent cast.
 """
 
 from __future__ import annotations
@@ -26,18 +34,86 @@ from torch.futures import Future
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner,
                                                   SavePlan, SavePlanner, WriteItemType)
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 
+from ._args import check_int
 from ._buffers import host_memory
-from .checkpoint import Checkpointer, _dtype_name, _host_bytes
-from .errors import InvalidArgument, IoError, NotFound
+from .checkpoint import Checkpointer, _check_numbers, _dtype_name, _host_bytes, _check_strided
+from .errors import Corruption, InvalidArgument, IoError, NotFound
 
 __all__ = ["Writer", "Reader"]
 
 METADATA = "__dcp_metadata__"
+
+# What DCP's Metadata pickles as: its dataclasses (and the enum TensorProperties pickles its
+# memory format as), torch.Size, torch's dtypes (globals of the module torch, by name) and
+# layouts (a call of torch.serialization._get_layout with the layout's name).
+_METADATA_CLASSES = frozenset({
+    "Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING"})
+
+
+def _layout(name: str) -> torch.layout:
+    """torch's layout named ``name`` ("torch.strided"): what a pickled layout calls."""
+    for value in vars(torch).values():
+        if isinstance(value, torch.layout) and str(value) == name:
+            return value
+    raise pickle.UnpicklingError(f"{name!r} is not a layout of torch")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's Metadata and nothing else: no global outside DCP's metadata classes
+    and torch's plain values is ever looked up, so a crafted pickle calls nothing but
+    those classes' constructors, torch.Size and a lookup of a layout by name."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == dcp_metadata.__name__ and name in _METADATA_CLASSES:
+            found = vars(dcp_metadata).get(name)
+            if isinstance(found, type):
+                return found
+        if module == "torch":
+            found = vars(torch).get(name)  # vars(): no lazy import behind torch.__getattr__
+            if found is torch.Size or isinstance(
+                    found, (torch.dtype, torch.layout, torch.memory_format)):
+                return found
+        if (module, name) == ("torch.serialization", "_get_layout"):
+            return _layout
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not part of DCP's "
+                                     "metadata")
+
+
+def _decode_metadata(doc: bytes) -> Metadata:
+    """DCP's Metadata from the bytes a Writer saved, with no code run; ValueError (or what
+    the unpickler raises) for anything else. A pickle may also set attributes on the classes
+    it names (BUILD): that is undone, and refused."""
+    classes = [c for c in vars(dcp_metadata).values()
+               if isinstance(c, type) and c.__name__ in _METADATA_CLASSES]
+    before = {c: dict(vars(c)) for c in classes}
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(doc)).load()
+    finally:
+        changed = [c for c in classes if dict(vars(c)) != before[c]]
+        for c in changed:
+            for attr in set(vars(c)) - set(before[c]):
+                delattr(c, attr)
+            for attr, value in before[c].items():
+                if vars(c).get(attr) is not value:
+                    setattr(c, attr, value)
+    if changed:
+        raise ValueError("it changes the classes of DCP's metadata")
+    if not isinstance(metadata, Metadata):
+        raise ValueError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    storage = metadata.storage_data
+    if not isinstance(storage, dict) or not all(
+            isinstance(k, MetadataIndex) and isinstance(v, dict)
+            and isinstance(v.get("name"), str) and type(v.get("rank")) is int
+            for k, v in storage.items()):
+        raise ValueError("its storage_data is not what sluice.dcp.Writer writes")
+    return metadata
 
 
 def _item_name(index: MetadataIndex) -> str:
@@ -49,20 +125,50 @@ def _step_of(checkpoint_id: Any) -> int | None:
     if checkpoint_id is None:
         return None
     text = str(checkpoint_id)
-    if not text.isdigit():
+    if not text.isascii() or not text.isdigit():
         raise InvalidArgument(f"checkpoint_id {text!r} is not a step number")
-    return int(text)
+    return check_int(int(text), "checkpoint_id")
+
+
+def _safe_bytes(raw: bytes, where: str) -> io.BytesIO:
+    """A BYTE_IO item (a value DCP saved with torch.save) as bytes that DCP's planner may
+    torch.load, as it does, with weights_only=False: decoded here with weights_only=True
+    (torch's unpickler of tensors, plain values, containers and the classes admitted with
+    torch.serialization.add_safe_globals), which runs no code, and saved again. Corruption
+    naming ``where`` for anything else."""
+    try:
+        value = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as e:  # the cause, whatever the bytes made torch.load raise
+        raise Corruption(f"{where}: refused the saved value, which torch.load(weights_only="
+                         "True) does not admit (a class of yours may be admitted with "
+                         f"torch.serialization.add_safe_globals): {_load_cause(e)}") from None
+    out = io.BytesIO()
+    torch.save(value, out)
+    out.seek(0)
+    return out
+
+
+def _load_cause(e: Exception) -> str:
+    """The cause in torch.load's error, without its advice to load again with
+    weights_only=False (which runs what the bytes name)."""
+    boilerplate = ("Weights only load failed", "Check the documentation", "Please file an issue")
+    lines = [ln.strip() for ln in str(e).splitlines()
+             if ln.strip() and not ln.strip().startswith(boilerplate)]
+    return f"{type(e).__name__}: {' '.join(lines)}" if lines else type(e).__name__
 
 
 class _Series:
     """The series a Writer or Reader works on: a Checkpointer given, or one opened on first
-    use (in the process that uses it) from the series name, tiers and options."""
+    use (in the process that uses it) from the series name, tiers and options. The step and
+    the options' numbers are checked here, where the caller gave them."""
 
     def __init__(self, series: str | Checkpointer, step: int | None, tiers: list[Any] | None,
                  options: dict) -> None:
+        _check_numbers(options.get("rank"), options.get("world_size"), options.get("staging"),
+                       options.get("keep_last", 0))
         self._series, self._tiers, self._opts = series, tiers, options
         self._ck: Checkpointer | None = series if isinstance(series, Checkpointer) else None
-        self.step = step
+        self.step = None if step is None else check_int(step, "step")
 
     def _checkpointer(self) -> Checkpointer:
         if self._ck is None:
@@ -115,9 +221,10 @@ class Writer(_Series, StorageWriter):
                 tensors.append((name, "uint8", [len(raw)], raw))
                 size = len(raw)
             else:
+                _check_strided(data, f"{item.index.fqn} (DCP)")
                 owner, memory = _host_bytes(data)
                 keep.append(owner)
-                size = memory[1]
+                size = owner.numel() * owner.element_size()
                 tensors.append((name, _dtype_name(owner), list(owner.shape), memory))
             results.append(WriteResult(index=item.index, size_in_bytes=size,
                                        storage_data={"name": name, "rank": self._ck.rank}))
@@ -181,8 +288,13 @@ class Reader(_Series, StorageReader):
             raise NotFound(f"step {self.step} of series {ck.series} was not saved through "
                            "torch.distributed.checkpoint (no DCP metadata)")
         doc = bytearray(meta["bytes"])
-        ck._cp.restore(self.step, [(METADATA, 0, doc)])
-        return pickle.loads(bytes(doc))
+        report = ck._cp.restore(self.step, [(METADATA, 0, doc)])
+        try:
+            return _decode_metadata(bytes(doc))
+        except Exception as e:  # whatever the bytes made the unpickler raise: the cause
+            raise Corruption(f"step {self.step} of series {ck.series} on "
+                             f"{ck._tier_read(report)}: refused its DCP metadata, which is not "
+                             f"what sluice.dcp.Writer writes ({type(e).__name__}: {e})") from None
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
@@ -200,30 +312,49 @@ class Reader(_Series, StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         ck = self._checkpointer()
         # Each saved item once (several read items may take parts of one), every chunk
-        # checked, from the nearest intact tier.
+        # checked, from the nearest intact tier. Every target is checked before anything is
+        # read: a tensor is filled with the dtype it was saved as, never cast.
         wanted: dict[tuple[str, int], Any] = {}
         for item in plan.items:
             info = self._storage[item.storage_index]
             key = (info["name"], info["rank"])
-            if key not in wanted:
-                entry = self._entries.get(key)
-                if entry is None:
-                    raise NotFound(f"{info['name']} (rank {info['rank']}) is not in step "
-                                   f"{self.step}")
-                if item.type == LoadItemType.BYTE_IO:
+            entry = self._entries.get(key)
+            if entry is None:
+                raise NotFound(f"{info['name']} (rank {info['rank']}) is not in step "
+                               f"{self.step}")
+            if item.type == LoadItemType.BYTE_IO:
+                if key not in wanted:
                     wanted[key] = bytearray(entry["bytes"])
-                else:
-                    dtype = getattr(torch, entry["dtype"])
-                    wanted[key] = torch.empty(entry["shape"], dtype=dtype)
+                continue
+            dtype = vars(torch).get(entry["dtype"])  # vars(): no lazy import by a crafted name
+            if not isinstance(dtype, torch.dtype):
+                raise Corruption(f"{item.storage_index.fqn}: step {self.step} of series "
+                                 f"{ck.series} names dtype {entry['dtype']!r}, which is not "
+                                 "one of torch's")
+            target = planner.resolve_tensor(item)
+            if target.dtype != dtype:
+                raise InvalidArgument(
+                    f"{item.storage_index.fqn}: saved as {entry['dtype']}, the tensor to fill "
+                    f"is {_dtype_name(target)} (sluice does not cast: convert it after load)")
+            shape, offsets, lengths = entry["shape"], item.storage_offsets, item.lengths
+            if list(target.shape) != list(lengths) or len(shape) != len(lengths) or any(
+                    o < 0 or o + n > d for o, n, d in zip(offsets, lengths, shape)):
+                raise Corruption(f"{item.storage_index.fqn}: step {self.step} of series "
+                                 f"{ck.series} holds it as {shape}, which has no part "
+                                 f"{list(lengths)} at {list(offsets)}")
+            if key not in wanted:
+                wanted[key] = torch.empty(entry["shape"], dtype=dtype)
         dests = []
         for (name, rank), buf in wanted.items():
             dests.append((name, rank, host_memory(buf, name)))
-        ck._cp.restore(self.step, dests)
+        report = ck._cp.restore(self.step, dests)
         for item in plan.items:
             info = self._storage[item.storage_index]
             buf = wanted[(info["name"], info["rank"])]
             if item.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(item, io.BytesIO(bytes(buf)))
+                where = (f"{item.storage_index.fqn}: step {self.step} of series {ck.series} "
+                         f"on {ck._tier_read(report)}")
+                planner.load_bytes(item, _safe_bytes(bytes(buf), where))
                 continue
             src = buf
             for dim, (off, n) in enumerate(zip(item.storage_offsets, item.lengths)):

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
@@ -165,3 +166,121 @@ def test_bad_input_raises_and_writes_nothing(tmp_path):
             ck.save(2, {"w": torch.zeros(1)})
     with pytest.raises(sluice.InvalidArgument, match="closed"):
         ck.latest()
+
+
+def test_conjugate_and_negative_views_save_their_values_and_fill_as_targets(tmp_path):
+    t = torch.randn(4, dtype=torch.complex64)
+    x = torch.randn(5)
+    with sluice.checkpoint.Checkpointer("views", tiers=[str(tmp_path / "t")]) as ck:
+        # Saved as the values they show, not as the memory under them.
+        ck.save(1, {"c": t.conj(), "n": torch._neg_view(x)})
+        back = ck.load(1)
+        assert torch.equal(back["c"], t.conj().resolve_conj()) and not back["c"].is_conj()
+        assert torch.equal(back["n"], -x) and not back["n"].is_neg()
+        # Filled as targets: the view shows the saved values afterwards.
+        ck.save(2, {"c": t, "n": x})
+        tc = torch.zeros(4, dtype=torch.complex64).conj()
+        tn = torch._neg_view(torch.zeros(5))
+        ck.load(2, into={"c": tc, "n": tn})
+        assert torch.equal(tc, t) and tc.is_conj()
+        assert torch.equal(tn, x) and tn.is_neg()
+
+
+def test_numpy_structured_dtypes_load_and_object_dtypes_are_refused(tmp_path):
+    dtypes = {
+        "plain": np.dtype([("a", "<i4"), ("b", "<f8")]),
+        "aligned": np.dtype([("a", "u1"), ("b", ">f8", (2,))], align=True),
+        "nested": np.dtype([("p", [("x", "<i2"), ("y", "<f4")]), ("s", "S3")]),
+        "offsets": np.dtype({"names": ["a", "b"], "formats": ["<i2", "<f4"],
+                             "offsets": [0, 8], "itemsize": 16}),
+        "datetime": np.dtype("datetime64[ns]"),
+    }
+    rng = np.random.default_rng(0)
+    state = {k: np.frombuffer(rng.bytes(3 * d.itemsize), dtype=d).copy()
+             for k, d in dtypes.items()}
+    tier = str(tmp_path / "t")
+    with sluice.checkpoint.Checkpointer("np", tiers=[tier]) as ck:
+        ck.save(1, state)
+        back = ck.load(1)
+        for k, a in state.items():
+            assert back[k].dtype == a.dtype and back[k].tobytes() == a.tobytes(), k
+        into = {k: np.zeros(3, dtype=d) for k, d in dtypes.items()}
+        ck.load(1, into=into)
+        assert all(into[k].tobytes() == state[k].tobytes() for k in state)
+        # Dtypes whose values are Python objects, or that would not load as themselves,
+        # are refused at save time, naming the key; nothing is committed.
+        bad = {"objects": np.array([1, "a"], dtype=object),
+               "field_of_objects": np.zeros(2, dtype=[("a", "<i4"), ("o", "O")]),
+               "titled": np.zeros(2, dtype=[(("a title", "a"), "<i4")])}
+        for key, a in bad.items():
+            with pytest.raises(sluice.InvalidArgument, match=f"arrays/{key}: .*cannot be saved"):
+                ck.save(2, {"arrays": {key: a}})
+        assert [s["step"] for s in ck.steps()] == [1]
+
+
+def test_numbers_out_of_range_are_invalid_argument_at_the_call(tmp_path):
+    tier = str(tmp_path / "t")
+    Ck = sluice.checkpoint.Checkpointer
+    for kwargs, name in [({"keep_last": -1}, "keep_last"), ({"keep_last": 2**32}, "keep_last"),
+                         ({"staging": 2**64}, "staging"), ({"staging": 0}, "staging"),
+                         ({"staging": "0"}, "staging"), ({"staging": True}, "staging"),
+                         ({"rank": -1}, "rank"), ({"world_size": 0}, "world_size"),
+                         ({"rank": 2, "world_size": 2, "run_id": "r"}, "rank"),
+                         ({"world_size": 2**32, "run_id": "r"}, "world_size")]:
+        with pytest.raises(sluice.InvalidArgument, match=f"^{name}: "):
+            Ck("nums", tiers=[tier], **kwargs)
+    with Ck("nums", tiers=[tier], staging="8M") as ck:
+        for step in (-1, 2**64, 1.0, True):
+            with pytest.raises(sluice.InvalidArgument, match="^step: "):
+                ck.save(step, {"w": torch.zeros(1)})
+            with pytest.raises(sluice.InvalidArgument, match="^step: "):
+                ck.async_save(step, {"w": torch.zeros(1)})  # at the call, not in the future
+            with pytest.raises(sluice.InvalidArgument, match="^step: "):
+                ck.load(step)
+            with pytest.raises(sluice.InvalidArgument, match="^step: "):
+                ck.verify(step)
+        assert ck.steps() == []
+
+
+def test_sparse_tensors_are_refused_naming_the_key_and_the_cause(tmp_path):
+    with sluice.checkpoint.Checkpointer("sparse", tiers=[str(tmp_path / "t")]) as ck:
+        dense = torch.eye(3)
+        for sparse in (dense.to_sparse(), dense.to_sparse_csr()):
+            with pytest.raises(sluice.InvalidArgument, match="emb/w: .*layout.*to_dense"):
+                ck.save(1, {"emb": {"w": sparse}})
+        assert ck.steps() == []
+        ck.save(2, {"w": dense})
+        with pytest.raises(sluice.InvalidArgument, match="w: .*layout"):
+            ck.load(2, into={"w": dense.to_sparse()})
+
+
+def test_a_state_nested_too_deep_is_refused_with_the_limit(tmp_path):
+    with sluice.checkpoint.Checkpointer("deep", tiers=[str(tmp_path / "t")]) as ck:
+        deep: dict = {"w": torch.zeros(1)}
+        for _ in range(5000):
+            deep = {"d": deep}
+        with pytest.raises(sluice.InvalidArgument, match="deeper than [0-9]+ levels"):
+            ck.save(1, deep)
+        loop: list = [torch.zeros(1)]
+        loop.append(loop)
+        with pytest.raises(sluice.InvalidArgument, match="contains itself"):
+            ck.save(1, {"loop": loop})
+        assert ck.steps() == []
+        # As deep as the limit allows saves and loads.
+        ok: Any = torch.arange(3)
+        for _ in range(sluice.checkpoint.MAX_DEPTH):
+            ok = [ok]
+        ck.save(2, ok)
+        back = ck.load(2)
+        for _ in range(sluice.checkpoint.MAX_DEPTH):
+            back = back[0]
+        assert torch.equal(back, torch.arange(3))
+
+
+def test_a_doctored_state_document_is_corruption(tmp_path):
+    tier = str(tmp_path / "t")
+    with sluice.checkpoint.Checkpointer("doc", tiers=[tier]) as ck:
+        doc = b"[" * 100_000 + b"]" * 100_000  # JSON nested past any recursion limit
+        ck._cp.save(1, [(sluice.checkpoint.STATE_NAME, "uint8", [len(doc)], doc)]).wait()
+        with pytest.raises(sluice.Corruption, match=f"step 1 of series doc on {tier}"):
+            ck.load(1)

@@ -12,19 +12,35 @@ when the block raised, which publishes what was written; ``fs.open`` of this fil
 aborts instead, and inside ``with fs.transaction:`` objects are published only when the
 transaction ends without an error. Everything built on fsspec (pandas, DCP's fsspec writer and
 reader, ...) gets these through ``fsspec.open``/``fsspec.filesystem``.
+
+Objects, their bytes and their listings come from the session (the same calls as ``sluice
+ls``/``cp``). Folders differ by store: a local folder is a directory, which may be empty
+(listed, made and removed with ``os``, since the file store knows folders only by the files
+in them); an S3 folder is a common prefix, so it exists while an object is under it and
+``mkdir`` makes nothing. Checked by fsspec's own conformance suite
+(tests/python/test_fsspec_conformance.py); the limits it finds are in docs/python.md.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
 from ._session import Session, connect
-from .errors import NotFound
+from .errors import InvalidArgument, NotFound
 
 __all__ = ["SluiceFileSystem"]
+
+# The file store's temporary folder (writers' files before they are published): no folder of
+# the user's, as the store's own listings skip it.
+_STORE_TEMP = ".sluice-tmp"
+
+
+def _local(path: str) -> bool:
+    return path.startswith("/")
 
 
 class SluiceFileSystem(AbstractFileSystem):
@@ -41,7 +57,7 @@ class SluiceFileSystem(AbstractFileSystem):
     # Paths inside fsspec have no protocol: "bucket/key" for s3, "/abs/path" for files.
     def _uri(self, path: str, cached: bool = True) -> str:
         path = self._strip_protocol(path)
-        if path.startswith("/"):
+        if _local(path):
             return ("cache+file://" if cached else "file://") + path
         return ("cache+s3://" if cached else "s3://") + path
 
@@ -60,46 +76,98 @@ class SluiceFileSystem(AbstractFileSystem):
               cache_options: Any = None, **kwargs: Any) -> Any:
         if "r" in mode:
             return self._session.open(self._uri(path), "rb")
-        if "w" in mode:
-            f = self._session.open(self._uri(path, cached=False), "wb")
+        if "w" in mode or "x" in mode:
+            # "xb": refused up front when the object exists, and again when it is published
+            # (a rename that replaces nothing; S3's If-None-Match), against a racing writer.
+            exclusive = "x" in mode
+            if exclusive and self.exists(path):
+                raise FileExistsError(f"{path} exists (mode {mode!r} creates a new object)")
+            f = self._session.open(self._uri(path, cached=False), "wb", overwrite=not exclusive)
             if not autocommit:  # in `with fs.transaction`: published at its end, if no error
                 f = _TransactionWriter(f)
             return f
-        raise ValueError(f"{path}: mode {mode!r} is not supported (rb, wb)")
+        raise ValueError(f"{path}: mode {mode!r} is not supported (rb, wb, xb)")
 
     def info(self, path: str, **kwargs: Any) -> dict:
         name = self._strip_protocol(path)
-        try:
-            st = self._session.stat(self._uri(path, cached=False))
-            return {"name": name, "size": st["size"], "type": "file", "etag": st["etag"],
-                    "mtime_ns": st["mtime_ns"]}
-        except (NotFound, ValueError):
-            pass
-        listed = self.ls(path, detail=True)
-        if listed:
-            return {"name": name, "size": 0, "type": "directory"}
+        if _local(name) and os.path.isdir(name):
+            return _folder(name)
+        found = self._stat(name)
+        if found:
+            return found
+        if not _local(name) and self.isdir(name):
+            return _folder(name)
         raise FileNotFoundError(path)
+
+    def _stat(self, name: str) -> dict | None:
+        try:
+            st = self._session.stat(self._uri(name, cached=False))
+        except (NotFound, InvalidArgument):  # InvalidArgument: a bucket or a prefix
+            return None
+        return {"name": name, "size": st["size"], "type": "file", "etag": st["etag"],
+                "mtime_ns": st["mtime_ns"]}
+
+    def isdir(self, path: str) -> bool:
+        name = self._strip_protocol(path)
+        if _local(name):
+            return os.path.isdir(name)
+        try:  # an S3 folder: a prefix with objects under it (one listing, no stat first)
+            return bool(self._session.ls(self._uri(name, cached=False) + "/"))
+        except (NotFound, InvalidArgument):
+            return False
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list:
         base = self._strip_protocol(path)
-        uri = self._uri(base, cached=False)
-        prefix = uri if uri.endswith("/") else uri + "/"
-        try:
-            objects = self._session.ls(prefix)
-        except NotFound:
-            return []
-        out = []
-        root = base if base.startswith("/") else base.split("/", 1)[0]
-        for o in objects:
-            key = o["key"]
-            if base.startswith("/"):
-                name = base.rstrip("/") + "/" + key
-            else:
-                name = root + "/" + key
-            is_dir = key.endswith("/")
-            out.append({"name": name.rstrip("/"), "size": o["size"],
-                        "type": "directory" if is_dir else "file"})
+        out = self._ls_local(base) if _local(base) else self._ls_bucket(base)
         return out if detail else [o["name"] for o in out]
+
+    def _ls_local(self, base: str) -> list[dict]:
+        if not os.path.isdir(base):
+            return [self.info(base)]  # a file lists itself; FileNotFoundError when missing
+        objects = self._session.ls(self._uri(base, cached=False) + "/")
+        out = [_entry(base + "/" + o["key"], o) for o in objects if not o["key"].endswith("/")]
+        with os.scandir(base) as entries:  # every folder, the empty ones too
+            out += [_folder(e.path) for e in entries
+                    if e.is_dir(follow_symlinks=False) and e.name != _STORE_TEMP]
+        return sorted(out, key=lambda o: o["name"])
+
+    def _ls_bucket(self, base: str) -> list[dict]:
+        objects = self._session.ls(self._uri(base, cached=False) + "/")
+        if not objects:  # an object lists itself
+            found = self._stat(base)
+            if not found:
+                raise FileNotFoundError(base)
+            return [found]
+        bucket = base.split("/", 1)[0]
+        return [_entry(bucket + "/" + o["key"], o) for o in objects]
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False,
+             detail: bool = False, **kwargs: Any) -> Any:
+        """On S3, one listing of everything under the prefix (what the store's listing reads
+        anyway) rather than fsspec's one per folder."""
+        base = self._strip_protocol(path)
+        if _local(base):
+            return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail,
+                                **kwargs)
+        bucket = base.split("/", 1)[0]
+        out: dict[str, dict] = {}
+        for o in self._session.ls(self._uri(base, cached=False) + "/", recursive=True):
+            name = bucket + "/" + o["key"]
+            parts = name[len(base) + 1:].split("/")
+            if withdirs:  # the folders down to it, as deep as maxdepth allows
+                for depth in range(1, min(len(parts), (maxdepth or len(parts)) + 1)):
+                    folder = base + "/" + "/".join(parts[:depth])
+                    out.setdefault(folder, _folder(folder))
+            if maxdepth is None or len(parts) <= maxdepth:
+                out[name] = _entry(name, o)
+        if out and withdirs:
+            out[base] = _folder(base)
+        if not out:  # a path that names an object finds itself
+            found = self._stat(base)
+            if found:
+                out[base] = found
+        names = sorted(out)
+        return {n: out[n] for n in names} if detail else names
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None,
                  **kwargs: Any) -> bytes:
@@ -113,32 +181,52 @@ class SluiceFileSystem(AbstractFileSystem):
                 f.raw.readinto(buf)
             return bytes(buf)
 
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        with self.open(path, "xb" if mode == "create" else "wb", **kwargs) as f:
+            f.write(value)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
+        if _local(src) and os.path.isdir(src):  # a recursive copy names each folder too
+            if _local(dst):
+                os.makedirs(dst, exist_ok=True)
+            return
+        self._session.copy(self._uri(src, cached=False), self._uri(dst, cached=False))
+
     def rm_file(self, path: str) -> None:
         self._session._core.remove(self._uri(path, cached=False))
 
-    def _rm(self, path: str) -> None:
-        self.rm_file(path)
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        """Removes objects and, with ``recursive``, everything under a folder. A local folder
+        is removed once emptied; an S3 folder is gone with its last object."""
+        for p in reversed(self.expand_path(path, recursive=recursive, maxdepth=maxdepth)):
+            if _local(p) and os.path.isdir(p) and not os.path.islink(p):
+                os.rmdir(p)  # emptied: expand_path sorts a folder before what it holds
+            else:
+                self.rm_file(p)  # an S3 folder's name too: deleting no object is no error
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        if not self._strip_protocol(path).startswith("/"):
-            return  # object stores have no folders
-        import os
-
-        os.makedirs(self._strip_protocol(path), exist_ok=True)
+        path = self._strip_protocol(path)
+        if not _local(path):
+            return  # an S3 folder exists while an object is under it
+        if create_parents:
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.mkdir(path)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        self.mkdir(path)
+        path = self._strip_protocol(path)
+        if _local(path):
+            os.makedirs(path, exist_ok=exist_ok)
 
-    def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: Any = None,
-           **kwargs: Any) -> None:
-        """Copies then removes the source (object stores have no rename)."""
-        self._session.copy(self._uri(path1, cached=False), self._uri(path2, cached=False),
-                           recursive=recursive)
-        if recursive:
-            for o in self.find(path1):
-                self.rm_file(o)
-        else:
-            self.rm_file(path1)
+
+def _folder(name: str) -> dict:
+    return {"name": name, "size": 0, "type": "directory"}
+
+
+def _entry(name: str, o: dict) -> dict:
+    is_dir = o["key"].endswith("/")
+    return {"name": name.rstrip("/"), "size": o["size"], "type": "directory" if is_dir else "file"}
 
 
 class _TransactionWriter:

@@ -9,6 +9,7 @@ address (a ``(address, nbytes)`` tuple is not a buffer).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from . import _core
@@ -16,11 +17,18 @@ from .errors import InvalidArgument, Unsupported
 
 
 def is_tensor(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+    """Whether ``obj`` is a torch tensor (a real one: an object that only looks like one is
+    no tensor, and its "data_ptr" is never trusted). torch is imported by whoever made it."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def host_memory(obj: Any, what: str) -> Any:
-    """``obj`` as the core takes it: itself, or a ``_RawSpan`` of a CPU tensor's bytes."""
+    """``obj`` as the core takes it: itself, or a ``_RawSpan`` of a CPU tensor's bytes. A
+    ``_RawSpan`` the caller built is refused: only this package names memory by address."""
+    if isinstance(obj, _core._RawSpan):
+        raise InvalidArgument(f"{what}: a raw span is not a buffer (give a bytearray, "
+                              "memoryview, numpy array or torch tensor)")
     if is_tensor(obj):
         if obj.device.type != "cpu":
             raise Unsupported(f"{what}: a tensor on {obj.device} is not host memory")

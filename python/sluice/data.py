@@ -386,7 +386,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             raise InvalidArgument(
                 f"{where}: the state was saved for another dataset with the same shards, sizes "
                 f"and sample counts ({mine['location']}): a shard's etag or sample table differs "
-                "(the dataset was regenerated or replaced since the state was saved)")
+                "(the dataset was regenerated or replaced since the state was saved; or this "
+                "node's dataset catalog predates the change: open with catalog=False)")
         if state.get("shuffle") != self.shuffle:
             raise InvalidArgument(f"{where}: the state was saved with shuffle="
                                   f"{state.get('shuffle')}, this dataset has shuffle={self.shuffle}")

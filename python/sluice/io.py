@@ -24,7 +24,8 @@ from .errors import InvalidArgument
 __all__ = ["File", "IOFuture", "path_report"]
 
 
-def _memory(buf: Any, what: str) -> Any:
+def _memory(buf: Any, what: str, fills: bool) -> Any:
+    """``buf`` as the core takes it (``fills``: the I/O writes into it)."""
     if is_tensor(buf) and buf.device.type == "cuda":
         if not buf.is_contiguous():
             raise InvalidArgument(f"{what}: the tensor is not contiguous (its bytes are not one range)")
@@ -34,6 +35,8 @@ def _memory(buf: Any, what: str) -> Any:
     if cai is not None and not is_tensor(buf):
         if cai.get("strides") not in (None,):
             raise InvalidArgument(f"{what}: the device array is not C-contiguous")
+        if fills and cai["data"][1]:
+            raise InvalidArgument(f"{what}: the device array is read-only (bytes cannot be filled)")
         n = 1
         for d in cai["shape"]:
             n *= d
@@ -78,27 +81,29 @@ class File:
         """Starts reading ``size`` bytes (default: what fits) at ``file_offset`` into
         ``buf`` at ``buf_offset``."""
         args = _checked("pread", size, file_offset, buf_offset)
-        return IOFuture(self._f.pread(_memory(buf, "pread"), *args), buf)
+        return IOFuture(self._f.pread(_memory(buf, "pread", True), *args), buf)
 
     def pwrite(self, buf: Any, size: int | None = None, file_offset: int = 0,
                buf_offset: int = 0) -> IOFuture:
         args = _checked("pwrite", size, file_offset, buf_offset)
-        return IOFuture(self._f.pwrite(_memory(buf, "pwrite"), *args), buf)
+        return IOFuture(self._f.pwrite(_memory(buf, "pwrite", False), *args), buf)
 
     def read(self, buf: Any, size: int | None = None, file_offset: int = 0,
              buf_offset: int = 0) -> int:
-        return self._f.read(_memory(buf, "read"), *_checked("read", size, file_offset, buf_offset))
+        args = _checked("read", size, file_offset, buf_offset)
+        return self._f.read(_memory(buf, "read", True), *args)
 
     def write(self, buf: Any, size: int | None = None, file_offset: int = 0,
               buf_offset: int = 0) -> int:
         args = _checked("write", size, file_offset, buf_offset)
-        return self._f.write(_memory(buf, "write"), *args)
+        return self._f.write(_memory(buf, "write", False), *args)
 
     def batch(self, ios: list[tuple]) -> list[int]:
         """Many reads and writes in flight at once, as cuFile's batch API (which KvikIO's
         Python API lacks): ``ios`` is a list of (op, buf, size or None, file_offset) with op
         "read" or "write"; returns each one's bytes, in order, once all are done."""
-        return self._f.batch([(op, _memory(buf, "batch"), *_checked("batch", size, off, 0)[:2])
+        return self._f.batch([(op, _memory(buf, "batch", op == "read"),
+                               *_checked("batch", size, off, 0)[:2])
                               for op, buf, size, off in ios])
 
     def sync(self) -> None:

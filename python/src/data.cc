@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "core.h"
@@ -110,6 +111,16 @@ void bind_data(py::module_& m) {
                                std::string uri = d.ds->store().uri();
                                for (std::string_view route : {"node+", "cache+"})
                                  if (uri.starts_with(route)) uri.erase(0, route.size());
+                               // A local folder by its real path (symlinks resolved).
+                               if (uri.starts_with("file://")) {
+                                 std::error_code ec;
+                                 auto real = std::filesystem::weakly_canonical(uri.substr(7), ec);
+                                 if (!ec && real.is_absolute()) {
+                                   std::string path = real.string();
+                                   if (uri.ends_with('/') && !path.ends_with('/')) path += '/';
+                                   uri = "file://" + path;
+                                 }
+                               }
                                return uri + d.ds->prefix();
                              })
       .def_property_readonly("format",

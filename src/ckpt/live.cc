@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "sluice/ckpt/manifest.h"
@@ -40,6 +41,51 @@ uint64_t start_ticks(long pid) {
   return 0;
 }
 
+// The first line of a small /proc file, or "-" (a marker field is never empty).
+std::string first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  if (!std::getline(f, line) || line.empty() || line.find(' ') != std::string::npos) return "-";
+  return line;
+}
+
+// This boot ("-": unknown) and this process's PID namespace ("pid:[4026531836]"; "-").
+const std::string& boot_id() {
+  static const std::string id = first_line("/proc/sys/kernel/random/boot_id");
+  return id;
+}
+std::string pid_namespace() {
+  char buf[64] = {};
+  ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "-";
+}
+
+// A marker's text, parsed; nullopt where it does not parse.
+struct MarkerText {
+  int version = 0;
+  std::string host, boot = "-", pidns = "-";
+  long pid = 0;
+  uint64_t ticks = 0;
+};
+std::optional<MarkerText> parse_marker(std::string_view text) {
+  std::istringstream in{std::string(text.substr(0, 512))};
+  std::string magic;
+  MarkerText m;
+  if (!(in >> magic >> m.version >> m.host >> m.pid >> m.ticks) || magic != "sluice-live" ||
+      (m.version != 1 && m.version != 2) || m.pid <= 0)
+    return std::nullopt;
+  if (m.version == 2 && !(in >> m.boot >> m.pidns)) return std::nullopt;
+  return m;
+}
+
+// Whether the marker's owner ran where this process can see it: this host and, for a
+// version 2 marker, this boot and PID namespace (a container may share the host's name).
+bool same_process_space(const MarkerText& m) {
+  if (m.host != host_name()) return false;
+  return m.version == 1 ||
+         (m.boot == boot_id() && m.boot != "-" && m.pidns == pid_namespace() && m.pidns != "-");
+}
+
 }  // namespace
 
 std::string live_key(std::string_view series, uint64_t step, unsigned rank,
@@ -55,23 +101,30 @@ bool is_live_leaf(std::string_view leaf) {
 
 std::string live_text() {
   const long pid = ::getpid();
-  return "sluice-live 1 " + host_name() + " " + std::to_string(pid) + " " +
-         std::to_string(start_ticks(pid)) + "\n";
+  return "sluice-live 2 " + host_name() + " " + std::to_string(pid) + " " +
+         std::to_string(start_ticks(pid)) + " " + boot_id() + " " + pid_namespace() + "\n";
 }
 
 bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns) {
   const int64_t lease = std::chrono::nanoseconds(kLiveLease).count();
   if (now_ns - mtime_ns > lease) return false;
-  std::istringstream in{std::string(text.substr(0, 512))};
-  std::string magic, host;
-  int version = 0;
-  long pid = 0;
-  uint64_t ticks = 0;
-  if (!(in >> magic >> version >> host >> pid >> ticks) || magic != "sluice-live" || version != 1 ||
-      pid <= 0)
-    return true;
-  if (host != host_name()) return true;  // another node: only the lease can tell
-  return ticks != 0 && start_ticks(pid) == ticks;
+  auto m = parse_marker(text);
+  if (!m) return true;
+  if (!same_process_space(*m)) return true;  // another node: only the lease can tell
+  return m->ticks != 0 && start_ticks(m->pid) == m->ticks;
+}
+
+bool live_owner_gone(std::string_view text) {
+  auto m = parse_marker(text);
+  if (!m || m->version < 2 || !same_process_space(*m) || m->ticks == 0) return false;
+  return start_ticks(m->pid) != m->ticks;
+}
+
+bool live_owner_gone(store::Store& tier, const store::ObjectInfo& marker) {
+  if (marker.size > 512) return false;
+  auto text = tier.get(marker.key);
+  return text && live_owner_gone(
+                     std::string_view(reinterpret_cast<const char*>(text->data()), text->size()));
 }
 
 bool live_marker_holds(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns) {

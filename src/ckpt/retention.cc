@@ -2,9 +2,7 @@
 #include "ckpt/checkpointer_impl.h"
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
-#include <optional>
 #include <set>
 
 #include "sluice/ckpt/live.h"
@@ -14,22 +12,10 @@ namespace sluice::ckpt {
 
 namespace {
 
-// The rank a step's leaf belongs to: "rank-NNNNN-<save id>.shard" or ".live" (a save's shard,
-// its marker) or "rank-NNNNN.json" (the rank's record); nullopt for other leaves (the
-// manifest). `save_id` gets the save id where the leaf has one.
-std::optional<unsigned> rank_of_leaf(std::string_view leaf, std::string* save_id = nullptr) {
-  if (!leaf.starts_with("rank-") || leaf.size() < 10) return std::nullopt;
-  unsigned rank = 0;
-  auto [p, ec] = std::from_chars(leaf.data() + 5, leaf.data() + 10, rank);
-  if (ec != std::errc() || p != leaf.data() + 10) return std::nullopt;
-  std::string_view rest = leaf.substr(10);
-  if (rest == ".json") return rank;
-  for (std::string_view ext : {".shard", ".live"})
-    if (rest.starts_with('-') && rest.ends_with(ext) && rest.size() > ext.size() + 1) {
-      if (save_id) *save_id = std::string(rest.substr(1, rest.size() - 1 - ext.size()));
-      return rank;
-    }
-  return std::nullopt;
+// A save's shard or marker key without its extension: "<step>/rank-<R>-<save id>", the
+// same for both.
+std::string_view save_stem(std::string_view key) {
+  return key.substr(0, key.rfind('.'));
 }
 
 // Step directories left empty on a local tier (a save killed between creating the
@@ -69,10 +55,6 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     std::vector<store::ObjectInfo> markers;  // of saves under way, or stale ones
     bool live = false;                       // a marker holds the step
     size_t records = 0;
-    // Saves whose marker no longer holds (their process is gone: live.h), as
-    // "rank/save id", and the ranks they were of; every rank with something in the step.
-    std::set<std::string> dead_saves;
-    std::set<unsigned> dead_ranks, ranks;
   };
   std::map<uint64_t, StepObjects> steps;
   std::map<std::string, uint64_t> sizes;
@@ -92,28 +74,37 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
   // A step a save is still writing or committing (here or in another process) is left
   // alone whatever the grace: its marker holds it (live.h).
   const int64_t now = now_ns();
-  for (auto& [step, s] : steps) {
-    for (const auto& mk : s.markers) {
-      if (live_marker_holds(*tier.store, mk, now)) {
-        s.live = true;
-        continue;
-      }
-      std::string id;
-      if (auto rank = rank_of_leaf(std::string_view(mk.key).substr(mk.key.rfind('/') + 1), &id)) {
-        s.dead_saves.insert(std::to_string(*rank) + "/" + id);
-        s.dead_ranks.insert(*rank);
-      }
+  for (auto& [step, s] : steps)
+    for (const auto& mk : s.markers)
+      if (live_marker_holds(*tier.store, mk, now)) s.live = true;
+  // A save proven gone (live.h: live_owner_gone) will never commit: its shard, as large as
+  // the model, waits for no grace (35 kills had left 290 MB for an hour), unless the step's
+  // manifest names it; its marker goes with it. Its record, a key its rank's next save
+  // writes again, and anything else wait for the grace. Called for a step no marker holds.
+  auto remove_gone_saves = [&](uint64_t step, StepObjects& s) -> Status {
+    std::set<std::string_view> gone;
+    for (const auto& mk : s.markers)
+      if (live_owner_gone(*tier.store, mk)) gone.insert(save_stem(mk.key));
+    if (gone.empty()) return ok();
+    std::set<std::string> named;
+    if (s.has_manifest) {
+      auto m = manifest_on(i, step, &sizes);
+      if (!m) return ok();  // a manifest that cannot be read now: nothing goes early
+      for (const auto& sh : m->shards)
+        named.insert(shard_key(o_.series, step, sh.rank, sh.save_id));
     }
-    for (const auto& key : s.keys)
-      if (auto rank = rank_of_leaf(std::string_view(key).substr(key.rfind('/') + 1)))
-        s.ranks.insert(*rank);
-  }
-  // A shard of a save whose process is gone: nothing will commit it, so it need not wait
-  // for the grace (a killed save's shard is as large as the model; 35 kills left 290 MB).
-  auto of_dead_save = [](const StepObjects& s, const std::string& key) {
-    std::string id;
-    auto rank = rank_of_leaf(std::string_view(key).substr(key.rfind('/') + 1), &id);
-    return rank && s.dead_saves.contains(std::to_string(*rank) + "/" + id);
+    std::set<std::string> doomed;
+    for (const auto& sh : s.shards)
+      if (gone.contains(save_stem(sh.key)) && !named.contains(sh.key)) doomed.insert(sh.key);
+    for (const auto& mk : s.markers)
+      if (gone.contains(save_stem(mk.key))) doomed.insert(mk.key);
+    const std::vector<std::string> keys(doomed.begin(), doomed.end());
+    SLUICE_RETURN_IF_ERROR(tier.store->remove_many(keys));
+    report.objects_removed += keys.size();
+    std::erase_if(s.keys, [&](const std::string& k) { return doomed.contains(k); });
+    std::erase_if(s.shards, [&](const store::ObjectInfo& o) { return doomed.contains(o.key); });
+    std::erase_if(s.markers, [&](const store::ObjectInfo& o) { return doomed.contains(o.key); });
+    return ok();
   };
   // Only a whole copy is a checkpoint (read_whole_step): a step whose manifest is damaged or
   // whose shard is lost or truncated is not counted towards keep_last and never stands in
@@ -140,6 +131,7 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
       now_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(o_.incomplete_grace).count();
   for (auto& [step, s] : steps) {
     if (active.count(step) || s.live) continue;
+    SLUICE_RETURN_IF_ERROR(remove_gone_saves(step, s));
     if (s.committed && keep.count(step)) {
       // Markers left by a killed save of a step that got committed all the same.
       for (const auto& mk : s.markers) {
@@ -157,19 +149,14 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
       for (const auto& sh : m->shards)
         named.insert(shard_key(o_.series, step, sh.rank, sh.save_id));
       for (const auto& obj : s.shards) {
-        if (named.count(obj.key) || (obj.mtime_ns > cutoff && !of_dead_save(s, obj.key))) continue;
+        if (named.count(obj.key) || obj.mtime_ns > cutoff) continue;
         auto rm = tier.store->remove(obj.key);
         if (!rm && rm.error().code() != Code::kNotFound) return rm;
         ++report.objects_removed;
       }
       continue;
     }
-    // An unfinished step all of whose ranks' saves are gone is removed now; one with
-    // something of a rank whose save left no marker (or a live one) waits for the grace.
-    const bool abandoned =
-        !s.committed && !s.dead_ranks.empty() &&
-        std::includes(s.dead_ranks.begin(), s.dead_ranks.end(), s.ranks.begin(), s.ranks.end());
-    if (s.committed ? keep.count(step) != 0 : (s.newest_ns > cutoff && !abandoned)) continue;
+    if (s.committed ? keep.count(step) != 0 : s.newest_ns > cutoff) continue;
     if (s.has_manifest) {
       // The manifest goes first: a half-removed checkpoint is no longer listed.
       SLUICE_RETURN_IF_ERROR(tier.store->remove(manifest_key(o_.series, step)));

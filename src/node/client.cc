@@ -150,10 +150,19 @@ struct NodeClient::Impl {
       return fail(Code::kInvalidArgument, "daemon socket path '" + socket + "' is too long");
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+    // A daemon whose accept backlog is full would block connect() for good: bounded by the
+    // request timeout (AF_UNIX connect honours SO_SNDTIMEO and then fails with EAGAIN).
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+    (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       int err = errno;
       if (err == ENOENT || err == ECONNREFUSED)  // errno kept: no_daemon_listens reads it
         return std::unexpected(Error(Code::kUnavailable, "no sluiced answers on " + socket, err));
+      if (err == EAGAIN || err == EWOULDBLOCK)
+        return fail(Code::kUnavailable, "sluiced at " + socket + " accepts no connection for " +
+                                            std::to_string(timeout.count()) + " ms");
       return fail_errno(err, "connect to sluiced at " + socket);
     }
     return std::make_unique<FrameChannel>(std::move(fd));
@@ -747,14 +756,15 @@ void register_scheme() {
           if (const auto* given = so.backend.get<NodeOptions>()) o = *given;
           auto s = NodeStore::open(root, o);
           if (s) return std::unique_ptr<store::Store>(std::move(*s));
-          if (!o.fallback || !no_daemon_listens(s.error())) {
-            if (s.error().code() != Code::kUnavailable) return std::unexpected(s.error());
+          if (!o.fallback || s.error().code() != Code::kUnavailable)
+            return std::unexpected(s.error());
+          if (!no_daemon_listens(s.error()))
             return std::unexpected(
                 Error(Code::kUnavailable,
                       s.error().message() +
                           "; not read through the embedded cache instead, which could reach "
-                          "another S3 server than the daemon's"));
-          }
+                          "another S3 server than the daemon's",
+                      s.error().sys_errno()));
           if (o.on_fallback) o.on_fallback(s.error().message() + ": using the embedded cache");
           cache::register_scheme();
           return store::open_store("cache+" + root, so);

@@ -49,13 +49,15 @@ Result<std::vector<TarSample>> scan_shard(store::Store& store, const store::Obje
   return parse_tar(source, 0, info.size, info.key);
 }
 
-// A shard's etag as the content identity takes it. A local file's etag begins with its
-// device number (docs/stores.md), which differs on each node that mounts the same shared
-// file system (NFS, Lustre): the identity takes it from the inode on, so a state saved on
-// one node resumes on another. A copy of the files (other inodes) is still other content.
+// A shard's etag as the content identity takes it. A local file's etag is
+// "<dev>-<inode>-<size>-<mtime>-<ctime>" (docs/stores.md): the device differs on each node
+// that mounts the same shared file system, the inode on a copy (files staged to each node's
+// disk), the ctime on a chmod. The identity takes the size and mtime: what a rewrite
+// changes (with the sample table's keys and ranges beside it).
 std::string_view content_etag(std::string_view etag, bool local_file) {
   if (!local_file || std::count(etag.begin(), etag.end(), '-') != 4) return etag;
-  return etag.substr(etag.find('-') + 1);
+  const size_t size_at = etag.find('-', etag.find('-') + 1) + 1;
+  return etag.substr(size_at, etag.rfind('-') - size_at);
 }
 
 // Lists the prefix and learns each shard's samples (from its index, or by scanning it).

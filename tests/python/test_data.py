@@ -462,6 +462,14 @@ def test_a_state_binds_to_the_datasets_content(shards, tmp_path):
     direct = sluice.data.StreamingDataset(root, seed=1, cache=False)
     direct.load_state_dict(state)
     assert (direct.epoch, direct._start) == (0, 8)
+    # Through a symlink to its folder, and after a chmod (a new ctime), still the same.
+    link = tmp_path / "link"
+    os.symlink(root, link)
+    for name in os.listdir(root):
+        os.chmod(os.path.join(root, name), 0o640)
+    linked = sluice.data.StreamingDataset(str(link), seed=1, cache=False, catalog=False)
+    linked.load_state_dict(state)
+    assert (linked.epoch, linked._start) == (0, 8)
 
 
 def test_an_edited_state_is_refused(shards):

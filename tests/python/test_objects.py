@@ -260,6 +260,9 @@ def test_a_raw_address_is_not_a_buffer(session):
     with pytest.raises(sluice.InvalidArgument, match="tuple is not a buffer"):
         with session.open("mem://raw/c", "wb") as w:
             w.write((ctypes.addressof(secret), 24))
+    # Nor is a span of the package's own, built by the caller.
+    with pytest.raises(sluice.InvalidArgument, match="raw span is not a buffer"):
+        session.write("mem://raw/e", sluice._core._RawSpan(ctypes.addressof(secret), 24))
     assert [o["key"] for o in session.ls("mem://raw/")] == ["a"]
     # What the public calls take: the buffer protocol, and tensors.
     t = torch.zeros(16, dtype=torch.uint8)

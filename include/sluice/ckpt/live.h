@@ -2,11 +2,17 @@
 //
 // A save that is writing or committing a step keeps one marker per rank and tier under the
 // step, "<series>/step-<N>/rank-<R>-<save id>.live", and rewrites it every kLiveRefresh. Its
-// text names the owner: "sluice-live 1 <host> <pid> <process start ticks>\n". A marker
-// holds its step (gc leaves every object of the step alone) while it is younger than
-// kLiveLease and, when its owner ran on this host, while that process still runs; a save
+// text names the owner: "sluice-live 2 <host> <pid> <process start ticks> <boot id> <pid
+// namespace>\n" (version 1, of older releases, lacks the last two). A marker holds its step
+// (gc leaves every object of the step alone) while it is younger than kLiveLease and, when
+// its owner ran on this host, boot and PID namespace, while that process still runs; a save
 // killed with kill -9 thus frees its step at once for a gc on its own host and after the
 // lease elsewhere. Markers are removed when the save ends, whatever its outcome.
+//
+// A marker that does not hold is not yet proof that its save is gone (a clock behind, a
+// refresh that stalled, a container of the same host name): gc waits for its grace before
+// removing such a step. Only live_owner_gone, a version 2 marker of this host, boot and PID
+// namespace whose process no longer runs, lets gc remove that save's own shard at once.
 #pragma once
 
 #include <chrono>
@@ -32,5 +38,10 @@ bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns);
 // The same for a marker object of a listing of `tier`: reads its text (a marker over 512
 // bytes, or one that cannot be read, holds by its age alone).
 bool live_marker_holds(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns);
+// Whether the marker's text proves its save gone: version 2, written on this host, boot and
+// PID namespace by a process that no longer runs. Anything else (another node, an older
+// marker, text that does not parse) is no proof.
+bool live_owner_gone(std::string_view text);
+bool live_owner_gone(store::Store& tier, const store::ObjectInfo& marker);
 
 }  // namespace sluice::ckpt

@@ -189,12 +189,12 @@ class DaemonControl final : public cache::Control {
   std::string socket_;
 };
 
-// Registers "node+<scheme>://" for every scheme open_store knows now.
 // Whether `error` (of NodeClient::connect or a node+ open) says that nothing listens on
 // the socket: no socket file, or nobody accepting on it. Only then does a node+ open fall
 // back to the embedded cache; a daemon that answered and refused, or hung, is an error.
 bool no_daemon_listens(const Error& error);
 
+// Registers "node+<scheme>://" for every scheme open_store knows now.
 void register_scheme();
 
 }  // namespace sluice::node

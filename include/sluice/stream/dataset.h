@@ -134,9 +134,9 @@ class Dataset {
   // token (v3) that carries it is never applied to other content. It leaves out the route
   // the dataset is read by (the store's URI, a cache in front of it: the same content by
   // every route) and the prefix (shard keys count from it); sluice.data's state
-  // names the location beside it. Etags are the store's own, except that a local file's
-  // device number is left out (it differs on each node mounting the same shared file
-  // system); its inode is kept, so a copy of the files has another identity.
+  // names the location beside it. Etags are the store's own, except that of a local file's
+  // only its size and mtime count: its device, inode and ctime differ on another node of a
+  // shared file system, on a copy staged to a node's disk, after a chmod.
   uint64_t identity() const { return identity_; }
   // Whether sample numbers go by (shard, offset), as pack and shard scans number them (an
   // index written by another tool may not): reads of a set of samples then sort by number.

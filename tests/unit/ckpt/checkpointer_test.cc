@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "sluice/ckpt/live.h"
@@ -773,41 +774,61 @@ TEST(Checkpointer, AFailedSaveRemovesWhatItPublished) {
 }
 
 // Issue 47: saves killed with kill -9 left their shards and markers for the whole grace
-// (an hour by default; 35 kills left 290 MB). Once the marker's process is gone, gc removes
-// what only that save wrote; what a live save, or a save with no marker, wrote waits.
-TEST(Checkpointer, GcRemovesWhatAKilledSaveLeftOnceItsProcessIsGone) {
+// (an hour by default; 35 kills left 290 MB). Once a marker proves its process gone (this
+// host, boot and PID namespace: live_owner_gone), gc removes that save's shard and marker at
+// once; a marker that proves nothing (an older one, another boot) and a shard with no marker
+// wait for the grace, as does a save still running.
+TEST(Checkpointer, GcRemovesTheShardOfASaveProvenGone) {
   auto t = mem_tier("killed");
   auto o = small_options({t});
   o.gc_after_save = false;
   auto cp = Checkpointer::open(o).value();
   State s(90, {70000});
   ASSERT_TRUE(cp->save(1, s.views).value()->wait());
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  // A process of this host that is not running: a pid above any pid_max.
+  // This process's marker, with its pid replaced by one above any pid_max (never running).
+  std::string alive = live_text();
+  ASSERT_TRUE(alive.starts_with("sluice-live 2 "));
+  std::istringstream in(alive);
+  std::string magic, version, host, pid, ticks, boot, ns;
+  ASSERT_TRUE(in >> magic >> version >> host >> pid >> ticks >> boot >> ns);
+  ASSERT_NE(boot, "-");
   const std::string dead =
-      std::string("sluice-live 1 ") + (host[0] ? host : "localhost") + " 2147483647 12345\n";
+      "sluice-live 2 " + host + " 2147483647 " + ticks + " " + boot + " " + ns + "\n";
+  const std::string old_dead = "sluice-live 1 " + host + " 2147483647 " + ticks + "\n";
+  const std::string other_boot =
+      "sluice-live 2 " + host + " 2147483647 " + ticks + " another-boot " + ns + "\n";
+  EXPECT_TRUE(live_owner_gone(dead));
+  EXPECT_FALSE(live_owner_gone(alive));
+  EXPECT_FALSE(live_owner_gone(old_dead));
+  EXPECT_FALSE(live_owner_gone(other_boot));
   const std::vector<std::byte> shard_bytes(50000, std::byte{7});
   auto put = [&](uint64_t step, const std::string& leaf, std::span<const std::byte> b) {
     ASSERT_TRUE(t.store->put(step_prefix("model", step) + leaf, b));
   };
+  auto text = [](const std::string& x) { return std::as_bytes(std::span(x)); };
   // Step 2: a save killed mid-write. Step 1: a second save of it, killed after its shard.
   put(2, "rank-00000-dead02.shard", shard_bytes);
-  put(2, "rank-00000-dead02.live", std::as_bytes(std::span(dead)));
+  put(2, "rank-00000-dead02.live", text(dead));
   put(1, "rank-00000-dead01.shard", shard_bytes);
-  put(1, "rank-00000-dead01.live", std::as_bytes(std::span(dead)));
-  // Step 3: a shard with no marker (who wrote it is unknown). Step 4: a save still running.
+  put(1, "rank-00000-dead01.live", text(dead));
+  // Step 3: a shard with no marker. Step 4: a save still running. Steps 5 and 6: markers
+  // that do not hold but prove nothing.
   put(3, "rank-00000-nomark.shard", shard_bytes);
-  const std::string alive = live_text();
   put(4, "rank-00000-alive4.shard", shard_bytes);
-  put(4, "rank-00000-alive4.live", std::as_bytes(std::span(alive)));
+  put(4, "rank-00000-alive4.live", text(alive));
+  put(5, "rank-00000-older5.shard", shard_bytes);
+  put(5, "rank-00000-older5.live", text(old_dead));
+  put(6, "rank-00000-boot06.shard", shard_bytes);
+  put(6, "rank-00000-boot06.live", text(other_boot));
   auto g = cp->gc().value();
-  EXPECT_EQ(g.removed_incomplete, (std::vector<uint64_t>{2}));
+  EXPECT_TRUE(g.removed_incomplete.empty());
+  EXPECT_EQ(g.objects_removed, 4u);
   EXPECT_TRUE(t.store->list_all(step_prefix("model", 2)).value().empty());
   const auto step1 = t.store->list_all(step_prefix("model", 1)).value();
   for (const auto& obj : step1) EXPECT_EQ(obj.key.find("dead01"), std::string::npos) << obj.key;
   EXPECT_EQ(t.store->list_all(step_prefix("model", 3)).value().size(), 1u);
-  EXPECT_EQ(t.store->list_all(step_prefix("model", 4)).value().size(), 2u);
+  for (uint64_t step : {4, 5, 6})
+    EXPECT_EQ(t.store->list_all(step_prefix("model", step)).value().size(), 2u) << step;
   s.expect_restored(*cp, 1);
 }
 

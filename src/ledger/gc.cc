@@ -66,6 +66,7 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
     if (r.series.empty()) continue;
     std::map<uint64_t, RetentionUnit> steps;
     std::set<uint64_t> held;  // steps a save under way holds (ckpt/live.h)
+    std::map<uint64_t, std::vector<const store::ObjectInfo*>> markers;
     for (const auto& obj : listing) {
       uint64_t step = 0;
       std::string leaf;
@@ -76,7 +77,10 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
       u.bytes += static_cast<int64_t>(obj.size);
       u.created_ns = std::max(u.created_ns, obj.mtime_ns);
       u.accessed_ns = std::max(u.accessed_ns, accessed_ns(p, obj));
-      if (ckpt::is_live_leaf(leaf) && ckpt::live_marker_holds(*st, obj, now)) held.insert(step);
+      if (ckpt::is_live_leaf(leaf)) {
+        markers[step].push_back(&obj);
+        if (ckpt::live_marker_holds(*st, obj, now)) held.insert(step);
+      }
       if (leaf == "manifest.json")
         u.keys.insert(u.keys.begin(), obj.key);  // manifest first
       else
@@ -84,14 +88,44 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
       in_series.insert(obj.key);
     }
     std::vector<RetentionUnit> units;
+    std::vector<RetentionUnit> gone;  // what saves proven gone left, taken out of their steps
     for (auto& [step, u] : steps) {
       // A step a save is still writing or committing is not retention's to judge yet.
       if (held.contains(step)) continue;
       u.complete = !u.keys.empty() && u.keys.front() == ckpt::manifest_key(r.series, step) &&
                    ckpt::read_whole_step(*st, r.series, step, sizes, p.id).has_value();
-      units.push_back(std::move(u));
+      // In a step with no manifest, the shard and marker of a save whose marker proves its
+      // process gone (ckpt/live.h: live_owner_gone) wait for no grace: as the
+      // Checkpointer's own gc does, retention takes them now (to the trash, as ever).
+      if (!u.complete && !u.keys.empty() && u.keys.front() != ckpt::manifest_key(r.series, step))
+        for (const store::ObjectInfo* mk : markers[step]) {
+          const std::string stem = mk->key.substr(0, mk->key.rfind('.'));
+          if (std::any_of(pins.begin(), pins.end(),
+                          [&](const std::string& pin) { return stem.starts_with(pin); }) ||
+              !ckpt::live_owner_gone(*st, *mk))
+            continue;
+          RetentionUnit g{.name = stem, .step = step, .complete = false};
+          for (const std::string& key : {stem + ".shard", mk->key}) {
+            auto at = std::find(u.keys.begin(), u.keys.end(), key);
+            if (at == u.keys.end()) continue;
+            u.keys.erase(at);
+            g.keys.push_back(key);
+            g.bytes += static_cast<int64_t>(sizes[key]);
+          }
+          u.bytes -= g.bytes;
+          g.created_ns = g.accessed_ns = u.created_ns;
+          gone.push_back(std::move(g));
+        }
+      if (!u.keys.empty()) units.push_back(std::move(u));
     }
     auto decisions = apply_retention(r, units, pins, now, o.grace);
+    for (auto& g : gone) {
+      units.push_back(std::move(g));
+      decisions.push_back({.unit = units.size() - 1,
+                           .remove = true,
+                           .reason = "left by a save whose process is gone (its live marker "
+                                     "proves it): removed without waiting for the grace"});
+    }
     for (auto& d : decisions) out.push_back({p.id, r.series, units[d.unit], d});
   }
   for (const RetentionRule& r : rules) {

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -22,6 +24,7 @@
 
 #include "contract/store_contract.h"
 #include "ledger/uri.h"
+#include "sluice/ckpt/live.h"
 #include "sluice/ledger/cache_charger.h"
 #include "sluice/ledger/charging_store.h"
 #include "sluice/ledger/forecast.h"
@@ -1169,6 +1172,41 @@ TEST_P(LedgerTest, RulesPinsAndTrashRecords) {
   ASSERT_TRUE(ledger_->drop_trash("run1", "keep-p", "a"));
   ASSERT_TRUE(ledger_->remove_project("keep-p"));
   EXPECT_TRUE(ledger_->pins()->empty());
+}
+
+// Issue 47: a save killed with kill -9 left its shard for the whole grace (a day for
+// `sluice gc`). Where its marker proves the process gone (this host, boot and PID namespace:
+// ckpt::live_owner_gone), retention takes the shard and the marker now; a shard with no
+// marker waits for the grace.
+TEST_P(LedgerTest, GcTakesTheShardOfASaveProvenGoneWithoutTheGrace) {
+  const std::string root = dir_.file("killed");
+  team_with_project("kill", "file://" + root);
+  ASSERT_TRUE(ledger_->set_rule(RetentionRule{.project = "kill-p", .series = "m", .keep_last = 1}));
+  std::istringstream in(ckpt::live_text());
+  std::string magic, version, host, pid, ticks, boot, ns;
+  ASSERT_TRUE(in >> magic >> version >> host >> pid >> ticks >> boot >> ns);
+  const std::string dead =
+      "sluice-live 2 " + host + " 2147483647 " + ticks + " " + boot + " " + ns + "\n";
+  auto put = [&](const std::string& key, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(root + "/" + key).parent_path());
+    std::ofstream(root + "/" + key) << text;
+  };
+  put("m/step-000000000002/rank-00000-dead02.shard", std::string(5000, 'x'));
+  put("m/step-000000000002/rank-00000-dead02.live", dead);
+  put("m/step-000000000003/rank-00000-nomark.shard", std::string(5000, 'y'));
+  GcOptions o;
+  auto plan = plan_gc(*ledger_, o);
+  ASSERT_TRUE(plan) << plan.error().to_string();
+  std::set<std::string> going;
+  for (const GcUnit& u : plan->units)
+    if (u.decision.remove) going.insert(u.unit.name);
+  EXPECT_EQ(going, (std::set<std::string>{"m/step-000000000002/rank-00000-dead02"}));
+  auto run = run_gc(*ledger_, o);
+  ASSERT_TRUE(run) << run.error().to_string();
+  EXPECT_EQ(run->trashed_units, 1);
+  EXPECT_FALSE(std::filesystem::exists(root + "/m/step-000000000002/rank-00000-dead02.shard"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/m/step-000000000002/rank-00000-dead02.live"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/m/step-000000000003/rank-00000-nomark.shard"));
 }
 
 // The retention engine from the library: plan, a run into the trash, restore, a purge that

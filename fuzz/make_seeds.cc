@@ -222,11 +222,12 @@ void stream_seeds() {
                         .samples = 50000,
                         .fingerprint = 0x9e3779b97f4a7c15ull,
                         .seed = 7,
-                        .window = 4096};
+                        .window = 4096,
+                        .identity = 0x243f6a8885a308d3ull};
   const std::string token = stream::make_token(p);
   expect(stream::parse_token(token).has_value(), "token");
-  put("resume_token_fuzz", "v2", token);
-  put("resume_token_fuzz", "v2-body", token.substr(0, token.rfind('.')));
+  put("resume_token_fuzz", "v3", token);
+  put("resume_token_fuzz", "v3-body", token.substr(0, token.rfind('.')));
   put("resume_token_fuzz", "v1", "v1.3.1200.50000.9e3779b97f4a7c15.7.0");
 }
 

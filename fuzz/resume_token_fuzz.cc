@@ -1,5 +1,5 @@
 // Resume tokens (`sluice dataset read --resume`, Loader options): sluice::stream::parse_token
-// on the text, and on it with its check digits made right ("v2.…" + "." + XXH3 of the body),
+// on the text, and on it with its check digits made right ("v3.…" + "." + XXH3 of the body),
 // so the fuzzer reaches the fields. A token that parses must print as one that parses the same.
 #include <cinttypes>
 #include <cstddef>
@@ -21,7 +21,8 @@ void parse(std::string_view token) {
   SLUICE_FUZZ_CHECK(again.has_value(), "make_token(parse_token(x)) parses");
   SLUICE_FUZZ_CHECK(again->epoch == p->epoch && again->position == p->position &&
                         again->samples == p->samples && again->fingerprint == p->fingerprint &&
-                        again->seed == p->seed && again->window == p->window,
+                        again->seed == p->seed && again->window == p->window &&
+                        again->identity == p->identity,
                     "a token round-trips");
 }
 

@@ -23,6 +23,17 @@ def is_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def plain_tensor(t: Any) -> Any:
+    """``t`` as a plain torch.Tensor sharing its memory. A subclass may override data_ptr,
+    numel, element_size or is_contiguous (and intercept them through __torch_function__), so
+    their answers name memory it does not own: only a plain tensor's are asked."""
+    torch = sys.modules["torch"]
+    if type(t) is torch.Tensor:
+        return t
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.as_subclass(t, torch.Tensor)
+
+
 def host_memory(obj: Any, what: str) -> Any:
     """``obj`` as the core takes it: itself, or a ``_RawSpan`` of a CPU tensor's bytes. A
     ``_RawSpan`` the caller built is refused: only this package names memory by address."""
@@ -30,6 +41,7 @@ def host_memory(obj: Any, what: str) -> Any:
         raise InvalidArgument(f"{what}: a raw span is not a buffer (give a bytearray, "
                               "memoryview, numpy array or torch tensor)")
     if is_tensor(obj):
+        obj = plain_tensor(obj)
         if obj.device.type != "cpu":
             raise Unsupported(f"{what}: a tensor on {obj.device} is not host memory")
         if not obj.is_contiguous():

@@ -340,7 +340,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         """
         where = self.uri
         version = state.get("version") if isinstance(state, dict) else None
-        if version not in (1, _STATE_VERSION):
+        if type(version) is not int or version not in (1, _STATE_VERSION):  # True, 1.0: no
             raise InvalidArgument(f"{where}: not a sluice StreamingDataset state: {state!r}")
         if state.get("seed") != self.seed:
             raise InvalidArgument(f"{where}: the state was saved with seed {state.get('seed')!r}, "

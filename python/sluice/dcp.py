@@ -26,6 +26,7 @@ a target of another dtype is InvalidArgument, never a silent cast.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import threading
@@ -65,10 +66,15 @@ def _layout(name: str) -> torch.layout:
     raise pickle.UnpicklingError(f"{name!r} is not a layout of torch")
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle._Unpickler):  # the Python one: its BUILD can be checked
     """Unpickles DCP's Metadata and nothing else: no global outside DCP's metadata classes
     and torch's plain values is ever looked up, so a crafted pickle calls nothing but
-    those classes' constructors, torch.Size and a lookup of a layout by name."""
+    those classes' constructors, torch.Size and a lookup of a layout by name. BUILD (setting
+    an object's state) is admitted only on an instance of one of DCP's metadata dataclasses,
+    each made by this load: never on a class, an enum member, torch.Size or a dtype, which
+    are shared by the whole process."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
         if module == dcp_metadata.__name__ and name in _METADATA_CLASSES:
@@ -85,28 +91,29 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}, which is not part of DCP's "
                                      "metadata")
 
+    def load_build(self) -> None:
+        target = self.stack[-2] if len(self.stack) >= 2 else None  # [-1]: the state
+        if (target is None or isinstance(target, type) or not dataclasses.is_dataclass(target)
+                or type(target).__module__ != dcp_metadata.__name__):
+            raise pickle.UnpicklingError(
+                f"it sets the state of a {type(target).__name__}, which only DCP's metadata "
+                "dataclasses may have set")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
+
 
 def _decode_metadata(doc: bytes) -> Metadata:
-    """DCP's Metadata from the bytes a Writer saved, with no code run; ValueError (or what
-    the unpickler raises) for anything else. A pickle may also set attributes on the classes
-    it names (BUILD): that is undone, and refused."""
-    classes = [c for c in vars(dcp_metadata).values()
-               if isinstance(c, type) and c.__name__ in _METADATA_CLASSES]
-    before = {c: dict(vars(c)) for c in classes}
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(doc)).load()
-    finally:
-        changed = [c for c in classes if dict(vars(c)) != before[c]]
-        for c in changed:
-            for attr in set(vars(c)) - set(before[c]):
-                delattr(c, attr)
-            for attr, value in before[c].items():
-                if vars(c).get(attr) is not value:
-                    setattr(c, attr, value)
-    if changed:
-        raise ValueError("it changes the classes of DCP's metadata")
+    """DCP's Metadata from the bytes a Writer saved, with no code run and no state of the
+    process changed; ValueError (or what the unpickler raises) for anything else."""
+    metadata = _MetadataUnpickler(io.BytesIO(doc)).load()
     if not isinstance(metadata, Metadata):
         raise ValueError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    kinds = (dcp_metadata.TensorStorageMetadata, dcp_metadata.BytesStorageMetadata)
+    if not isinstance(metadata.state_dict_metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, kinds)
+            for k, v in metadata.state_dict_metadata.items()):
+        raise ValueError("its state_dict_metadata is not a dict of DCP's storage metadata")
     storage = metadata.storage_data
     if not isinstance(storage, dict) or not all(
             isinstance(k, MetadataIndex) and isinstance(v, dict)
@@ -143,7 +150,11 @@ def _safe_bytes(raw: bytes, where: str) -> io.BytesIO:
                          "True) does not admit (a class of yours may be admitted with "
                          f"torch.serialization.add_safe_globals): {_load_cause(e)}") from None
     out = io.BytesIO()
-    torch.save(value, out)
+    try:
+        torch.save(value, out)
+    except Exception as e:  # a value torch.load admits but cannot be saved again (too deep)
+        raise Corruption(f"{where}: refused the saved value, which cannot be saved again "
+                         f"({type(e).__name__})") from None
     out.seek(0)
     return out
 

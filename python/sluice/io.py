@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _core
 from ._args import check_int, check_optional_int
-from ._buffers import host_memory, is_tensor
+from ._buffers import host_memory, is_tensor, plain_tensor
 from .errors import InvalidArgument
 
 __all__ = ["File", "IOFuture", "path_report"]
@@ -26,6 +26,8 @@ __all__ = ["File", "IOFuture", "path_report"]
 
 def _memory(buf: Any, what: str, fills: bool) -> Any:
     """``buf`` as the core takes it (``fills``: the I/O writes into it)."""
+    if is_tensor(buf):
+        buf = plain_tensor(buf)
     if is_tensor(buf) and buf.device.type == "cuda":
         if not buf.is_contiguous():
             raise InvalidArgument(f"{what}: the tensor is not contiguous (its bytes are not one range)")

@@ -332,7 +332,14 @@ class PosixStore : public Store {
       }
       auto info = stat(*it);
       if (!info) {
-        if (info.error().code() == Code::kNotFound) continue;  // removed while listing
+        if (info.error().code() == Code::kNotFound) {
+          // Removed while listing: nothing to say. Still there (a dangling symlink, a FIFO,
+          // a device: no regular file): left out and named.
+          struct stat st;
+          if (::fstatat(root_fd_.get(), it->c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0)
+            page.skipped.push_back({*it, info.error().message()});
+          continue;
+        }
         // A symlink out of the root (EXDEV from RESOLVE_BENEATH) or a loop (ELOOP; any
         // symlink without openat2) is no object here: left out and named (store.h).
         const int err = info.error().sys_errno();

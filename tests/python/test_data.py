@@ -488,6 +488,12 @@ def test_an_edited_state_is_refused(shards):
     with pytest.raises(sluice.InvalidArgument, match="digest"):
         sluice.data.StreamingDataset(root, seed=1).load_state_dict(
             {k: v for k, v in state.items() if k != "digest"})
+    # A version that only compares equal to 1 (True, 1.0) is no version 1 state (the hostile
+    # test's relabelling, which skipped every content check).
+    for version in (True, 1.0, 2.0):
+        with pytest.raises(sluice.InvalidArgument, match="not a sluice StreamingDataset state"):
+            sluice.data.StreamingDataset(root, seed=1).load_state_dict(
+                dict(state, version=version, position=150))
     # A worker's state (StatefulDataLoader) is sealed the same way.
     worker_state = sluice.data.StreamingDataset(root, seed=1).state_dict()
     with pytest.raises(sluice.InvalidArgument, match="digest"):

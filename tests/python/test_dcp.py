@@ -107,7 +107,15 @@ def test_crafted_metadata_runs_no_code_and_is_corruption(tmp_path):
             b"N}(V__eq__\nI1\nVplanted\nI1\nu\x86b."),
         5: b"ctorch\nload\n.",
         6: pickle.dumps({"not": "metadata"}),
+        # BUILD on an enum member every process shares (the hostile test's): it would have
+        # made this process's later saves unloadable.
+        7: (b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n(I0\ntR}"
+            b"(V_value_\nI7\nub."),
+        # A Metadata whose fields are not what DCP reads.
+        8: b"ctorch.distributed.checkpoint.metadata\nMetadata\n(I5\nN}tR.",
     }
+    enc = torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING
+    values = {m: m.value for m in enc}
     eq = Metadata.__eq__
     with sluice.checkpoint.Checkpointer("shared", tiers=[tier]) as ck:
         for step, doc in crafted.items():
@@ -117,10 +125,11 @@ def test_crafted_metadata_runs_no_code_and_is_corruption(tmp_path):
             Reader("shared", step=step, tiers=[tier]).read_metadata()
     assert not marker.exists()
     assert Metadata.__eq__ is eq and not hasattr(Metadata, "planted")
+    assert {m: m.value for m in enc} == values
     # dcp.load of the newest step (the crafted one) fails with the reason, and runs nothing.
     with pytest.raises(BaseException) as e:
         dcp.load(zeroed(s), storage_reader=Reader("shared", tiers=[tier]))
-    assert "step 6 of series shared" in failure_text(e)
+    assert "step 8 of series shared" in failure_text(e)
     assert "refused its DCP metadata" in failure_text(e)
     assert not marker.exists()
     # The genuine step still loads.

@@ -260,6 +260,17 @@ def test_a_raw_address_is_not_a_buffer(session):
     with pytest.raises(sluice.InvalidArgument, match="tuple is not a buffer"):
         with session.open("mem://raw/c", "wb") as w:
             w.write((ctypes.addressof(secret), 24))
+    # A tensor subclass that lies about its address and size lends its own bytes only.
+    class Liar(torch.Tensor):
+        def data_ptr(self):
+            return ctypes.addressof(secret)
+
+        def numel(self):
+            return 1 << 20
+
+    liar = torch.Tensor._make_subclass(Liar, torch.full((4,), 7, dtype=torch.uint8))
+    session.write("mem://liar/f", liar)
+    assert session.read("mem://liar/f") == bytes([7, 7, 7, 7])
     # Nor is a span of the package's own, built by the caller.
     with pytest.raises(sluice.InvalidArgument, match="raw span is not a buffer"):
         session.write("mem://raw/e", sluice._core._RawSpan(ctypes.addressof(secret), 24))

@@ -76,9 +76,10 @@ struct ListPage {
   std::vector<ObjectInfo> objects;
   std::string next_token;  // empty when there is nothing more
   // Names left out of `objects`, for the caller to report. file:// always leaves out a
-  // symlink that leads out of its root (or loops): it is no object of the store (a read of
-  // it is refused), and anyone who can write in a shared folder could otherwise fail every
-  // listing of it. With ListOptions::skip_unreadable, any other key that cannot be described.
+  // symlink that leads out of its root (or loops), a dangling one, and what is no regular
+  // file (a FIFO, a device): none is an object of the store (a read of it is refused), and
+  // anyone who can write in a shared folder could otherwise fail every listing of it. With
+  // ListOptions::skip_unreadable, any other key that cannot be described.
   std::vector<SkippedKey> skipped;
 };
 

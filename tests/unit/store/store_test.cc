@@ -84,6 +84,8 @@ TEST(PosixStore, ALinkOutOfTheRootIsLeftOutOfListingsAndNamed) {
   std::ofstream(dir.file("root/sub/b")) << "b";
   ::symlink(dir.file("secret").c_str(), dir.file("root/sub/link").c_str());
   ::symlink("loop", dir.file("root/loop").c_str());
+  ::symlink("nothing-here", dir.file("root/sub/dangling").c_str());
+  ASSERT_EQ(::mkfifo(dir.file("root/sub/fifo").c_str(), 0600), 0);
   auto store = open_store(dir.file("root")).value();
   std::vector<SkippedKey> skipped;
   auto all = store->list_all("", &skipped);
@@ -91,10 +93,13 @@ TEST(PosixStore, ALinkOutOfTheRootIsLeftOutOfListingsAndNamed) {
   std::vector<std::string> keys;
   for (const auto& o : *all) keys.push_back(o.key);
   EXPECT_EQ(keys, (std::vector<std::string>{"a", "sub/b"}));
-  ASSERT_EQ(skipped.size(), 2u);
+  ASSERT_EQ(skipped.size(), 4u);
   EXPECT_EQ(skipped[0].key, "loop");
-  EXPECT_EQ(skipped[1].key, "sub/link");
-  EXPECT_NE(skipped[1].reason.find("outside the store"), std::string::npos) << skipped[1].reason;
+  EXPECT_EQ(skipped[1].key, "sub/dangling");
+  EXPECT_EQ(skipped[2].key, "sub/fifo");
+  EXPECT_NE(skipped[2].reason.find("not a regular file"), std::string::npos) << skipped[2].reason;
+  EXPECT_EQ(skipped[3].key, "sub/link");
+  EXPECT_NE(skipped[3].reason.find("outside the store"), std::string::npos) << skipped[3].reason;
   EXPECT_TRUE(store->list_all(""));  // without a place for them, they are dropped
   // Left out names count towards a page: one page of one name at a time still ends.
   ListOptions lo;
@@ -106,7 +111,7 @@ TEST(PosixStore, ALinkOutOfTheRootIsLeftOutOfListingsAndNamed) {
     EXPECT_LE(page.objects.size() + page.skipped.size(), 1u);
     lo.continuation = page.next_token;
   } while (!lo.continuation.empty());
-  EXPECT_EQ(named, 4u);
+  EXPECT_EQ(named, 6u);
 }
 
 // no_symlinked_root: a root whose path holds a symlink anywhere is refused (sluiced checks

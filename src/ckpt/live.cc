@@ -120,18 +120,16 @@ bool live_owner_gone(std::string_view text) {
   return start_ticks(m->pid) != m->ticks;
 }
 
-bool live_owner_gone(store::Store& tier, const store::ObjectInfo& marker) {
-  if (marker.size > 512) return false;
-  auto text = tier.get(marker.key);
-  return text && live_owner_gone(
-                     std::string_view(reinterpret_cast<const char*>(text->data()), text->size()));
-}
-
-bool live_marker_holds(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns) {
+LiveMarker judge_live_marker(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns) {
   auto text = marker.size <= 512 ? tier.get(marker.key) : Result<std::vector<std::byte>>{};
   std::string_view view;
   if (text) view = {reinterpret_cast<const char*>(text->data()), text->size()};
-  return live_marker_holds(view, marker.mtime_ns, now_ns);
+  return {.holds = live_marker_holds(view, marker.mtime_ns, now_ns),
+          .owner_gone = live_owner_gone(view)};
+}
+
+std::string_view save_stem(std::string_view key) {
+  return key.substr(0, key.rfind('.'));
 }
 
 }  // namespace sluice::ckpt

@@ -12,12 +12,6 @@ namespace sluice::ckpt {
 
 namespace {
 
-// A save's shard or marker key without its extension: "<step>/rank-<R>-<save id>", the
-// same for both.
-std::string_view save_stem(std::string_view key) {
-  return key.substr(0, key.rfind('.'));
-}
-
 // Step directories left empty on a local tier (a save killed between creating the
 // directory and publishing into it, or a step gc emptied), once older than the grace.
 // Best effort: what cannot be removed is only an empty directory.
@@ -54,6 +48,8 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     std::vector<store::ObjectInfo> shards;
     std::vector<store::ObjectInfo> markers;  // of saves under way, or stale ones
     bool live = false;                       // a marker holds the step
+    // Saves (save_stem) whose marker proves them gone (live.h: live_owner_gone).
+    std::set<std::string, std::less<>> gone;
     size_t records = 0;
   };
   std::map<uint64_t, StepObjects> steps;
@@ -75,16 +71,17 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
   // alone whatever the grace: its marker holds it (live.h).
   const int64_t now = now_ns();
   for (auto& [step, s] : steps)
-    for (const auto& mk : s.markers)
-      if (live_marker_holds(*tier.store, mk, now)) s.live = true;
+    for (const auto& mk : s.markers) {
+      const LiveMarker v = judge_live_marker(*tier.store, mk, now);
+      if (v.holds) s.live = true;
+      if (v.owner_gone) s.gone.emplace(save_stem(mk.key));
+    }
   // A save proven gone (live.h: live_owner_gone) will never commit: its shard, as large as
   // the model, waits for no grace (35 kills had left 290 MB for an hour), unless the step's
   // manifest names it; its marker goes with it. Its record, a key its rank's next save
   // writes again, and anything else wait for the grace. Called for a step no marker holds.
   auto remove_gone_saves = [&](uint64_t step, StepObjects& s) -> Status {
-    std::set<std::string_view> gone;
-    for (const auto& mk : s.markers)
-      if (live_owner_gone(*tier.store, mk)) gone.insert(save_stem(mk.key));
+    const auto& gone = s.gone;
     if (gone.empty()) return ok();
     std::set<std::string> named;
     if (s.has_manifest) {

@@ -66,7 +66,8 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
     if (r.series.empty()) continue;
     std::map<uint64_t, RetentionUnit> steps;
     std::set<uint64_t> held;  // steps a save under way holds (ckpt/live.h)
-    std::map<uint64_t, std::vector<const store::ObjectInfo*>> markers;
+    // Markers that prove their save gone (ckpt/live.h: live_owner_gone), by step.
+    std::map<uint64_t, std::vector<const store::ObjectInfo*>> gone;
     for (const auto& obj : listing) {
       uint64_t step = 0;
       std::string leaf;
@@ -78,8 +79,9 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
       u.created_ns = std::max(u.created_ns, obj.mtime_ns);
       u.accessed_ns = std::max(u.accessed_ns, accessed_ns(p, obj));
       if (ckpt::is_live_leaf(leaf)) {
-        markers[step].push_back(&obj);
-        if (ckpt::live_marker_holds(*st, obj, now)) held.insert(step);
+        const ckpt::LiveMarker v = ckpt::judge_live_marker(*st, obj, now);
+        if (v.holds) held.insert(step);
+        if (v.owner_gone) gone[step].push_back(&obj);
       }
       if (leaf == "manifest.json")
         u.keys.insert(u.keys.begin(), obj.key);  // manifest first
@@ -88,7 +90,7 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
       in_series.insert(obj.key);
     }
     std::vector<RetentionUnit> units;
-    std::vector<RetentionUnit> gone;  // what saves proven gone left, taken out of their steps
+    std::vector<RetentionUnit> left;  // what saves proven gone left, taken out of their steps
     for (auto& [step, u] : steps) {
       // A step a save is still writing or committing is not retention's to judge yet.
       if (held.contains(step)) continue;
@@ -97,12 +99,11 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
       // In a step with no manifest, the shard and marker of a save whose marker proves its
       // process gone (ckpt/live.h: live_owner_gone) wait for no grace: as the
       // Checkpointer's own gc does, retention takes them now (to the trash, as ever).
-      if (!u.complete && !u.keys.empty() && u.keys.front() != ckpt::manifest_key(r.series, step))
-        for (const store::ObjectInfo* mk : markers[step]) {
-          const std::string stem = mk->key.substr(0, mk->key.rfind('.'));
+      if (!u.keys.empty() && u.keys.front() != ckpt::manifest_key(r.series, step))
+        for (const store::ObjectInfo* mk : gone[step]) {
+          const std::string stem(ckpt::save_stem(mk->key));
           if (std::any_of(pins.begin(), pins.end(),
-                          [&](const std::string& pin) { return stem.starts_with(pin); }) ||
-              !ckpt::live_owner_gone(*st, *mk))
+                          [&](const std::string& pin) { return stem.starts_with(pin); }))
             continue;
           RetentionUnit g{.name = stem, .step = step, .complete = false};
           for (const std::string& key : {stem + ".shard", mk->key}) {
@@ -114,12 +115,12 @@ Result<std::vector<GcUnit>> plan_project(const Project& p, const std::vector<Ret
           }
           u.bytes -= g.bytes;
           g.created_ns = g.accessed_ns = u.created_ns;
-          gone.push_back(std::move(g));
+          left.push_back(std::move(g));
         }
       if (!u.keys.empty()) units.push_back(std::move(u));
     }
     auto decisions = apply_retention(r, units, pins, now, o.grace);
-    for (auto& g : gone) {
+    for (auto& g : left) {
       units.push_back(std::move(g));
       decisions.push_back({.unit = units.size() - 1,
                            .remove = true,

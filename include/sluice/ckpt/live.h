@@ -35,13 +35,20 @@ std::string live_text();
 // Whether a marker with this text, last written at `mtime_ns`, still holds its step at
 // `now_ns`. Text that does not parse holds only by its age.
 bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns);
-// The same for a marker object of a listing of `tier`: reads its text (a marker over 512
-// bytes, or one that cannot be read, holds by its age alone).
-bool live_marker_holds(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns);
 // Whether the marker's text proves its save gone: version 2, written on this host, boot and
 // PID namespace by a process that no longer runs. Anything else (another node, an older
 // marker, text that does not parse) is no proof.
 bool live_owner_gone(std::string_view text);
-bool live_owner_gone(store::Store& tier, const store::ObjectInfo& marker);
+// Both answers for a marker object of a listing of `tier`, from one read of its text (a
+// marker over 512 bytes, or one that cannot be read, holds by its age alone and proves
+// nothing).
+struct LiveMarker {
+  bool holds = true;
+  bool owner_gone = false;
+};
+LiveMarker judge_live_marker(store::Store& tier, const store::ObjectInfo& marker, int64_t now_ns);
+// A save's shard or marker key without its extension, "<series>/step-<N>/rank-<R>-<save
+// id>": the same for both, so a marker names its save's shard.
+std::string_view save_stem(std::string_view key);
 
 }  // namespace sluice::ckpt

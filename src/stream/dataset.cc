@@ -249,6 +249,29 @@ Result<Catalog> node_catalog(store::Store& store, const std::string& prefix,
 
 }  // namespace
 
+uint64_t Dataset::identity() const {
+  // The layout's walk with each shard's etag and sample table, folded a shard at a time
+  // (each shard's hash seeded with the one before) rather than built as one string of every
+  // sample. Keys count from the prefix: the location is not content.
+  std::call_once(identity_once_, [this] {
+    const bool local = store_->uri().find("file://") != std::string::npos;
+    uint64_t identity = 0;
+    std::string part;
+    for (const auto& s : shards_) {
+      part.assign(std::string_view(s.key).substr(prefix_.size()));
+      part += '\0' + std::to_string(s.size) + '\0' + std::string(content_etag(s.etag, local)) +
+              '\0' + std::to_string(s.samples) + '\n';
+      for (uint64_t n = s.first; n < s.first + s.samples; ++n) {
+        const SampleRef& r = samples_[n];
+        part += keys_[n] + '\0' + std::to_string(r.offset) + ':' + std::to_string(r.length) + '\n';
+      }
+      identity = XXH3_64bits_withSeed(part.data(), part.size(), identity);
+    }
+    identity_ = identity;
+  });
+  return identity_;
+}
+
 Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> store,
                                                std::string prefix, DatasetOptions options) {
   if (!store) return fail(Code::kInvalidArgument, "dataset: no store");
@@ -316,24 +339,6 @@ Result<std::shared_ptr<Dataset>> Dataset::open(std::shared_ptr<store::Store> sto
   for (const auto& s : ds->shards_)
     layout += s.key + '\0' + std::to_string(s.size) + ':' + std::to_string(s.samples) + '\n';
   ds->fingerprint_ = XXH3_64bits(layout.data(), layout.size());
-  // The content identity: the same walk with each shard's etag and sample table, folded a
-  // shard at a time (each shard's hash seeded with the one before) rather than built as one
-  // string of every sample. Keys count from the prefix: the location is not content.
-  const bool local = ds->store_->uri().find("file://") != std::string::npos;
-  uint64_t identity = 0;
-  std::string part;
-  for (const auto& s : ds->shards_) {
-    part.assign(std::string_view(s.key).substr(prefix.size()));
-    part += '\0' + std::to_string(s.size) + '\0' + std::string(content_etag(s.etag, local)) + '\0' +
-            std::to_string(s.samples) + '\n';
-    for (uint64_t n = s.first; n < s.first + s.samples; ++n) {
-      const SampleRef& r = ds->samples_[n];
-      part +=
-          ds->keys_[n] + '\0' + std::to_string(r.offset) + ':' + std::to_string(r.length) + '\n';
-    }
-    identity = XXH3_64bits_withSeed(part.data(), part.size(), identity);
-  }
-  ds->identity_ = identity;
   for (size_t n = 1; n < ds->samples_.size() && ds->numbered_in_place_; ++n) {
     const SampleRef &x = ds->samples_[n - 1], &y = ds->samples_[n];
     ds->numbered_in_place_ = std::tie(x.shard, x.offset) < std::tie(y.shard, y.offset);

@@ -61,6 +61,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -136,8 +137,9 @@ class Dataset {
   // every route) and the prefix (shard keys count from it); sluice.data's state
   // names the location beside it. Etags are the store's own, except that of a local file's
   // only its size and mtime count: its device, inode and ctime differ on another node of a
-  // shared file system, on a copy staged to a node's disk, after a chmod.
-  uint64_t identity() const { return identity_; }
+  // shared file system, on a copy staged to a node's disk, after a chmod. Computed on the
+  // first call (it walks every sample: no cost to an open that makes or checks no token).
+  uint64_t identity() const;
   // Whether sample numbers go by (shard, offset), as pack and shard scans number them (an
   // index written by another tool may not): reads of a set of samples then sort by number.
   bool numbered_in_place() const { return numbered_in_place_; }
@@ -162,7 +164,9 @@ class Dataset {
   std::vector<ShardInfo> shards_;  // tar shards, or objects (one per field object)
   std::vector<SampleRef> samples_;
   std::vector<std::string> keys_;
-  uint64_t bytes_ = 0, skipped_shards_ = 0, fingerprint_ = 0, identity_ = 0;
+  uint64_t bytes_ = 0, skipped_shards_ = 0, fingerprint_ = 0;
+  mutable std::once_flag identity_once_;
+  mutable uint64_t identity_ = 0;
   bool from_catalog_ = false, numbered_in_place_ = true;
   std::vector<store::SkippedKey> left_out_;
 };

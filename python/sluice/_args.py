@@ -15,6 +15,7 @@ from .errors import InvalidArgument
 
 U64_MAX = (1 << 64) - 1
 I64_MAX = (1 << 63) - 1
+U32_MAX = (1 << 32) - 1  # ranks, world sizes and keep_last are `unsigned` in the core
 
 
 def check_int(value: Any, name: str, *, lo: int = 0, hi: int = I64_MAX) -> int:

@@ -30,7 +30,7 @@ import warnings
 from typing import Any
 
 from . import _core
-from ._args import check_int
+from ._args import U32_MAX, check_int
 from ._buffers import host_memory, is_tensor
 from ._session import Session, connect
 from .errors import Corruption, InvalidArgument, NotFound
@@ -43,7 +43,6 @@ _FORMAT = 1
 # levels deep; the limit keeps a runaway (or self-containing) state an InvalidArgument rather
 # than a RecursionError, here and in the JSON coder (about 3 of its levels per state level).
 MAX_DEPTH = 100
-_U32_MAX = (1 << 32) - 1  # rank, world size and keep_last are `unsigned` in the core
 
 
 def _is_numpy(x: Any) -> bool:
@@ -347,7 +346,7 @@ def _check_numbers(rank: Any, world_size: Any, staging: Any,
     the checkpointer opens), the staging bytes (0: the core's default, 1 GiB), keep_last."""
     if rank is not None or world_size is not None:
         world_size = check_int(1 if world_size is None else world_size, "world_size", lo=1,
-                               hi=_U32_MAX)
+                               hi=U32_MAX)
         rank = check_int(0 if rank is None else rank, "rank", hi=world_size - 1)
     if staging is None:
         staging_bytes = 0
@@ -360,7 +359,7 @@ def _check_numbers(rank: Any, world_size: Any, staging: Any,
         if staging_bytes == 0:  # the core would take 0 for its default: refused instead
             raise InvalidArgument("staging: 0 bytes cannot hold a save (None: the default, "
                                   "1 GiB)")
-    return rank, world_size, staging_bytes, check_int(keep_last, "keep_last", hi=_U32_MAX)
+    return rank, world_size, staging_bytes, check_int(keep_last, "keep_last", hi=U32_MAX)
 
 
 def _shared_run_id() -> str:

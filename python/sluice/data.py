@@ -37,7 +37,7 @@ import torch
 import torch.utils.data
 
 from . import _core
-from ._args import U64_MAX, check_int, check_optional_int
+from ._args import U32_MAX, U64_MAX, check_int, check_optional_int
 from ._session import Session, connect
 from .errors import InvalidArgument, Unavailable
 
@@ -46,7 +46,6 @@ __all__ = ["StreamingDataset", "DataLoader", "rank_and_world"]
 # 2: a state names the dataset's location and content identity and carries a digest of its
 # fields. Version 1 states (layout only, no digest) are still read; see load_state_dict.
 _STATE_VERSION = 2
-_U32_MAX = (1 << 32) - 1  # ranks and world sizes are 32-bit in the core
 # Samples at least this large on average (the dataset's bytes over its samples) reach the
 # main process packed in shared memory; smaller ones pickled. Between 1 KiB (pickling
 # faster) and 100 KiB (packing faster); the crossover itself is not measured.
@@ -123,8 +122,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.memory_bytes = check_int(_size(memory, f"{self.uri}: memory"), f"{self.uri}: memory",
                                       hi=U64_MAX)
         epoch = check_int(epoch, f"{self.uri}: epoch")
-        rank = check_optional_int(rank, f"{self.uri}: rank", hi=_U32_MAX - 1)
-        world_size = check_optional_int(world_size, f"{self.uri}: world_size", lo=1, hi=_U32_MAX)
+        rank = check_optional_int(rank, f"{self.uri}: rank", hi=U32_MAX - 1)
+        world_size = check_optional_int(world_size, f"{self.uri}: world_size", lo=1, hi=U32_MAX)
         self.cache = cache
         self.catalog = catalog
         self.format = format

@@ -3,6 +3,7 @@
 //   build-fuzz/fuzz/sluice_fuzz_seeds fuzz/corpus
 // Existing files of the same name are replaced; nothing else is removed.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -12,9 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache/disk_tier.h"
 #include "node/frame.h"
+#include "sluice/cache/json.h"
 #include "sluice/ckpt/manifest.h"
 #include "sluice/core/hash.h"
+#include "sluice/io/file_handle.h"
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/tar.h"
 #include "stream/catalog.h"
@@ -417,6 +421,151 @@ void text_seeds() {
       "--\nGET\nop=list\nkey=ckpt/\nX-Sluice-Time=1700000001\n");
 }
 
+// ---- the NVMe tier's index log ----------------------------------------------------------------
+
+// disk_log_fuzz: an index.log that DiskTier itself wrote (chunks of a large object sharing a
+// segment, a small object, one removed), behind the harness's flags byte.
+void disk_seeds() {
+  const fs::path dir =
+      fs::temp_directory_path() / ("sluice-seeds-disk-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto ctx = io::Context::open({});
+  expect(ctx.has_value(), "an I/O context for the disk tier");
+  if (!ctx) return;
+  cache::DiskTier::Options o;
+  o.directory = dir.string();
+  o.capacity = 64 << 20;
+  o.chunk_size = 64 << 10;
+  o.io = *ctx;
+  std::string log;
+  {
+    auto t = cache::DiskTier::open(o);
+    expect(t.has_value(), "a fresh disk tier");
+    if (!t) return;
+    alignas(4096) static std::byte chunk[64 << 10];  // chunks are written 4 KiB-aligned
+    std::memset(chunk, 0x5a, sizeof chunk);
+    std::span<const std::byte> bytes(chunk, sizeof chunk);
+    for (uint64_t i = 0; i < 3; ++i) {  // a 192 KiB object: one segment, appended
+      cache::ChunkKey k{"s3://bucket", "train/shard-0001.tar", "\"e1\"", i};
+      cache::ChunkView v{k, bytes, cache::checksum(bytes), 3 * bytes.size(), 1'700'000'000};
+      expect((*t)->write(v, false).value_or(false), "a chunk written");
+    }
+    std::span<const std::byte> small(chunk, 100);
+    cache::ChunkKey k{"file:///data", "a/b.json", "\"17-64\"", 0};
+    cache::ChunkView v{k, small, cache::checksum(small), small.size(), 0};
+    expect((*t)->write(v, true).value_or(false), "a small chunk written");
+    (*t)->drop_if([](const cache::ChunkKey& c) { return c.index == 1; });  // a remove record
+  }
+  FILE* f = std::fopen((dir / "index.log").c_str(), "rb");
+  for (int c; f && (c = std::fgetc(f)) != EOF;) log.push_back(static_cast<char>(c));
+  if (f) std::fclose(f);
+  fs::remove_all(dir);
+  expect(log.size() > 24, "the tier wrote an index");
+  auto seed = [&](const char* name, char flags, std::string_view body) {
+    put("disk_log_fuzz", name, std::string(1, flags) + std::string(body));
+  };
+  seed("valid", 1 | 2 | 4 | 16, log);          // everything restored and readable
+  seed("as-written", 0, log);                  // no segments: every record dropped
+  seed("short-segments", 1 | 2 | 4 | 8, log);  // segments a page short
+  seed("debris", 1 | 2 | 4 | 32, log);         // orphans beside the segments
+  seed("torn-tail", 1 | 4, std::string_view(log).substr(0, log.size() - 5));
+  seed("header-only", 1, std::string_view(log).substr(0, 24));
+  std::string last = log;  // the first record names segment 2^48 - 1 (docs/testing.md, finding 11)
+  for (int i = 0; i < 8; ++i)
+    last[24 + 8 + i] = static_cast<char>(0xffffffffffff0000ull >> (8 * i));
+  seed("last-segment", 1 | 2, last);
+}
+
+// ---- replies to the library's clients -----------------------------------------------------
+
+// node_reply_fuzz: sections "OP\nREPLY" for the fake daemon (see the harness).
+void node_reply_seeds() {
+  const std::string hello =
+      R"({"team":"fuzz","directory":"/var/cache/sluice","chunk_size":65536,"pid":4242,)"
+      R"("windows":false,"s3_endpoint":"http://127.0.0.1:9000"})";
+  std::string windowed = hello;
+  windowed.replace(windowed.find("false"), 5, "true");
+  const std::string data(256, 'd');
+  const std::string sum = std::to_string(xxh3_64(data.data(), data.size()));
+  put("node_reply_fuzz", "stat-list",
+      "hello\n" + hello + "\n--\nopen\n" + hello +
+          "\n--\nstat\n"
+          R"({"size":300,"etag":"\"e1\"","mtime_ns":1700000000000000000})"
+          "\n--\nlist\n"
+          R"({"objects":[{"key":"a/b","size":300,"etag":"\"e1\"","mtime_ns":1700000000000000000},)"
+          R"({"key":"a/c","size":0,"etag":"\"e2\""}],"next":"a/c",)"
+          R"("skipped":[{"key":"a/d","reason":"permission denied"}]})"
+          "\n--\nstat\n!"
+          R"({"code":1,"code_name":"not_found","message":"no such key 'a/b'"})");
+  put("node_reply_fuzz", "read-inline",
+      "hello\n" + hello + "\n--\nopen\n" + hello +
+          "\n--\nread\n"
+          R"({"etag":"\"e1\"","pieces":[{"offset":100,"length":200,"data_offset":0}]})"
+          "\n@" +
+          data.substr(0, 200) + "\n--\nmore\n" + R"({"etag":"\"e1\"","pieces":[]})");
+  put("node_reply_fuzz", "read-window",
+      "hello\n" + windowed + "\n--\nopen\n" + windowed + "\n--\nread\n+{\"bytes\":8192}\n@" + data +
+          "\n--\nmore\n" +
+          R"({"etag":"\"e1\"","pieces":[{"offset":100,"length":256,"window_offset":4096}],)"
+          R"("window_generation":0})");
+  put("node_reply_fuzz", "read-handoff",
+      "hello\n" + hello + "\n--\nopen\n" + hello + "\n--\nread\n+" +
+          R"({"etag":"\"e1\"","pieces":[{"offset":100,"length":256,"fd":0,"file_offset":4096,"xxh3":)" +
+          sum + "}]}\n@" + data + "\n--\ndeclare\n{}");
+  nlohmann::json stat;
+  cache::CacheStats cs;
+  cs.ram.bytes = 1 << 20;
+  cs.disk.chunks = 3;
+  cs.misses = 7;
+  cs.directory = "/var/cache/sluice";
+  cs.policy = "s3fifo";
+  cache::to_json(stat, cs);
+  put("node_reply_fuzz", "control",
+      "hello\n" + hello +
+          "\n--\nwarm\n"
+          R"({"size":1048576,"etag":"\"e1\"","end":1052672,"fetched":1048576,"not_kept":0})"
+          "\n--\npin\n{\"chunks\":3}\n--\nevict\n{\"chunks\":2}\n--\nchunks\n"
+          R"({"chunks":[{"root":"s3://bucket/data","key":"a/b","etag":"\"e1\"","index":0,)"
+          R"("length":65536,"in_ram":true,"on_disk":true,"pinned":false}],"truncated":false})"
+          "\n--\nstatus\n" +
+          stat.dump());
+}
+
+// peer_object_reply_fuzz: sections "OP [STATUS]\nheaders\n\nbody" for the fake owner.
+void peer_object_reply_seeds() {
+  put("peer_object_reply_fuzz", "stat-list-read",
+      "stat 200\nX-Sluice-Etag: \"e1\"\n\n"
+      R"({"key":"ckpt/x/y","size":512,"etag":"\"e1\"","mtime_ns":1700000000000000000})"
+      "\n--\nlist\n\n"
+      R"({"objects":[{"key":"ckpt/x/y","size":512,"etag":"\"e1\"","mtime_ns":1700000000000000000},)"
+      R"({"key":"ckpt/x/z","size":0,"etag":"\"e2\"","mtime_ns":0}],"next":"ckpt/x/z"})"
+      "\n--\nread\nX-Sluice-Etag: \"e1\"\n\n" +
+          std::string(512, 'r'));
+  put("peer_object_reply_fuzz", "upload",
+      "create\n\n{\"upload\":\"u-0123456789abcdef\"}\n--\nwrite\n\n\n--\nmore\n\n\n--\ncommit\n"
+      "X-Sluice-Etag: \"e3\"\n\n"
+      R"({"key":"ckpt/x/z","size":16,"etag":"\"e3\"","mtime_ns":1700000000000000000})"
+      "\n--\nremove\n\n");
+  put("peer_object_reply_fuzz", "errors",
+      "stat 404\n\nno such object 'ckpt/x/y'\n\n--\nlist 403\n\nbad signature (another node "
+      "secret?)\n--\nread 412\n\netag changed\n--\ncreate 507\n\nno space\n--\nstat\n"
+      "X-Sluice-Reply-Signature: "
+      "00\n\n{\"key\":\"ckpt/x/y\",\"size\":1,\"etag\":\"e\",\"mtime_ns\":0}");
+}
+
+// sluiced_uri_fuzz: a URI, then optionally a peers file.
+void sluiced_uri_seeds() {
+  for (auto [name, text] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"folder", "sluiced://node-7@10.0.0.7:7470/ckpt/"},
+           {"no-folder", "sluiced://node-7@10.0.0.7:7470"},
+           {"deep", "sluiced://n@host.example:1/a/b/c"},
+           {"no-member", "sluiced://10.0.0.7:7470/ckpt/"},
+           {"peer",
+            "peer://ckpt/\nnode01 10.0.0.1:7470\nnode02 10.0.0.2:7470\n"
+            "node03 10.0.0.3:7470 fetch-only\n"},
+           {"peer-default", "peer://llama/run-1/"}})
+    put("sluiced_uri_fuzz", name, text);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -429,5 +578,9 @@ int main(int argc, char** argv) {
   stream_seeds();
   node_seeds();
   text_seeds();
+  disk_seeds();
+  node_reply_seeds();
+  peer_object_reply_seeds();
+  sluiced_uri_seeds();
   return failures == 0 ? 0 : 1;
 }

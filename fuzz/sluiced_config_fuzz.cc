@@ -28,7 +28,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text = fuzz::text_of(data, size);
   sluiced::Args a;
-  a.cache.ram = "1G";
   // The first byte says which flags were given on the command line (they win).
   const uint8_t given_mask = size > 0 ? data[0] : 0;
   auto given = [&](const char* flag) {
@@ -37,7 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto teams = sluiced::apply_config(a, text, "fuzz.json", given);
   if (!teams) return 0;
   if (!teams->is_null()) (void)sluiced::parse_teams(*teams, "fuzz.json", a.aws, s3::S3Options{});
-  (void)cli::cache_options(a.cache, "/nonexistent/sluice-fuzz/home");
+  client::SessionOverrides overrides;
+  (void)cli::apply_cache_flags(a.cache, overrides);
   (void)parse_size(a.window_memory);
   if (a.peers.empty()) {  // a peers file would be read: only the listen address here
     node::PeerConfig peer;

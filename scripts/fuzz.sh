@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Fuzzes every parser (fuzz/, docs/testing.md "Fuzzing"): configures build-fuzz with clang
-# and SLUICE_FUZZ=ON, builds the harnesses, and runs each for SECONDS (default 60) on its
-# working corpus (build-fuzz/corpus/<harness>, seeded from fuzz/corpus/<harness>, which is
-# never written). Prints, per harness, the inputs executed, libFuzzer's coverage (cov:
-# edges, ft: features) and what it found; exits 1 if any harness crashed, hung, ran out of
-# memory or tripped a sanitizer, naming the input it left in build-fuzz/findings/<harness>/.
+# and SLUICE_FUZZ=ON, builds the harnesses and every library layer (which is also the clang
+# thread-safety check: -Werror=thread-safety), and runs each harness for SECONDS (default
+# 60) on its working corpus (build-fuzz/corpus/<harness>, seeded from
+# fuzz/corpus/<harness>, which is never written). Prints, per harness, the inputs executed,
+# libFuzzer's coverage (cov: edges, ft: features) and what it found; exits 1 if any harness
+# crashed, hung, ran out of memory or tripped a sanitizer, naming the input it left in
+# build-fuzz/findings/<harness>/.
 #   scripts/fuzz.sh [SECONDS]
 #   FUZZERS="tar_fuzz uri_fuzz" scripts/fuzz.sh 30     only these
 #   BUILD_FUZZ=dir JOBS=n                              build directory, parallel compiles
@@ -28,7 +30,9 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
   CC=clang-19 CXX=clang++-19 cmake -S . -B "$build" -G "$generator" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF >/dev/null
 fi
-cmake --build "$build" -j "$jobs" --target sluice_fuzzers
+# The harnesses, and every library layer: under clang, with -Werror=thread-safety, that is
+# the check of the lock rules (docs/design.md, "Lock rules").
+cmake --build "$build" -j "$jobs" --target sluice_fuzzers sluice_layers
 
 all=$(cd fuzz && ls ./*_fuzz.cc | sed 's|^\./||; s|\.cc$||')
 fuzzers=${FUZZERS:-$all}

@@ -30,7 +30,7 @@ import warnings
 from typing import Any
 
 from . import _core
-from ._args import U32_MAX, check_int
+from ._args import U32_MAX, check_int, check_optional_int
 from ._buffers import host_memory, is_tensor
 from ._session import Session, connect
 from .errors import Corruption, InvalidArgument, NotFound
@@ -186,12 +186,21 @@ class Checkpointer:
     given), each rank saves its own state and rank 0 commits the step once every rank's is
     there. ``staging`` is the host memory saves are copied into, allocated once here (bytes,
     or a size such as "256M"; None: 1 GiB). Every number is checked here: one out of range
-    raises InvalidArgument naming it."""
+    raises InvalidArgument naming it.
+
+    Retention never removes a step the ledger pins (``sluice gc pin``). A peer daemon's tier
+    (``sluiced://MEMBER@HOST:PORT/FOLDER/``, or ``peer://FOLDER/``: one chosen from the job's
+    members) needs this node's member name (``node_name``; default $SLUICE_NODE_NAME, else
+    the short host name), the job's node secret (``node_secret_file``; default
+    $SLUICE_NODE_SECRET_FILE) and, for ``peer://``, the members (``peers``: a host list file
+    or "slurm", with ``peer_port``; defaults $SLUICE_PEERS and $SLUICE_PEER_PORT)."""
 
     def __init__(self, series: str, tiers: list[Any] | None = None, *, rank: int | None = None,
                  world_size: int | None = None, run_id: str | None = None,
                  staging: int | str | None = None, keep_last: int = 0,
-                 require_all: bool = True, session: Session | None = None) -> None:
+                 require_all: bool = True, session: Session | None = None,
+                 node_name: str | None = None, node_secret_file: Any = None,
+                 peers: Any = None, peer_port: int | None = None) -> None:
         from .data import rank_and_world
 
         given_rank, given_world, staging_bytes, keep_last = _check_numbers(
@@ -208,9 +217,12 @@ class Checkpointer:
         uris = [os.fspath(t) for t in (tiers or [])]
         # The tiers by name, as the core orders them (none given: its default, home/ckpt).
         self.tiers: list[str] = uris or [self._session.home + "/ckpt"]
+        port = check_optional_int(peer_port, "peer_port", lo=1, hi=65535)
         self._cp = _core.open_checkpointer(
             self._session._core, series, uris, rank, world_size, run_id or "", staging_bytes,
-            keep_last, require_all, True)
+            keep_last, require_all, True, node_name or "",
+            os.fspath(node_secret_file) if node_secret_file is not None else "",
+            os.fspath(peers) if peers is not None else "", port or 0)
         self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sluice-save")
         self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sluice-commit")
         self._lock = threading.Lock()

@@ -185,7 +185,8 @@ void bind_ckpt(py::module_& m) {
       "open_checkpointer",
       [](py::handle session, const std::string& series, const std::vector<std::string>& tiers,
          unsigned rank, unsigned world, const std::string& run_id, uint64_t staging_bytes,
-         unsigned keep_last, bool require_all, bool charge) {
+         unsigned keep_last, bool require_all, bool charge, const std::string& node_name,
+         const std::string& node_secret_file, const std::string& peers, uint16_t peer_port) {
         client::Session& s = session_of(session);
         ckpt::CheckpointerOptions o;
         o.series = series;
@@ -199,7 +200,12 @@ void bind_ckpt(py::module_& m) {
         t.retention.keep_last = keep_last;
         t.writes = true;
         t.charge = charge;
-        auto cp = without_gil([&] { return client::open_checkpointer(s, std::move(o), t); });
+        auto cp = without_gil([&]() -> Result<std::unique_ptr<ckpt::Checkpointer>> {
+          SLUICE_ASSIGN_OR_RETURN(
+              t.peers,
+              client::peer_tier_settings({node_name, node_secret_file, peers, peer_port}, tiers));
+          return client::open_checkpointer(s, std::move(o), t);
+        });
         auto out = std::make_unique<PyCheckpointer>();
         out->cp_ = unwrap(std::move(cp));
         out->series = series;
@@ -207,7 +213,9 @@ void bind_ckpt(py::module_& m) {
       },
       py::arg("session"), py::arg("series"), py::arg("tiers"), py::arg("rank") = 0,
       py::arg("world") = 1, py::arg("run_id") = "", py::arg("staging_bytes") = 0,
-      py::arg("keep_last") = 0, py::arg("require_all") = true, py::arg("charge") = true);
+      py::arg("keep_last") = 0, py::arg("require_all") = true, py::arg("charge") = true,
+      py::arg("node_name") = "", py::arg("node_secret_file") = "", py::arg("peers") = "",
+      py::arg("peer_port") = 0);
 }
 
 }  // namespace sluice::python

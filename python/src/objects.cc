@@ -8,6 +8,7 @@
 #include "core.h"
 #include "sluice/client/copy.h"
 #include "sluice/client/environment.h"
+#include "sluice/client/ledger.h"
 #include "sluice/client/object.h"
 #include "sluice/client/session.h"
 #include "sluice/core/sizes.h"
@@ -160,18 +161,19 @@ struct PySession {
 PySession make_session(py::object home, py::object daemon, py::object cache_dir,
                        py::object cache_ram, py::object cache_size, py::object endpoint_url,
                        py::object profile, py::object region, py::object ledger) {
-  client::SessionOptions o;
-  o.home = home.is_none() ? client::home_from_environment() : home.cast<std::string>();
-  o.cache.directory = cache_dir.is_none() ? o.home + "/cache" : cache_dir.cast<std::string>();
-  o.cache.ram_bytes = size_arg(cache_ram, "cache_ram", o.cache.ram_bytes);
-  o.cache.disk_bytes = size_arg(cache_size, "cache_size", o.cache.disk_bytes);
-  o.daemon_socket = daemon.is_none() ? "" : daemon.cast<std::string>();
-  client::AwsSettings aws;
-  if (!endpoint_url.is_none()) aws.endpoint_url = endpoint_url.cast<std::string>();
-  if (!profile.is_none()) aws.profile = profile.cast<std::string>();
-  if (!region.is_none()) aws.region = region.cast<std::string>();
-  o.s3 = unwrap(client::s3_options_from_environment(aws));
-  o.ledger = client::ledger_from_environment(ledger.is_none() ? "" : ledger.cast<std::string>());
+  client::SessionOverrides given;
+  if (!home.is_none()) given.home = home.cast<std::string>();
+  if (!cache_dir.is_none()) given.cache_dir = cache_dir.cast<std::string>();
+  if (!cache_ram.is_none()) given.cache_ram = size_arg(cache_ram, "cache_ram", 0);
+  if (!cache_size.is_none()) given.cache_size = size_arg(cache_size, "cache_size", 0);
+  if (!daemon.is_none()) given.daemon_socket = daemon.cast<std::string>();
+  if (!endpoint_url.is_none()) given.aws.endpoint_url = endpoint_url.cast<std::string>();
+  if (!profile.is_none()) given.aws.profile = profile.cast<std::string>();
+  if (!region.is_none()) given.aws.region = region.cast<std::string>();
+  if (!ledger.is_none()) given.ledger = ledger.cast<std::string>();
+  client::SessionOptions o =
+      unwrap(client::session_options_from_environment(given, client::Profile::kLibrary));
+  o.charging = client::ledger_charging();
   return PySession{std::make_shared<client::Session>(std::move(o))};
 }
 

@@ -40,7 +40,7 @@ DirectoryControl::DirectoryControl(CacheOptions options, OpenStore open_store)
 DirectoryControl::~DirectoryControl() = default;
 
 Result<std::shared_ptr<TieredCache>> DirectoryControl::open(std::string_view store_uri) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (cache_ && open_uri_ == store_uri) return cache_;
   if (cache_ && cache_.use_count() > 1)
     return fail(Code::kUnavailable,

@@ -28,6 +28,10 @@ constexpr uint32_t kAdd = 1, kRemove = 2;
 constexpr uint64_t kPage = 4096;
 constexpr unsigned kPageBits = 16;                            // a file id: segment << 16 | page
 constexpr uint64_t kSegmentPages = uint64_t{1} << kPageBits;  // 256 MiB of pages a segment
+// Segment numbers a record or a file name may carry: below half of what a file id holds, so
+// new segments, numbered above every one the log and the directory name, never run out of
+// numbers (segment << 16 wrapping to 0, then to the numbers of live segments).
+constexpr uint64_t kMaxSegment = uint64_t{1} << (63 - kPageBits);
 
 uint64_t segment_of(uint64_t file_id) {
   return file_id >> kPageBits;
@@ -129,9 +133,9 @@ bool parse_add(std::span<const std::byte> payload, DiskTier::Entry& e) {
             r.get_str(e.key.etag, kMaxEtag) && r.done();
   e.object_mtime_ns = static_cast<int64_t>(mtime);
   // Every field is untrusted: a record that parses but names nonsense is dropped too.
-  return ok && segment_of(e.file_id) != 0 && e.length > 0 && e.length <= kMaxChunk &&
-         store::validate_key(e.key.key).has_value() && !e.key.etag.empty() &&
-         e.key.index <= e.object_size / e.length;
+  return ok && segment_of(e.file_id) != 0 && segment_of(e.file_id) < kMaxSegment && e.length > 0 &&
+         e.length <= kMaxChunk && store::validate_key(e.key.key).has_value() &&
+         !e.key.etag.empty() && e.key.index <= e.object_size / e.length;
 }
 
 }  // namespace
@@ -282,6 +286,7 @@ Result<DiskTier::LogReplay> DiskTier::read_log() {
   auto& order = out.order;
   uint64_t& log_max_id = out.max_id;  // no new segment may take a number the log named
   size_t good_end = 0;
+  uint64_t records = 0;
   std::vector<std::byte> want = header(options_.chunk_size);
   // Shorter than a header: a first write cut short is a prefix of one; anything else is
   // someone else's file, and is not overwritten.
@@ -315,10 +320,14 @@ Result<DiskTier::LogReplay> DiskTier::read_log() {
         uint64_t id = 0;
         if (p.get(id, 8)) live.erase(id);
       }
-      ++log_records_;
+      ++records;
       pos += 16 + len;
       good_end = pos;
     }
+  }
+  {
+    MutexLock lock(log_mu_);
+    log_records_ += records;
   }
   open_report_.truncated_tail = log.size() > good_end && good_end > 0;
   return out;
@@ -330,6 +339,8 @@ std::unordered_map<uint64_t, uint64_t> DiskTier::scan_segments(const LogReplay& 
   std::unordered_set<uint64_t> named;
   for (const auto& [id, e] : live) named.insert(segment_of(id));
   std::unordered_map<uint64_t, uint64_t> kept;  // segment -> file size
+  // No new segment takes a number the log named, even in a record removed since.
+  uint64_t next_segment = segment_of(log.max_id) + 1;
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(options_.directory + "/chunks", ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
@@ -340,11 +351,10 @@ std::unordered_map<uint64_t, uint64_t> DiskTier::scan_segments(const LogReplay& 
     char* end = nullptr;
     uint64_t seg = std::strtoull(name.c_str(), &end, 16);
     bool segment_name = name.size() == 20 && end == name.c_str() + 16 &&
-                        std::strcmp(end, ".seg") == 0 && seg != 0 &&
-                        seg < (uint64_t{1} << (64 - kPageBits)) &&
+                        std::strcmp(end, ".seg") == 0 && seg != 0 && seg < kMaxSegment &&
                         path_of(seg << kPageBits) == it->path().string();
     // Whatever lies under a segment's name, no new segment takes that name.
-    if (segment_name) next_segment_ = std::max(next_segment_, seg + 1);
+    if (segment_name) next_segment = std::max(next_segment, seg + 1);
     if (segment_name && type == std::filesystem::file_type::regular && named.contains(seg)) {
       uint64_t size = it->file_size(entry_ec);
       if (!entry_ec) {
@@ -357,8 +367,8 @@ std::unordered_map<uint64_t, uint64_t> DiskTier::scan_segments(const LogReplay& 
     ++open_report_.orphans;
     std::filesystem::remove(it->path(), entry_ec);
   }
-  // No new segment takes a number the log named, even in a record removed since.
-  next_segment_ = std::max(next_segment_, segment_of(log.max_id) + 1);
+  MutexLock lock(mu_);
+  next_segment_ = std::max(next_segment_, next_segment);
   return kept;
 }
 
@@ -381,7 +391,7 @@ void DiskTier::restore(const LogReplay& log, const std::unordered_map<uint64_t, 
   // the chunks kept are adopted at the end.
   std::vector<Gone> dropped;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::unordered_set<uint64_t> done;
     auto drop = [&](const Entry& e) {
       ++open_report_.dropped;
@@ -437,11 +447,11 @@ void DiskTier::restore(const LogReplay& log, const std::unordered_map<uint64_t, 
   if (options_.adopt) {
     std::vector<std::pair<ChunkId, Entry>> kept_entries;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (const auto& [cid, e] : entries_) kept_entries.emplace_back(cid, e);
     }
     for (auto& [cid, e] : kept_entries) e.charge = options_.adopt(e.key, on_disk(e.length));
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [cid, e] : kept_entries) {
       auto it = entries_.find(cid);
       if (it != entries_.end()) it->second.charge = e.charge;
@@ -453,12 +463,12 @@ Status DiskTier::replay() {
   SLUICE_ASSIGN_OR_RETURN(LogReplay log, read_log());
   restore(log, scan_segments(log));
   // Start the log afresh from what survived: it drops dead records and a torn tail.
-  std::lock_guard llock(log_mu_);
+  MutexLock llock(log_mu_);
   return compact_locked();
 }
 
 Status DiskTier::open_log_for_append() {
-  std::lock_guard lock(log_mu_);
+  MutexLock lock(log_mu_);
   if (log_fd_.valid()) return ok();
   std::string path = options_.directory + "/index.log";
   log_fd_.reset(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
@@ -472,7 +482,7 @@ Status DiskTier::compact_locked() {
   std::vector<std::byte> out = header(options_.chunk_size);
   size_t records = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [id, e] : entries_) {
       if (!e.ready) continue;
       std::vector<std::byte> r = record(kAdd, add_payload(e));
@@ -517,7 +527,7 @@ Status DiskTier::append_remove(uint64_t file_id) {
   std::vector<std::byte> p;
   put(p, file_id, 8);
   std::vector<std::byte> r = record(kRemove, p);
-  std::lock_guard lock(log_mu_);
+  MutexLock lock(log_mu_);
   return append_locked(r);
 }
 
@@ -577,7 +587,7 @@ uint64_t DiskTier::place_locked(const Entry& e, uint64_t lane) {
 
 std::optional<DiskTier::Entry> DiskTier::find(const ChunkKey& key) {
   ChunkId id = key.id();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || !it->second.ready || it->second.key != key) return std::nullopt;
   policy_->on_hit(id);
@@ -585,7 +595,7 @@ std::optional<DiskTier::Entry> DiskTier::find(const ChunkKey& key) {
 }
 
 bool DiskTier::contains(const ChunkKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key.id());
   return it != entries_.end() && it->second.key == key;
 }
@@ -601,7 +611,7 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
       // back: forget it, or every read would miss it and nothing would cache it again.
       std::vector<Gone> gone;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         auto it = entries_.find(e.key.id());
         if (it != entries_.end() && it->second.file_id == e.file_id) forget_locked(it->first, gone);
       }
@@ -622,7 +632,7 @@ Status DiskTier::read(const Entry& e, std::span<std::byte> dst) {
   if (why.empty()) return ok();
   std::vector<Gone> gone;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(e.key.id());
     if (it != entries_.end() && it->second.file_id == e.file_id) forget_locked(it->first, gone);
   }
@@ -662,7 +672,7 @@ Result<std::optional<DiskTier::Pending>> DiskTier::begin(const ChunkView& chunk,
   }
   std::vector<Gone> gone;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Admission a;
     if (!entries_.contains(id)) a = policy_->admit(id, on_disk(length));
     for (ChunkId v : a.evicted) {
@@ -721,9 +731,9 @@ Result<bool> DiskTier::finish(Pending&& p, Status written) {
   // The log's lock first (the documented order), held until the add record is appended: a
   // thread that evicts the chunk once it is ready records its removal after this add, so
   // the log never says remove-then-add for bytes already freed.
-  std::unique_lock log_lock(log_mu_);
+  UniqueLock log_lock(log_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(id);
     still_ours = it != entries_.end() && it->second.file_id == e.file_id;
     if (still_ours && written) {
@@ -758,7 +768,7 @@ Result<bool> DiskTier::finish(Pending&& p, Status written) {
 size_t DiskTier::drop_if(const std::function<bool(const ChunkKey&)>& match) {
   std::vector<Gone> gone;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::vector<ChunkId> ids;
     for (const auto& [id, e] : entries_) {
       if (match(e.key)) ids.push_back(id);
@@ -770,7 +780,7 @@ size_t DiskTier::drop_if(const std::function<bool(const ChunkKey&)>& match) {
 }
 
 size_t DiskTier::pin_if(const std::function<bool(const ChunkKey&)>& match, bool pinned) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   size_t n = 0;
   for (auto& [id, e] : entries_) {
     if (!match(e.key)) continue;
@@ -782,12 +792,12 @@ size_t DiskTier::pin_if(const std::function<bool(const ChunkKey&)>& match, bool 
 }
 
 void DiskTier::declare(std::span<const ChunkId> order) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   policy_->declare(order);
 }
 
 std::vector<DiskTier::Entry> DiskTier::entries() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Entry> out;
   for (const auto& [id, e] : entries_) {
     if (e.ready) out.push_back(e);
@@ -796,12 +806,12 @@ std::vector<DiskTier::Entry> DiskTier::entries() const {
 }
 
 uint64_t DiskTier::bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return policy_->resident_bytes();
 }
 
 uint64_t DiskTier::chunk_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return entries_.size();
 }
 

@@ -20,7 +20,6 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,6 +28,7 @@
 
 #include "cache/chunk.h"
 #include "sluice/core/fd.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::io {
@@ -145,8 +145,8 @@ class DiskTier {
   Status open_log_for_append();
   // Appends one record; compacts the log when most of it is dead. Serialised by log_mu_.
   Status append_remove(uint64_t file_id);
-  Status append_locked(std::span<const std::byte> record);
-  Status compact_locked();
+  Status append_locked(std::span<const std::byte> record) SLUICE_REQUIRES(log_mu_);
+  Status compact_locked() SLUICE_REQUIRES(log_mu_);
   // A chunk forgotten: its pages to free (or its segment to unlink, when it was the last
   // chunk there) and its removal to record, outside mu_.
   struct Gone {
@@ -154,11 +154,11 @@ class DiskTier {
     bool last = false;
     uint32_t charge = 0;  // for Options::freed
   };
-  // Removes entries (under mu_) and returns what to free and record outside.
-  void forget_locked(ChunkId id, std::vector<Gone>& gone);
+  // Removes entries and returns what to free and record outside.
+  void forget_locked(ChunkId id, std::vector<Gone>& gone) SLUICE_REQUIRES(mu_);
   void discard(const std::vector<Gone>& gone);
-  // A segment and page for a chunk of `e`'s object written in `lane` (under mu_).
-  uint64_t place_locked(const Entry& e, uint64_t lane);
+  // A segment and page for a chunk of `e`'s object written in `lane`.
+  uint64_t place_locked(const Entry& e, uint64_t lane) SLUICE_REQUIRES(mu_);
   // Frees [offset, offset + length) of a segment's file (punches a hole).
   void free_pages(const std::string& path, uint64_t offset, uint64_t length);
 
@@ -166,26 +166,26 @@ class DiskTier {
   UniqueFd lock_fd_;
   OpenReport open_report_;
 
-  mutable std::mutex mu_;
-  std::unique_ptr<EvictionPolicy> policy_;      // guarded by mu_
-  std::unordered_map<ChunkId, Entry> entries_;  // guarded by mu_
-  uint64_t next_segment_ = 1;                   // guarded by mu_; never reused
+  mutable Mutex mu_;
+  std::unique_ptr<EvictionPolicy> policy_ SLUICE_GUARDED_BY(mu_);
+  std::unordered_map<ChunkId, Entry> entries_ SLUICE_GUARDED_BY(mu_);
+  uint64_t next_segment_ SLUICE_GUARDED_BY(mu_) = 1;  // never reused
   struct Segment {
     uint64_t chunks = 0;    // live chunks (written or being written)
     std::string appending;  // its key in appending_ while chunks are appended to it
   };
-  std::unordered_map<uint64_t, Segment> segments_;  // by number; mu_
-  // Where the next chunk of a multi-chunk object version goes, by object and lane; mu_.
+  std::unordered_map<uint64_t, Segment> segments_ SLUICE_GUARDED_BY(mu_);  // by number
+  // Where the next chunk of a multi-chunk object version goes, by object and lane.
   struct Appending {
     uint64_t segment = 0, next_page = 0;
   };
-  std::unordered_map<std::string, Appending> appending_;
+  std::unordered_map<std::string, Appending> appending_ SLUICE_GUARDED_BY(mu_);
   bool punch_holes_ = true;  // the file system frees a punched range (probed at open)
 
   // Lock order: log_mu_ may be held while taking mu_ (compaction), never the reverse.
-  std::mutex log_mu_;
-  UniqueFd log_fd_;           // guarded by log_mu_
-  uint64_t log_records_ = 0;  // guarded by log_mu_
+  Mutex log_mu_;
+  UniqueFd log_fd_ SLUICE_GUARDED_BY(log_mu_);
+  uint64_t log_records_ SLUICE_GUARDED_BY(log_mu_) = 0;
 };
 
 }  // namespace sluice::cache

@@ -28,7 +28,7 @@ Result<std::shared_ptr<Chunk>> TieredCache::Impl::new_chunk(const ChunkKey& key,
 void TieredCache::Impl::enqueue_disk_write(std::shared_ptr<const Chunk> c) {
   if (!disk) return;
   {
-    std::lock_guard lock(wq_mu);
+    MutexLock lock(wq_mu);
     // Counted as the memory it holds: a 1 KiB object's buffer is 4 KiB.
     if (stopping || wq_bytes + round_up(c->length) > options.disk_write_queue_bytes) {
       m.disk_skipped.add();
@@ -41,9 +41,9 @@ void TieredCache::Impl::enqueue_disk_write(std::shared_ptr<const Chunk> c) {
 }
 
 void TieredCache::Impl::write_loop() {
-  std::unique_lock lock(wq_mu);
+  UniqueLock lock(wq_mu);
   for (;;) {
-    wq_cv.wait(lock, [&] { return stopping || !wq.empty(); });
+    wq_cv.wait(lock, [&]() SLUICE_REQUIRES(wq_mu) { return stopping || !wq.empty(); });
     if (wq.empty()) return;  // stopping, and every queued write done
     // It stays queued (and readable by queued()) until it is on NVMe.
     std::shared_ptr<const Chunk> c = wq.front();
@@ -78,7 +78,7 @@ void TieredCache::Impl::store_on_disk(const ChunkView& v, uint64_t lane) {
 // A chunk filled and waiting for its NVMe write: without a RAM tier, the one place it is
 // between its fill and its write, and a reader then must not fetch it again.
 std::shared_ptr<const Chunk> TieredCache::Impl::queued(const ChunkKey& key) {
-  std::lock_guard lock(wq_mu);
+  MutexLock lock(wq_mu);
   for (const std::shared_ptr<const Chunk>& c : wq) {
     if (c->key == key) return c;
   }
@@ -122,7 +122,7 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
     std::promise<ChunkResult> mine;
     std::shared_ptr<Flight> joined, claimed;
     {
-      std::lock_guard lock(flight_mu);
+      MutexLock lock(flight_mu);
       auto it = flights.find(id);
       if (it != flights.end() && it->second->key == key) {
         joined = it->second;
@@ -155,7 +155,7 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
       // finds it there (a warm or a prefetch leaves RAM as it is).
       if (hit_bytes) (void)ram->offer(*have, pinned(key.key));
       mine.set_value(*have);
-      std::lock_guard lock(flight_mu);
+      MutexLock lock(flight_mu);
       flights.erase(id);
       return *have;
     }
@@ -166,7 +166,7 @@ ChunkResult TieredCache::Impl::fill(const store::ObjectInfo& info, const ChunkKe
       enqueue_disk_write(*r);
     }
     mine.set_value(r);
-    std::lock_guard lock(flight_mu);
+    MutexLock lock(flight_mu);
     flights.erase(id);
     return r;
   }
@@ -293,7 +293,7 @@ std::vector<TieredCache::Impl::Claim> TieredCache::Impl::claim_run(const store::
   } else {
     last = std::numeric_limits<uint64_t>::max();
   }
-  std::lock_guard lock(flight_mu);  // then a tier's lock: never the other way round
+  MutexLock lock(flight_mu);  // then a tier's lock: never the other way round
   for (uint64_t i = index; i * options.chunk_size < info.size && i <= last; ++i) {
     uint64_t length = chunk_length(info.size, i);
     if (i * options.chunk_size + length > end || (i > index && bytes + length > kMaxRunBytes))
@@ -324,7 +324,7 @@ ChunkResult TieredCache::Impl::copy_chunk(const ChunkKey& key, std::span<const s
 // chunks to different segments (cp's parts never wait on one another's extending
 // writes), and one thread's runs share one. Lane 0 is the write-behind queue's.
 uint64_t TieredCache::Impl::this_threads_lane() {
-  static std::atomic<uint64_t> next{1};
+  static std::atomic<uint64_t> next{1};  // relaxed: a lane only has to differ from others
   thread_local const uint64_t lane = next.fetch_add(1, std::memory_order_relaxed);
   return lane;
 }
@@ -446,7 +446,7 @@ Status TieredCache::Impl::fill_run(const store::ObjectInfo& info, std::vector<Cl
     // The flight ends before its waiters wake: one that finds null looks again, and
     // must not find this flight again.
     {
-      std::lock_guard lock(flight_mu);
+      MutexLock lock(flight_mu);
       flights.erase(c.key.id());
     }
     c.promise.set_value(r);

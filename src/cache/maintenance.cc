@@ -28,7 +28,7 @@ void TieredCache::Impl::load_pins() {
   if (options.directory.empty()) return;
   std::ifstream in(pins_path());
   std::string line;
-  std::lock_guard lock(pin_mu);
+  MutexLock lock(pin_mu);
   while (std::getline(in, line)) {
     size_t tab = line.find('\t');
     if (tab == std::string::npos) continue;
@@ -48,10 +48,10 @@ void TieredCache::Impl::load_pins() {
 // last state), made durable before and after the rename.
 Status TieredCache::Impl::save_pins() {
   if (options.directory.empty()) return ok();
-  std::lock_guard one_writer(pins_file_mu);
+  MutexLock one_writer(pins_file_mu);
   std::string text;
   {
-    std::lock_guard lock(pin_mu);
+    MutexLock lock(pin_mu);
     for (const std::string& l : other_pins) text += l + "\n";
     for (const std::string& p : pinned_prefixes) text += store_id + "\t" + p + "\n";
   }
@@ -69,7 +69,7 @@ Status TieredCache::Impl::save_pins() {
 }
 
 bool TieredCache::Impl::pinned(const std::string& key) const {
-  std::lock_guard lock(pin_mu);
+  MutexLock lock(pin_mu);
   return std::any_of(pinned_prefixes.begin(), pinned_prefixes.end(),
                      [&](const std::string& p) { return key.starts_with(p); });
 }
@@ -79,7 +79,7 @@ bool TieredCache::Impl::pinned(const std::string& key) const {
 // the NVMe tier). Returns the writes dropped.
 template <class Match>
 uint64_t TieredCache::Impl::drop_queued(const Match& match) {
-  std::unique_lock lock(wq_mu);
+  UniqueLock lock(wq_mu);
   uint64_t n = 0;
   for (auto it = wq.empty() ? wq.end() : std::next(wq.begin()); it != wq.end();) {
     if (match((*it)->key)) {
@@ -93,7 +93,8 @@ uint64_t TieredCache::Impl::drop_queued(const Match& match) {
   if (n > 0) wq_room.notify_all();
   if (!wq.empty() && match(wq.front()->key)) {
     const std::shared_ptr<const Chunk> writing = wq.front();
-    wq_room.wait(lock, [&] { return wq.empty() || wq.front() != writing; });
+    wq_room.wait(lock,
+                 [&]() SLUICE_REQUIRES(wq_mu) { return wq.empty() || wq.front() != writing; });
   }
   return n;
 }
@@ -132,7 +133,7 @@ Result<TieredCache::Warmed> TieredCache::Impl::warm_version(const store::ObjectI
       if (!b) {
         for (Claim& c : run) {
           {
-            std::lock_guard lock(flight_mu);
+            MutexLock lock(flight_mu);
             flights.erase(c.key.id());
           }
           c.promise.set_value(std::unexpected(b.error()));
@@ -169,7 +170,7 @@ Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
     return fail(Code::kInvalidArgument, "pin: a prefix cannot hold a tab or a newline");
   }
   {
-    std::lock_guard lock(impl_->pin_mu);
+    MutexLock lock(impl_->pin_mu);
     auto& v = impl_->pinned_prefixes;
     if (pinned) {
       if (std::find(v.begin(), v.end(), prefix) == v.end()) v.emplace_back(prefix);
@@ -185,7 +186,7 @@ Result<uint64_t> TieredCache::pin(std::string_view prefix, bool pinned) {
     // Unpinning "ds/val/" must not unpin what a pin on "ds/" still covers.
     std::vector<std::string> still;
     {
-      std::lock_guard lock(impl_->pin_mu);
+      MutexLock lock(impl_->pin_mu);
       for (const std::string& p : impl_->pinned_prefixes) {
         if (prefix.starts_with(p)) still.push_back(p);
       }

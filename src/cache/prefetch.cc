@@ -8,7 +8,7 @@ namespace sluice::cache {
 void TieredCache::Impl::start_prefetch(std::vector<Planned> planned) {
   if (options.prefetch_bytes == 0 || options.prefetch_threads == 0 || planned.empty()) return;
   {
-    std::lock_guard lock(pf_mu);
+    MutexLock lock(pf_mu);
     for (Planned& p : planned) {
       p.position = pf_position++;
       // The earliest position of a chunk declared twice (a later epoch): reading it then
@@ -35,9 +35,9 @@ void TieredCache::Impl::start_prefetch(std::vector<Planned> planned) {
 }
 
 void TieredCache::Impl::prefetch_loop() {
-  std::unique_lock lock(pf_mu);
+  UniqueLock lock(pf_mu);
   for (;;) {
-    pf_cv.wait(lock, [&] {
+    pf_cv.wait(lock, [&]() SLUICE_REQUIRES(pf_mu) {
       if (pf_stopping) return true;
       if (pf_queue.empty()) return false;
       if (pf_queue.front().position < pf_passed) return true;  // skipped below, no budget
@@ -82,8 +82,8 @@ void TieredCache::Impl::prefetch_loop() {
 bool TieredCache::Impl::wait_for_write_room(uint64_t len) {
   if (!disk || options.ram_bytes > 0) return true;
   const uint64_t need = round_up(len);
-  std::unique_lock lock(wq_mu);
-  wq_room.wait(lock, [&] {
+  UniqueLock lock(wq_mu);
+  wq_room.wait(lock, [&]() SLUICE_REQUIRES(wq_mu) {
     return stopping || pf_quit.load(std::memory_order_relaxed) || wq_bytes + wq_reserved == 0 ||
            wq_bytes + wq_reserved + need <= options.disk_write_queue_bytes / 2;
   });
@@ -96,7 +96,7 @@ bool TieredCache::Impl::wait_for_write_room(uint64_t len) {
 void TieredCache::Impl::release_write_room(uint64_t len) {
   if (!disk || options.ram_bytes > 0) return;
   {
-    std::lock_guard lock(wq_mu);
+    MutexLock lock(wq_mu);
     wq_reserved -= round_up(len);
   }
   wq_room.notify_all();
@@ -118,7 +118,7 @@ void TieredCache::Impl::settle_prefetch(const ChunkKey& key, bool hit) {
   if (store::ServingPeer::active()) return;                // another node's read
   const ChunkId id = key.id();
   {
-    std::lock_guard lock(pf_mu);
+    MutexLock lock(pf_mu);
     std::optional<uint64_t> position;
     if (auto q = pf_queued.find(id); q != pf_queued.end())
       position = q->second;  // read before a prefetcher took it

@@ -43,7 +43,7 @@ RamTier::RamTier(uint64_t capacity, PolicyKind policy, telemetry::Counter* evict
 
 std::shared_ptr<const Chunk> RamTier::find(const ChunkKey& key) {
   ChunkId id = key.id();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.chunk->key != key) return nullptr;
   policy_->on_hit(id);
@@ -51,7 +51,7 @@ std::shared_ptr<const Chunk> RamTier::find(const ChunkKey& key) {
 }
 
 bool RamTier::contains(const ChunkKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(key.id());
   return it != entries_.end() && it->second.chunk->key == key;
 }
@@ -60,7 +60,7 @@ bool RamTier::offer(std::shared_ptr<const Chunk> chunk, bool pinned) {
   if (capacity_ == 0) return false;
   ChunkId id = chunk->key.id();
   std::vector<std::shared_ptr<const Chunk>> dropped;  // released after the lock
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (entries_.contains(id)) return false;  // there already, or a colliding key
   Admission a = policy_->admit(id, chunk->length);
   for (ChunkId v : a.evicted) {
@@ -78,7 +78,7 @@ bool RamTier::offer(std::shared_ptr<const Chunk> chunk, bool pinned) {
 
 size_t RamTier::drop_if(const std::function<bool(const ChunkKey&)>& match) {
   std::vector<std::shared_ptr<const Chunk>> dropped;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (!match(it->second.chunk->key)) {
       ++it;
@@ -92,7 +92,7 @@ size_t RamTier::drop_if(const std::function<bool(const ChunkKey&)>& match) {
 }
 
 size_t RamTier::pin_if(const std::function<bool(const ChunkKey&)>& match, bool pinned) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   size_t n = 0;
   for (auto& [id, e] : entries_) {
     if (!match(e.chunk->key)) continue;
@@ -104,12 +104,12 @@ size_t RamTier::pin_if(const std::function<bool(const ChunkKey&)>& match, bool p
 }
 
 void RamTier::declare(std::span<const ChunkId> order) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   policy_->declare(order);
 }
 
 std::vector<RamTier::Entry> RamTier::entries() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Entry> out;
   out.reserve(entries_.size());
   for (const auto& [id, e] : entries_) out.push_back(e);
@@ -117,12 +117,12 @@ std::vector<RamTier::Entry> RamTier::entries() const {
 }
 
 uint64_t RamTier::bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return policy_->resident_bytes();
 }
 
 uint64_t RamTier::chunk_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return entries_.size();
 }
 

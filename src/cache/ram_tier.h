@@ -3,11 +3,11 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "cache/chunk.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::cache {
@@ -41,9 +41,9 @@ class RamTier {
  private:
   const uint64_t capacity_;
   telemetry::Counter* evictions_;
-  mutable std::mutex mu_;
-  std::unique_ptr<EvictionPolicy> policy_;      // guarded by mu_
-  std::unordered_map<ChunkId, Entry> entries_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unique_ptr<EvictionPolicy> policy_ SLUICE_GUARDED_BY(mu_);
+  std::unordered_map<ChunkId, Entry> entries_ SLUICE_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::cache

@@ -52,17 +52,17 @@ TieredCache::Impl::~Impl() {
   pf_quit = true;
   if (prefaulter.joinable()) prefaulter.join();
   {
-    std::lock_guard lock(wq_mu);  // a prefetcher waiting for write room sees pf_quit
+    MutexLock lock(wq_mu);  // a prefetcher waiting for write room sees pf_quit
   }
   wq_room.notify_all();
   {
-    std::lock_guard lock(pf_mu);
+    MutexLock lock(pf_mu);
     pf_stopping = true;
   }
   pf_cv.notify_all();
   for (std::thread& t : prefetchers) t.join();
   {
-    std::lock_guard lock(wq_mu);
+    MutexLock lock(wq_mu);
     stopping = true;
   }
   wq_cv.notify_all();
@@ -94,10 +94,10 @@ std::unordered_set<std::string_view> TieredCache::Impl::busy_keys(
     std::vector<std::shared_ptr<const Chunk>>& hold) {
   std::unordered_set<std::string_view> busy;
   {
-    std::lock_guard lock(meta_mu);
+    MutexLock lock(meta_mu);
     if (meta.size() < options.max_objects) return busy;
   }
-  std::lock_guard lock(wq_mu);
+  MutexLock lock(wq_mu);
   hold.assign(wq.begin(), wq.end());  // keeps the strings the views point at alive
   for (const std::shared_ptr<const Chunk>& c : hold) busy.insert(c->key.key);
   return busy;
@@ -109,7 +109,7 @@ void TieredCache::Impl::learn(const store::ObjectInfo& info) {
   std::vector<std::shared_ptr<const Chunk>> hold;
   std::unordered_set<std::string_view> busy = busy_keys(hold);
   {
-    std::lock_guard lock(meta_mu);
+    MutexLock lock(meta_mu);
     auto it = meta.find(info.key);
     if (it == meta.end()) {
       meta.emplace(info.key, ObjectMeta{info, Clock::now()});
@@ -129,7 +129,7 @@ void TieredCache::Impl::learn(const store::ObjectInfo& info) {
 }
 
 bool TieredCache::Impl::current_version(const ChunkKey& key) {
-  std::lock_guard lock(meta_mu);
+  MutexLock lock(meta_mu);
   auto it = meta.find(key.key);
   return it != meta.end() && it->second.info.etag == key.etag;
 }
@@ -137,7 +137,7 @@ bool TieredCache::Impl::current_version(const ChunkKey& key) {
 // Forgets an object entirely (written or removed through the cache, or gone).
 uint64_t TieredCache::Impl::forget(const std::string& key) {
   {
-    std::lock_guard lock(meta_mu);
+    MutexLock lock(meta_mu);
     meta.erase(key);
   }
   auto match = key_is(store_id, key);
@@ -147,7 +147,7 @@ uint64_t TieredCache::Impl::forget(const std::string& key) {
 // What the cache believes `key` is now, revalidated when older than revalidate_after.
 Result<store::ObjectInfo> TieredCache::Impl::current(std::string_view key, bool force) {
   {
-    std::lock_guard lock(meta_mu);
+    MutexLock lock(meta_mu);
     auto it = meta.find(key);
     if (it != meta.end() && !force) {
       const ObjectMeta& om = it->second;
@@ -169,7 +169,7 @@ Result<store::ObjectInfo> TieredCache::Impl::current(std::string_view key, bool 
 // Seeds what the cache knows of objects from the NVMe tier's records, unchecked.
 void TieredCache::Impl::restore_meta() {
   if (!disk) return;
-  std::lock_guard lock(meta_mu);
+  MutexLock lock(meta_mu);
   for (const DiskTier::Entry& e : disk->entries()) {
     if (e.key.store != store_id) continue;
     store::ObjectInfo info{e.key.key, e.object_size, e.object_mtime_ns, e.key.etag};
@@ -370,7 +370,7 @@ CacheStats TieredCache::stats() const {
   s.prefetch_hits = i.m.prefetch_hits.value();
   s.prefetch_wasted = i.m.prefetch_wasted.value();
   {
-    std::lock_guard lock(impl_->meta_mu);
+    MutexLock lock(i.meta_mu);
     s.objects_known = i.meta.size();
   }
   s.directory = i.options.directory;

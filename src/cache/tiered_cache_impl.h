@@ -9,12 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -27,6 +25,7 @@
 #include "cache/disk_tier.h"
 #include "cache/ram_tier.h"
 #include "sluice/cache/tiered_cache.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::cache {
@@ -121,25 +120,25 @@ struct TieredCache::Impl {
   std::unique_ptr<RamTier> ram;
   std::unique_ptr<DiskTier> disk;
 
-  std::mutex meta_mu;                                   // taken after wq_mu, never before it
-  std::map<std::string, ObjectMeta, std::less<>> meta;  // guarded by meta_mu
+  mutable Mutex meta_mu;  // taken after wq_mu, never before it
+  std::map<std::string, ObjectMeta, std::less<>> meta SLUICE_GUARDED_BY(meta_mu);
 
-  std::mutex flight_mu;
-  std::unordered_map<ChunkId, std::shared_ptr<Flight>> flights;  // guarded by flight_mu
+  Mutex flight_mu;
+  std::unordered_map<ChunkId, std::shared_ptr<Flight>> flights SLUICE_GUARDED_BY(flight_mu);
 
-  std::mutex pins_file_mu;  // one writer of DIR/pins at a time; taken before pin_mu
-  mutable std::mutex pin_mu;
-  std::vector<std::string> pinned_prefixes;  // this store's; guarded by pin_mu
-  std::vector<std::string> other_pins;       // other stores' lines of DIR/pins; pin_mu
+  Mutex pins_file_mu;  // one writer of DIR/pins at a time; taken before pin_mu
+  mutable Mutex pin_mu;
+  std::vector<std::string> pinned_prefixes SLUICE_GUARDED_BY(pin_mu);  // this store's
+  std::vector<std::string> other_pins SLUICE_GUARDED_BY(pin_mu);  // other stores' lines of DIR/pins
 
   // NVMe writes happen behind fills, on one thread, so a cold read does not wait for them.
-  std::mutex wq_mu;
-  std::condition_variable wq_cv;
-  std::condition_variable wq_room;              // a queued write finished
-  std::deque<std::shared_ptr<const Chunk>> wq;  // guarded by wq_mu
-  uint64_t wq_bytes = 0;                        // guarded by wq_mu
-  uint64_t wq_reserved = 0;  // guarded by wq_mu; room prefetchers hold (wait_for_write_room)
-  bool stopping = false;     // guarded by wq_mu
+  Mutex wq_mu;
+  CondVar wq_cv;
+  CondVar wq_room;  // a queued write finished
+  std::deque<std::shared_ptr<const Chunk>> wq SLUICE_GUARDED_BY(wq_mu);
+  uint64_t wq_bytes SLUICE_GUARDED_BY(wq_mu) = 0;
+  uint64_t wq_reserved SLUICE_GUARDED_BY(wq_mu) = 0;  // room prefetchers hold (wait_for_write_room)
+  bool stopping SLUICE_GUARDED_BY(wq_mu) = false;
   std::thread writer;
 
   // Prefetch of declared reads. Chunks wait in `pf_queue` in declared order; threads fetch
@@ -152,31 +151,33 @@ struct TieredCache::Impl {
     uint64_t index = 0;
     uint64_t position = 0;  // in the declared order
   };
-  std::mutex pf_mu;
-  std::condition_variable pf_cv;
-  std::deque<Planned> pf_queue;  // guarded by pf_mu; at most kMaxQueuedPrefetch
+  Mutex pf_mu;
+  CondVar pf_cv;
+  std::deque<Planned> pf_queue SLUICE_GUARDED_BY(pf_mu);  // at most kMaxQueuedPrefetch
   static constexpr size_t kMaxQueuedPrefetch = 4 * kMaxDeclaredChunks;
   struct Ahead {
     uint64_t position = 0, bytes = 0;
     bool fetching = true;  // its fill has not returned: a read now is a late hit
   };
-  std::map<ChunkId, Ahead> pf_ahead_chunks;  // guarded by pf_mu
+  std::map<ChunkId, Ahead> pf_ahead_chunks SLUICE_GUARDED_BY(pf_mu);
   // Where each queued chunk is in the declared order, and how far the reader has passed
   // (positions below pf_passed): a chunk the reader passed before a prefetcher took it is
   // not fetched (it was read already) and not counted as waste.
-  std::map<ChunkId, uint64_t> pf_queued;  // guarded by pf_mu
-  uint64_t pf_passed = 0;                 // guarded by pf_mu
-  uint64_t pf_ahead = 0;                  // guarded by pf_mu
-  uint64_t pf_position = 0;               // guarded by pf_mu
-  bool pf_stopping = false;               // guarded by pf_mu
+  std::map<ChunkId, uint64_t> pf_queued SLUICE_GUARDED_BY(pf_mu);
+  uint64_t pf_passed SLUICE_GUARDED_BY(pf_mu) = 0;
+  uint64_t pf_ahead SLUICE_GUARDED_BY(pf_mu) = 0;
+  uint64_t pf_position SLUICE_GUARDED_BY(pf_mu) = 0;
+  bool pf_stopping SLUICE_GUARDED_BY(pf_mu) = false;
   // Set once anything is declared, so reads without prefetch skip pf_mu. Relaxed is enough:
   // a read that misses the flag just leaves its chunk to be settled by a later read.
   std::atomic<bool> pf_active{false};
-  std::atomic<bool> pf_quit{false};  // set once, when the cache closes
+  // Set once, when the cache closes. Read relaxed under wq_mu: it is set before ~Impl takes
+  // and drops wq_mu, so a waiter that holds the lock after that sees it.
+  std::atomic<bool> pf_quit{false};
   std::vector<std::thread> prefetchers;
 
   // What the cache knows of objects (tiered_cache.cc).
-  void bound_meta(const std::unordered_set<std::string_view>& busy);
+  void bound_meta(const std::unordered_set<std::string_view>& busy) SLUICE_REQUIRES(meta_mu);
   std::unordered_set<std::string_view> busy_keys(std::vector<std::shared_ptr<const Chunk>>& hold);
   void learn(const store::ObjectInfo& info);
   bool current_version(const ChunkKey& key);
@@ -189,7 +190,7 @@ struct TieredCache::Impl {
   void prefetch_loop();
   bool wait_for_write_room(uint64_t len);
   void release_write_room(uint64_t len);
-  void release_locked(ChunkId id);
+  void release_locked(ChunkId id) SLUICE_REQUIRES(pf_mu);
   void settle_prefetch(const ChunkKey& key, bool hit);
 
   // Pins (maintenance.cc).

@@ -17,12 +17,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -31,6 +29,7 @@
 #include <vector>
 
 #include "sluice/ckpt/checkpointer.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::ckpt {
 
@@ -61,13 +60,13 @@ class Handle final : public SaveHandle {
   }
 
   SaveProgress progress() const override {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     return p_;
   }
 
   Status wait() override {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return p_.finished; });
+    UniqueLock lk(mu_);
+    cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return p_.finished; });
     for (size_t i = 0; i < p_.tiers.size(); ++i)
       if (required_[i] && p_.tiers[i].state != TierState::kCommitted)
         return std::unexpected(p_.tiers[i].error.value_or(
@@ -76,19 +75,19 @@ class Handle final : public SaveHandle {
   }
 
   Status wait_tier(size_t i) override {
-    std::unique_lock lk(mu_);
+    UniqueLock lk(mu_);
     if (i >= p_.tiers.size()) return fail(Code::kInvalidArgument, "no tier " + std::to_string(i));
-    cv_.wait(lk, [&] { return settled(p_.tiers[i].state); });
+    cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return settled(p_.tiers[i].state); });
     if (p_.tiers[i].state == TierState::kCommitted) return ok();
     return std::unexpected(p_.tiers[i].error.value_or(Error(Code::kCancelled, "tier skipped")));
   }
 
   void staged(uint64_t n) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     p_.bytes_staged = n;
   }
   void set(size_t i, TierState s, std::optional<Error> e = std::nullopt) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     p_.tiers[i].state = s;
     if (e) p_.tiers[i].error = std::move(e);
     if (s == TierState::kCommitted) p_.tiers[i].bytes_done = p_.bytes_total;
@@ -97,11 +96,11 @@ class Handle final : public SaveHandle {
     cv_.notify_all();
   }
   void written(size_t i, uint64_t n) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     p_.tiers[i].bytes_done = n;
   }
   TierState state(size_t i) const {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     return p_.tiers[i].state;
   }
 
@@ -109,10 +108,10 @@ class Handle final : public SaveHandle {
   static bool settled(TierState s) {
     return s == TierState::kCommitted || s == TierState::kFailed || s == TierState::kSkipped;
   }
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  SaveProgress p_;
-  std::vector<bool> required_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  SaveProgress p_ SLUICE_GUARDED_BY(mu_);
+  std::vector<bool> required_;  // set by the constructor, read-only after
 };
 
 // ---------------------------------------------------------------------------------------
@@ -129,28 +128,28 @@ class StagingRing {
 
   // The caller waits until segment `seq` may be filled.
   void wait_free(uint64_t seq) {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return seq < released_ + slots_; });
+    UniqueLock lk(mu_);
+    cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return seq < released_ + slots_; });
   }
   // Segments before `end` are filled (or will never be: their save gave up).
   void mark_filled_through(uint64_t end) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     filled_ = std::max(filled_, end);
     cv_.notify_all();
   }
   // The stage writer waits until segment `seq` is filled.
   void wait_filled(uint64_t seq) {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return filled_ > seq; });
+    UniqueLock lk(mu_);
+    cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return filled_ > seq; });
   }
   void release_through(uint64_t end) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     released_ = std::max(released_, end);
     cv_.notify_all();
   }
   // Hands out `n` sequence numbers for one save.
   uint64_t reserve(uint64_t n) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     uint64_t first = next_;
     next_ += n;
     return first;
@@ -159,9 +158,11 @@ class StagingRing {
  private:
   AlignedBuffer mem_;
   const uint64_t segment_, slots_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t next_ = 0, filled_ = 0, released_ = 0;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  uint64_t next_ SLUICE_GUARDED_BY(mu_) = 0;
+  uint64_t filled_ SLUICE_GUARDED_BY(mu_) = 0;
+  uint64_t released_ SLUICE_GUARDED_BY(mu_) = 0;
 };
 
 // One queued save.
@@ -191,29 +192,29 @@ class CopyHelper {
   CopyHelper() : thread_([this] { loop(); }) {}
   ~CopyHelper() {
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       stop_ = true;
       cv_.notify_all();
     }
     thread_.join();
   }
   void post(std::function<Status()> fn) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     task_ = std::move(fn);
     done_ = false;
     cv_.notify_all();
   }
   Status wait() {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return done_; });
+    UniqueLock lk(mu_);
+    cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return done_; });
     return result_;
   }
 
  private:
   void loop() {
-    std::unique_lock lk(mu_);
+    UniqueLock lk(mu_);
     for (;;) {
-      cv_.wait(lk, [&] { return stop_ || task_; });
+      cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return stop_ || task_; });
       if (!task_) return;
       auto fn = std::move(task_);
       task_ = nullptr;
@@ -225,11 +226,12 @@ class CopyHelper {
       cv_.notify_all();
     }
   }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<Status()> task_;  // guarded by mu_
-  Status result_ = ok();          // guarded by mu_
-  bool done_ = true, stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::function<Status()> task_ SLUICE_GUARDED_BY(mu_);
+  Status result_ SLUICE_GUARDED_BY(mu_) = ok();
+  bool done_ SLUICE_GUARDED_BY(mu_) = true;
+  bool stop_ SLUICE_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts once the members above exist
 };
 
@@ -250,7 +252,7 @@ class CheckpointerImpl final : public Checkpointer {
   ~CheckpointerImpl() override {
     flush();
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       stopping_ = true;
       cv_.notify_all();
     }
@@ -262,6 +264,7 @@ class CheckpointerImpl final : public Checkpointer {
   const CheckpointerOptions& options() const override { return o_; }
 
   Status check_cancel() const {
+    // Relaxed: a request to stop early; a late look only does a little more work.
     if (o_.cancel && o_.cancel->load(std::memory_order_relaxed))
       return fail(Code::kCancelled, "checkpoint work of series " + o_.series + " was cancelled");
     return ok();
@@ -270,8 +273,8 @@ class CheckpointerImpl final : public Checkpointer {
   Result<std::shared_ptr<SaveHandle>> save(uint64_t step,
                                            std::span<const TensorView> tensors) override;
   void flush() override {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return active_ == 0; });
+    UniqueLock lk(mu_);
+    cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return active_ == 0; });
   }
 
   Result<std::vector<StepInfo>> list() override;
@@ -289,14 +292,20 @@ class CheckpointerImpl final : public Checkpointer {
 
  private:
   // Staging: fills the job's segments from the tensors (the caller's thread).
-  Status stage(SaveJob& job, std::span<const TensorView> views);
+  Status stage(SaveJob& job, std::span<const TensorView> views) SLUICE_REQUIRES(save_mu_);
   void stage_loop();
   void replicate_loop();
+  // The two queues of jobs: the stage writer's and the replicator's.
+  enum class Queue { kStage, kReplicate };
   // The next job of a queue; null once stopping with the queue empty (the loops end).
-  std::shared_ptr<SaveJob> take(std::deque<std::shared_ptr<SaveJob>>& q);
+  std::shared_ptr<SaveJob> take(Queue which) SLUICE_EXCLUDES(mu_);
   // Writes the job's shard from the ring to tier i; the chunk checksums on success.
   Result<std::vector<TensorEntry>> write_from_ring(SaveJob& job, size_t i);
   Status publish_record_and_commit(SaveJob& job, size_t i);
+  // Rank 0: polls tier i until every rank's record of this run is there, naming its shard
+  // as published, and fills m.shards (m.shards[0] is this rank's). One paged LIST of the
+  // step a round, and one GET per record, whatever the world size.
+  Status gather_records(SaveJob& job, size_t i, Manifest& m);
   // Before this rank publishes its shard of `step` on a tier: AlreadyExists if the step is
   // committed there. (Shards of other attempts are left alone: a concurrent save may own
   // them; gc removes them once stale.)
@@ -326,16 +335,17 @@ class CheckpointerImpl final : public Checkpointer {
 
   CheckpointerOptions o_;
   std::unique_ptr<StagingRing> ring_;
-  std::mutex save_mu_;                                // one caller stages at a time
-  std::vector<std::unique_ptr<CopyHelper>> helpers_;  // used under save_mu_
+  Mutex save_mu_;  // one caller stages at a time; taken before mu_
+  std::vector<std::unique_ptr<CopyHelper>> helpers_ SLUICE_GUARDED_BY(save_mu_);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<SaveJob>> stage_q_, repl_q_;  // guarded by mu_
-  std::set<uint64_t> active_steps_;                        // guarded by mu_
-  size_t active_ = 0;                                      // guarded by mu_
-  bool stopping_ = false;                                  // guarded by mu_
-  std::set<std::pair<size_t, std::string>> live_;          // (tier, marker key); by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<SaveJob>> stage_q_ SLUICE_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<SaveJob>> repl_q_ SLUICE_GUARDED_BY(mu_);
+  std::set<uint64_t> active_steps_ SLUICE_GUARDED_BY(mu_);
+  size_t active_ SLUICE_GUARDED_BY(mu_) = 0;
+  bool stopping_ SLUICE_GUARDED_BY(mu_) = false;
+  std::set<std::pair<size_t, std::string>> live_ SLUICE_GUARDED_BY(mu_);  // (tier, marker key)
   std::thread stage_thread_, repl_thread_, lease_thread_;
 };
 

@@ -2,14 +2,32 @@
 #include "ckpt/checkpointer_impl.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <string_view>
 #include <thread>
+#include <utility>
 
 #include "sluice/xfer/copy.h"
 
 namespace sluice::ckpt {
 
+namespace {
+
+// Etags as a listing and a stat spell them: S3 quotes them (and may mark them weak).
+bool same_etag(std::string_view a, std::string_view b) {
+  auto bare = [](std::string_view e) {
+    if (e.starts_with("W/")) e.remove_prefix(2);
+    if (e.size() >= 2 && e.front() == '"' && e.back() == '"') e = e.substr(1, e.size() - 2);
+    return e;
+  };
+  return bare(a) == bare(b);
+}
+
+}  // namespace
+
 void CheckpointerImpl::replicate_loop() {
-  while (std::shared_ptr<SaveJob> job = take(repl_q_)) {
+  while (std::shared_ptr<SaveJob> job = take(Queue::kReplicate)) {
     const size_t src = static_cast<size_t>(job->source_tier);
     auto commit_on = [&](size_t i) {
       if (auto st = publish_record_and_commit(*job, i); !st) {
@@ -111,63 +129,7 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
   m.created_ns = now_ns();
   m.shards.resize(o_.world);
   m.shards[0] = rec;
-  std::vector<bool> have(o_.world, false);
-  have[0] = true;
-  const auto deadline = Clock::now() + o_.commit_timeout;
-  auto pause = std::chrono::milliseconds(20);
-  for (;;) {
-    for (unsigned r = 1; r < o_.world; ++r) {
-      if (have[r]) continue;
-      const std::string rk = record_key(o_.series, job.step, r);
-      auto doc = read_document(*tier.store, rk);
-      if (!doc) {
-        if (doc.error().code() == Code::kNotFound) continue;
-        return std::unexpected(doc.error());
-      }
-      auto got = decode_record(*doc, rk + " on tier " + tier.name);
-      if (!got) return std::unexpected(got.error());
-      if (got->series != o_.series || got->step != job.step || got->rank != r ||
-          got->world != o_.world)
-        return fail(Code::kCorruption,
-                    rk + " on tier " + tier.name + " describes another rank, step or world");
-      // A record of another run (an earlier attempt at this step that crashed) is not this
-      // save's: wait for this run's rank to replace it.
-      if (got->run_id != o_.run_id) continue;
-      if (got->chunk_size != o_.chunk_size)
-        return fail(Code::kInvalidArgument,
-                    rk + " on tier " + tier.name + ": rank " + std::to_string(r) +
-                        " uses chunks of " + std::to_string(got->chunk_size) +
-                        " bytes, rank 0 of " + std::to_string(o_.chunk_size));
-      // The record names the shard now published (not one replaced since).
-      auto sh = tier.store->stat(shard_key(o_.series, job.step, r, got->save_id));
-      if (!sh || sh->etag != got->etag || sh->size != got->bytes) continue;
-      m.shards[r] = std::move(*got);
-      have[r] = true;
-    }
-    if (std::all_of(have.begin(), have.end(), [](bool b) { return b; })) break;
-    if (Clock::now() >= deadline) {
-      std::string missing;
-      for (unsigned r = 0; r < o_.world; ++r)
-        if (!have[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      return fail(Code::kTimedOut, "step " + std::to_string(job.step) + " on tier " + tier.name +
-                                       ": no shard record from rank(s) " + missing + " after " +
-                                       std::to_string(o_.commit_timeout.count()) + " ms");
-    }
-    SLUICE_RETURN_IF_ERROR(check_cancel());
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
-  }
-  // The manifest may only name what is there now: a shard or record removed while rank 0
-  // waited (a gc in another process, an operator) must fail the commit, not be named.
-  for (const ShardRecord& sh : m.shards) {
-    const std::string sk = shard_key(o_.series, job.step, sh.rank, sh.save_id);
-    auto now = tier.store->stat(sk);
-    if (!now || now->size != sh.bytes || (!sh.etag.empty() && now->etag != sh.etag))
-      return fail(Code::kConflict, "step " + std::to_string(job.step) + " on tier " + tier.name +
-                                       ": shard " + sk + " of rank " + std::to_string(sh.rank) +
-                                       " was removed or replaced before the commit; nothing "
-                                       "was committed");
-  }
+  SLUICE_RETURN_IF_ERROR(gather_records(job, i, m));
   const std::string text_m = encode_manifest(m);
   const std::string mkey = manifest_key(o_.series, job.step);
   store::WriteOptions wo;
@@ -191,6 +153,106 @@ Status CheckpointerImpl::publish_record_and_commit(SaveJob& job, size_t i) {
                                      whole.error().message());
   }
   return ok();
+}
+
+Status CheckpointerImpl::gather_records(SaveJob& job, size_t i, Manifest& m) {
+  const Tier& tier = o_.tiers[i];
+  auto removed = [&](const ShardRecord& sh) {
+    return fail(Code::kConflict, "step " + std::to_string(job.step) + " on tier " + tier.name +
+                                     ": shard " +
+                                     shard_key(o_.series, job.step, sh.rank, sh.save_id) +
+                                     " of rank " + std::to_string(sh.rank) +
+                                     " was removed or replaced before the commit; nothing was "
+                                     "committed");
+  };
+  if (o_.world == 1) {
+    // Nothing to wait for; the shard must still be there (a stat: a tier whose credentials
+    // may write but not list still takes a single-rank save).
+    const ShardRecord& own = m.shards[0];
+    auto now = tier.store->stat(shard_key(o_.series, job.step, own.rank, own.save_id));
+    if (!now || now->size != own.bytes || (!own.etag.empty() && now->etag != own.etag))
+      return removed(own);
+    return ok();
+  }
+  // Records read but not (yet) taken, by rank, with the etag they were read at: another
+  // run's record, or one whose shard is not there as recorded. Read again only once the
+  // listing shows that record replaced.
+  std::vector<std::optional<std::pair<std::string, ShardRecord>>> read(o_.world);
+  std::vector<bool> have(o_.world, false);
+  have[0] = true;
+  const auto deadline = Clock::now() + o_.commit_timeout;
+  auto pause = std::chrono::milliseconds(20);
+  for (;;) {
+    // One paged LIST of the step a round: which records are there, and every shard's size
+    // and etag. (A stat per missing rank was world - 1 requests a round.)
+    SLUICE_ASSIGN_OR_RETURN(auto objs, tier.store->list_all(step_prefix(o_.series, job.step)));
+    std::map<std::string, store::ObjectInfo, std::less<>> listed;
+    for (auto& obj : objs) listed.emplace(obj.key, std::move(obj));
+    // Whether the shard a record names is published as recorded (its size and etag).
+    auto published = [&](const ShardRecord& rec) {
+      const std::string sk = shard_key(o_.series, job.step, rec.rank, rec.save_id);
+      auto it = listed.find(sk);
+      if (it == listed.end() || it->second.size != rec.bytes) return false;
+      if (rec.etag.empty() || same_etag(it->second.etag, rec.etag)) return true;
+      // A store whose listing spells an etag otherwise than its stat: ask the shard.
+      auto sh = tier.store->stat(sk);
+      return sh && sh->size == rec.bytes && sh->etag == rec.etag;
+    };
+    for (unsigned r = 1; r < o_.world; ++r) {
+      if (have[r]) continue;
+      const std::string rk = record_key(o_.series, job.step, r);
+      auto at = listed.find(rk);
+      if (at == listed.end()) continue;
+      if (!read[r] || read[r]->first != at->second.etag) {
+        auto doc = read_document(*tier.store, at->second);
+        if (!doc) {
+          // Replaced or removed since the listing: the next round sees what is there.
+          if (doc.error().code() == Code::kNotFound || doc.error().code() == Code::kConflict)
+            continue;
+          return std::unexpected(doc.error());
+        }
+        auto got = decode_record(*doc, rk + " on tier " + tier.name);
+        if (!got) return std::unexpected(got.error());
+        if (got->series != o_.series || got->step != job.step || got->rank != r ||
+            got->world != o_.world)
+          return fail(Code::kCorruption,
+                      rk + " on tier " + tier.name + " describes another rank, step or world");
+        read[r].emplace(at->second.etag, std::move(*got));
+      }
+      const ShardRecord& got = read[r]->second;
+      // A record of another run (an earlier attempt at this step that crashed) is not this
+      // save's: wait for this run's rank to replace it.
+      if (got.run_id != o_.run_id) continue;
+      if (got.chunk_size != o_.chunk_size)
+        return fail(Code::kInvalidArgument,
+                    rk + " on tier " + tier.name + ": rank " + std::to_string(r) +
+                        " uses chunks of " + std::to_string(got.chunk_size) + " bytes, rank 0 of " +
+                        std::to_string(o_.chunk_size));
+      // The record names the shard now published (not one replaced since).
+      if (!published(got)) continue;
+      m.shards[r] = got;
+      have[r] = true;
+    }
+    if (std::all_of(have.begin(), have.end(), [](bool b) { return b; })) {
+      // The manifest may only name what is there now: a shard removed while rank 0 waited
+      // (a gc in another process, an operator) must fail the commit, not be named. This
+      // round's listing says what is there.
+      for (const ShardRecord& sh : m.shards)
+        if (!published(sh)) return removed(sh);
+      return ok();
+    }
+    if (Clock::now() >= deadline) {
+      std::string missing;
+      for (unsigned r = 0; r < o_.world; ++r)
+        if (!have[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      return fail(Code::kTimedOut, "step " + std::to_string(job.step) + " on tier " + tier.name +
+                                       ": no shard record from rank(s) " + missing + " after " +
+                                       std::to_string(o_.commit_timeout.count()) + " ms");
+    }
+    SLUICE_RETURN_IF_ERROR(check_cancel());
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+  }
 }
 
 Status CheckpointerImpl::wait_for_commit(size_t i, uint64_t step, const std::string& save_id) {

@@ -78,12 +78,19 @@ std::optional<MarkerText> parse_marker(std::string_view text) {
   return m;
 }
 
-// Whether the marker's owner ran where this process can see it: this host and, for a
-// version 2 marker, this boot and PID namespace (a container may share the host's name).
+// Whether the marker's owner ran on this machine. A host name alone does not say so:
+// containers on several machines (or a cloned image) share one. The boot id does: the
+// kernel draws it at random at each boot, and containers of one machine read the same. So
+// a machine is its host name and boot id, and a version 1 marker (host name only) is
+// never this machine's.
+bool same_machine(const MarkerText& m) {
+  return m.version >= 2 && m.host == host_name() && m.boot != "-" && m.boot == boot_id();
+}
+
+// Whether the marker's pid names a process this one can look at: this machine and this PID
+// namespace (containers of one machine number their processes apart).
 bool same_process_space(const MarkerText& m) {
-  if (m.host != host_name()) return false;
-  return m.version == 1 ||
-         (m.boot == boot_id() && m.boot != "-" && m.pidns == pid_namespace() && m.pidns != "-");
+  return same_machine(m) && m.pidns != "-" && m.pidns == pid_namespace();
 }
 
 }  // namespace
@@ -110,13 +117,14 @@ bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns) 
   if (now_ns - mtime_ns > lease) return false;
   auto m = parse_marker(text);
   if (!m) return true;
-  if (!same_process_space(*m)) return true;  // another node: only the lease can tell
+  // Another machine, PID namespace, or a marker that cannot say: only the lease can tell.
+  if (!same_process_space(*m)) return true;
   return m->ticks != 0 && start_ticks(m->pid) == m->ticks;
 }
 
 bool live_owner_gone(std::string_view text) {
   auto m = parse_marker(text);
-  if (!m || m->version < 2 || !same_process_space(*m) || m->ticks == 0) return false;
+  if (!m || !same_process_space(*m) || m->ticks == 0) return false;
   return start_ticks(m->pid) != m->ticks;
 }
 

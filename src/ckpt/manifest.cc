@@ -298,6 +298,11 @@ bool parse_step_key(std::string_view series, std::string_view key, uint64_t& ste
 
 Result<std::string> read_document(store::Store& s, const std::string& key) {
   SLUICE_ASSIGN_OR_RETURN(auto info, s.stat(key));
+  return read_document(s, info);
+}
+
+Result<std::string> read_document(store::Store& s, const store::ObjectInfo& info) {
+  const std::string& key = info.key;
   if (info.size > kMaxDocumentBytes)
     return fail(Code::kCorruption, key + " in " + s.uri() + " has " + std::to_string(info.size) +
                                        " bytes; a checkpoint document has at most " +

@@ -3,12 +3,12 @@
 
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <set>
 #include <tuple>
 
 #include "core/parallel.h"
 #include "sluice/core/hash.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::ckpt {
 
@@ -19,7 +19,7 @@ namespace detail {
 class ShardFiles {
  public:
   Result<io::FileHandle*> get(const std::shared_ptr<io::Context>& ctx, const std::string& path) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     auto it = open_.find(path);
     if (it != open_.end()) return it->second.get();
     // A shard replaced by a FIFO or a device must not block or feed the reader.
@@ -34,8 +34,8 @@ class ShardFiles {
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<io::FileHandle>> open_;  // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<io::FileHandle>> open_ SLUICE_GUARDED_BY(mu_);
 };
 
 }  // namespace detail
@@ -215,7 +215,7 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
 
   RestoreReport report;
   report.bytes_by_tier.assign(o_.tiers.size(), 0);
-  std::mutex mu;
+  Mutex mu;
   ShardFiles files;
   // Bounce buffers for device destinations, one per reading thread at most.
   BufferPool bounce(m->shards.empty() ? kDirectAlignment : m->shards[0].chunk_size,
@@ -234,7 +234,7 @@ Result<RestoreReport> CheckpointerImpl::restore(uint64_t step, std::span<const T
     std::string why;
     auto served = read_chunk(step, *t.shard, *t.tensor, t.chunk, holds, {dst, n}, files, why);
     {
-      std::lock_guard lk(mu);
+      MutexLock lk(mu);
       if (!why.empty()) report.problems.push_back(why);
       if (!served) return std::unexpected(served.error());
       report.bytes_by_tier[*served] += n;
@@ -281,7 +281,7 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, const VerifyOptions
   if (tier >= static_cast<int>(o_.tiers.size()))
     return fail(Code::kInvalidArgument, "no tier " + std::to_string(tier));
   VerifyReport report;
-  std::mutex mu;
+  Mutex mu;
   ShardFiles files;
   bool any = false;
   for (size_t i = 0; i < o_.tiers.size(); ++i) {
@@ -310,7 +310,7 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, const VerifyOptions
       const std::string sk = shard_key(o_.series, step, s.rank, s.save_id);
       auto info = o_.tiers[i].store->stat(sk);
       if (!info || info->size != s.bytes) {
-        std::lock_guard lk(mu);
+        MutexLock lk(mu);
         report.problems.push_back(
             sk + " on tier " + o_.tiers[i].name + ": " +
             (info ? "has " + std::to_string(info->size) + " bytes, not " + std::to_string(s.bytes)
@@ -332,7 +332,7 @@ Result<VerifyReport> CheckpointerImpl::verify(uint64_t step, const VerifyOptions
       std::string why;
       auto served =
           read_chunk(step, *it.shard, *it.tensor, it.chunk, only, {buf.data(), n}, files, why);
-      std::lock_guard lk(mu);
+      MutexLock lk(mu);
       ++report.chunks;
       checked += n;
       if (vo.on_progress) vo.on_progress(o_.tiers[i].name, checked, total);

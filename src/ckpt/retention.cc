@@ -48,12 +48,22 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     std::vector<store::ObjectInfo> shards;
     std::vector<store::ObjectInfo> markers;  // of saves under way, or stale ones
     bool live = false;                       // a marker holds the step
+    bool pinned = false;                     // a key of it lies under a pin
     // Saves (save_stem) whose marker proves them gone (live.h: live_owner_gone).
     std::set<std::string, std::less<>> gone;
     size_t records = 0;
   };
   std::map<uint64_t, StepObjects> steps;
   std::map<std::string, uint64_t> sizes;
+  // Asked before anything is judged: without the pins (a ledger down), nothing goes.
+  std::vector<std::string> pins;
+  if (tier.retention.pinned) {
+    auto p = tier.retention.pinned();
+    if (!p)
+      return std::unexpected(
+          p.error().with_context("tier " + tier.name + ": the pins retention honours"));
+    pins = std::move(*p);
+  }
   for (const auto& obj : objs) {
     uint64_t step = 0;
     std::string leaf;
@@ -64,6 +74,9 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
     if (leaf.ends_with(".json") && leaf != "manifest.json") ++s.records;
     if (is_live_leaf(leaf)) s.markers.push_back(obj);
     s.newest_ns = std::max(s.newest_ns, obj.mtime_ns);
+    s.pinned = s.pinned || std::any_of(pins.begin(), pins.end(), [&](const std::string& p) {
+                 return obj.key.starts_with(p) || step_prefix(o_.series, step).starts_with(p);
+               });
     s.keys.push_back(obj.key);
     sizes[obj.key] = obj.size;
   }
@@ -109,7 +122,7 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
   for (auto& [step, s] : steps) s.committed = s.has_manifest && manifest_on(i, step, &sizes);
   std::set<uint64_t> active;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     active = active_steps_;
   }
   std::vector<uint64_t> committed;
@@ -127,7 +140,7 @@ Status CheckpointerImpl::gc_tier(size_t i, GcReport& report) {
   const int64_t cutoff =
       now_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(o_.incomplete_grace).count();
   for (auto& [step, s] : steps) {
-    if (active.count(step) || s.live) continue;
+    if (active.count(step) || s.live || s.pinned) continue;
     SLUICE_RETURN_IF_ERROR(remove_gone_saves(step, s));
     if (s.committed && keep.count(step)) {
       // Markers left by a killed save of a step that got committed all the same.

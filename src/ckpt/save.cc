@@ -142,10 +142,10 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
             page.error().with_context("checkpoint tier " + t.name + " cannot be reached"));
   }
 
-  std::lock_guard staging(save_mu_);
+  MutexLock staging(save_mu_);
   {
     // Under save_mu_, so no other save can add the step between this check and the insert.
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     if (active_steps_.count(step))
       return fail(Code::kAlreadyExists, "step " + std::to_string(step) + " of series " + o_.series +
                                             " is being saved already");
@@ -156,7 +156,7 @@ Result<std::shared_ptr<SaveHandle>> CheckpointerImpl::save(uint64_t step,
   job->first_seq = ring_->reserve(job->segments);
   job->handle = std::make_shared<Handle>(step, r.bytes, o_.tiers);
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     ++active_;
     active_steps_.insert(step);
     stage_q_.push_back(job);
@@ -253,9 +253,10 @@ Status CheckpointerImpl::stage(SaveJob& job, std::span<const TensorView> views) 
   return ok();
 }
 
-std::shared_ptr<SaveJob> CheckpointerImpl::take(std::deque<std::shared_ptr<SaveJob>>& q) {
-  std::unique_lock lk(mu_);
-  cv_.wait(lk, [&] { return stopping_ || !q.empty(); });
+std::shared_ptr<SaveJob> CheckpointerImpl::take(Queue which) {
+  UniqueLock lk(mu_);
+  std::deque<std::shared_ptr<SaveJob>>& q = which == Queue::kStage ? stage_q_ : repl_q_;
+  cv_.wait(lk, [&]() SLUICE_REQUIRES(mu_) { return stopping_ || !q.empty(); });
   if (q.empty()) return nullptr;
   auto job = q.front();
   q.pop_front();
@@ -263,7 +264,7 @@ std::shared_ptr<SaveJob> CheckpointerImpl::take(std::deque<std::shared_ptr<SaveJ
 }
 
 void CheckpointerImpl::stage_loop() {
-  while (std::shared_ptr<SaveJob> job = take(stage_q_)) {
+  while (std::shared_ptr<SaveJob> job = take(Queue::kStage)) {
     // The first tier that takes the shard; with the whole shard in the ring, a failure
     // moves on to the next tier, else only the first can be written.
     const size_t last = job->fits ? o_.tiers.size() : 1;
@@ -303,7 +304,7 @@ void CheckpointerImpl::stage_loop() {
       finish(*job);
       continue;
     }
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     repl_q_.push_back(job);
     cv_.notify_all();
   }
@@ -390,12 +391,12 @@ void CheckpointerImpl::finish(SaveJob& job) {
   const std::string key = live_key(o_.series, job.step, o_.rank, job.record.save_id);
   std::vector<size_t> held;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     for (size_t i = 0; i < o_.tiers.size(); ++i)
       if (live_.erase({i, key})) held.push_back(i);
   }
   for (size_t i : held) (void)o_.tiers[i].store->remove(key);  // gc takes a stale one
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   active_steps_.erase(job.step);
   --active_;
   cv_.notify_all();
@@ -405,22 +406,22 @@ void CheckpointerImpl::hold_step(const SaveJob& job, size_t i) {
   const std::string key = live_key(o_.series, job.step, o_.rank, job.record.save_id);
   const std::string text = live_text();
   (void)o_.tiers[i].store->put(key, std::as_bytes(std::span(text)));
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   live_.insert({i, key});
 }
 
 void CheckpointerImpl::lease_loop() {
   const std::string text = live_text();
-  std::unique_lock lk(mu_);
+  UniqueLock lk(mu_);
   while (!stopping_) {
-    cv_.wait_for(lk, kLiveRefresh, [&] { return stopping_; });
+    cv_.wait_for(lk, kLiveRefresh, [&]() SLUICE_REQUIRES(mu_) { return stopping_; });
     if (stopping_) break;
     const auto markers = live_;
     lk.unlock();
     for (const auto& marker : markers) {
       {
         // finish() may have removed it meanwhile: never write a marker back.
-        std::lock_guard again(mu_);
+        MutexLock again(mu_);
         if (!live_.contains(marker)) continue;
       }
       (void)o_.tiers[marker.first].store->put(marker.second, std::as_bytes(std::span(text)));

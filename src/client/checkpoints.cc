@@ -2,8 +2,12 @@
 #include "sluice/client/checkpoints.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <filesystem>
 
+#include "sluice/client/environment.h"
+#include "sluice/client/ledger.h"
 #include "sluice/peer/object_store.h"
 
 namespace sluice::client {
@@ -39,7 +43,71 @@ Result<std::string> writable_peer(const std::string& uri, const std::string& ser
   return picks.front();
 }
 
+// The ledger's pins on the tier at `uri`, asked anew at each gc (a pin set during a run
+// counts), from the ledger writes are charged through; none when there is no ledger.
+std::function<Result<std::vector<std::string>>()> pins_of(const Session& session,
+                                                          const std::string& uri) {
+  std::string location = uri;
+  if (location.find("://") == std::string::npos) {
+    std::error_code ec;
+    location = std::filesystem::absolute(location, ec).string();
+  }
+  return [session, location]() -> Result<std::vector<std::string>> {
+    SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes(session));
+    if (!ledger) return std::vector<std::string>{};
+    SLUICE_ASSIGN_OR_RETURN(auto projects, ledger->projects());
+    SLUICE_ASSIGN_OR_RETURN(auto pins, ledger->pins());
+    return ledger::Ledger::pins_within(projects, pins, location);
+  };
+}
+
 }  // namespace
+
+Result<PeerTierSettings> peer_tier_settings(const PeerSpec& given,
+                                            const std::vector<std::string>& uris) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  PeerTierSettings out;
+  out.node = !given.node.empty() ? given.node : env("SLUICE_NODE_NAME");
+  if (out.node.empty()) out.node = short_host_name();
+  if (!names_peer_tier(uris)) return out;
+  const std::string secret_file =
+      !given.secret_file.empty() ? given.secret_file : env("SLUICE_NODE_SECRET_FILE");
+  if (secret_file.empty())
+    return fail(Code::kInvalidArgument,
+                "a sluiced:// or peer:// tier needs the job's node secret: --node-secret-file "
+                "FILE (Python: node_secret_file=), or $SLUICE_NODE_SECRET_FILE");
+  SLUICE_ASSIGN_OR_RETURN(out.secret, read_node_secret(secret_file));
+  for (const std::string& t : uris) {
+    if (!t.starts_with("peer://")) continue;
+    std::string spec = given.members, source = "--peers";
+    if (spec.empty()) spec = env("SLUICE_PEERS"), source = "$SLUICE_PEERS";
+    if (spec.empty())
+      return fail(Code::kInvalidArgument,
+                  "tier " + t +
+                      ": a peer:// tier needs the job's members: --peers FILE or --peers slurm "
+                      "(Python: peers=), or $SLUICE_PEERS");
+    uint16_t port = given.port;
+    if (port == 0 && !env("SLUICE_PEER_PORT").empty()) {
+      const std::string text = env("SLUICE_PEER_PORT");
+      unsigned v = 0;
+      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || p != text.data() + text.size() || v == 0 || v > 65535)
+        return fail(Code::kInvalidArgument,
+                    "$SLUICE_PEER_PORT '" + text + "' is not a port (1 to 65535)");
+      port = static_cast<uint16_t>(v);
+    }
+    auto members = members_from_environment(spec, port);
+    if (!members)
+      return std::unexpected(members.error().with_context(source + " (and the peer port)"));
+    out.members = std::move(*members);
+    out.members_source = source + " " + spec;
+    break;
+  }
+  return out;
+}
 
 std::string default_checkpoint_tier(const std::string& home) {
   return home + "/ckpt";
@@ -107,6 +175,7 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const Session& ses
     SLUICE_ASSIGN_OR_RETURN(ckpt::Tier t,
                             ckpt::open_tier(uri, so, tiers.writes || tiers.uris.empty()));
     t.retention = tiers.retention;
+    t.retention.pinned = pins_of(session, uri);
     if (tiers.charge) {
       SLUICE_ASSIGN_OR_RETURN(t.store, session.charged(t.store, ledger::Kind::kCheckpoint));
     }
@@ -114,32 +183,6 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const Session& ses
     o.tiers.push_back(std::move(t));
   }
   return ckpt::Checkpointer::open(std::move(o));
-}
-
-Status check_no_pins(const Session& session, const std::vector<std::string>& tier_uris) {
-  SLUICE_ASSIGN_OR_RETURN(auto ledger, session.ledger_for_writes());
-  if (!ledger) return ok();
-  SLUICE_ASSIGN_OR_RETURN(auto projects, ledger->projects());
-  SLUICE_ASSIGN_OR_RETURN(auto pins, ledger->pins());
-  std::vector<std::string> tiers = tier_uris;
-  if (tiers.empty()) tiers.push_back(default_checkpoint_tier(session.options().home));
-  for (const auto& tier : tiers) {
-    std::string location = tier;
-    if (location.find("://") == std::string::npos) {
-      std::error_code ec;
-      location = std::filesystem::absolute(location, ec).string();
-    }
-    const ledger::Project* p = ledger::Ledger::owner_of(projects, location);
-    if (!p) continue;
-    for (const auto& [project, prefix] : pins)
-      if (project == p->id)
-        return fail(Code::kPermissionDenied,
-                    "tier " + tier + " belongs to project '" + p->id +
-                        "', which has pinned data (" + prefix +
-                        "): --keep-last/--keep-every here would not honour it; use "
-                        "sluice gc rule set and sluice gc run, which do");
-  }
-  return ok();
 }
 
 }  // namespace sluice::client

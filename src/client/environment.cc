@@ -108,6 +108,41 @@ LedgerChoice ledger_from_environment(const std::string& flag) {
   return {};
 }
 
+uint64_t default_cache_ram(Profile profile) {
+  switch (profile) {
+    case Profile::kCommand:
+      return 0;
+    case Profile::kDaemon:
+      return uint64_t{1} << 30;
+    case Profile::kLibrary:
+      return uint64_t{1} << 30;
+  }
+  return 0;
+}
+
+Result<SessionOptions> session_options_from_environment(const SessionOverrides& given,
+                                                        Profile profile) {
+  SessionOptions o;
+  o.home = given.home.empty() ? home_from_environment() : given.home;
+  cache::CacheOptions& c = o.cache;
+  c.directory = given.cache_dir.empty() ? o.home + "/cache" : given.cache_dir;
+  c.ram_bytes = given.cache_ram.value_or(default_cache_ram(profile));
+  c.disk_bytes = given.cache_size.value_or(c.disk_bytes);
+  c.chunk_size = given.chunk_size.value_or(c.chunk_size);
+  c.policy = given.policy.value_or(c.policy);
+  c.revalidate_after = given.revalidate_after.value_or(c.revalidate_after);
+  c.offline = given.offline;
+  // A daemon touches its RAM tier up front (CacheOptions::prefault_ram); a command or a
+  // program's embedded cache would pay that on every start.
+  c.prefault_ram = profile == Profile::kDaemon;
+  o.daemon_socket = given.daemon_socket;
+  if (given.with_s3) {
+    SLUICE_ASSIGN_OR_RETURN(o.s3, s3_options_from_environment(given.aws));
+  }
+  o.ledger = ledger_from_environment(given.ledger);
+  return o;
+}
+
 Result<std::vector<peer::Member>> members_from_environment(const std::string& spec,
                                                            uint16_t slurm_port) {
   if (spec != "slurm") {

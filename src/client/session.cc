@@ -1,12 +1,11 @@
-// The client session: stores, the node's cache and the ledger opened from explicit options
-// (see session.h).
+// The client session: stores and the node's cache opened from explicit options, writes
+// charged through the session's Charging (see session.h).
 #include "sluice/client/session.h"
 
 #include <sys/stat.h>
 
 #include <filesystem>
 
-#include "sluice/ledger/charging_store.h"
 #include "sluice/node/client.h"
 
 namespace sluice::client {
@@ -103,40 +102,21 @@ std::string Session::ledger_uri() const {
   return o_.ledger.uri.empty() ? o_.home + "/ledger.db" : o_.ledger.uri;
 }
 
-Result<std::unique_ptr<ledger::Ledger>> Session::open_ledger() const {
-  if (ledger_uri() == o_.home + "/ledger.db") {  // the embedded one, however it was named
-    std::error_code ec;
-    std::filesystem::create_directories(o_.home, ec);
-  }
-  auto l = ledger::Ledger::open(ledger_uri());
-  if (!l) return std::unexpected(l.error().with_context("cannot open the ledger"));
-  return l;
-}
-
-Result<std::shared_ptr<ledger::Ledger>> Session::ledger_for_writes() const {
-  const std::string uri = ledger_uri();
+bool Session::has_ledger() const {
   struct stat st;
-  if (o_.ledger.uri.empty() && ::stat(uri.c_str(), &st) != 0)
-    return std::shared_ptr<ledger::Ledger>{};  // no ledger: nothing to charge
-  const std::string how = o_.ledger.source.empty() ? uri : o_.ledger.source;
-  auto l = ledger::Ledger::open(uri);
-  if (!l)
-    return std::unexpected(
-        l.error().with_context("cannot open the ledger (" + how +
-                               ") to charge this write; a configured ledger is never skipped"));
-  auto projects = (*l)->projects();
-  if (!projects) return std::unexpected(projects.error());
-  if (projects->empty()) return std::shared_ptr<ledger::Ledger>{};
-  return std::shared_ptr<ledger::Ledger>(std::move(*l));
+  return !o_.ledger.uri.empty() || ::stat(ledger_uri().c_str(), &st) == 0;
 }
 
 Result<std::shared_ptr<store::Store>> Session::charged(std::shared_ptr<store::Store> store,
                                                        std::optional<ledger::Kind> kind) const {
-  SLUICE_ASSIGN_OR_RETURN(auto ledger, ledger_for_writes());
-  if (!ledger) return store;
-  SLUICE_ASSIGN_OR_RETURN(
-      auto wrapped, ledger::with_charging(std::move(store), std::move(ledger), {.kind = kind}));
-  return std::shared_ptr<store::Store>(std::move(wrapped));
+  if (o_.charging) return o_.charging->charged(*this, std::move(store), kind);
+  if (!has_ledger()) return store;
+  const std::string how = o_.ledger.source.empty() ? ledger_uri() : o_.ledger.source;
+  return fail(Code::kUnsupported,
+              "a ledger (" + how +
+                  ") would charge this write, and this program charges none "
+                  "(SessionOptions::charging; client::ledger_charging in sluice::client): refused "
+                  "rather than let through uncounted");
 }
 
 }  // namespace sluice::client

@@ -5,12 +5,12 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 
@@ -23,7 +23,7 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
   ~Executor() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -31,7 +31,7 @@ class Executor {
   }
   void post(std::function<void()> fn) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(std::move(fn));
     }
     cv_.notify_one();
@@ -39,9 +39,9 @@ class Executor {
 
  private:
   void run() {
-    std::unique_lock lock(mu_);
+    UniqueLock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;
       {
         auto fn = std::move(queue_.front());
@@ -52,10 +52,10 @@ class Executor {
       lock.lock();
     }
   }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ SLUICE_GUARDED_BY(mu_);
+  bool stopping_ SLUICE_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "sluice/core/status.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 
@@ -17,12 +17,12 @@ namespace sluice {
 // first error wins and is returned; after it no new index starts.
 inline Status parallel_for(size_t n, unsigned threads, const std::function<Status(size_t)>& fn) {
   std::atomic<size_t> next{0};
-  std::mutex mu;
+  Mutex mu;
   std::optional<Error> first;
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < n;) {
       if (auto st = fn(i); !st) {
-        std::lock_guard lock(mu);
+        MutexLock lock(mu);
         if (!first) first = st.error();
         next.store(n);
       }

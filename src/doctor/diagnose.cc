@@ -161,6 +161,14 @@ struct Facts {
   const DeviceActivity* dev = nullptr;
   std::vector<const OpenFile*> files;  // the job's files on that device
   bool direct = false, buffered = false;
+  const ThreadActivity* top = nullptr;  // the busiest thread
+  // The device's requests: average size R and how many in flight Q; the job's read calls'
+  // average size S.
+  double R = 0, Q = 0, S = 0;
+  unsigned qd_now = 1;
+  bool no_direct = false;          // a file's file system refuses O_DIRECT
+  const OpenFile* frag = nullptr;  // the most fragmented of the job's files, if any is
+  bool split = false;              // the device sees requests under half the calls' size
 
   double gain_to(double rate) const {
     if (rate <= 0) return 2;
@@ -171,35 +179,242 @@ struct Facts {
     auto p = ceiling->best_at(bs, max_qd);
     return p ? p->bytes_s : 0;
   }
+  double best_of(const char* engine) const {
+    if (!ceiling) return 0;
+    auto b = ceiling->best(engine);
+    return b ? b->bytes_s : 0;
+  }
+  // Fragmentation explains the small requests (fragmented), rather than splitting.
+  bool fragmented() const { return frag && (split || R < 256 * kKiB); }
 };
 
-void add(std::vector<std::pair<int, Cause>>& out, int tier, Cause c) {
-  out.emplace_back(tier, std::move(c));
+Facts gather(const Observation& ob, const std::optional<Ceiling>& ceiling) {
+  Facts f{ob, ceiling};
+  f.job = ob.job.read_bytes_s;
+  if (ceiling)
+    if (auto b = ceiling->best()) f.best = b->bytes_s;
+  f.top = ob.job.threads.empty() ? nullptr : &ob.job.threads.front();
+  if (!ob.device) return f;
+  f.dev = &*ob.device;
+  for (const auto& file : ob.files) {
+    if (::major(file.dev) != f.dev->device.major || ::minor(file.dev) != f.dev->device.minor)
+      continue;
+    f.files.push_back(&file);
+    (file.direct ? f.direct : f.buffered) = true;
+  }
+  f.R = f.dev->avg_read_bytes;
+  f.Q = f.dev->in_flight;
+  f.S = ob.job.avg_call_bytes;
+  f.qd_now = static_cast<unsigned>(std::max(1.0, std::round(f.Q)));
+  for (auto* file : f.files) {
+    f.no_direct = f.no_direct || !file->direct_ok;
+    if (!file->block_device && file->extents >= 256 &&
+        static_cast<double>(file->size) / static_cast<double>(file->extents) < kMiB &&
+        (!f.frag || file->extents > f.frag->extents))
+      f.frag = file;
+  }
+  f.split = f.S > 0 && f.R > 0 && f.R < f.S / 2;
+  return f;
 }
+
+// --- the rules: each looks for one cause and says what points at it -------------------
+
+// An outside limit: a cgroup throttle on the device.
+std::optional<Cause> throttled(const Facts& f) {
+  if (!f.ob.limit) return std::nullopt;
+  const auto& l = *f.ob.limit;
+  bool at_bps = l.bytes_per_s && f.job >= 0.7 * static_cast<double>(l.bytes_per_s);
+  bool at_iops = l.iops && f.dev->read_iops >= 0.7 * static_cast<double>(l.iops);
+  if (!at_bps && !at_iops) return std::nullopt;
+  return Cause{"throttled", "the device is throttled for this job's cgroup",
+               fmt("%s of cgroup %s limits reads on %s to %s; the job reads %s", l.file.c_str(),
+                   l.cgroup.c_str(), f.dev->device.name.c_str(),
+                   at_bps ? format_rate(static_cast<double>(l.bytes_per_s)).c_str()
+                          : fmt("%llu IOPS", static_cast<unsigned long long>(l.iops)).c_str(),
+                   format_rate(f.job).c_str()),
+               "raise or remove the limit (" + l.file + "), or run the job in a cgroup without it",
+               f.gain_to(f.best)};
+}
+
+// An outside limit: other processes' I/O on the same device.
+std::optional<Cause> shared_device(const Facts& f) {
+  double total = f.dev->read_bytes_s + f.dev->write_bytes_s;
+  double others = std::max(0.0, total - f.job - f.ob.job.write_bytes_s);
+  bool busy = f.dev->utilisation >= 0.7 || (f.best > 0 && total >= 0.6 * f.best);
+  if (total <= 0 || others < 0.3 * total || !busy) return std::nullopt;
+  return Cause{"shared-device", "another process's I/O shares the device",
+               fmt("%s moved %s (%.0f%% busy, %.1f requests in flight); this job read %s of it, "
+                   "others %s (%.0f%%)",
+                   f.dev->device.name.c_str(), format_rate(total).c_str(), 100 * f.dev->utilisation,
+                   f.dev->in_flight, format_rate(f.job).c_str(), format_rate(others).c_str(),
+                   100 * others / total),
+               "move the other I/O to another device or time, or give this job a larger share "
+               "(io.weight / blkio.weight, or a throttle on the neighbour)",
+               f.gain_to(f.best > 0 ? f.best : total)};
+}
+
+// A thread that computes instead of waiting for I/O.
+std::optional<Cause> cpu_bound(const Facts& f) {
+  const ThreadActivity* top = f.top;
+  if (!top || top->cpu < 0.85 || top->user < 0.5 * top->cpu) return std::nullopt;
+  return Cause{"cpu-bound", "one thread is saturated by its own computation",
+               fmt("thread %d (%s) used %.0f%% of a core, %.0f%% of it in user code, while the "
+                   "job read %s",
+                   top->tid, top->name.c_str(), 100 * top->cpu, 100 * top->user / top->cpu,
+                   format_rate(f.job).c_str()),
+               "move the work between reads off the reading thread (more reader threads, or "
+               "prefetch on another thread), or make it cheaper",
+               f.gain_to(f.best)};
+}
+
+std::optional<Cause> no_direct(const Facts& f) {
+  if (!f.no_direct) return std::nullopt;
+  return Cause{
+      "no-direct", "the file system does not take O_DIRECT: every read goes through the page cache",
+      fmt("%s refuses O_DIRECT; the job reads %s from storage in %s requests",
+          f.files.front()->fs_type.c_str(), format_rate(f.job).c_str(), format_bytes(f.R).c_str()),
+      "use large reads and more readahead (posix_fadvise SEQUENTIAL, read_ahead_kb), or "
+      "keep hot data on a file system that takes O_DIRECT",
+      std::max(1.2, f.gain_to(f.best_of("buffered")))};
+}
+
+std::optional<Cause> buffered(const Facts& f) {
+  // Where O_DIRECT is refused, no-direct says it; reads the page cache serves are not this.
+  if (f.no_direct || f.job < 0.1 * f.ob.job.rchar_s) return std::nullopt;
+  const double buffered_best = f.best_of("buffered");
+  return Cause{
+      "buffered", "buffered reads from a cold page cache",
+      fmt("the job's files are open without O_DIRECT; the device sees %s requests "
+          "(read_ahead_kb %llu) with %.1f in flight%s%s",
+          format_bytes(f.R).c_str(), static_cast<unsigned long long>(f.dev->device.read_ahead_kb),
+          f.Q,
+          buffered_best > 0
+              ? ("; buffered reads top out at " + format_rate(buffered_best) + " here").c_str()
+              : "",
+          f.best > 0 ? ("; O_DIRECT reaches " + format_rate(f.best)).c_str() : ""),
+      "read with O_DIRECT and large requests in flight (sluice's data path does), or at least "
+      "posix_fadvise(SEQUENTIAL) and a larger read_ahead_kb",
+      f.gain_to(f.best)};
+}
+
+std::optional<Cause> page_cache_thrash(const Facts& f) {
+  const double used = f.ob.job.rchar_s;
+  if (used <= 0 || f.job <= 1.3 * used) return std::nullopt;
+  return Cause{"page-cache-thrash", "the page cache throws away what it read ahead",
+               fmt("the job fetched %s from storage but read only %s: %.1f bytes fetched per "
+                   "byte used",
+                   format_rate(f.job).c_str(), format_rate(used).c_str(), f.job / used),
+               "lower read_ahead_kb or use posix_fadvise(RANDOM) for random reads, give the job "
+               "more memory, or read with O_DIRECT",
+               f.job / used};
+}
+
+std::optional<Cause> fragmented(const Facts& f) {
+  if (!f.fragmented()) return std::nullopt;
+  const OpenFile& file = *f.frag;
+  double avg_extent = static_cast<double>(file.size) / static_cast<double>(file.extents);
+  return Cause{
+      "fragmented", "the file is fragmented: each read is cut at extent boundaries",
+      fmt("%s has %lld extents (%s on average over %s); the device sees %s requests%s",
+          file.path.c_str(), static_cast<long long>(file.extents), format_bytes(avg_extent).c_str(),
+          format_bytes(static_cast<double>(file.size)).c_str(), format_bytes(f.R).c_str(),
+          f.S > 0 ? fmt(" for %s read calls", format_bytes(f.S).c_str()).c_str() : ""),
+      "rewrite the file in one go (cp to a new file, or e4defrag / xfs_fsr), and preallocate "
+      "(fallocate) files written piece by piece",
+      std::max(1.5, f.gain_to(f.at(f.S > 0 ? static_cast<uint64_t>(f.S) : 1 << 20, f.qd_now)))};
+}
+
+std::optional<Cause> split_requests(const Facts& f) {
+  if (!f.split || f.fragmented()) return std::nullopt;
+  return Cause{"split-requests", "requests are split before they reach the device",
+               fmt("the job reads %s per call but the device sees %s requests (max_sectors_kb "
+                   "%llu on %s)",
+                   format_bytes(f.S).c_str(), format_bytes(f.R).c_str(),
+                   static_cast<unsigned long long>(f.dev->device.max_sectors_kb),
+                   f.dev->device.disk.c_str()),
+               "raise max_sectors_kb on the disk, or read in pieces of at most that size with "
+               "more in flight",
+               std::max(1.2, f.at(static_cast<uint64_t>(f.S), f.qd_now) /
+                                 std::max(1.0, f.at(static_cast<uint64_t>(f.R), f.qd_now)))};
+}
+
+std::optional<Cause> unaligned(const Facts& f) {
+  if (f.S <= 0 || std::fmod(f.S, 4096) == 0 || f.direct) return std::nullopt;
+  return Cause{"unaligned", "reads are not aligned to 4 KiB",
+               fmt("the job's read calls average %.0f bytes, not a multiple of 4 KiB", f.S),
+               "read in multiples of 4 KiB at 4 KiB-aligned offsets", 1.2};
+}
+
+std::optional<Cause> queue_depth(const Facts& f) {
+  if (f.Q >= 2 || f.R <= 0) return std::nullopt;
+  double more = f.at(static_cast<uint64_t>(f.R));
+  if (more != 0 && more < 1.5 * f.job) return std::nullopt;
+  return Cause{"queue-depth", "too little parallelism: one request at a time",
+               fmt("average request %s and %.1f requests in flight, %.2f ms each: the reader "
+                   "waits for every read before it issues the next",
+                   format_bytes(f.R).c_str(), f.Q, f.dev->read_await_ms),
+               more > 0 ? fmt("keep more reads in flight (io_uring or more threads): %s "
+                              "requests reach %s here",
+                              format_bytes(f.R).c_str(), format_rate(more).c_str())
+                        : "keep more reads in flight (io_uring, or more reader threads)",
+               f.gain_to(more)};
+}
+
+std::optional<Cause> request_size(const Facts& f) {
+  if (f.R <= 0 || f.R >= 128 * kKiB || f.frag || f.split) return std::nullopt;
+  double big = f.at(1 << 20, f.qd_now), now = f.at(static_cast<uint64_t>(f.R), f.qd_now);
+  if (big != 0 && big < 1.5 * now) return std::nullopt;
+  return Cause{"request-size", "requests are too small",
+               fmt("average request %s; at %.0f in flight the sweep reaches %s with 1 MiB "
+                   "requests against %s with %s",
+                   format_bytes(f.R).c_str(), std::max(1.0, f.Q), format_rate(big).c_str(),
+                   format_rate(now).c_str(), format_bytes(f.R).c_str()),
+               "read in larger pieces (1 MiB or more), or batch small samples into shards",
+               f.gain_to(big)};
+}
+
+// Where a rule looks.
+enum class Scope {
+  kJob,            // always: the job's threads
+  kDevice,         // the job's device was found
+  kBufferedReads,  // the device, no outside limit, the job's files read through the page cache
+  kDirectReads,    // the device, no outside limit, otherwise
+};
+
+struct Rule {
+  // The rank of what it finds: 0-1 an outside limit (while one holds, the job's own request
+  // pattern cannot be judged), 2 the job's own threads, 3 its request pattern (ranked by
+  // the gain fixing it would bring, shown only from a 15% gain).
+  int rank;
+  Scope scope;
+  std::optional<Cause> (*find)(const Facts&);
+};
+
+// Every rule, in the order of the report's ties (docs/doctor.md explains each).
+constexpr Rule kRules[] = {
+    {0, Scope::kDevice, throttled},
+    {1, Scope::kDevice, shared_device},
+    {2, Scope::kJob, cpu_bound},
+    {3, Scope::kBufferedReads, no_direct},
+    {3, Scope::kBufferedReads, buffered},
+    {3, Scope::kBufferedReads, page_cache_thrash},
+    {3, Scope::kDirectReads, fragmented},
+    {3, Scope::kDirectReads, split_requests},
+    {3, Scope::kDirectReads, unaligned},
+    {3, Scope::kDirectReads, queue_depth},
+    {3, Scope::kDirectReads, request_size},
+};
 
 }  // namespace
 
 Diagnosis diagnose(const Observation& ob, const std::optional<Ceiling>& ceiling) {
   Diagnosis d;
-  Facts f{ob, ceiling};
-  f.job = ob.job.read_bytes_s;
-  if (ceiling)
-    if (auto b = ceiling->best()) f.best = b->bytes_s;
+  const Facts f = gather(ob, ceiling);
   d.job_bytes_s = f.job;
   d.ceiling_bytes_s = f.best;
-  if (ob.device) {
-    f.dev = &*ob.device;
-    for (const auto& file : ob.files) {
-      if (::major(file.dev) != f.dev->device.major || ::minor(file.dev) != f.dev->device.minor)
-        continue;
-      f.files.push_back(&file);
-      (file.direct ? f.direct : f.buffered) = true;
-    }
-  }
-  const auto& job = ob.job;
-  const ThreadActivity* top = job.threads.empty() ? nullptr : &job.threads.front();
-  std::vector<std::pair<int, Cause>> found;
+  const JobActivity& job = ob.job;
 
+  // Two verdicts come before any rule: nothing was read, or nothing is left to gain.
   if (f.job < 64 * kKiB && job.rchar_s < 64 * kKiB) {
     d.causes.push_back(
         {"idle", "the job read almost nothing while it was watched",
@@ -211,186 +426,36 @@ Diagnosis diagnose(const Observation& ob, const std::optional<Ceiling>& ceiling)
   // Reads served by the page cache never reach the device: the job is limited by copies.
   const bool from_cache = f.job < 0.1 * job.rchar_s;
   if (f.best > 0 && (f.job >= 0.75 * f.best || (from_cache && job.rchar_s >= 0.75 * f.best))) {
-    d.causes.push_back({"healthy", "nothing to fix: the job reads at the storage's ceiling",
-                        fmt("the job reads %s, %.0f%% of the %s the sweep measured",
-                            format_rate(std::max(f.job, from_cache ? job.rchar_s : 0)).c_str(),
-                            100 * std::max(f.job, from_cache ? job.rchar_s : 0) / f.best,
-                            format_rate(f.best).c_str()),
-                        "faster storage, or fewer bytes (compression, caching on a faster tier)",
-                        1});
+    const double reads = std::max(f.job, from_cache ? job.rchar_s : 0);
+    d.causes.push_back(
+        {"healthy", "nothing to fix: the job reads at the storage's ceiling",
+         fmt("the job reads %s, %.0f%% of the %s the sweep measured", format_rate(reads).c_str(),
+             100 * reads / f.best, format_rate(f.best).c_str()),
+         "faster storage, or fewer bytes (compression, caching on a faster tier)", 1});
     return d;
   }
 
-  // An outside limit: a cgroup throttle on the device.
-  if (ob.limit && f.dev) {
-    const auto& l = *ob.limit;
-    bool at_bps = l.bytes_per_s && f.job >= 0.7 * static_cast<double>(l.bytes_per_s);
-    bool at_iops = l.iops && f.dev->read_iops >= 0.7 * static_cast<double>(l.iops);
-    if (at_bps || at_iops)
-      add(found, 0,
-          {"throttled", "the device is throttled for this job's cgroup",
-           fmt("%s of cgroup %s limits reads on %s to %s; the job reads %s", l.file.c_str(),
-               l.cgroup.c_str(), f.dev->device.name.c_str(),
-               at_bps ? format_rate(static_cast<double>(l.bytes_per_s)).c_str()
-                      : fmt("%llu IOPS", static_cast<unsigned long long>(l.iops)).c_str(),
-               format_rate(f.job).c_str()),
-           "raise or remove the limit (" + l.file + "), or run the job in a cgroup without it",
-           f.gain_to(f.best)});
-  }
-  // An outside limit: other processes' I/O on the same device.
-  if (f.dev) {
-    double total = f.dev->read_bytes_s + f.dev->write_bytes_s;
-    double others = std::max(0.0, total - f.job - job.write_bytes_s);
-    bool busy = f.dev->utilisation >= 0.7 || (f.best > 0 && total >= 0.6 * f.best);
-    if (total > 0 && others >= 0.3 * total && busy)
-      add(found, 1,
-          {"shared-device", "another process's I/O shares the device",
-           fmt("%s moved %s (%.0f%% busy, %.1f requests in flight); this job read %s of it, "
-               "others %s (%.0f%%)",
-               f.dev->device.name.c_str(), format_rate(total).c_str(), 100 * f.dev->utilisation,
-               f.dev->in_flight, format_rate(f.job).c_str(), format_rate(others).c_str(),
-               100 * others / total),
-           "move the other I/O to another device or time, or give this job a larger share "
-           "(io.weight / blkio.weight, or a throttle on the neighbour)",
-           f.gain_to(f.best > 0 ? f.best : total)});
-  }
-  const bool outside = !found.empty();
-
-  // A thread that computes instead of waiting for I/O.
-  if (top && top->cpu >= 0.85 && top->user >= 0.5 * top->cpu)
-    add(found, 2,
-        {"cpu-bound", "one thread is saturated by its own computation",
-         fmt("thread %d (%s) used %.0f%% of a core, %.0f%% of it in user code, while the job "
-             "read %s",
-             top->tid, top->name.c_str(), 100 * top->cpu, 100 * top->user / top->cpu,
-             format_rate(f.job).c_str()),
-         "move the work between reads off the reading thread (more reader threads, or "
-         "prefetch on another thread), or make it cheaper",
-         f.gain_to(f.best)});
-
-  if (f.dev && !outside) {
-    const double R = f.dev->avg_read_bytes, Q = f.dev->in_flight, S = job.avg_call_bytes;
-    const unsigned qd_now = static_cast<unsigned>(std::max(1.0, std::round(Q)));
-    bool no_direct = false;
-    for (auto* file : f.files) no_direct = no_direct || !file->direct_ok;
-
-    if (f.buffered && !f.direct) {
-      if (no_direct) {
-        add(found, 3,
-            {"no-direct",
-             "the file system does not take O_DIRECT: every read goes through "
-             "the page cache",
-             fmt("%s refuses O_DIRECT; the job reads %s from storage in %s requests",
-                 f.files.front()->fs_type.c_str(), format_rate(f.job).c_str(),
-                 format_bytes(R).c_str()),
-             "use large reads and more readahead (posix_fadvise SEQUENTIAL, read_ahead_kb), or "
-             "keep hot data on a file system that takes O_DIRECT",
-             std::max(1.2, f.gain_to(ceiling ? (ceiling->best("buffered")
-                                                    ? ceiling->best("buffered")->bytes_s
-                                                    : 0)
-                                             : 0))});
-      } else if (f.job >= 0.1 * job.rchar_s) {
-        double buffered_best = 0;
-        if (ceiling)
-          if (auto b = ceiling->best("buffered")) buffered_best = b->bytes_s;
-        add(found, 3,
-            {"buffered", "buffered reads from a cold page cache",
-             fmt("the job's files are open without O_DIRECT; the device sees %s requests "
-                 "(read_ahead_kb %llu) with %.1f in flight%s%s",
-                 format_bytes(R).c_str(),
-                 static_cast<unsigned long long>(f.dev->device.read_ahead_kb), Q,
-                 buffered_best > 0
-                     ? ("; buffered reads top out at " + format_rate(buffered_best) + " here")
-                           .c_str()
-                     : "",
-                 f.best > 0 ? ("; O_DIRECT reaches " + format_rate(f.best)).c_str() : ""),
-             "read with O_DIRECT and large requests in flight (sluice's data path does), or "
-             "at least posix_fadvise(SEQUENTIAL) and a larger read_ahead_kb",
-             f.gain_to(f.best)});
-      }
-      if (job.rchar_s > 0 && f.job > 1.3 * job.rchar_s)
-        add(found, 3,
-            {"page-cache-thrash", "the page cache throws away what it read ahead",
-             fmt("the job fetched %s from storage but read only %s: %.1f bytes fetched per "
-                 "byte used",
-                 format_rate(f.job).c_str(), format_rate(job.rchar_s).c_str(), f.job / job.rchar_s),
-             "lower read_ahead_kb or use posix_fadvise(RANDOM) for random reads, give the job "
-             "more memory, or read with O_DIRECT",
-             f.job / job.rchar_s});
-    } else {
-      // The requests the device sees, against what the application asked for.
-      const OpenFile* frag = nullptr;
-      for (auto* file : f.files)
-        if (!file->block_device && file->extents >= 256 &&
-            static_cast<double>(file->size) / static_cast<double>(file->extents) < kMiB &&
-            (!frag || file->extents > frag->extents))
-          frag = file;
-      const bool split = S > 0 && R > 0 && R < S / 2;
-      if (frag && (split || R < 256 * kKiB)) {
-        double avg_extent = static_cast<double>(frag->size) / static_cast<double>(frag->extents);
-        add(found, 3,
-            {"fragmented", "the file is fragmented: each read is cut at extent boundaries",
-             fmt("%s has %lld extents (%s on average over %s); the device sees %s requests%s",
-                 frag->path.c_str(), static_cast<long long>(frag->extents),
-                 format_bytes(avg_extent).c_str(),
-                 format_bytes(static_cast<double>(frag->size)).c_str(), format_bytes(R).c_str(),
-                 S > 0 ? fmt(" for %s read calls", format_bytes(S).c_str()).c_str() : ""),
-             "rewrite the file in one go (cp to a new file, or e4defrag / xfs_fsr), and "
-             "preallocate (fallocate) files written piece by piece",
-             std::max(1.5, f.gain_to(f.at(S > 0 ? static_cast<uint64_t>(S) : 1 << 20, qd_now)))});
-      } else if (split) {
-        add(found, 3,
-            {"split-requests", "requests are split before they reach the device",
-             fmt("the job reads %s per call but the device sees %s requests (max_sectors_kb "
-                 "%llu on %s)",
-                 format_bytes(S).c_str(), format_bytes(R).c_str(),
-                 static_cast<unsigned long long>(f.dev->device.max_sectors_kb),
-                 f.dev->device.disk.c_str()),
-             "raise max_sectors_kb on the disk, or read in pieces of at most that size with "
-             "more in flight",
-             std::max(1.2, f.at(static_cast<uint64_t>(S), qd_now) /
-                               std::max(1.0, f.at(static_cast<uint64_t>(R), qd_now)))});
-      }
-      if (S > 0 && std::fmod(S, 4096) != 0 && !f.direct)
-        add(found, 3,
-            {"unaligned", "reads are not aligned to 4 KiB",
-             fmt("the job's read calls average %.0f bytes, not a multiple of 4 KiB", S),
-             "read in multiples of 4 KiB at 4 KiB-aligned offsets", 1.2});
-      if (Q < 2 && R > 0) {
-        double more = f.at(static_cast<uint64_t>(R));
-        if (more == 0 || more >= 1.5 * f.job)
-          add(found, 3,
-              {"queue-depth", "too little parallelism: one request at a time",
-               fmt("average request %s and %.1f requests in flight, %.2f ms each: the reader "
-                   "waits for every read before it issues the next",
-                   format_bytes(R).c_str(), Q, f.dev->read_await_ms),
-               more > 0 ? fmt("keep more reads in flight (io_uring or more threads): %s "
-                              "requests reach %s here",
-                              format_bytes(R).c_str(), format_rate(more).c_str())
-                        : "keep more reads in flight (io_uring, or more reader threads)",
-               f.gain_to(more)});
-      }
-      if (R > 0 && R < 128 * kKiB && !frag && !split) {
-        double big = f.at(1 << 20, qd_now), now = f.at(static_cast<uint64_t>(R), qd_now);
-        if (big == 0 || big >= 1.5 * now)
-          add(found, 3,
-              {"request-size", "requests are too small",
-               fmt("average request %s; at %.0f in flight the sweep reaches %s with 1 MiB "
-                   "requests against %s with %s",
-                   format_bytes(R).c_str(), std::max(1.0, Q), format_rate(big).c_str(),
-                   format_rate(now).c_str(), format_bytes(R).c_str()),
-               "read in larger pieces (1 MiB or more), or batch small samples into shards",
-               f.gain_to(big)});
-      }
-    }
-  }
+  std::vector<std::pair<int, Cause>> found;
+  auto in_scope = [&](Scope scope) {
+    if (scope == Scope::kJob) return true;
+    if (!f.dev) return false;
+    if (scope == Scope::kDevice) return true;
+    const bool outside =
+        std::any_of(found.begin(), found.end(), [](const auto& x) { return x.first < 2; });
+    if (outside) return false;
+    const bool buffered_only = f.buffered && !f.direct;
+    return buffered_only == (scope == Scope::kBufferedReads);
+  };
+  for (const Rule& r : kRules)
+    if (in_scope(r.scope))
+      if (auto c = r.find(f)) found.emplace_back(r.rank, std::move(*c));
 
   std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
     if (a.first != b.first) return a.first < b.first;
     return a.second.gain > b.second.gain;
   });
-  for (auto& [tier, c] : found)
-    if (tier < 3 || c.gain >= 1.15) d.causes.push_back(std::move(c));
+  for (auto& [rank, c] : found)
+    if (rank < 3 || c.gain >= 1.15) d.causes.push_back(std::move(c));
   if (d.causes.empty()) {
     d.causes.push_back({"healthy", "no cause found",
                         f.best > 0

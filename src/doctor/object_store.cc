@@ -7,10 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
+
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::doctor {
 
@@ -30,11 +31,22 @@ bool cancelled(const StoreProbeOptions& o) {
 
 // Counts requests and keeps the first error, across the probe's threads.
 struct Tally {
-  std::mutex mu;
-  uint64_t requests = 0, errors = 0;
-  std::string first_error;
+  Mutex mu;
+  uint64_t requests SLUICE_GUARDED_BY(mu) = 0;
+  uint64_t errors SLUICE_GUARDED_BY(mu) = 0;
+  std::string first_error SLUICE_GUARDED_BY(mu);
+  std::string first() {
+    MutexLock lk(mu);
+    return first_error;
+  }
+  void report(StoreProbe& p) {
+    MutexLock lk(mu);
+    p.requests = requests;
+    p.errors = errors;
+    p.first_error = first_error;
+  }
   void add(const Result<size_t>& r) {
-    std::lock_guard lk(mu);
+    MutexLock lk(mu);
     ++requests;
     if (!r) {
       ++errors;
@@ -128,7 +140,7 @@ Result<StoreProbe> probe_store(store::Store& s, const StoreProbeOptions& o) {
   }
   if (cancelled(o)) return fail(Code::kCancelled, "probe of " + s.uri() + " interrupted");
   if (lat.empty())
-    return fail(Code::kUnavailable, "no read from " + s.uri() + " succeeded: " + tally.first_error);
+    return fail(Code::kUnavailable, "no read from " + s.uri() + " succeeded: " + tally.first());
   std::sort(lat.begin(), lat.end());
   p.latency_p50_ms = lat[lat.size() / 2];
   p.latency_p90_ms = lat[std::min(lat.size() - 1, lat.size() * 9 / 10)];
@@ -148,9 +160,7 @@ Result<StoreProbe> probe_store(store::Store& s, const StoreProbeOptions& o) {
     p.levels.push_back(lv);
   }
   if (cancelled(o)) return fail(Code::kCancelled, "probe of " + s.uri() + " interrupted");
-  p.requests = tally.requests;
-  p.errors = tally.errors;
-  p.first_error = tally.first_error;
+  tally.report(p);
   p.throttled = o.throttled ? o.throttled() - throttled0 : 0;
   return p;
 }

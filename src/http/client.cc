@@ -6,8 +6,9 @@
 #include <strings.h>
 #include <algorithm>
 #include <cctype>
-#include <condition_variable>
 #include <cstring>
+
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::http {
 
@@ -19,10 +20,12 @@ std::string HttpResponse::header(std::string_view name) const {
 
 struct HttpClient::Pool {
   HttpOptions options;
-  std::mutex mu;
-  std::condition_variable cv;
-  unsigned in_use = 0;      // guarded by mu
-  std::vector<CURL*> idle;  // guarded by mu: handles with live connections, for reuse
+  Mutex mu;
+  CondVar cv;
+  unsigned in_use SLUICE_GUARDED_BY(mu) = 0;
+  // Multi handles whose connection caches keep live connections, for reuse: each request
+  // runs a fresh easy handle on one of them (see perform).
+  std::vector<CURLM*> idle SLUICE_GUARDED_BY(mu);
 };
 
 namespace {
@@ -105,6 +108,22 @@ size_t on_upload(char* buf, size_t size, size_t n, void* user) {
   return len;
 }
 
+// Runs the one transfer `h` on `m`, whose connection cache it uses, to its end.
+CURLcode run_transfer(CURLM* m, CURL* h) {
+  if (curl_multi_add_handle(m, h) != CURLM_OK) return CURLE_FAILED_INIT;
+  CURLcode rc = CURLE_FAILED_INIT;
+  for (int running = 1; running;) {
+    if (curl_multi_perform(m, &running) != CURLM_OK) break;
+    // Returns at libcurl's own deadlines (timeouts) too.
+    if (running && curl_multi_poll(m, nullptr, 0, 1000, nullptr) != CURLM_OK) break;
+  }
+  int left = 0;
+  while (CURLMsg* msg = curl_multi_info_read(m, &left))
+    if (msg->msg == CURLMSG_DONE && msg->easy_handle == h) rc = msg->data.result;
+  curl_multi_remove_handle(m, h);
+  return rc;
+}
+
 Error transport_error(CURLcode rc, const char* detail) {
   std::string msg = detail && *detail ? std::string(detail) : curl_easy_strerror(rc);
   switch (rc) {
@@ -135,37 +154,45 @@ HttpClient::HttpClient(const HttpOptions& options) : pool_(std::make_unique<Pool
 }
 
 HttpClient::~HttpClient() {
-  for (CURL* h : pool_->idle) curl_easy_cleanup(h);
+  for (CURLM* m : pool_->idle) curl_multi_cleanup(m);
 }
 
 Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
-  CURL* h = nullptr;
+  // A fresh easy handle per request, its connection kept in the connection cache of a multi
+  // handle that one request uses at a time. A reused easy handle is unsafe with libcurl
+  // before 8.1.0 (Debian 12 has 7.88): it keeps a pointer to the previous transfer's last
+  // header, freed when the next transfer starts, and a reply whose first header line is
+  // folded (starts with a space) reads it (curl issue 11101; found by
+  // fuzz/peer_object_reply_fuzz.cc). Any server could crash the process that way.
+  CURLM* m = nullptr;
   {
-    std::unique_lock lock(pool_->mu);
-    pool_->cv.wait(lock, [&] { return pool_->in_use < pool_->options.max_in_flight; });
+    UniqueLock lock(pool_->mu);
+    pool_->cv.wait(lock, [&]() SLUICE_REQUIRES(pool_->mu) {
+      return pool_->in_use < pool_->options.max_in_flight;
+    });
     ++pool_->in_use;
     if (!pool_->idle.empty()) {
-      h = pool_->idle.back();
+      m = pool_->idle.back();
       pool_->idle.pop_back();
     }
   }
+  CURL* h = curl_easy_init();
   auto release = [&](bool reuse) {
-    std::lock_guard lock(pool_->mu);
+    if (h) curl_easy_cleanup(h);  // the request's pointers go with it
+    MutexLock lock(pool_->mu);
     --pool_->in_use;
-    if (h && reuse) {
-      curl_easy_reset(h);  // drop pointers into this call's stack frame, keep the connection
-      pool_->idle.push_back(h);
-    } else if (h) {
-      curl_easy_cleanup(h);
+    if (m && reuse) {
+      pool_->idle.push_back(m);  // keeps the live connection and DNS cache
+    } else if (m) {
+      curl_multi_cleanup(m);
     }
     pool_->cv.notify_one();
   };
-  if (!h) h = curl_easy_init();
-  if (!h) {
+  if (!m) m = curl_multi_init();
+  if (!m || !h) {
     release(false);
-    return fail(Code::kInternal, "curl_easy_init failed");
+    return fail(Code::kInternal, "curl_multi_init or curl_easy_init failed");
   }
-  curl_easy_reset(h);  // keeps the live connection and DNS cache
 
   HttpResponse resp;
   Transfer t{&req, &resp, h, pool_->options.max_body_bytes};
@@ -212,7 +239,7 @@ Result<HttpResponse> HttpClient::perform(const HttpRequest& req) {
     headers = curl_slist_append(headers, "Content-Type:");
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
 
-  CURLcode rc = curl_easy_perform(h);
+  CURLcode rc = run_transfer(m, h);
   curl_slist_free_all(headers);
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
   const bool overflow = resp.sink_overflow || resp.body_overflow;

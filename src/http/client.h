@@ -1,8 +1,9 @@
 // The one HTTP/1.1 client over libcurl, for the S3 store and the peer stores (chunks from a
 // peer's cache, a peer's object space). Internal: no public header names it.
 //
-// - Connection reuse: a pool of curl easy handles, each keeping its connection alive
-//   between requests; a request borrows one and gives it back.
+// - Connection reuse: a pool of curl multi handles, each keeping its connection alive
+//   between requests; a request borrows one, runs a fresh easy handle on it and gives it
+//   back (an easy handle is never reused: see perform).
 // - Bounded concurrency: at most `max_in_flight` requests run at once across all threads;
 //   more wait for a slot. Too many concurrent requests collapse an object store's
 //   throughput, so this is the knob.

@@ -368,6 +368,7 @@ struct RunState {
   io::FileHandle& fh;
   mem::Target* target;  // null: host buffers
   uint64_t blocks;
+  // Relaxed where polled: it only ends issuing early; results are joined with the threads.
   std::atomic<bool> stop{false};
   // Workers set up (buffers touched, batch leased), report ready, then wait for `go`, so
   // the clock and CPU accounting cover only the I/O.

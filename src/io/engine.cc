@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/io/engine.h"
 #include "sluice/telemetry/registry.h"
 
@@ -92,7 +91,7 @@ class ThreadPoolEngine final : public Engine {
   }
   ~ThreadPoolEngine() override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     work_cv_.notify_all();
@@ -102,7 +101,7 @@ class ThreadPoolEngine final : public Engine {
   Status submit(std::span<const Request> requests) override {
     if (requests.empty()) return ok();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (in_flight_ + requests.size() > depth_)
         return fail(Code::kInvalidArgument, "engine queue full: " + std::to_string(in_flight_) +
                                                 " in flight, depth " + std::to_string(depth_));
@@ -118,9 +117,10 @@ class ThreadPoolEngine final : public Engine {
 
   Result<size_t> wait(std::span<Completion> out, size_t min_complete,
                       std::chrono::nanoseconds timeout) override {
-    std::unique_lock lock(mu_);
+    UniqueLock lock(mu_);
     min_complete = std::min({min_complete, out.size(), static_cast<size_t>(in_flight_)});
-    done_cv_.wait_for(lock, timeout, [&] { return done_.size() >= min_complete; });
+    done_cv_.wait_for(lock, timeout,
+                      [&]() SLUICE_REQUIRES(mu_) { return done_.size() >= min_complete; });
     size_t n = std::min(out.size(), done_.size());
     std::copy_n(done_.begin(), n, out.begin());
     done_.erase(done_.begin(), done_.begin() + static_cast<ptrdiff_t>(n));
@@ -132,7 +132,7 @@ class ThreadPoolEngine final : public Engine {
 
   unsigned capacity() const override { return depth_; }
   unsigned in_flight() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return in_flight_;
   }
   EngineKind kind() const override { return EngineKind::kThreadPool; }
@@ -140,9 +140,9 @@ class ThreadPoolEngine final : public Engine {
 
  private:
   void work() {
-    std::unique_lock lock(mu_);
+    UniqueLock lock(mu_);
     while (true) {
-      work_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      work_cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) { return stopping_ || !pending_.empty(); });
       if (pending_.empty()) return;  // stopping, and nothing left to run
       Request r = pending_.front();
       pending_.pop_front();
@@ -156,12 +156,12 @@ class ThreadPoolEngine final : public Engine {
 
   const unsigned depth_;
   EngineMetrics metrics_;
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<Request> pending_;   // guarded by mu_
-  std::vector<Completion> done_;  // guarded by mu_
-  unsigned in_flight_ = 0;        // guarded by mu_: submitted and not yet reaped
-  bool stopping_ = false;         // guarded by mu_
+  mutable Mutex mu_;
+  CondVar work_cv_, done_cv_;
+  std::deque<Request> pending_ SLUICE_GUARDED_BY(mu_);
+  std::vector<Completion> done_ SLUICE_GUARDED_BY(mu_);
+  unsigned in_flight_ SLUICE_GUARDED_BY(mu_) = 0;  // submitted and not yet reaped
+  bool stopping_ SLUICE_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

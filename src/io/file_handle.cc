@@ -9,17 +9,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "core/executor.h"
 #include "shim/cufile.h"
 #include "sluice/core/fd.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/mem/buffer_pool.h"
 
 namespace sluice::io {
@@ -34,17 +33,18 @@ struct FileState {
   bool writable = false;
   // Set when direct I/O that opened fine fails with EINVAL at run time (some file systems
   // accept O_DIRECT on open and refuse it per request); later requests go buffered.
+  // Relaxed: a request that misses it goes direct once more and fails over again.
   std::atomic<bool> direct_broken{false};
   CuFileLibrary* gds = nullptr;
   void* gds_handle = nullptr;
   std::string engine;
-  mutable std::mutex mu;
-  std::string why;  // guarded by mu
+  mutable Mutex mu;
+  std::string why SLUICE_GUARDED_BY(mu);
 
   bool direct() const { return dfd.valid() && !direct_broken.load(std::memory_order_relaxed); }
 
   void note(const std::string& s) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     why += (why.empty() ? "" : " ") + s;
   }
 
@@ -88,8 +88,8 @@ class EngineLease {
 struct Context::Internals {
   ContextOptions options;
   BufferPool host_staging;
-  std::mutex mu;
-  std::vector<std::unique_ptr<Engine>> idle;  // guarded by mu
+  Mutex mu;
+  std::vector<std::unique_ptr<Engine>> idle SLUICE_GUARDED_BY(mu);
   Executor executor;
 
   explicit Internals(const ContextOptions& o)
@@ -97,7 +97,7 @@ struct Context::Internals {
 
   Result<EngineLease> lease() {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (!idle.empty()) {
         auto e = std::move(idle.back());
         idle.pop_back();
@@ -109,7 +109,7 @@ struct Context::Internals {
   }
 
   void give_back(std::unique_ptr<Engine> e) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (idle.size() < 64) idle.push_back(std::move(e));
   }
 };
@@ -748,7 +748,7 @@ PathReport FileHandle::path_report() const {
   r.direct = state_->direct();
   r.gds = state_->gds_handle != nullptr;
   r.engine = state_->engine;
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   r.why = state_->why;
   return r;
 }

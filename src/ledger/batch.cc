@@ -79,12 +79,12 @@ std::chrono::nanoseconds Batcher::gather_time() const {
 }
 
 void Batcher::run(BatchOp& op) {
-  std::unique_lock lock(mu_);
+  UniqueLock lock(mu_);
   queue_.push_back(&op);
   ++callers_;
   peak_callers_ = std::max(peak_callers_, callers_);
   if (gathering_) gather_cv_.notify_one();
-  cv_.wait(lock, [&] {
+  cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) {
     return op.done || (leaders_ < kMaxLeaders && !queue_.empty() && queue_.front() == &op);
   });
   if (op.done) {
@@ -99,7 +99,8 @@ void Batcher::run(BatchOp& op) {
   if (const size_t expect = std::min(peak_callers_, kMaxBatch); queue_.size() < expect) {
     const auto deadline = std::chrono::steady_clock::now() + gather_time();
     gathering_ = true;
-    gather_cv_.wait_until(lock, deadline, [&] { return queue_.size() >= expect; });
+    gather_cv_.wait_until(lock, deadline,
+                          [&]() SLUICE_REQUIRES(mu_) { return queue_.size() >= expect; });
     gathering_ = false;
   }
   // Everything queued so far goes in this batch, and leaves the queue; callers arriving

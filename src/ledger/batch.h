@@ -12,13 +12,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ledger/db.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/ledger/ledger.h"
 
 namespace sluice::ledger {
@@ -57,20 +56,22 @@ class Batcher {
   Status execute_pg(const std::vector<BatchOp*>& batch);
 
   // How long a new leader waits for callers of the last batch to come back, at most.
-  std::chrono::nanoseconds gather_time() const;
+  std::chrono::nanoseconds gather_time() const SLUICE_REQUIRES(mu_);
 
   Db& db_;
   int64_t (*clock_)();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<BatchOp*> queue_;  // waiting for a leader
-  int leaders_ = 0;
+  Mutex mu_;
+  CondVar cv_;
+  // A queued op's `done` is guarded by mu_ too, which an annotation in BatchOp cannot name.
+  std::deque<BatchOp*> queue_ SLUICE_GUARDED_BY(mu_);  // waiting for a leader
+  int leaders_ SLUICE_GUARDED_BY(mu_) = 0;
   // Callers inside run() now, and the most seen since the last batch began: how many a
   // leader may expect to gather.
-  size_t callers_ = 0, peak_callers_ = 0;
-  bool gathering_ = false;  // a leader waits in gather_cv_ for more
-  std::condition_variable gather_cv_;
-  std::chrono::nanoseconds last_batch_time_{0};
+  size_t callers_ SLUICE_GUARDED_BY(mu_) = 0;
+  size_t peak_callers_ SLUICE_GUARDED_BY(mu_) = 0;
+  bool gathering_ SLUICE_GUARDED_BY(mu_) = false;  // a leader waits in gather_cv_ for more
+  CondVar gather_cv_;
+  std::chrono::nanoseconds last_batch_time_ SLUICE_GUARDED_BY(mu_){0};
 };
 
 }  // namespace sluice::ledger

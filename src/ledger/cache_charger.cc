@@ -3,13 +3,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "ledger/project_index.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/telemetry/registry.h"
 
 namespace sluice::ledger {
@@ -24,14 +23,17 @@ struct CacheCharger::Impl {
   // tally); `reservation` (when not empty) holds `left` bytes not admitted yet; `dirty`:
   // the ledger has not been told `held` yet.
   struct Allowance {
-    std::mutex mu;
-    ChargeTarget target;
+    Mutex mu;
+    ChargeTarget target;  // target, tag and the counters: set once, when it is made
     uint32_t tag = 0;
-    std::string reservation;
-    int64_t left = 0, held = 0;
-    bool dirty = false;
-    bool retired = false;  // its project was removed: nothing is charged to it any more
-    Clock::time_point refused_until{}, logged{};
+    std::string reservation SLUICE_GUARDED_BY(mu);
+    int64_t left SLUICE_GUARDED_BY(mu) = 0;
+    int64_t held SLUICE_GUARDED_BY(mu) = 0;
+    bool dirty SLUICE_GUARDED_BY(mu) = false;
+    // Its project was removed: nothing is charged to it any more.
+    bool retired SLUICE_GUARDED_BY(mu) = false;
+    Clock::time_point refused_until SLUICE_GUARDED_BY(mu){};
+    Clock::time_point logged SLUICE_GUARDED_BY(mu){};
     telemetry::Counter* charged = nullptr;  // per team; null without a registry
     telemetry::Counter* refused = nullptr;
   };
@@ -44,19 +46,21 @@ struct CacheCharger::Impl {
   std::function<std::string(std::string_view)> location_of;
   CacheChargerOptions o;
 
-  std::mutex unowned_mu;  // guards unowned_logged
-  Clock::time_point unowned_logged{};
-  std::mutex map_mu;  // guards both maps (not the allowances)
-  std::map<std::string, Allowance*, std::less<>> by_project;
-  std::vector<std::unique_ptr<Allowance>> by_tag;  // tag t at t - 1; never shrinks
+  Mutex unowned_mu;
+  Clock::time_point unowned_logged SLUICE_GUARDED_BY(unowned_mu){};
+  Mutex map_mu;  // guards both maps (not the allowances)
+  std::map<std::string, Allowance*, std::less<>> by_project SLUICE_GUARDED_BY(map_mu);
+  // Tag t at t - 1; never shrinks.
+  std::vector<std::unique_ptr<Allowance>> by_tag SLUICE_GUARDED_BY(map_mu);
 
+  // Relaxed: statistics, only reported (stats()); the charges themselves are under the locks.
   std::atomic<uint64_t> admitted_chunks{0}, admitted_bytes{0}, refused_chunks{0}, refused_bytes{0},
       freed_bytes{0}, adopted_chunks{0}, adopted_bytes{0}, uncharged_chunks{0}, flushes{0},
       flush_errors{0};
 
-  std::mutex stop_mu;
-  std::condition_variable stop_cv;
-  bool stopping = false;
+  Mutex stop_mu;
+  CondVar stop_cv;
+  bool stopping SLUICE_GUARDED_BY(stop_mu) = false;
   std::thread flusher;  // runs once started
 
   // Logs `line` unless a line went out at `last` less than a minute ago.
@@ -67,11 +71,11 @@ struct CacheCharger::Impl {
     last = now;
     o.log(line);
   }
-  void log(Allowance& a, const std::string& line) { log(a.logged, line); }
+  void log(Allowance& a, const std::string& line) SLUICE_REQUIRES(a.mu) { log(a.logged, line); }
 
   // The allowance of `target`'s project, made on first use.
   Allowance* allowance_for(const ChargeTarget& target) {
-    std::lock_guard lock(map_mu);
+    MutexLock lock(map_mu);
     auto it = by_project.find(target.project);
     if (it != by_project.end()) return it->second;
     auto a = std::make_unique<Allowance>();
@@ -101,14 +105,14 @@ struct CacheCharger::Impl {
   }
 
   Allowance* allowance_of(uint32_t tag) {
-    std::lock_guard lock(map_mu);
+    MutexLock lock(map_mu);
     return tag == 0 || tag > by_tag.size() ? nullptr : by_tag[tag - 1].get();
   }
 
   // Tells the ledger `a`'s count and ends its reservation, in one transaction. Sent again
   // after a failure (a lost reply included): the count is absolute, and a reservation
   // already ended is not ended twice.
-  Status settle_locked(Allowance& a) {
+  Status settle_locked(Allowance& a) SLUICE_REQUIRES(a.mu) {
     if (a.retired || (!a.dirty && a.reservation.empty())) return {};
     Status s = projects.ledger().set_tally(o.source, a.target, a.held, a.reservation);
     if (!s && s.error().code() == Code::kNotFound) {
@@ -125,14 +129,14 @@ struct CacheCharger::Impl {
   // The project of `a` is gone from the ledger: its reservation is released, its chunks
   // are no longer counted (the tag stays, and frees nothing), and a project of that ID
   // made later gets an allowance of its own.
-  void retire_locked(Allowance& a) {
+  void retire_locked(Allowance& a) SLUICE_REQUIRES(a.mu) {
     if (!a.reservation.empty()) (void)projects.ledger().release(a.reservation);
     a.reservation.clear();
     a.left = a.held = 0;
     a.dirty = false;
     a.retired = true;
     {
-      std::lock_guard lock(map_mu);
+      MutexLock lock(map_mu);
       auto it = by_project.find(a.target.project);
       if (it != by_project.end() && it->second == &a) by_project.erase(it);
     }
@@ -143,7 +147,7 @@ struct CacheCharger::Impl {
     auto found = allowance_of(key);
     if (!found) {
       refuse(bytes);
-      std::lock_guard lock(unowned_mu);
+      MutexLock lock(unowned_mu);
       log(unowned_logged,
           "cache: not keeping a chunk of '" + std::string(key) +
               "' on NVMe: the ledger cannot say whose it is: " + found.error().message());
@@ -154,7 +158,7 @@ struct CacheCharger::Impl {
       return 0;
     }
     Allowance& a = **found;
-    std::lock_guard lock(a.mu);
+    MutexLock lock(a.mu);
     if (a.retired) {  // removed as this chunk came: kept uncharged, as a key no project owns
       uncharged_chunks.fetch_add(1, std::memory_order_relaxed);
       return 0;
@@ -202,7 +206,7 @@ struct CacheCharger::Impl {
     auto found = allowance_of(key);
     if (!found || !*found) return 0;  // unowned, or the ledger is down: kept uncharged
     Allowance& a = **found;
-    std::lock_guard lock(a.mu);
+    MutexLock lock(a.mu);
     if (a.retired) return 0;
     a.held += bytes;
     a.dirty = true;
@@ -214,7 +218,7 @@ struct CacheCharger::Impl {
   void freed(uint32_t tag, int64_t bytes) {
     Allowance* a = allowance_of(tag);
     if (!a) return;
-    std::lock_guard lock(a->mu);
+    MutexLock lock(a->mu);
     if (a->retired) return;
     a->held = std::max<int64_t>(0, a->held - bytes);
     a->dirty = true;
@@ -236,7 +240,7 @@ struct CacheCharger::Impl {
     for (const Tally& t : before) {
       if (t.target.tier == o.tier && t.target.kind == o.kind) {
         Allowance* a = allowance_for(t.target);
-        std::lock_guard lock(a->mu);
+        MutexLock lock(a->mu);
         a->dirty = true;
       } else {
         SLUICE_RETURN_IF_ERROR(projects.ledger().set_tally(o.source, t.target, 0));
@@ -248,12 +252,12 @@ struct CacheCharger::Impl {
   Status flush() {
     std::vector<Allowance*> all;
     {
-      std::lock_guard lock(map_mu);
+      MutexLock lock(map_mu);
       for (auto& a : by_tag) all.push_back(a.get());
     }
     Status first;
     for (Allowance* a : all) {
-      std::lock_guard lock(a->mu);
+      MutexLock lock(a->mu);
       Status s = settle_locked(*a);
       if (!s) {
         flush_errors.fetch_add(1, std::memory_order_relaxed);
@@ -267,9 +271,11 @@ struct CacheCharger::Impl {
   }
 
   void run_flusher() {
-    std::unique_lock lock(stop_mu);
+    UniqueLock lock(stop_mu);
     while (!stopping) {
-      if (stop_cv.wait_for(lock, o.flush_interval, [&] { return stopping; })) break;
+      if (stop_cv.wait_for(lock, o.flush_interval,
+                           [&]() SLUICE_REQUIRES(stop_mu) { return stopping; }))
+        break;
       lock.unlock();
       (void)flush();
       lock.lock();
@@ -309,7 +315,7 @@ CacheCharger::~CacheCharger() {
     return;
   }
   {
-    std::lock_guard lock(impl_->stop_mu);
+    MutexLock lock(impl_->stop_mu);
     impl_->stopping = true;
   }
   impl_->stop_cv.notify_all();

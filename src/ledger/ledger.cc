@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <random>
 #include <thread>
 
@@ -20,6 +19,7 @@
 #include "ledger/db.h"
 #include "ledger/sql.h"
 #include "ledger/uri.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/store/store.h"
 
 namespace sluice::ledger {
@@ -339,8 +339,8 @@ Status validate_name(std::string_view what, std::string_view name) {
 }
 
 struct Ledger::Sampling {
-  std::mutex mu;
-  std::map<std::pair<std::string, Tier>, int64_t> last_ns;
+  Mutex mu;
+  std::map<std::pair<std::string, Tier>, int64_t> last_ns SLUICE_GUARDED_BY(mu);
 };
 
 Ledger::Ledger(std::unique_ptr<Db> db, LedgerOptions options)
@@ -563,6 +563,27 @@ const Project* Ledger::owner_of(const std::vector<Project>& projects, std::strin
   for (const auto& p : projects)
     if (under(loc, p.location) && (!best || p.location.size() > best->location.size())) best = &p;
   return best;
+}
+
+std::vector<std::string> Ledger::pins_within(
+    const std::vector<Project>& projects,
+    const std::vector<std::pair<std::string, std::string>>& pins, std::string_view location) {
+  const std::string loc = normalise_location(location);
+  const Project* p = owner_of(projects, loc);
+  if (!p) return {};
+  // Where `location` lies in its project, as the project's keys are spelled: "sub/dir/".
+  std::string sub = loc.substr(std::min(p->location.size(), loc.size()));
+  while (sub.starts_with("/")) sub.erase(0, 1);
+  if (!sub.empty()) sub += "/";
+  std::vector<std::string> out;
+  for (const auto& [project, prefix] : pins) {
+    if (project != p->id) continue;
+    if (sub.starts_with(prefix))
+      out.push_back("");
+    else if (prefix.starts_with(sub))
+      out.push_back(prefix.substr(sub.size()));
+  }
+  return out;
 }
 
 // --- quotas ----------------------------------------------------------------------------
@@ -1053,7 +1074,7 @@ Status Ledger::record_history() {
 void Ledger::maybe_sample(const std::string& team, Tier tier) {
   int64_t now = now_ns();
   {
-    std::lock_guard lock(sampling_->mu);
+    MutexLock lock(sampling_->mu);
     int64_t& last = sampling_->last_ns[{team, tier}];
     if (last != 0 && now - last < options_.history_interval.count() * 1'000'000'000) return;
     last = now;

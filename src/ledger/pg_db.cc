@@ -8,13 +8,12 @@
 // 40P01) come back as Conflict, and `transaction` runs the function again.
 #include <libpq-fe.h>
 
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "ledger/db.h"
 #include "ledger/uri.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::ledger {
 namespace {
@@ -224,7 +223,7 @@ class PgDb final : public Db {
   }
 
   void put_back(std::unique_ptr<PgConn> c) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (c->broken()) {
       --open_;
     } else {
@@ -234,8 +233,8 @@ class PgDb final : public Db {
   }
 
   Result<std::unique_ptr<PgConn>> borrow() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !idle_.empty() || open_ < max_; });
+    UniqueLock lock(mu_);
+    cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) { return !idle_.empty() || open_ < max_; });
     if (!idle_.empty()) {
       auto c = std::move(idle_.back());
       idle_.pop_back();
@@ -245,7 +244,7 @@ class PgDb final : public Db {
     lock.unlock();
     auto c = connect();
     if (!c) {
-      std::lock_guard again(mu_);
+      MutexLock again(mu_);
       --open_;
       cv_.notify_one();
     }
@@ -284,10 +283,10 @@ class PgDb final : public Db {
  private:
   std::string uri_;
   size_t max_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<PgConn>> idle_;
-  size_t open_ = 0;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::unique_ptr<PgConn>> idle_ SLUICE_GUARDED_BY(mu_);
+  size_t open_ SLUICE_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -5,11 +5,11 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string_view>
 #include <vector>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/ledger/ledger.h"
 
 namespace sluice::ledger {
@@ -23,7 +23,7 @@ class ProjectIndex {
   // asked again for every location.
   Status load() {
     auto projects = ledger_->projects();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     loaded_ = std::chrono::steady_clock::now();
     if (!projects) return std::unexpected(projects.error());
     projects_ = std::move(*projects);
@@ -35,7 +35,7 @@ class ProjectIndex {
   Result<std::optional<Project>> owner(std::string_view location) {
     for (int pass = 0; pass < 2; ++pass) {
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         if (const Project* p = Ledger::owner_of(projects_, location)) return *p;
         if (pass == 1 || std::chrono::steady_clock::now() - loaded_ < kRefresh) break;
       }
@@ -49,9 +49,9 @@ class ProjectIndex {
  private:
   static constexpr auto kRefresh = std::chrono::seconds(5);
   std::shared_ptr<Ledger> ledger_;
-  std::mutex mu_;
-  std::vector<Project> projects_;
-  std::chrono::steady_clock::time_point loaded_{};
+  Mutex mu_;
+  std::vector<Project> projects_ SLUICE_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point loaded_ SLUICE_GUARDED_BY(mu_){};
 };
 
 }  // namespace sluice::ledger

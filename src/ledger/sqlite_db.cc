@@ -9,9 +9,9 @@
 
 #include <charconv>
 #include <map>
-#include <mutex>
 
 #include "ledger/db.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::ledger {
 
@@ -160,12 +160,12 @@ class SqliteDb final : public Db {
   std::string describe() const override { return "sqlite://" + path_; }
 
   Status with_conn(const std::function<Status(Conn&)>& fn) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return fn(*conn_);
   }
 
   Status transaction(const std::function<Status(Conn&)>& fn) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Status last;
     for (int attempt = 0; attempt < 5; ++attempt) {
       // The busy timeout waits for another process's write lock here.
@@ -185,8 +185,9 @@ class SqliteDb final : public Db {
   }
 
  private:
-  std::mutex mu_;
-  std::unique_ptr<SqliteConn> conn_;
+  Mutex mu_;
+  std::unique_ptr<SqliteConn> conn_
+      SLUICE_PT_GUARDED_BY(mu_);  // one connection, one user at a time
   std::string path_;
 };
 

@@ -76,7 +76,7 @@ BufferPool::BufferPool(size_t buffer_size, size_t max_idle, Allocator allocator)
 
 Result<PooledBuffer> BufferPool::acquire() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!idle_.empty()) {
       AlignedBuffer b = std::move(idle_.back());
       idle_.pop_back();
@@ -86,7 +86,7 @@ Result<PooledBuffer> BufferPool::acquire() {
   }
   auto b = allocator_(buffer_size_);
   if (!b) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     --live_;
     return std::unexpected(b.error());
   }
@@ -98,19 +98,19 @@ Result<size_t> BufferPool::reserve(size_t count, const std::atomic<bool>& stop) 
   // Relaxed: `stop` only cuts the work short; the buffers are published under mu_.
   while (!stop.load(std::memory_order_relaxed)) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (live_ >= count || idle_.size() >= max_idle_) break;
       ++live_;
     }
     auto b = allocator_(buffer_size_);
     if (!b) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       --live_;
       return fail(b.error().code(), "after " + std::to_string(added) + " of " +
                                         std::to_string(count) + " buffers: " + b.error().message());
     }
     for (size_t at = 0; at < b->size(); at += 4096) b->data()[at] = std::byte{0};
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     idle_.push_back(std::move(*b));
     ++added;
   }
@@ -119,7 +119,7 @@ Result<size_t> BufferPool::reserve(size_t count, const std::atomic<bool>& stop) 
 
 void BufferPool::shed(size_t bytes, size_t keep_idle) {
   std::vector<AlignedBuffer> freed;  // freed outside the lock
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (idle_.size() <= keep_idle) {
     shed_bytes_ = 0;  // nothing beyond the floor: nothing owed
     return;
@@ -134,12 +134,12 @@ void BufferPool::shed(size_t bytes, size_t keep_idle) {
 }
 
 size_t BufferPool::idle() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return idle_.size();
 }
 
 void BufferPool::give_back(AlignedBuffer buf) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (idle_.size() < max_idle_) {
     idle_.push_back(std::move(buf));
   } else {
@@ -155,7 +155,7 @@ Result<std::shared_ptr<AlignedBuffer>> BufferRecycler::acquire(size_t size) {
   size = std::max<size_t>(size, 1);
   AlignedBuffer got;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     // The smallest idle buffer that fits, if it is no more than twice the size.
     size_t best = idle_.size();
     for (size_t i = 0; i < idle_.size(); ++i)
@@ -189,12 +189,12 @@ Result<std::shared_ptr<AlignedBuffer>> BufferRecycler::acquire(size_t size) {
 }
 
 size_t BufferRecycler::idle_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return idle_bytes_;
 }
 
 void BufferRecycler::give_back(AlignedBuffer buf) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (idle_bytes_ + buf.size() > max_idle_bytes_) return;  // freed on the way out
   idle_bytes_ += buf.size();
   idle_.push_back(std::move(buf));

@@ -5,10 +5,10 @@
 // non-blocking stream; each copy records an event from a ring, and a ticket's completion
 // is that event's.
 #include <array>
-#include <mutex>
 #include <vector>
 
 #include "shim/cudart.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/mem/target.h"
 
 namespace sluice::mem {
@@ -57,14 +57,14 @@ class CudaTarget final : public Target {
   Status wait(uint64_t ticket) override {
     cudaEvent_t e;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (ticket == 0 || ticket + kEvents <= issued_) return ok();  // long since done
       e = events_[ticket % kEvents];
     }
     return check(api_.EventSynchronize(e), "cudaEventSynchronize");
   }
   bool done(uint64_t ticket) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ticket == 0 || ticket + kEvents <= issued_) return true;
     return api_.EventQuery(events_[ticket % kEvents]) != kErrorNotReady;
   }
@@ -86,7 +86,7 @@ class CudaTarget final : public Target {
   }
 
   Result<uint64_t> enqueue(void* dst, const void* src, size_t n, int kind) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     uint64_t t = issued_ + 1;
     cudaEvent_t e = events_[t % kEvents];
     // A ticket reuses an event only once the copy kEvents earlier has finished.
@@ -102,8 +102,8 @@ class CudaTarget final : public Target {
   int device_;
   cudaStream_t stream_ = nullptr;
   std::array<cudaEvent_t, kEvents> events_{};
-  std::mutex mu_;
-  uint64_t issued_ = 0;  // guarded by mu_
+  Mutex mu_;
+  uint64_t issued_ SLUICE_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

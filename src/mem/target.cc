@@ -1,12 +1,12 @@
 // Host target, the emulated device, and what every target shares.
 #include <sys/mman.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <thread>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/mem/target.h"
 
 namespace sluice::mem {
@@ -31,7 +31,7 @@ Allocation::~Allocation() {
 }
 
 BufferPool& Target::staging(size_t buffer_size) {
-  std::lock_guard lock(staging_mu_);
+  MutexLock lock(staging_mu_);
   auto& pool = staging_[buffer_size];
   if (!pool)
     pool = std::make_unique<BufferPool>(buffer_size, 64,
@@ -83,7 +83,7 @@ class EmulatedDevice final : public Target {
   }
   ~EmulatedDevice() override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -98,7 +98,7 @@ class EmulatedDevice final : public Target {
     if (!arena_) return fail(Code::kNoSpace, "emulated device arena could not be mapped");
     if (bytes == 0) return fail(Code::kInvalidArgument, "device allocation of 0 bytes");
     size_t need = round(bytes);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     uint64_t at = 0;
     for (auto& [off, len] : allocs_) {
       if (off - at >= need) break;
@@ -120,18 +120,18 @@ class EmulatedDevice final : public Target {
     return enqueue(dst, real, n);
   }
   Status wait(uint64_t ticket) override {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return completed_ >= ticket; });
+    UniqueLock lock(mu_);
+    cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) { return completed_ >= ticket; });
     return ok();
   }
   bool done(uint64_t ticket) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return completed_ >= ticket;
   }
 
  protected:
   void release(void* ptr) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     allocs_.erase(reinterpret_cast<uintptr_t>(ptr) - kFakeBase);
   }
 
@@ -148,7 +148,7 @@ class EmulatedDevice final : public Target {
 
   Result<std::byte*> translate(const void* dev, size_t n) {
     uintptr_t a = reinterpret_cast<uintptr_t>(dev);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (a >= kFakeBase) {
       uint64_t off = a - kFakeBase;
       auto it = allocs_.upper_bound(off);
@@ -162,7 +162,7 @@ class EmulatedDevice final : public Target {
   }
 
   Result<uint64_t> enqueue(void* dst, const void* src, size_t n) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     uint64_t t = ++issued_;
     queue_.push_back(Copy{dst, src, n, t});
     cv_.notify_all();
@@ -170,9 +170,9 @@ class EmulatedDevice final : public Target {
   }
 
   void run() {
-    std::unique_lock lock(mu_);
+    UniqueLock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;
       Copy c = queue_.front();
       queue_.pop_front();
@@ -186,13 +186,13 @@ class EmulatedDevice final : public Target {
 
   const size_t capacity_;
   std::byte* arena_ = nullptr;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, size_t> allocs_;  // guarded by mu_: offset -> length asked for
-  std::deque<Copy> queue_;             // guarded by mu_
-  uint64_t issued_ = 0;                // guarded by mu_
-  uint64_t completed_ = 0;             // guarded by mu_
-  bool stopping_ = false;              // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::map<uint64_t, size_t> allocs_ SLUICE_GUARDED_BY(mu_);  // offset -> length asked for
+  std::deque<Copy> queue_ SLUICE_GUARDED_BY(mu_);
+  uint64_t issued_ SLUICE_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ SLUICE_GUARDED_BY(mu_) = 0;
+  bool stopping_ SLUICE_GUARDED_BY(mu_) = false;
   std::thread copier_;
 };
 

@@ -5,7 +5,6 @@
 #include <sys/un.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -20,6 +19,7 @@
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/core/endpoint.h"
 #include "sluice/core/hash.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/io/file_handle.h"
 
 namespace sluice::node {
@@ -28,7 +28,7 @@ struct NodeClient::Impl {
   std::string socket;
   std::chrono::milliseconds timeout;
   DaemonInfo info;
-  std::atomic<uint64_t> next_id{1};
+  std::atomic<uint64_t> next_id{1};  // relaxed: only has to be unique; it orders nothing
 
   // Connections open at once, at most: a caller past it waits for one to come back. The
   // daemon limits the connections of a uid (64 by default), and a node runs many processes
@@ -64,10 +64,10 @@ struct NodeClient::Impl {
     bool window_asked = false;  // once per connection: a refusal is not asked again
     OpenSlot slot;
   };
-  std::mutex mu;
-  std::condition_variable returned;  // a connection came back to `idle`, or closed
-  size_t open = 0;                   // guarded by mu
-  std::vector<Conn> idle;            // guarded by mu
+  Mutex mu;
+  CondVar returned;  // a connection came back to `idle`, or closed
+  size_t open SLUICE_GUARDED_BY(mu) = 0;
+  std::vector<Conn> idle SLUICE_GUARDED_BY(mu);
 
   // A reply that still holds its connection: the pieces of a read reply may name bytes of
   // the connection's window, which the next request on it overwrites. The connection goes
@@ -99,7 +99,7 @@ struct NodeClient::Impl {
 
   void release(Conn c) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       idle.push_back(std::move(c));
     }
     returned.notify_one();
@@ -107,7 +107,7 @@ struct NodeClient::Impl {
 
   void closed() {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       --open;
     }
     returned.notify_one();
@@ -118,8 +118,10 @@ struct NodeClient::Impl {
   Result<Conn> take(bool reuse, bool& pooled) {
     OpenSlot slot;
     {
-      std::unique_lock lock(mu);
-      if (!returned.wait_for(lock, timeout, [&] { return !idle.empty() || open < kMaxOpen; }))
+      UniqueLock lock(mu);
+      if (!returned.wait_for(lock, timeout, [&]() SLUICE_REQUIRES(mu) {
+            return !idle.empty() || open < kMaxOpen;
+          }))
         return fail(Code::kUnavailable, "sluiced at " + socket + ": all " +
                                             std::to_string(kMaxOpen) +
                                             " connections this client keeps busy for " +
@@ -369,6 +371,7 @@ struct NodeStore::Impl {
   Result<std::shared_ptr<io::Context>> io = std::shared_ptr<io::Context>();
   std::once_flag pool_once;
   std::unique_ptr<Executor> pool;  // opens, reads and checks handed-off chunks
+  // Relaxed: statistics, only reported (read_stats); nothing is published through them.
   std::atomic<uint64_t> handoff_chunks{0}, handoff_bytes{0}, inline_bytes{0}, retries{0};
 
   Result<std::shared_ptr<io::Context>> context() {

@@ -4,6 +4,7 @@
 #include "node/wire.h"
 #include "sluice/cache/json.h"
 #include "sluice/node/client.h"
+#include "sluice/node/stats.h"
 
 namespace sluice::node {
 
@@ -17,9 +18,11 @@ Result<cache::ControlStatus> DaemonControl::status() {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return fail(Code::kCorruption, "sluiced sent a stat reply that is not a JSON object");
+  SLUICE_ASSIGN_OR_RETURN(DaemonStats stats, daemon_stats_from_json(j));
   const DaemonInfo& d = client_->daemon();
-  return cache::ControlStatus{cache::cache_stats_from_json(j),
-                              cache::DaemonStatus{socket_, d.team, d.pid, std::move(body)}};
+  cache::CacheStats cache = stats.cache;
+  return cache::ControlStatus{std::move(cache),
+                              cache::DaemonStatus{socket_, d.team, d.pid, std::move(stats)}};
 }
 
 Result<cache::ChunkListing> DaemonControl::chunks(std::string_view store_uri,

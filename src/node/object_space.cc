@@ -183,7 +183,7 @@ Result<ObjectReply> ObjectSpace::begin(const peer::ObjectRequest& r) {
     wo.size_hint = hint;  // file:// reserves the blocks: a full disk fails here, not midway
   }
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     drop_idle();
     if (uploads_.size() >= o_.max_uploads)
       return fail(Code::kUnavailable,
@@ -196,7 +196,7 @@ Result<ObjectReply> ObjectSpace::begin(const peer::ObjectRequest& r) {
   u->writer = std::move(writer);
   u->last_used = std::chrono::steady_clock::now();
   const std::string id = fresh_upload_id();
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   uploads_[id] = std::move(u);
   return ObjectReply{200, json{{"upload", id}}.dump()};
 }
@@ -210,7 +210,7 @@ Result<ObjectReply> ObjectSpace::part(const peer::ObjectRequest& r,
   if (r.body_xxh3 != sum) return fail(Code::kInvalidArgument, "the part's body fails its checksum");
   std::shared_ptr<Upload> u;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     auto it = uploads_.find(r.key);
     if (it == uploads_.end() || it->second->node != r.node)
       return fail(Code::kNotFound, "no upload " + r.key + " of '" + r.node + "'");
@@ -219,7 +219,7 @@ Result<ObjectReply> ObjectSpace::part(const peer::ObjectRequest& r,
     u->last_used = std::chrono::steady_clock::now();
   }
   Status st = u->writer->write_at(offset, body);  // file:// writers take parts concurrently
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   --u->busy;
   if (!st) {
     uploads_.erase(r.key);  // a failed writer is aborted: the upload is over
@@ -231,7 +231,7 @@ Result<ObjectReply> ObjectSpace::part(const peer::ObjectRequest& r,
 Result<ObjectReply> ObjectSpace::finish(const peer::ObjectRequest& r, bool commit) {
   std::shared_ptr<Upload> u;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     auto it = uploads_.find(r.key);
     if (it == uploads_.end() || it->second->node != r.node)
       return fail(Code::kNotFound, "no upload " + r.key + " of '" + r.node + "'");

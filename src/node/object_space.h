@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 
 #include "sluice/core/status.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/peer/membership.h"
 #include "sluice/peer/object_store.h"
 #include "sluice/store/store.h"
@@ -62,12 +62,12 @@ class ObjectSpace {
   Result<ObjectReply> begin(const peer::ObjectRequest& r);
   Result<ObjectReply> part(const peer::ObjectRequest& r, std::span<const std::byte> body);
   Result<ObjectReply> finish(const peer::ObjectRequest& r, bool commit);
-  void drop_idle();  // with mu_ held
+  void drop_idle() SLUICE_REQUIRES(mu_);
 
   ObjectSpaceOptions o_;
   std::unique_ptr<store::Store> store_;
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Upload>> uploads_;  // by id; guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<Upload>> uploads_ SLUICE_GUARDED_BY(mu_);  // by id
 };
 
 }  // namespace sluice::node

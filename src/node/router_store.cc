@@ -34,7 +34,7 @@ RouterStore::RouterStore(store::StoreOptions options, std::string roots_file)
 
 Result<std::string> RouterStore::attach(const std::string& root_uri) {
   std::string id = root_id(root_uri);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto k = known_.find(id);
   if (k != known_.end() && k->second != root_uri)
     return fail(Code::kConflict, "root '" + root_uri + "' has the same id as '" + k->second + "'");
@@ -64,7 +64,7 @@ Result<std::string> RouterStore::attach(const std::string& root_uri) {
 }
 
 std::optional<std::string> RouterStore::root_of(std::string_view id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = known_.find(id);
   if (it == known_.end()) return std::nullopt;
   return it->second;
@@ -73,7 +73,7 @@ std::optional<std::string> RouterStore::root_of(std::string_view id) const {
 Result<RouterStore::Route> RouterStore::route(std::string_view key) const {
   size_t slash = key.find('/');
   std::string_view id = key.substr(0, slash);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = open_.find(id);
   if (slash == std::string_view::npos || it == open_.end())
     return fail(Code::kNotFound, "'" + std::string(key) + "': no such root is open");

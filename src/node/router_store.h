@@ -9,10 +9,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/store/store.h"
 
 namespace sluice::node {
@@ -48,9 +48,10 @@ class RouterStore final : public store::Store {
 
   store::StoreOptions options_;
   std::string roots_file_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<store::Store>, std::less<>> open_;  // by id; mu_
-  std::map<std::string, std::string, std::less<>> known_;                   // id -> uri; mu_
+  mutable Mutex mu_;
+  // The roots open now, by id; and every root known, id -> uri.
+  std::map<std::string, std::unique_ptr<store::Store>, std::less<>> open_ SLUICE_GUARDED_BY(mu_);
+  std::map<std::string, std::string, std::less<>> known_ SLUICE_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::node

@@ -3,9 +3,13 @@
 // docs/formats/node-protocol.md for the frames.
 #include "sluice/node/server.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -16,12 +20,13 @@
 #include <atomic>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <list>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <semaphore>
@@ -34,6 +39,7 @@
 #include "node/wire.h"
 #include "sluice/cache/json.h"
 #include "sluice/core/hash.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/ledger/cache_charger.h"
 #include "sluice/store/serving_peer.h"
 #include "sluice/telemetry/registry.h"
@@ -125,6 +131,44 @@ Status check_prefix(std::string_view prefix) {
   return store::validate_key(p);
 }
 
+// A thread's capability sets, 64 bits each. capget(2) and capset(2) as raw system calls:
+// they read and change the calling thread only (async-signal-safe: drop_privileges calls
+// them from a signal handler).
+struct CapSets {
+  uint64_t effective = 0, permitted = 0, inheritable = 0;
+};
+
+std::optional<CapSets> get_caps() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2] = {};
+  if (::syscall(SYS_capget, &header, d) != 0) return std::nullopt;
+  auto join = [](uint32_t lo, uint32_t hi) { return lo | (static_cast<uint64_t>(hi) << 32); };
+  return CapSets{join(d[0].effective, d[1].effective), join(d[0].permitted, d[1].permitted),
+                 join(d[0].inheritable, d[1].inheritable)};
+}
+
+bool set_caps(const CapSets& c) {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    d[i].effective = static_cast<uint32_t>(c.effective >> (32 * i));
+    d[i].permitted = static_cast<uint32_t>(c.permitted >> (32 * i));
+    d[i].inheritable = static_cast<uint32_t>(c.inheritable >> (32 * i));
+  }
+  return ::syscall(SYS_capset, &header, d) == 0;
+}
+
+constexpr uint64_t cap_bit(int cap) {
+  return uint64_t{1} << cap;
+}
+
+// The capabilities that override file permissions: the kernel lowers them when a root
+// thread's fsuid leaves 0, but not when the fsuid of a daemon that is not root changes.
+constexpr uint64_t kFileCaps = cap_bit(CAP_CHOWN) | cap_bit(CAP_DAC_OVERRIDE) |
+                               cap_bit(CAP_DAC_READ_SEARCH) | cap_bit(CAP_FOWNER) |
+                               cap_bit(CAP_FSETID) | cap_bit(CAP_LINUX_IMMUTABLE) |
+                               cap_bit(CAP_MKNOD) | cap_bit(CAP_MAC_OVERRIDE);
+
 // Acts as a caller on this thread, for opening local files: the thread's fsuid, fsgid and
 // supplementary groups become the caller's, and are the daemon's again when it ends. Raw
 // system calls, which change the calling thread only (glibc's setgroups and setfsuid
@@ -138,19 +182,31 @@ class AsCaller {
     if (!saved_groups_.empty() &&
         ::getgroups(static_cast<int>(saved_groups_.size()), saved_groups_.data()) < 0)
       saved_groups_.clear();
+    // A daemon that is not root but holds CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH (file
+    // capabilities) keeps them across setfsuid: lowered here for the caller's open, else it
+    // would open any file. A caller of uid 0 keeps them, as the kernel gives fsuid 0.
+    bool lowered = true;
+    if (std::optional<CapSets> caps = get_caps();
+        c.uid != 0 && caps && (caps->effective & kFileCaps) != 0) {
+      CapSets low = *caps;
+      low.effective &= ~kFileCaps;
+      lowered = set_caps(low);
+      if (lowered) saved_caps_ = caps;
+    }
     // Groups that cannot be taken (a user namespace that denies setgroups) would leave the
     // daemon's own: then the thread does not act as the caller at all.
     const bool grouped = ::syscall(SYS_setgroups, c.groups.size(), c.groups.data()) == 0;
     ::syscall(SYS_setfsgid, c.gid);
     ::syscall(SYS_setfsuid, c.uid);
     // setfsuid(-1) fails and returns the current fsuid: the way to read it back.
-    acting_ = grouped && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == c.uid &&
+    acting_ = lowered && grouped && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == c.uid &&
               static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == c.gid;
   }
   ~AsCaller() {
     ::syscall(SYS_setfsuid, ::geteuid());
     ::syscall(SYS_setfsgid, ::getegid());
     ::syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data());
+    if (saved_caps_) (void)set_caps(*saved_caps_);
   }
   AsCaller(const AsCaller&) = delete;
   AsCaller& operator=(const AsCaller&) = delete;
@@ -158,8 +214,34 @@ class AsCaller {
 
  private:
   std::vector<gid_t> saved_groups_;
+  std::optional<CapSets> saved_caps_;  // the thread's sets before they were lowered
   bool acting_ = false;
 };
+
+// The local file a request's access check opened as its caller, held open while the
+// request is served (so its inode cannot be reused): what is served must be this file,
+// whatever its path leads to by then.
+struct CheckedFile {
+  UniqueFd fd;
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+// A key of a request, as the cache names it ("<root id>/<key>"), and for a local file the
+// file its access check opened.
+struct RoutedKey {
+  std::string key;
+  std::optional<CheckedFile> file;
+};
+
+// Whether the version `etag` of a local file is the file `f` (the file store's etag begins
+// "<dev>-<inode>-" in hex: docs/stores.md).
+bool same_file(const CheckedFile& f, std::string_view etag) {
+  char prefix[48];
+  std::snprintf(prefix, sizeof prefix, "%lx-%lx-", static_cast<unsigned long>(f.dev),
+                static_cast<unsigned long>(f.ino));
+  return etag.starts_with(prefix);
+}
 
 }  // namespace
 
@@ -242,8 +324,9 @@ bool root_granted(std::string_view root, std::string_view grant) {
 struct NodeServer::Impl {
   struct Conn {
     std::thread thread;
-    int fd = -1;        // for stop(); valid while !done
-    bool done = false;  // guarded by mu; the fd is closed under mu once set
+    int fd = -1;  // for stop(); valid while !done
+    // Guarded by Impl::mu, which an annotation here cannot name (it would read as c.mu).
+    bool done = false;  // the fd is closed under mu once set
     uid_t uid = 0;
   };
 
@@ -265,9 +348,9 @@ struct NodeServer::Impl {
 
   struct WindowPool;
   std::unique_ptr<WindowPool> windows = std::make_unique<WindowPool>();  // reply windows
-  std::mutex mu;
-  std::list<Conn> conns;              // guarded by mu
-  std::map<uid_t, unsigned> per_uid;  // live connections by uid; guarded by mu
+  Mutex mu;
+  std::list<Conn> conns SLUICE_GUARDED_BY(mu);
+  std::map<uid_t, unsigned> per_uid SLUICE_GUARDED_BY(mu);  // live connections by uid
 
   // Counters: relaxed, they are only reported.
   std::atomic<uint64_t> connections{0}, refused{0}, requests{0}, errors{0};
@@ -279,8 +362,8 @@ struct NodeServer::Impl {
     Status verdict;
     std::chrono::steady_clock::time_point until;
   };
-  std::mutex access_mu;
-  std::map<std::string, AccessVerdict> access;  // guarded by access_mu
+  Mutex access_mu;
+  std::map<std::string, AccessVerdict> access SLUICE_GUARDED_BY(access_mu);
 
   // Last member: destroyed first, so no peer request runs while the rest goes away.
   std::unique_ptr<ObjectSpace> objects;  // before http, which calls into it until stopped
@@ -360,7 +443,7 @@ struct NodeServer::Impl {
       }
     }
     std::optional<Error> refusal;
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     reap_locked();
     if (!caller.team) {
       refusal = Error(Code::kPermissionDenied,
@@ -389,8 +472,8 @@ struct NodeServer::Impl {
     });
   }
 
-  // Joins the threads of finished connections. Called under mu.
-  void reap_locked() {
+  // Joins the threads of finished connections.
+  void reap_locked() SLUICE_REQUIRES(mu) {
     for (auto it = conns.begin(); it != conns.end();) {
       if (it->done) {
         it->thread.join();
@@ -409,17 +492,17 @@ struct NodeServer::Impl {
   // shows of it later is bytes that uid may read), with a new generation. Windows made, all
   // uids together, stay within max_window_bytes, and one uid's within half of it.
   struct WindowPool {
-    std::mutex mu;
-    std::map<uid_t, std::vector<std::unique_ptr<Window>>> idle;  // guarded by mu
-    std::map<uid_t, uint64_t> made_by_uid;                       // bytes; guarded by mu
+    Mutex mu;
+    std::map<uid_t, std::vector<std::unique_ptr<Window>>> idle SLUICE_GUARDED_BY(mu);
+    std::map<uid_t, uint64_t> made_by_uid SLUICE_GUARDED_BY(mu);  // bytes
     // No "= 0" here: `windows` is made with make_unique (value-initialised, so zero) in a
     // default member initialiser above, which clang refuses while these are still unparsed.
-    uint64_t made;         // bytes; guarded by mu
-    uint64_t generations;  // the last generation given to a window; guarded by mu
+    uint64_t made SLUICE_GUARDED_BY(mu);         // bytes
+    uint64_t generations SLUICE_GUARDED_BY(mu);  // the last generation given to a window
   };
 
   uint64_t windows_made() {
-    std::lock_guard lock(windows->mu);
+    MutexLock lock(windows->mu);
     return windows->made;
   }
 
@@ -435,7 +518,7 @@ struct NodeServer::Impl {
     WindowLease(Impl& server, uid_t uid) : server_(server), uid_(uid) {}
     ~WindowLease() {
       if (!w_) return;
-      std::lock_guard lock(server_.windows->mu);
+      MutexLock lock(server_.windows->mu);
       server_.windows->idle[uid_].push_back(std::move(w_));
     }
     WindowLease(const WindowLease&) = delete;
@@ -446,7 +529,7 @@ struct NodeServer::Impl {
       if (w_) return w_.get();
       const uint64_t size = server_.window_size();
       {
-        std::lock_guard lock(server_.windows->mu);
+        MutexLock lock(server_.windows->mu);
         auto& idle = server_.windows->idle[uid_];
         if (!idle.empty()) {
           w_ = std::move(idle.back());
@@ -463,7 +546,7 @@ struct NodeServer::Impl {
       }
       SLUICE_ASSIGN_OR_RETURN(Window w, Window::create(size));
       w_ = std::make_unique<Window>(std::move(w));
-      std::lock_guard lock(server_.windows->mu);
+      MutexLock lock(server_.windows->mu);
       w_->set_generation(++server_.windows->generations);
       return w_.get();
     }
@@ -511,7 +594,7 @@ struct NodeServer::Impl {
       }
       if (!ch->send(resp, o.frame_timeout)) break;
     }
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     ch.reset();  // closes the socket under mu, so stop() never shuts down a reused number
     c.done = true;
     if (--per_uid[caller.uid] == 0) per_uid.erase(caller.uid);
@@ -658,21 +741,22 @@ struct NodeServer::Impl {
     return id + "/" + prefix;
   }
 
-  Result<std::string> routed_key(const Caller& caller, const Json& j) {
+  Result<RoutedKey> routed_key(const Caller& caller, const Json& j) {
     SLUICE_ASSIGN_OR_RETURN(std::string id, root_id(caller, j));
     SLUICE_ASSIGN_OR_RETURN(std::string key, get_string(j, "key"));
     return routed(caller, id, key);
   }
 
   // `key` of the root `id` (already checked against the team), as the cache names it, once
-  // the key is valid and the team may read it.
-  Result<std::string> routed(const Caller& caller, const std::string& id, const std::string& key) {
+  // the key is valid and the team may read it; with the local file its check opened.
+  Result<RoutedKey> routed(const Caller& caller, const std::string& id, const std::string& key) {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
     SLUICE_RETURN_IF_ERROR(outside_own_dirs(id, key));
     SLUICE_RETURN_IF_ERROR(granted_key(caller, id, key));
     SLUICE_RETURN_IF_ERROR(prove_access(caller, id, key, /*listing=*/false));
-    SLUICE_RETURN_IF_ERROR(prove_file_access(caller, id, key, /*listing=*/false));
-    return id + "/" + key;
+    SLUICE_ASSIGN_OR_RETURN(std::optional<CheckedFile> file,
+                            open_as_caller(caller, id, key, /*listing=*/false));
+    return RoutedKey{id + "/" + key, std::move(file)};
   }
 
   // A local file is served only to a caller who may open it: on every request (a cached
@@ -681,8 +765,18 @@ struct NodeServer::Impl {
   // never the daemon's own rights. A missing file is left to the request to report.
   Status prove_file_access(const Caller& caller, const std::string& id, std::string_view key,
                            bool listing) const {
+    auto file = open_as_caller(caller, id, key, listing);
+    if (!file) return std::unexpected(file.error());
+    return ok();
+  }
+
+  // prove_file_access, keeping the file it opened (none for a listing, another store's root,
+  // or a file gone): a request serves only that file (same_file), so one swapped for
+  // another between the check and the read is not read with the daemon's rights.
+  Result<std::optional<CheckedFile>> open_as_caller(const Caller& caller, const std::string& id,
+                                                    std::string_view key, bool listing) const {
     std::optional<std::string> root = router->root_of(id);
-    if (!root || !root->starts_with("file://")) return ok();
+    if (!root || !root->starts_with("file://")) return std::nullopt;
     std::string path = root->substr(7);
     if (!path.ends_with('/')) path += '/';
     int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
@@ -692,21 +786,27 @@ struct NodeServer::Impl {
     }
     path += key;
     int err = 0;
+    UniqueFd fd;
     {
       AsCaller as(caller);
-      if (!as.acting()) {
-        if (caller.uid == ::geteuid()) return ok();  // the daemon's own uid: its own rights
+      if (!as.acting() && caller.uid != ::geteuid())
         return fail(Code::kPermissionDenied,
                     "sluiced cannot act as uid " + std::to_string(caller.uid) +
                         " to check its access to '" + path +
                         "' (run it as root to serve local files to other users)");
-      }
-      UniqueFd fd(::open(path.c_str(), flags));
+      // Not acting as the daemon's own uid: its own rights are the caller's.
+      fd.reset(::open(path.c_str(), flags));
       if (!fd.valid()) err = errno;
     }
     // A file gone is NotFound, even where the cache still holds it (its owner may have
     // read it before removing it); a listing of a missing folder is empty.
-    if (err == 0 || (listing && (err == ENOENT || err == ENOTDIR))) return ok();
+    if (listing && (err == 0 || err == ENOENT || err == ENOTDIR)) return std::nullopt;
+    if (err == 0) {
+      struct stat st;
+      if (::fstat(fd.get(), &st) != 0) return fail_errno(errno, "stat '" + path + "'");
+      if (o.file_checked) o.file_checked(path);
+      return CheckedFile{std::move(fd), st.st_dev, st.st_ino};
+    }
     if (err == ENOENT || err == ENOTDIR)
       return fail(Code::kNotFound, "'" + std::string(key) + "' of " + *root + ": no such file");
     if (err == EACCES || err == EPERM) {
@@ -716,6 +816,19 @@ struct NodeServer::Impl {
       return std::unexpected(e);
     }
     return fail_errno(err, "'" + path + "' as " + caller.describe());
+  }
+
+  // The version about to be served of a routed key is the file its check opened: else the
+  // file was replaced between the two (a rename, a symlink swapped in) and the request is
+  // refused, Conflict naming the key (the client asks again, and is checked again).
+  Status serving_checked(const Caller& caller, const RoutedKey& r,
+                         const store::ObjectInfo& info) const {
+    if (!r.file || same_file(*r.file, info.etag)) return ok();
+    Error e(Code::kConflict, "'" + unrouted(r.key) +
+                                 "' was replaced after its access check (another file has its "
+                                 "name now); ask again");
+    log("refused " + caller.describe() + ": " + e.message());
+    return std::unexpected(e);
   }
 
   // A team with credentials of its own proves with them that it may read `key` (listing:
@@ -729,7 +842,7 @@ struct NodeServer::Impl {
     const std::string memo = team.name + '\n' + id + (listing ? "\nlist\n" : "\nkey\n") + key;
     const auto now = std::chrono::steady_clock::now();
     {
-      std::lock_guard lock(access_mu);
+      MutexLock lock(access_mu);
       auto it = access.find(memo);
       if (it != access.end() && it->second.until > now) return it->second.verdict;
     }
@@ -759,7 +872,7 @@ struct NodeServer::Impl {
         log("refused " + caller.describe() + ": " + verdict.error().message());
       }
     }
-    std::lock_guard lock(access_mu);
+    MutexLock lock(access_mu);
     if (access.size() >= 65536) access.clear();  // bounded: at worst a verdict is asked again
     access[memo] = AccessVerdict{verdict, now + o.access_ttl};
     return verdict;
@@ -789,8 +902,9 @@ struct NodeServer::Impl {
   }
 
   Result<Reply> stat(const Caller& caller, const Json& j) {
-    SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
-    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
+    SLUICE_ASSIGN_OR_RETURN(RoutedKey asked, routed_key(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(asked.key));
+    SLUICE_RETURN_IF_ERROR(serving_checked(caller, asked, info));
     Reply r;
     r.body = info_json(info);
     return r;
@@ -800,7 +914,13 @@ struct NodeServer::Impl {
   // request (the client asks again from "end"); no byte goes to the client. A warm holds
   // an inline read slot (its run is read into memory of about that size).
   Result<Reply> warm(const Caller& caller, const Json& j) {
-    SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(RoutedKey asked, routed_key(caller, j));
+    const std::string& key = asked.key;
+    // A local file is warmed only as the file checked (its size and etag are answered).
+    if (asked.file) {
+      SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
+      SLUICE_RETURN_IF_ERROR(serving_checked(caller, asked, info));
+    }
     const uint64_t most = std::clamp<uint64_t>(o.max_inline_bytes, 1, kMaxDataBytes);
     SLUICE_ASSIGN_OR_RETURN(uint64_t offset, get_u64_or(j, "offset", 0));
     SLUICE_ASSIGN_OR_RETURN(uint64_t length, get_u64_or(j, "length", most));
@@ -809,6 +929,7 @@ struct NodeServer::Impl {
       return fail(Code::kUnavailable, "daemon busy: every inline read slot is taken");
     SLUICE_ASSIGN_OR_RETURN(cache::TieredCache::Warmed w,
                             cache->warm(key, offset, std::min(length, most)));
+    SLUICE_RETURN_IF_ERROR(serving_checked(caller, asked, w.info));
     Reply r;
     r.body = {{"size", w.info.size},
               {"etag", w.info.etag},
@@ -836,7 +957,8 @@ struct NodeServer::Impl {
   // descriptors, the rest inline up to max_inline_bytes, in the reply's data or (with
   // "window": true) in the connection's reply window. The client asks again for the rest.
   Result<Reply> read(const Caller& caller, const Json& j, Window* window) {
-    SLUICE_ASSIGN_OR_RETURN(std::string key, routed_key(caller, j));
+    SLUICE_ASSIGN_OR_RETURN(RoutedKey asked, routed_key(caller, j));
+    const std::string& key = asked.key;
     SLUICE_ASSIGN_OR_RETURN(uint64_t offset, get_u64(j, "offset"));
     SLUICE_ASSIGN_OR_RETURN(uint64_t length, get_u64(j, "length"));
     SLUICE_ASSIGN_OR_RETURN(std::string if_match, get_string_or(j, "if_match", ""));
@@ -845,6 +967,8 @@ struct NodeServer::Impl {
     if (to_window && !window)
       return fail(Code::kInvalidArgument, "a read into a window on a connection that mapped none");
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
+    // Every byte below is of this version (handed-off chunks of it, reads pinned to it).
+    SLUICE_RETURN_IF_ERROR(serving_checked(caller, asked, info));
     if (!if_match.empty() && if_match != info.etag)
       return fail(Code::kConflict,
                   "'" + unrouted(key) + "' changed: etag " + info.etag + ", not " + if_match);
@@ -949,8 +1073,10 @@ struct NodeServer::Impl {
     Reply r;
     r.body = {{"objects", Json::array()}, {"next", page.next_token}};
     for (const store::ObjectInfo& i : page.objects) {
-      // Local files the caller may not open (in a folder closed to it) are not named.
-      if (!prove_file_access(caller, id, unrouted(i.key), /*listing=*/false)) continue;
+      // Local files the caller may not open (in a folder closed to it) are not named, nor
+      // one that another file replaced since it was listed.
+      auto file = open_as_caller(caller, id, unrouted(i.key), /*listing=*/false);
+      if (!file || (*file && !same_file(**file, i.etag))) continue;
       r.body["objects"].push_back(info_json(i));
     }
     // Links the listing left out (store.h), named where the caller may list their folder.
@@ -964,49 +1090,54 @@ struct NodeServer::Impl {
 
   Result<Reply> cache_stat() {
     Reply r;
-    r.body = cache->stats();  // sluice/cache/json.h, and what only the daemon knows:
-    r.body.update(
-        Json{{"chunk_size", cache->options().chunk_size},
-             {"bytes_from", {{"backing", peers->backing_bytes()}, {"peer", peers->peer_bytes()}}},
-             {"peers", peers_json()},
-             {"charging", charging_json()},
-             {"server",
-              {{"connections", connections.load(std::memory_order_relaxed)},
-               {"connections_refused", refused.load(std::memory_order_relaxed)},
-               {"requests", requests.load(std::memory_order_relaxed)},
-               {"request_errors", errors.load(std::memory_order_relaxed)},
-               {"handoff_chunks", handoff_chunks.load(std::memory_order_relaxed)},
-               {"handoff_bytes", handoff_bytes.load(std::memory_order_relaxed)},
-               {"inline_bytes", inline_bytes.load(std::memory_order_relaxed)},
-               {"window_bytes", window_bytes.load(std::memory_order_relaxed)},
-               {"windows_bytes", windows_made()}}}});
+    r.body = daemon_stats();  // node/stats.h
     return r;
   }
 
-  Json charging_json() const {
-    if (!charger) return nullptr;
-    ledger::CacheChargerStats c = charger->stats();
-    return Json{{"ledger", o.ledger->describe()},         {"admitted_chunks", c.admitted_chunks},
-                {"admitted_bytes", c.admitted_bytes},     {"refused_chunks", c.refused_chunks},
-                {"refused_bytes", c.refused_bytes},       {"freed_bytes", c.freed_bytes},
-                {"uncharged_chunks", c.uncharged_chunks}, {"flush_errors", c.flush_errors}};
+  ServerStats server_stats() {
+    // Counters read one by one: each is exact, the set is not a snapshot (statistics).
+    auto n = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+    return ServerStats{.connections = n(connections),
+                       .connections_refused = n(refused),
+                       .requests = n(requests),
+                       .request_errors = n(errors),
+                       .handoff_chunks = n(handoff_chunks),
+                       .handoff_bytes = n(handoff_bytes),
+                       .inline_bytes = n(inline_bytes),
+                       .window_bytes = n(window_bytes),
+                       .windows_bytes = windows_made()};
   }
 
-  Json peers_json() const {
-    Json out = Json::array();
-    if (!o.peer.membership) return out;
-    for (const peer::PeerState& p : peers->peers()) {
-      out.push_back({{"name", p.name},
-                     {"address", p.address},
-                     {"self", p.self},
-                     {"up", p.up},
-                     {"state", p.state()},
-                     {"fetched_chunks", p.fetched_chunks},
-                     {"fetched_bytes", p.fetched_bytes},
-                     {"errors", p.errors},
-                     {"last_error", p.last_error}});
+  DaemonStats daemon_stats() {
+    DaemonStats s;
+    s.cache = cache->stats();
+    s.chunk_size = cache->options().chunk_size;
+    s.server = server_stats();
+    if (charger) {
+      const ledger::CacheChargerStats c = charger->stats();
+      s.charging = ChargingStats{.ledger = o.ledger->describe(),
+                                 .admitted_chunks = c.admitted_chunks,
+                                 .admitted_bytes = c.admitted_bytes,
+                                 .refused_chunks = c.refused_chunks,
+                                 .refused_bytes = c.refused_bytes,
+                                 .freed_bytes = c.freed_bytes,
+                                 .uncharged_chunks = c.uncharged_chunks,
+                                 .flush_errors = c.flush_errors};
     }
-    return out;
+    if (o.peer.membership)
+      for (const peer::PeerState& p : peers->peers())
+        s.peers.push_back(PeerStatus{.name = p.name,
+                                     .address = p.address,
+                                     .self = p.self,
+                                     .up = p.up,
+                                     .state = std::string(p.state()),
+                                     .fetched_chunks = p.fetched_chunks,
+                                     .fetched_bytes = p.fetched_bytes,
+                                     .errors = p.errors,
+                                     .last_error = p.last_error});
+    s.backing_bytes = peers->backing_bytes();
+    s.peer_bytes = peers->peer_bytes();
+    return s;
   }
 
   // A chunk (or part of one) for another daemon of the job; refusals are logged (at most
@@ -1024,14 +1155,54 @@ struct NodeServer::Impl {
     return r;
   }
 
-  // Whether peers may ask for a root: a team's grant names it ("*" covers object stores,
-  // never local files: a file root must be granted by name).
-  bool peers_may_read(std::string_view root) const {
-    bool file = root.starts_with("file://");
-    return std::any_of(o.teams.begin(), o.teams.end(), [&](const TeamGrant& t) {
-      return std::any_of(t.roots.begin(), t.roots.end(), [&](const std::string& g) {
-        return (g != "*" || !file) && root_granted(root, g);
+  // The capabilities serving needs (drop_privileges), and why, from the grants and the
+  // daemon's directories.
+  uint64_t serving_capabilities(std::string& why) const {
+    uint64_t need = 0;
+    std::vector<std::string> reasons;
+    const uid_t me = ::geteuid();
+    std::string as_users, as_root;  // a team of each kind, named in the reasons
+    for (const TeamGrant& t : o.teams) {
+      const bool files = std::any_of(t.roots.begin(), t.roots.end(), [&](const std::string& g) {
+        return g.starts_with("file://") || (g == "*" && &t == implicit_team);
       });
+      if (!files) continue;
+      auto holds = [&](auto pred) { return std::any_of(t.uids.begin(), t.uids.end(), pred); };
+      if (as_users.empty() && holds([&](uint32_t u) { return u != me; })) as_users = t.name;
+      if (as_root.empty() && holds([](uint32_t u) { return u == 0; })) as_root = t.name;
+    }
+    // A local file is opened as its caller (setfsuid, setfsgid, setgroups), then read by the
+    // daemon: any file some caller may read, and uid 0 may read them all.
+    if (!as_users.empty()) {
+      need |= cap_bit(CAP_SETUID) | cap_bit(CAP_SETGID) | cap_bit(CAP_DAC_READ_SEARCH);
+      reasons.push_back("local files are opened as the callers of team " + as_users);
+    }
+    if (!as_root.empty()) {
+      need |= cap_bit(CAP_DAC_READ_SEARCH);
+      reasons.push_back("team " + as_root + " holds uid 0, which may read every local file");
+    }
+    for (const std::string& dir : {o.cache.directory, o.peer.objects_directory}) {
+      struct stat st;
+      if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || st.st_uid == me) continue;
+      need |= cap_bit(CAP_DAC_OVERRIDE);
+      reasons.push_back(dir + " belongs to uid " + std::to_string(st.st_uid) +
+                        ", not the daemon's (chown it to drop cap_dac_override)");
+    }
+    why.clear();
+    for (const std::string& r : reasons) why += (why.empty() ? "" : "; ") + r;
+    return need;
+  }
+
+  // Whether peers may ask for a root: an object store's when a team's grant covers it ("*"
+  // included); a local one only within PeerConfig::file_roots, whatever the teams' grants
+  // (they say which callers may read, whose rights are checked; no peer's can be).
+  bool peers_may_read(std::string_view root) const {
+    if (root.starts_with("file://"))
+      return std::any_of(o.peer.file_roots.begin(), o.peer.file_roots.end(),
+                         [&](const std::string& g) { return root_granted(root, g); });
+    return std::any_of(o.teams.begin(), o.teams.end(), [&](const TeamGrant& t) {
+      return std::any_of(t.roots.begin(), t.roots.end(),
+                         [&](const std::string& g) { return root_granted(root, g); });
     });
   }
 
@@ -1050,14 +1221,25 @@ struct NodeServer::Impl {
                      [&](const peer::Member& m) { return m.name == req.node; }))
       return fail(Code::kPermissionDenied, "'" + req.node + "' is not a member of this job");
     SLUICE_ASSIGN_OR_RETURN(std::string root, normalize_root(req.root));
-    if (!peers_may_read(root))
-      return fail(Code::kPermissionDenied, "root '" + root + "' is granted to no team here");
+    // A local root as the directory it resolves to, as a caller's is (the asker names it so).
+    const std::optional<std::string> real =
+        root.starts_with("file://") ? real_file_root(root) : std::nullopt;
+    if (!peers_may_read(real.value_or(root)) || (real && *real != root))
+      return fail(Code::kPermissionDenied,
+                  "root '" + root + "' is not served to peers here" +
+                      (root.starts_with("file://") ? " (local files: --peer-file-root)" : ""));
+    for (const std::string& own : own_dirs) {
+      if (root_granted(root, own))
+        return fail(Code::kPermissionDenied,
+                    "root '" + root + "' is inside the daemon's own directory");
+    }
     SLUICE_RETURN_IF_ERROR(store::validate_key(req.key));
     const std::string id = RouterStore::root_id(root);
     if (!members.is_self(members.owner(id + "/" + req.key + "#" + std::to_string(req.index))))
       return fail(Code::kUnsupported, "chunk " + std::to_string(req.index) + " of '" + req.key +
                                           "' is not this node's: do the peer lists differ?");
     SLUICE_ASSIGN_OR_RETURN(std::string attached, router->attach(root));
+    SLUICE_RETURN_IF_ERROR(outside_own_dirs(attached, req.key));
     const std::string key = attached + "/" + req.key;
     store::ServingPeer serving;  // not sent on to a peer, not this node's declared order
     SLUICE_ASSIGN_OR_RETURN(store::ObjectInfo info, cache->stat(key));
@@ -1146,8 +1328,8 @@ struct NodeServer::Impl {
       if (!r.is_array() || r.size() != 3 || !r[0].is_string() || !r[1].is_number_unsigned() ||
           !r[2].is_number_unsigned())
         return fail(Code::kInvalidArgument, "a read must be [key, offset, length]");
-      SLUICE_ASSIGN_OR_RETURN(std::string key, routed(caller, id, r[0].get<std::string>()));
-      order.push_back({std::move(key), r[1].get<uint64_t>(), r[2].get<uint64_t>()});
+      SLUICE_ASSIGN_OR_RETURN(RoutedKey key, routed(caller, id, r[0].get<std::string>()));
+      order.push_back({std::move(key.key), r[1].get<uint64_t>(), r[2].get<uint64_t>()});
     }
     SLUICE_RETURN_IF_ERROR(cache->declare(order));
     Reply reply;
@@ -1237,17 +1419,28 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   if (implicit_team) {  // the daemon's own uid: everything it may read itself
     options.teams.push_back(TeamGrant{"default", {static_cast<uint32_t>(::getuid())}, {"*"}});
   }
+  // A file grant names the directory its path resolves to now, as requests' roots do.
+  auto resolve_grant = [](std::string& g) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(std::string n, normalize_root(g));
+    std::optional<std::string> real = n.starts_with("file://") ? real_file_root(n) : std::nullopt;
+    g = real.value_or(n) + (g.ends_with('/') && !real.value_or(n).ends_with('/') ? "/" : "");
+    return ok();
+  };
   for (TeamGrant& t : options.teams) {
     for (std::string& g : t.roots) {
       if (g == "*") continue;
-      auto n = normalize_root(g);
-      if (!n) return std::unexpected(n.error().with_context("team " + t.name));
-      // A file grant names the directory its path resolves to now, as requests' roots do.
-      std::optional<std::string> real =
-          n->starts_with("file://") ? real_file_root(*n) : std::nullopt;
-      g = real.value_or(*n) + (g.ends_with('/') && !real.value_or(*n).ends_with('/') ? "/" : "");
+      if (Status s = resolve_grant(g); !s)
+        return std::unexpected(s.error().with_context("team " + t.name));
     }
     if (t.credentials) t.credentials->no_symlinked_root = true;
+  }
+  for (std::string& g : options.peer.file_roots) {
+    if (!g.starts_with("file://"))
+      return fail(Code::kInvalidArgument, "sluiced: peer file root '" + g +
+                                              "' is not a file:// root (object stores are "
+                                              "served to peers by the teams' grants)");
+    if (Status s = resolve_grant(g); !s)
+      return std::unexpected(s.error().with_context("peer file roots"));
   }
   // File roots are opened at the path their grant was checked against, which holds no
   // symlink: one swapped in later cannot lead the store elsewhere.
@@ -1291,7 +1484,14 @@ Result<std::unique_ptr<NodeServer>> NodeServer::open(ServerOptions options) {
   po.timeout = o.peer.timeout;
   po.retry_after = o.peer.retry_after;
   po.registry = &impl->registry;
-  po.root_of = [r = router.get()](std::string_view id) { return r->root_of(id); };
+  // Peers are asked only for roots they serve (the same settings on every member): a local
+  // root outside PeerConfig::file_roots is read here.
+  po.root_of = [i = impl.get(), r = router.get()](std::string_view id) {
+    std::optional<std::string> root = r->root_of(id);
+    if (root && root->starts_with("file://") && !i->peers_may_read(*root))
+      return std::optional<std::string>();
+    return root;
+  };
   auto peers = std::make_unique<peer::PeerStore>(std::move(router), std::move(po));
   impl->peers = peers.get();
   if (o.peer.membership) {
@@ -1368,7 +1568,7 @@ NodeServer::NodeServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 NodeServer::~NodeServer() {
   stop();
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   for (Impl::Conn& c : impl_->conns) {
     if (c.thread.joinable()) c.thread.join();
   }
@@ -1396,7 +1596,7 @@ Status NodeServer::serve() {
   // Stopping: wake every connection (a blocked receive sees the shutdown), then join them.
   std::list<Impl::Conn> conns;
   {
-    std::lock_guard lock(i.mu);
+    MutexLock lock(i.mu);
     for (Impl::Conn& c : i.conns) {
       if (!c.done) ::shutdown(c.fd, SHUT_RDWR);
     }
@@ -1412,10 +1612,11 @@ void NodeServer::stop() {
 }
 
 ServerStats NodeServer::stats() const {
-  const Impl& i = *impl_;
-  auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  return ServerStats{r(i.connections),    r(i.refused),       r(i.requests),     r(i.errors),
-                     r(i.handoff_chunks), r(i.handoff_bytes), r(i.inline_bytes), r(i.window_bytes)};
+  return impl_->server_stats();
+}
+
+DaemonStats NodeServer::daemon_stats() const {
+  return impl_->daemon_stats();
 }
 
 cache::TieredCache& NodeServer::cache() {
@@ -1432,6 +1633,191 @@ std::vector<peer::PeerState> NodeServer::peers() const {
 
 std::string NodeServer::metrics_text() const {
   return impl_->metrics();
+}
+
+namespace {
+
+// capabilities(7)'s names, by number, for the log.
+// clang-format off
+constexpr const char* kCapNames[] = {
+    "cap_chown", "cap_dac_override", "cap_dac_read_search", "cap_fowner", "cap_fsetid",
+    "cap_kill", "cap_setgid", "cap_setuid", "cap_setpcap", "cap_linux_immutable",
+    "cap_net_bind_service", "cap_net_broadcast", "cap_net_admin", "cap_net_raw",
+    "cap_ipc_lock", "cap_ipc_owner", "cap_sys_module", "cap_sys_rawio", "cap_sys_chroot",
+    "cap_sys_ptrace", "cap_sys_pacct", "cap_sys_admin", "cap_sys_boot", "cap_sys_nice",
+    "cap_sys_resource", "cap_sys_time", "cap_sys_tty_config", "cap_mknod", "cap_lease",
+    "cap_audit_write", "cap_audit_control", "cap_setfcap", "cap_mac_override", "cap_mac_admin",
+    "cap_syslog", "cap_wake_alarm", "cap_block_suspend", "cap_audit_read", "cap_perfmon",
+    "cap_bpf", "cap_checkpoint_restore"};
+// clang-format on
+
+std::vector<std::string> cap_names(uint64_t set) {
+  std::vector<std::string> out;
+  for (int cap = 0; cap < 64; ++cap) {
+    if (!(set & cap_bit(cap))) continue;
+    out.push_back(cap < static_cast<int>(std::size(kCapNames)) ? kCapNames[cap]
+                                                               : "cap_" + std::to_string(cap));
+  }
+  return out;
+}
+
+// What every thread keeps, and the first error a thread met, for the signal handler below
+// (lock-free atomics: async-signal-safe). Set before any thread is signalled.
+std::atomic<uint64_t> g_keep_caps{0};
+std::atomic<int> g_drop_errno{0};
+
+// Drops, in the calling thread, every capability outside `keep`: from the bounding set
+// (where CAP_SETPCAP allows; done first, while it may still be effective), the ambient,
+// inheritable, permitted and effective sets; and sets no_new_privs. System calls only
+// (async-signal-safe). Returns 0 or an errno.
+int drop_in_this_thread(uint64_t keep) {
+  for (int cap = 0; cap < 64; ++cap) {
+    if (keep & cap_bit(cap)) continue;
+    const int held = ::prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
+    if (held < 0) break;  // past the kernel's last capability
+    if (held == 1) (void)::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);  // EPERM without CAP_SETPCAP
+  }
+  (void)::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);  // EINVAL before Linux 4.3
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return errno;
+  std::optional<CapSets> c = get_caps();
+  if (!c) return errno;
+  c->effective &= keep;
+  c->permitted &= keep;
+  c->inheritable = 0;
+  return set_caps(*c) ? 0 : errno;
+}
+
+void drop_on_signal(int) {
+  const int saved = errno;
+  if (int err = drop_in_this_thread(g_keep_caps.load()); err != 0) {
+    int none = 0;
+    g_drop_errno.compare_exchange_strong(none, err);
+  }
+  errno = saved;
+}
+
+// A thread's sets as /proc/self/task/TID/status shows them; nullopt when it is gone.
+struct ThreadCaps {
+  std::string name;
+  uint64_t inheritable = 0, permitted = 0, effective = 0, ambient = 0;
+  bool no_new_privs = true;  // a kernel without the line (before 4.10) is not held to it
+};
+
+std::optional<ThreadCaps> thread_caps(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  if (!in) return std::nullopt;
+  ThreadCaps t;
+  std::string line;
+  auto hex = [&](size_t at) { return std::strtoull(line.c_str() + at, nullptr, 16); };
+  while (std::getline(in, line)) {
+    if (line.starts_with("Name:")) t.name = line.substr(line.find_first_not_of(" \t", 5));
+    if (line.starts_with("CapInh:")) t.inheritable = hex(7);
+    if (line.starts_with("CapPrm:")) t.permitted = hex(7);
+    if (line.starts_with("CapEff:")) t.effective = hex(7);
+    if (line.starts_with("CapAmb:")) t.ambient = hex(7);
+    if (line.starts_with("NoNewPrivs:")) t.no_new_privs = hex(11) == 1;
+  }
+  return t;
+}
+
+std::vector<pid_t> task_ids() {
+  std::vector<pid_t> out;
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir("/proc/self/task"), ::closedir);
+  if (!d) return out;
+  while (dirent* e = ::readdir(d.get())) {
+    if (e->d_name[0] >= '0' && e->d_name[0] <= '9')
+      out.push_back(static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10)));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Privileges::describe() const {
+  std::string line = "capabilities: ";
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  line += kept.empty() ? "kept none" : "kept " + join(kept) + (why.empty() ? "" : " (" + why + ")");
+  if (!dropped.empty())
+    line += "; dropped " + (dropped.size() <= 8 ? join(dropped) : std::to_string(dropped.size()));
+  line += "; inheritable and ambient sets empty";
+  if (no_new_privs) line += ", no_new_privs";
+  return line + " (" + std::to_string(threads) + " threads)";
+}
+
+// Capabilities belong to each thread, and threads already run (the cache's writer, the HTTP
+// server's): each is sent a signal whose handler drops them (what libcap's psx does), and
+// /proc/self/task says when every thread has, threads started meanwhile included.
+Result<Privileges> NodeServer::drop_privileges() {
+  std::optional<CapSets> start = get_caps();
+  if (!start) return fail_errno(errno, "capget");
+  Privileges p;
+  const uint64_t keep = impl_->serving_capabilities(p.why) & start->permitted;
+  if (keep == 0) p.why.clear();
+  int sig = -1;  // a real-time signal nobody handles
+  for (int s = SIGRTMIN + 4; s <= SIGRTMAX && sig < 0; ++s) {
+    struct sigaction old = {};
+    if (::sigaction(s, nullptr, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
+        old.sa_handler == SIG_DFL)
+      sig = s;
+  }
+  if (sig < 0) return fail(Code::kInternal, "no free signal to make every thread drop privileges");
+  g_keep_caps.store(keep);
+  g_drop_errno.store(0);
+  struct sigaction sa = {};
+  sa.sa_handler = drop_on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  // Left in place: a late signal only drops again what is gone.
+  if (::sigaction(sig, &sa, nullptr) != 0) return fail_errno(errno, "sigaction");
+  // This thread first: the threads it starts from now on inherit its sets.
+  if (int err = drop_in_this_thread(keep); err != 0)
+    return fail_errno(err, "dropping capabilities");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::map<pid_t, std::chrono::steady_clock::time_point> signalled;
+  for (;;) {
+    std::string holding;
+    unsigned threads = 0;
+    const auto now = std::chrono::steady_clock::now();
+    for (pid_t tid : task_ids()) {
+      std::optional<ThreadCaps> t = thread_caps(tid);
+      if (!t) continue;  // ended
+      // io_uring's workers take no signal; each serves one thread's reads and writes of
+      // descriptors already open (the permission checks were made at open), and is gone
+      // after a few idle seconds; those started from now on have the dropped sets.
+      if (t->name.starts_with("iou-")) continue;
+      ++threads;
+      if ((t->permitted & ~keep) == 0 && (t->effective & ~keep) == 0 && t->inheritable == 0 &&
+          t->ambient == 0 && t->no_new_privs)
+        continue;
+      holding += (holding.empty() ? "" : ", ") + t->name + " (" + std::to_string(tid) + ")";
+      auto [at, fresh] = signalled.try_emplace(tid, now);
+      // Once, and again after a while (real-time signals queue: not at every pass).
+      if (fresh || now - at->second > std::chrono::milliseconds(200)) {
+        at->second = now;
+        if (::syscall(SYS_tgkill, ::getpid(), tid, sig) != 0 && errno != ESRCH)
+          return fail_errno(errno, "signalling thread " + std::to_string(tid));
+      }
+    }
+    if (int err = g_drop_errno.load(); err != 0)
+      return fail_errno(err, "a thread dropping its capabilities");
+    if (holding.empty()) {
+      p.threads = threads;
+      break;
+    }
+    if (now > deadline)
+      return fail(Code::kInternal,
+                  "threads still hold capabilities after 10 s (do they block signal " +
+                      std::to_string(sig) + "?): " + holding);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  p.kept = cap_names(keep);
+  p.dropped = cap_names((start->permitted | start->effective | start->inheritable) & ~keep);
+  p.no_new_privs = true;
+  return p;
 }
 
 }  // namespace sluice::node

@@ -17,6 +17,11 @@ Result<Membership> Membership::make(std::vector<Member> members, std::string_vie
   for (size_t i = 0; i < members.size(); ++i) {
     const Member& x = members[i];
     if (x.name.empty()) return fail(Code::kInvalidArgument, "peers: a member without a name");
+    // A name goes into request headers as it is, and into sluiced://NAME@HOST:PORT/ URIs.
+    for (char c : x.name)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '@' || c == '/')
+        return fail(Code::kInvalidArgument, "peers: member '" + x.name +
+                                                "': a name holds no control character, '@' or '/'");
     if (!names.insert(x.name).second)
       return fail(Code::kInvalidArgument, "peers: member '" + x.name + "' is listed twice");
     if (x.name == self) {

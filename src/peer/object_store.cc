@@ -9,9 +9,11 @@
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "http/client.h"
+#include "object_uri.h"
 #include "signing.h"
 #include "sluice/peer/peer_store.h"
 
@@ -33,21 +35,23 @@ std::string hex16(uint64_t v) {
   return buf;
 }
 
-// "sluiced://NAME@HOST:PORT/prefix/": the member, its address, the folder.
-struct Where {
-  std::string member, address, prefix;
-};
+}  // namespace
 
-Result<Where> parse_uri(std::string_view uri) {
+Result<ObjectUri> parse_object_uri(std::string_view uri) {
   std::string_view rest = uri;
   if (!rest.starts_with("sluiced://"))
     return fail(Code::kInvalidArgument, "not a sluiced:// URI: '" + std::string(uri) + "'");
+  // The member and address go into the request's headers and URL as they are (a CR LF
+  // would add a header), and the owner refuses every field with a control character.
+  if (has_control(uri))
+    return fail(Code::kInvalidArgument,
+                "'" + std::string(uri) + "': a sluiced:// URI holds no control character");
   rest.remove_prefix(10);
   size_t at = rest.find('@'), slash = rest.find('/');
   if (at == std::string_view::npos || (slash != std::string_view::npos && at > slash) || at == 0)
     return fail(Code::kInvalidArgument,
                 "'" + std::string(uri) + "': expected sluiced://MEMBER@HOST:PORT/folder/");
-  Where w;
+  ObjectUri w;
   w.member = std::string(rest.substr(0, at));
   std::string_view addr =
       rest.substr(at + 1, slash == std::string_view::npos ? slash : slash - at - 1);
@@ -61,6 +65,8 @@ Result<Where> parse_uri(std::string_view uri) {
   return w;
 }
 
+namespace {
+
 struct Reply {
   long status = 0;
   std::string body;
@@ -69,10 +75,10 @@ struct Reply {
 
 class ObjectClient {
  public:
-  ObjectClient(Where w, ObjectStoreOptions o)
+  ObjectClient(ObjectUri w, ObjectStoreOptions o)
       : w_(std::move(w)), o_(std::move(o)), http_(http_options(o_)) {}
 
-  const Where& where() const { return w_; }
+  const ObjectUri& where() const { return w_; }
   const ObjectStoreOptions& options() const { return o_; }
 
   // Sends one signed request and checks the signed reply. `out` receives a read's bytes
@@ -148,17 +154,24 @@ class ObjectClient {
     return h;
   }
 
-  Where w_;
+  ObjectUri w_;
   ObjectStoreOptions o_;
   http::HttpClient http_;
 };
 
-store::ObjectInfo info_from(const json& j, std::string key) {
+// An object's fields from the owner's JSON; nullopt where one is missing or of another type
+// (a float in an integer field too: converting one out of range is undefined).
+std::optional<store::ObjectInfo> info_from(const json& j, std::string key) {
+  if (!j.is_object()) return std::nullopt;
+  auto size = j.find("size"), etag = j.find("etag"), mtime = j.find("mtime_ns");
+  if (size == j.end() || !size->is_number_unsigned() || etag == j.end() || !etag->is_string() ||
+      mtime == j.end() || !mtime->is_number_integer())
+    return std::nullopt;
   store::ObjectInfo i;
   i.key = std::move(key);
-  i.size = j.at("size").get<uint64_t>();
-  i.etag = j.at("etag").get<std::string>();
-  i.mtime_ns = j.at("mtime_ns").get<int64_t>();
+  i.size = size->get<uint64_t>();
+  i.etag = etag->get<std::string>();
+  i.mtime_ns = mtime->get<int64_t>();
   return i;
 }
 
@@ -211,20 +224,18 @@ class ObjectWriter final : public store::Writer {
 
 class ObjectStore final : public store::Store {
  public:
-  ObjectStore(std::string uri, Where w, ObjectStoreOptions o)
+  ObjectStore(std::string uri, ObjectUri w, ObjectStoreOptions o)
       : uri_(std::move(uri)), client_(std::move(w), std::move(o)) {}
 
   Result<store::ObjectInfo> stat(std::string_view key) override {
     SLUICE_RETURN_IF_ERROR(store::validate_key(key));
     SLUICE_ASSIGN_OR_RETURN(auto rep,
                             client_.call({"GET", "stat", "", "", 0, full(key), "", "", "", ""}));
-    json j = json::parse(rep.body, nullptr, false);
-    try {
-      return info_from(j, std::string(key));
-    } catch (const json::exception&) {
+    auto info = info_from(json::parse(rep.body, nullptr, false), std::string(key));
+    if (!info)
       return fail(Code::kCorruption,
                   "stat of '" + std::string(key) + "' on " + uri_ + ": bad reply");
-    }
+    return *info;
   }
 
   Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
@@ -272,7 +283,9 @@ class ObjectStore final : public store::Store {
         if (!k.starts_with(pre + options.prefix))
           return fail(Code::kCorruption,
                       "list of " + uri_ + " returned '" + k + "', outside the prefix");
-        page.objects.push_back(info_from(o, k.substr(pre.size())));
+        auto info = info_from(o, k.substr(pre.size()));
+        if (!info) return fail(Code::kCorruption, "list of " + uri_ + ": bad reply");
+        page.objects.push_back(std::move(*info));
       }
       page.next_token = j.at("next").get<std::string>();
     } catch (const json::exception&) {
@@ -330,7 +343,10 @@ void register_object_scheme() {
           return fail(Code::kInvalidArgument,
                       "sluiced:// needs this member's name and the node secret "
                       "(peer::ObjectStoreOptions)");
-        SLUICE_ASSIGN_OR_RETURN(Where w, parse_uri(uri));
+        if (has_control(o->node))
+          return fail(Code::kInvalidArgument,
+                      "sluiced://: this member's name '" + o->node + "' holds a control character");
+        SLUICE_ASSIGN_OR_RETURN(ObjectUri w, parse_object_uri(uri));
         return std::unique_ptr<store::Store>(
             std::make_unique<ObjectStore>(std::string(uri), std::move(w), *o));
       });

@@ -11,13 +11,13 @@
 #include <cstring>
 #include <ctime>
 #include <future>
-#include <mutex>
 #include <semaphore>
 #include <system_error>
 
 #include "http/client.h"
 #include "signing.h"
 #include "sluice/core/hash.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/store/serving_peer.h"
 #include "sluice/telemetry/registry.h"
 
@@ -73,8 +73,8 @@ struct PeerStore::Impl {
     std::atomic<int64_t> down_until_ns{0};
     std::atomic<uint64_t> chunks{0}, bytes{0}, errors{0};  // relaxed: reported only
     std::counting_semaphore<1024> slots;                   // fetches from this peer at once
-    std::mutex mu;
-    std::string last_error;                  // guarded by mu
+    Mutex mu;
+    std::string last_error SLUICE_GUARDED_BY(mu);
     std::unique_ptr<http::HttpClient> http;  // kept-alive connections to it
   };
 
@@ -125,7 +125,7 @@ struct PeerStore::Impl {
       p.down_until_ns.store(now_ns() + std::chrono::nanoseconds(o.retry_after).count(),
                             std::memory_order_relaxed);
     if (m_peer_errors) m_peer_errors->add();
-    std::lock_guard lock(p.mu);
+    MutexLock lock(p.mu);
     p.last_error = e.message();
   }
 
@@ -372,7 +372,7 @@ std::vector<PeerState> PeerStore::peers() const {
     s.fetched_chunks = p->chunks.load(std::memory_order_relaxed);
     s.fetched_bytes = p->bytes.load(std::memory_order_relaxed);
     s.errors = p->errors.load(std::memory_order_relaxed);
-    std::lock_guard lock(p->mu);
+    MutexLock lock(p->mu);
     s.last_error = p->last_error;
     out.push_back(std::move(s));
   }

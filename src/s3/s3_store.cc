@@ -565,8 +565,10 @@ class S3Store : public store::Store {
   std::string scheme_, host_;
   HttpClient http_;
   Executor parts_;
-  std::atomic<int64_t> budget_;
-  std::atomic<bool> bucket_seen_{false};  // some answer showed the bucket exists
+  std::atomic<int64_t> budget_;  // relaxed: a soft, approximate limit on retry storms
+  // Some answer showed the bucket exists. Relaxed: a hint that only saves a request; a
+  // stale false costs one extra HEAD of the bucket, and nothing is published through it.
+  std::atomic<bool> bucket_seen_{false};
   S3Metrics m_;
 };
 

@@ -3,8 +3,9 @@
 #include <dlfcn.h>
 
 #include <cstring>
-#include <mutex>
 #include <vector>
+
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::io {
 namespace {
@@ -56,10 +57,10 @@ struct CuFileLibrary::Api {
 Result<CuFileLibrary*> CuFileLibrary::get(const std::string& library) {
   // One driver per process, as cuFile requires; the result (or the reason it failed) is
   // kept for the life of the process.
-  static std::mutex mu;
-  static std::unique_ptr<CuFileLibrary> instance;
-  static std::string failure;
-  std::lock_guard lock(mu);
+  static Mutex mu;
+  static std::unique_ptr<CuFileLibrary> instance SLUICE_GUARDED_BY(mu);
+  static std::string failure SLUICE_GUARDED_BY(mu);
+  MutexLock lock(mu);
   if (instance) return instance.get();
   if (!failure.empty()) return fail(Code::kUnsupported, failure);
   if (std::string why = cuda_device_missing(); !why.empty()) {

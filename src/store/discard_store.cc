@@ -1,8 +1,8 @@
 // A store whose writes vanish: the destination of a copy whose only point is its reads
 // (sluice cache warm, benchmarks).
 #include <algorithm>
-#include <mutex>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/store/store.h"
 
 namespace sluice::store {
@@ -11,26 +11,26 @@ namespace {
 class DiscardWriter final : public Writer {
  public:
   Status append(std::span<const std::byte> data) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     size_ += data.size();
     return ok();
   }
   Status commit() override { return ok(); }
   void abort() override {}
   uint64_t size() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return size_;
   }
   bool positional() const override { return true; }
   Status write_at(uint64_t offset, std::span<const std::byte> data) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     size_ = std::max<uint64_t>(size_, offset + data.size());
     return ok();
   }
 
  private:
-  mutable std::mutex mu_;
-  uint64_t size_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  uint64_t size_ SLUICE_GUARDED_BY(mu_) = 0;
 };
 
 class DiscardStore final : public Store {

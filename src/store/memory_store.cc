@@ -5,8 +5,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <mutex>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/store/store.h"
 
 namespace sluice::store {
@@ -19,9 +19,9 @@ struct Object {
 };
 
 struct MemoryState {
-  std::mutex mu;
-  std::map<std::string, std::shared_ptr<const Object>, std::less<>> objects;  // guarded by mu
-  uint64_t next_generation = 1;                                               // guarded by mu
+  Mutex mu;
+  std::map<std::string, std::shared_ptr<const Object>, std::less<>> objects SLUICE_GUARDED_BY(mu);
+  uint64_t next_generation SLUICE_GUARDED_BY(mu) = 1;
 };
 
 int64_t wall_ns() {
@@ -50,7 +50,7 @@ class MemoryWriter : public Writer {
     auto obj = std::make_shared<Object>();
     obj->data = std::move(data_);
     obj->mtime_ns = options_.mtime_ns.value_or(wall_ns());
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     if (!options_.overwrite && state_->objects.contains(key_))
       return fail(Code::kAlreadyExists, "object '" + key_ + "' already exists");
     obj->generation = state_->next_generation++;
@@ -110,7 +110,7 @@ class MemoryStore : public Store {
     if (options.max_keys == 0 || options.max_keys > 10000)
       return fail(Code::kInvalidArgument, "list max_keys must be 1..10000");
     ListPage page;
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     auto it = options.continuation.empty() ? state_->objects.lower_bound(options.prefix)
                                            : state_->objects.upper_bound(options.continuation);
     for (; it != state_->objects.end(); ++it) {
@@ -126,7 +126,7 @@ class MemoryStore : public Store {
 
   Status remove(std::string_view key) override {
     SLUICE_RETURN_IF_ERROR(validate_key(key));
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     auto it = state_->objects.find(key);
     if (it == state_->objects.end()) return not_found(key);
     state_->objects.erase(it);
@@ -139,7 +139,7 @@ class MemoryStore : public Store {
 
  private:
   std::shared_ptr<const Object> find(std::string_view key) {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     auto it = state_->objects.find(key);
     return it == state_->objects.end() ? nullptr : it->second;
   }
@@ -160,9 +160,9 @@ std::unique_ptr<Store> make_memory_store(std::string name) {
 std::unique_ptr<Store> open_named_memory_store(const std::string& name) {
   // mem://NAME means the same objects wherever it is opened in this process; the table of
   // names lives as long as the process, like a tmpfs mount would.
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<MemoryState>> named;
-  std::lock_guard lock(mu);
+  static Mutex mu;
+  static std::map<std::string, std::shared_ptr<MemoryState>> named SLUICE_GUARDED_BY(mu);
+  MutexLock lock(mu);
   auto& state = named[name];
   if (!state) state = std::make_shared<MemoryState>();
   return std::make_unique<MemoryStore>(name, state);

@@ -37,7 +37,9 @@ constexpr const char* kTempDir = ".sluice-tmp";
 
 using Fd = UniqueFd;
 
-std::atomic<bool> g_no_openat2{false};  // set once if the kernel lacks openat2
+// Set once if the kernel lacks openat2. Relaxed: a hint; a thread that misses it only
+// tries openat2 once more and gets ENOSYS again.
+std::atomic<bool> g_no_openat2{false};
 
 // Opens `path` (relative, validated) beneath `dirfd`. Returns an fd or -errno.
 int open_beneath(int dirfd, const std::string& path, int flags, mode_t mode = 0) {
@@ -109,7 +111,7 @@ uint32_t host_id() {
 }
 
 std::string temp_name() {
-  static std::atomic<uint64_t> counter{0};
+  static std::atomic<uint64_t> counter{0};  // relaxed: only has to be unique in this process
   thread_local std::mt19937_64 rng{std::random_device{}()};
   char name[96];
   std::snprintf(name, sizeof name, "%s/h%08x-p%d-%lu-%016lx", kTempDir, host_id(),
@@ -215,6 +217,8 @@ class PosixWriter : public Writer {
   Fd fd_;
   std::string tmp_;  // name under .sluice-tmp/, empty once published or removed
   // The end of the furthest byte written. Atomic: write_at may run on several threads.
+  // Relaxed: a high-water mark that publishes no bytes; size() and commit() read it once the
+  // writes they depend on returned (the Writer contract orders them), append after its own.
   std::atomic<uint64_t> size_{0};
   std::atomic<bool> done_{false};
 };
@@ -288,7 +292,9 @@ class PosixStore : public Store {
     }
     if (fd < 0) return errno_error(-fd, "create temporary file for", k);
     auto writer = std::make_unique<PosixWriter>(this, k, options, Fd(fd), name);
-    writers_.fetch_add(1, std::memory_order_relaxed);  // given back by its commit or abort
+    // Given back by its commit or abort. Relaxed: taking a count publishes nothing (the
+    // release is acq_rel, as for a reference count).
+    writers_.fetch_add(1, std::memory_order_relaxed);
     if (!lock_whole_file(fd)) {  // a file system without locks: reaping goes by PIDs alone
       int err = errno;
       if (err != ENOLCK && err != EOPNOTSUPP && err != EINVAL) {

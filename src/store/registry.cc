@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <mutex>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/store/store.h"
 #include "sluice/store/wrapper.h"
 
@@ -33,17 +33,14 @@ Result<std::unique_ptr<Store>> open_mem(std::string_view uri, const StoreOptions
 }
 
 struct SchemeTable {
-  std::mutex mu;
-  std::map<std::string, StoreFactory, std::less<>> factories;  // guarded by mu
+  SchemeTable() : factories{{"file", open_file}, {"mem", open_mem}} {}
+  Mutex mu;
+  std::map<std::string, StoreFactory, std::less<>> factories SLUICE_GUARDED_BY(mu);
 };
 
 SchemeTable& table() {
-  static SchemeTable* const table = [] {
-    auto* fresh = new SchemeTable;  // never destroyed: stores may be opened during exit
-    fresh->factories["file"] = open_file;
-    fresh->factories["mem"] = open_mem;
-    return fresh;
-  }();
+  static SchemeTable* const table = new SchemeTable;  // never destroyed: stores may be opened
+                                                      // during exit
   return *table;
 }
 
@@ -51,13 +48,13 @@ SchemeTable& table() {
 
 void register_scheme(std::string scheme, StoreFactory factory) {
   SchemeTable& t = table();
-  std::lock_guard lock(t.mu);
+  MutexLock lock(t.mu);
   t.factories[std::move(scheme)] = std::move(factory);
 }
 
 std::vector<std::string> registered_schemes() {
   SchemeTable& t = table();
-  std::lock_guard lock(t.mu);
+  MutexLock lock(t.mu);
   std::vector<std::string> out;
   for (auto& [name, f] : t.factories) out.push_back(name);
   return out;
@@ -70,7 +67,7 @@ Result<std::unique_ptr<Store>> open_store(std::string_view uri, const StoreOptio
   StoreFactory factory;
   {
     SchemeTable& t = table();
-    std::lock_guard lock(t.mu);
+    MutexLock lock(t.mu);
     if (auto it = t.factories.find(scheme); it != t.factories.end()) factory = it->second;
   }
   if (!factory) {

@@ -2,10 +2,8 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <semaphore>
@@ -14,6 +12,7 @@
 #include "core/executor.h"
 #include "sluice/cache/read_ahead.h"
 #include "sluice/core/hash.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/mem/buffer_pool.h"
 #include "sluice/stream/dataset.h"
 #include "sluice/stream/tar.h"
@@ -143,12 +142,12 @@ class ReadGate {
  public:
   explicit ReadGate(unsigned max) : max_(max), limit_(max) {}
   void acquire() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return running_ < limit_; });
+    UniqueLock lock(mu_);
+    cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) { return running_ < limit_; });
     ++running_;
   }
   void release(bool throttled) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     --running_;
     if (throttled) {
       limit_ = std::max(1u, limit_ / 2);
@@ -161,10 +160,12 @@ class ReadGate {
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   const unsigned max_;
-  unsigned limit_, running_ = 0, successes_ = 0;  // guarded by mu_
+  unsigned limit_ SLUICE_GUARDED_BY(mu_);
+  unsigned running_ SLUICE_GUARDED_BY(mu_) = 0;
+  unsigned successes_ SLUICE_GUARDED_BY(mu_) = 0;
 };
 
 // A run of samples for this consumer, read and parsed.
@@ -206,17 +207,18 @@ struct Loader::Impl {
   std::shared_ptr<Slice> current;
   size_t current_i = 0;
   bool first_delivered = false;
-  // What has been consumed, for state(): guarded by state_mu (state() may be called from
-  // another thread than next()).
-  mutable std::mutex state_mu;
-  uint64_t token_epoch = 0, token_position = 0;
+  // What has been consumed, for state() (which may be called from another thread than
+  // next()).
+  mutable Mutex state_mu;
+  uint64_t token_epoch SLUICE_GUARDED_BY(state_mu) = 0;
+  uint64_t token_position SLUICE_GUARDED_BY(state_mu) = 0;
 
   // The fetcher's side.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::shared_ptr<Slice>> ready;  // guarded by mu
-  uint64_t queued_bytes = 0;                 // guarded by mu
-  bool stopping = false;                     // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  std::deque<std::shared_ptr<Slice>> ready SLUICE_GUARDED_BY(mu);
+  uint64_t queued_bytes SLUICE_GUARDED_BY(mu) = 0;
+  bool stopping SLUICE_GUARDED_BY(mu) = false;
   ReadGate gate;
   std::unique_ptr<Executor> io;
   std::thread fetcher;
@@ -228,7 +230,7 @@ struct Loader::Impl {
   // the cache, where gathered reads are used).
   std::optional<std::counting_semaphore<>> gather_slots;
 
-  struct Counters {
+  struct Counters {  // relaxed: statistics, only reported (stats()); they order nothing
     std::atomic<uint64_t> samples{0}, bytes{0}, requests{0}, read_bytes{0}, throttled{0},
         skipped{0}, stall_ns{0}, first_ns{0}, window_parts{0};
   } counts;
@@ -330,6 +332,7 @@ struct Loader::Impl {
       first_epoch = p.epoch;
       start = p.position;
     }
+    MutexLock lock(state_mu);  // no other thread yet: for the analysis
     token_epoch = first_epoch;
     token_position = start;
     return ok();
@@ -371,8 +374,8 @@ struct Loader::Impl {
 
   // Runs the reads of `ranges` on the I/O threads and waits for all of them.
   Status read_all(const std::vector<Range>& ranges, std::byte* buffer) {
-    std::mutex done_mu;
-    std::condition_variable done_cv;
+    Mutex done_mu;
+    CondVar done_cv;
     size_t left = ranges.size();
     std::optional<Error> first;
     for (const Range& range : ranges) {
@@ -382,12 +385,12 @@ struct Loader::Impl {
         auto st = r->pieces.empty()
                       ? read_range(s.key, r->offset, {buffer + r->buffer_offset, r->length}, ro)
                       : read_gathered(s.key, *r, buffer, ro);
-        std::lock_guard lock(done_mu);
+        MutexLock lock(done_mu);
         if (!st && !first) first = st.error();
         if (--left == 0) done_cv.notify_all();
       });
     }
-    std::unique_lock lock(done_mu);
+    UniqueLock lock(done_mu);
     done_cv.wait(lock, [&] { return left == 0; });
     if (first) return std::unexpected(*first);
     return ok();
@@ -750,7 +753,7 @@ struct Loader::Impl {
   }
 
   void push(std::shared_ptr<Slice> slice) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     queued_bytes += slice->bytes;
     ready.push_back(std::move(slice));
     cv.notify_all();
@@ -767,8 +770,10 @@ struct Loader::Impl {
   struct Flight {
     std::thread thread;
     uint64_t bytes = 0;
-    std::shared_ptr<Slice> result;  // guarded by mu
-    bool done = false;              // guarded by mu
+    // Guarded by the loader's mu, which an annotation here cannot name (it would read as
+    // the flight's own).
+    std::shared_ptr<Slice> result;
+    bool done = false;
   };
 
   // The fetcher's plan: where the next slice starts.
@@ -860,7 +865,7 @@ struct Loader::Impl {
     bool first_planned = false, first_landed = false;
     Cursor cursor{.epoch = first_epoch, .from = start};
     std::deque<std::unique_ptr<Flight>> flights;
-    uint64_t flight_bytes = 0;  // guarded by mu
+    uint64_t flight_bytes = 0;  // guarded by mu (a local: no annotation applies)
     std::optional<Planned> next;
     bool planned_all = false, failed = false;
     auto join_all = [&] {
@@ -870,7 +875,7 @@ struct Loader::Impl {
     while (true) {
       // Finished slices go to the caller in order; after a failed one, nothing more.
       {
-        std::unique_lock lock(mu);
+        UniqueLock lock(mu);
         while (!flights.empty() && flights.front()->done && !failed) {
           std::unique_ptr<Flight> f = std::move(flights.front());
           flights.pop_front();
@@ -897,8 +902,8 @@ struct Loader::Impl {
         push(std::move(end));
         return;
       }
-      std::unique_lock lock(mu);
-      auto can_launch = [&] {
+      UniqueLock lock(mu);
+      auto can_launch = [&]() SLUICE_REQUIRES(mu) {
         return next && flights.size() < kFlights && (first_landed || flights.empty()) &&
                (queued_bytes + flight_bytes + next->bytes <= o.memory_bytes / 2 ||
                 (flights.empty() && ready.empty()));
@@ -914,7 +919,7 @@ struct Loader::Impl {
         Flight* raw = f.get();
         f->thread = std::thread([this, raw, p = std::move(*next)] {
           auto slice = fetch(p.epoch, p.positions, p.samples);
-          std::lock_guard done_lock(mu);
+          MutexLock done_lock(mu);
           raw->result = std::move(slice);
           raw->done = true;
           cv.notify_all();
@@ -923,7 +928,7 @@ struct Loader::Impl {
         flights.push_back(std::move(f));
         continue;
       }
-      cv.wait(lock, [&] {
+      cv.wait(lock, [&]() SLUICE_REQUIRES(mu) {
         return stopping || (!flights.empty() && flights.front()->done) || can_launch();
       });
     }
@@ -944,7 +949,7 @@ struct Loader::Impl {
     uint64_t q = (j / block - o.worker) / o.workers, t = j % block;  // this worker's block q
     uint64_t taken = q * block + t + 1;                              // this consumer's count
     uint64_t position = from + uint64_t{o.world} * o.workers * block * (taken / block);
-    std::lock_guard lock(state_mu);
+    MutexLock lock(state_mu);
     if (position >= ds->samples()) {
       token_epoch = s.epoch + 1;
       token_position = 0;
@@ -960,8 +965,8 @@ struct Loader::Impl {
       if (current && current->error) return std::unexpected(*current->error);
       if (current && current->end) return std::optional<Sample>{};
       auto waited = Clock::now();
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return !ready.empty(); });
+      UniqueLock lock(mu);
+      cv.wait(lock, [&]() SLUICE_REQUIRES(mu) { return !ready.empty(); });
       current = std::move(ready.front());
       ready.pop_front();
       queued_bytes -= current->bytes;
@@ -1027,7 +1032,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
 Loader::~Loader() {
   Impl& m = *impl_;
   {
-    std::lock_guard lock(m.mu);
+    MutexLock lock(m.mu);
     m.stopping = true;
   }
   m.cv.notify_all();
@@ -1057,7 +1062,7 @@ std::string Loader::state() const {
                 .seed = m.o.seed,
                 .window = m.window,
                 .identity = m.ds ? m.ds->identity() : 0};
-  std::lock_guard lock(m.state_mu);
+  MutexLock lock(m.state_mu);
   p.epoch = m.token_epoch;
   p.position = m.token_position;
   return make_token(p);

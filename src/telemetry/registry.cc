@@ -101,18 +101,18 @@ static M& find_or_add(std::vector<std::pair<Labels, std::unique_ptr<M>>>& v, con
 }
 
 Counter& Registry::counter(std::string_view name, const Labels& labels, std::string_view help) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return find_or_add(family_locked(name, help, Kind::kCounter).counters, labels);
 }
 
 Gauge& Registry::gauge(std::string_view name, const Labels& labels, std::string_view help) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return find_or_add(family_locked(name, help, Kind::kGauge).gauges, labels);
 }
 
 Histogram& Registry::histogram(std::string_view name, const Labels& labels, std::string_view help,
                                double unit_scale) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Family& f = family_locked(name, help, Kind::kHistogram);
   f.unit_scale = unit_scale;
   return find_or_add(f.histograms, labels);
@@ -155,7 +155,7 @@ static std::string number(double v) {
 }
 
 std::string Registry::prometheus_text() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::string out;
   for (auto& f : families_) {
     if (!f->help.empty()) out += "# HELP " + f->name + " " + f->help + "\n";
@@ -199,7 +199,7 @@ std::string Registry::prometheus_text() const {
 }
 
 std::string Registry::json_text() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   nlohmann::json counters = nlohmann::json::array(), gauges = nlohmann::json::array(),
                  histograms = nlohmann::json::array();
   auto labels_json = [](const Labels& l) {

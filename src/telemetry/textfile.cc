@@ -21,8 +21,9 @@ Result<std::unique_ptr<TextfileExporter>> TextfileExporter::start(
   std::unique_ptr<TextfileExporter> e(new TextfileExporter(registry, std::move(path), interval));
   SLUICE_RETURN_IF_ERROR(e->write_now());
   e->thread_ = std::thread([raw = e.get()] {
-    std::unique_lock lock(raw->mu_);
-    while (!raw->cv_.wait_for(lock, raw->interval_, [raw] { return raw->stopping_; })) {
+    UniqueLock lock(raw->mu_);
+    while (!raw->cv_.wait_for(lock, raw->interval_,
+                              [raw]() SLUICE_REQUIRES(raw->mu_) { return raw->stopping_; })) {
       lock.unlock();
       (void)raw->write_now();  // a failed write is tried again at the next interval
       lock.lock();
@@ -41,7 +42,7 @@ TextfileExporter::~TextfileExporter() {
 
 Status TextfileExporter::stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();

@@ -43,7 +43,7 @@ class FaultInjectionStore::FaultWriter : public Writer {
 
  private:
   Status alive() {
-    std::lock_guard lock(owner_->mu_);
+    MutexLock lock(owner_->mu_);
     if (owner_->epoch_ != epoch_) {
       pending_.clear();
       return fail(Code::kCancelled,
@@ -66,32 +66,32 @@ FaultInjectionStore::FaultInjectionStore(std::unique_ptr<Store> target)
 FaultInjectionStore::~FaultInjectionStore() = default;
 
 void FaultInjectionStore::fail_nth(FaultOp op, uint64_t n, Code code) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   nth_.emplace(op, std::pair{calls_[op] + n, code});
 }
 
 void FaultInjectionStore::fail_always(FaultOp op, Code code) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   always_[op] = code;
 }
 
 void FaultInjectionStore::set_short_reads(size_t max_bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   short_reads_ = max_bytes;
 }
 
 void FaultInjectionStore::set_space_limit(uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   space_limit_ = bytes;
 }
 
 void FaultInjectionStore::set_latency(std::chrono::microseconds latency) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   latency_ = latency;
 }
 
 void FaultInjectionStore::clear() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   nth_.clear();
   always_.clear();
   short_reads_ = 0;
@@ -100,18 +100,18 @@ void FaultInjectionStore::clear() {
 }
 
 void FaultInjectionStore::crash() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   crashed_ = true;
   ++epoch_;
 }
 
 void FaultInjectionStore::restart() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   crashed_ = false;
 }
 
 uint64_t FaultInjectionStore::calls(FaultOp op) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = calls_.find(op);
   return it == calls_.end() ? 0 : it->second;
 }
@@ -120,7 +120,7 @@ Status FaultInjectionStore::before(FaultOp op, std::string_view key) {
   std::chrono::microseconds latency;
   std::optional<Code> injected;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     latency = latency_;
     uint64_t n = ++calls_[op];
     uint64_t any = ++calls_[FaultOp::kAny];
@@ -147,7 +147,7 @@ Status FaultInjectionStore::before(FaultOp op, std::string_view key) {
 }
 
 Status FaultInjectionStore::charge_space(uint64_t bytes, std::string_view key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (space_used_ + bytes > space_limit_)
     return std::unexpected(Error(
         Code::kNoSpace,
@@ -166,7 +166,7 @@ Result<size_t> FaultInjectionStore::read(std::string_view key, uint64_t offset,
   SLUICE_RETURN_IF_ERROR(before(FaultOp::kRead, key));
   size_t cap;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     cap = short_reads_;
   }
   if (cap > 0 && dst.size() > cap) dst = dst.first(cap);
@@ -179,7 +179,7 @@ Result<std::unique_ptr<Writer>> FaultInjectionStore::create(std::string_view key
   SLUICE_RETURN_IF_ERROR(validate_key(key));
   uint64_t epoch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     epoch = epoch_;
   }
   return std::make_unique<FaultWriter>(this, std::string(key), options, epoch);

@@ -7,16 +7,15 @@
 #include "sluice/xfer/copy.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <thread>
 
 #include "core/executor.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/mem/buffer_pool.h"
 
 namespace sluice::xfer {
@@ -47,8 +46,8 @@ class PartBudget {
   // Takes a slot and a buffer of at least `len` bytes. With `wait` false, returns nothing
   // when the budget is spent; with it true, waits for room.
   Result<std::optional<PartBuffer>> acquire(uint64_t len, bool wait) {
-    std::unique_lock lock(mu_);
-    auto fits = [&] {
+    UniqueLock lock(mu_);
+    auto fits = [&]() SLUICE_REQUIRES(mu_) {
       return in_flight_ == 0 || (in_flight_ < slots_ && held_ + len <= max_bytes_);
     };
     if (!wait && !fits()) return std::optional<PartBuffer>();
@@ -82,7 +81,7 @@ class PartBudget {
 
   void release(PartBuffer buffer) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       --in_flight_;
       held_ -= buffer.capacity;
       if (idle_.size() < slots_ && held_ + idle_bytes_ + buffer.capacity <= max_bytes_) {
@@ -96,12 +95,12 @@ class PartBudget {
  private:
   const unsigned slots_;
   const uint64_t max_bytes_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  unsigned in_flight_ = 0;        // guarded by mu_
-  uint64_t held_ = 0;             // capacity of the buffers in flight; guarded by mu_
-  uint64_t idle_bytes_ = 0;       // capacity of idle_; guarded by mu_
-  std::vector<PartBuffer> idle_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  unsigned in_flight_ SLUICE_GUARDED_BY(mu_) = 0;
+  uint64_t held_ SLUICE_GUARDED_BY(mu_) = 0;        // capacity of the buffers in flight
+  uint64_t idle_bytes_ SLUICE_GUARDED_BY(mu_) = 0;  // capacity of idle_
+  std::vector<PartBuffer> idle_ SLUICE_GUARDED_BY(mu_);
 };
 
 // One part of one object, from its read to its write.
@@ -117,23 +116,23 @@ class Arrivals {
  public:
   void push(std::unique_ptr<Part> p) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       done_.push_back(std::move(p));
     }
     cv_.notify_one();
   }
   std::unique_ptr<Part> pop() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !done_.empty(); });
+    UniqueLock lock(mu_);
+    cv_.wait(lock, [&]() SLUICE_REQUIRES(mu_) { return !done_.empty(); });
     auto p = std::move(done_.front());
     done_.pop_front();
     return p;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Part>> done_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::unique_ptr<Part>> done_ SLUICE_GUARDED_BY(mu_);
 };
 
 // Shared by every object of one copy.
@@ -154,6 +153,7 @@ class Copier {
   // Copies one object; the owner thread's whole job.
   Result<store::ObjectInfo> copy_one(const CopyItem& item);
 
+  // Relaxed: progress figures, only reported; the copies' results come back by other means.
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<uint64_t> bytes_total{0};  // sizes of the objects known so far
 
@@ -345,7 +345,7 @@ class ProgressTicker {
   void stop() {
     if (!thread_.joinable()) return;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -355,8 +355,9 @@ class ProgressTicker {
 
  private:
   void run() {
-    std::unique_lock lock(mu_);
-    while (!cv_.wait_for(lock, options_.progress_interval, [&] { return stopping_; })) {
+    UniqueLock lock(mu_);
+    while (!cv_.wait_for(lock, options_.progress_interval,
+                         [&]() SLUICE_REQUIRES(mu_) { return stopping_; })) {
       lock.unlock();
       options_.on_progress(sample_());
       lock.lock();
@@ -364,9 +365,9 @@ class ProgressTicker {
   }
   const CopyOptions& options_;
   std::function<CopyProgress()> sample_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ SLUICE_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
@@ -393,9 +394,9 @@ CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyIt
   auto t0 = std::chrono::steady_clock::now();
   Copier copier(src, dst, options);
   CopyReport report;
-  std::mutex mu;
+  Mutex mu;
   std::atomic<size_t> next{0};
-  std::atomic<uint64_t> done{0}, failed{0};
+  std::atomic<uint64_t> done{0}, failed{0};  // relaxed: progress figures, only reported
   uint64_t listed = 0;  // sizes from the plan; the rest are added as objects are stat'd
   for (auto& item : items) listed += item.info ? item.info->size : 0;
   copier.bytes_total.fetch_add(listed, std::memory_order_relaxed);
@@ -410,7 +411,7 @@ CopyReport copy_all(store::Store& src, store::Store& dst, std::span<const CopyIt
     for (size_t i = next.fetch_add(1); i < items.size(); i = next.fetch_add(1)) {
       if (copier.cancelled()) return;
       auto r = copier.copy_one(items[i]);
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (r) {
         ++report.objects;
         report.bytes += r->size;

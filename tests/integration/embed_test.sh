@@ -34,6 +34,10 @@ else
   echo "$pass passed, $fail failed"; exit 1
 fi
 embed=$work/embed/sluice_embed
+# It asked for client_core alone: neither the ledger's libraries nor the daemon's are linked.
+linked=$(ldd "$embed" 2>/dev/null | grep -E 'libsqlite3|libpq|libmicrohttpd' || true)
+[[ -z "$linked" ]] && ok "a reader linked against client_core links no SQLite, libpq or libmicrohttpd" \
+  || bad "client_core brought in: $linked"
 
 mkdir -p "$work/home" "$work/data"
 head -c 9000000 /dev/urandom >"$work/data/obj"

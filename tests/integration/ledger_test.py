@@ -555,7 +555,7 @@ def t_a_restored_object_keeps_its_age(env):
 def t_gc_refuses_what_would_lose_data(env):
     """Bad flags fail before anything is purged; a newest step with a torn manifest does not
     shield itself at the cost of the good ones; pins must be real key prefixes, and
-    `ckpt gc` refuses on a tier with pins; an empty run name restores nothing."""
+    `ckpt gc` and `save --keep-last` honour them; an empty run name restores nothing."""
     env.run("team", "add", "h")
     tier = env.path("ht")
     os.makedirs(tier)
@@ -586,9 +586,18 @@ def t_gc_refuses_what_would_lose_data(env):
         expect_fail(env.run("gc", "pin", "h-p", bad, check=False), "invalid_argument", "pin")
     expect_fail(env.run("gc", "rule", "set", "h-p", "--keep-every", "5", check=False), "invalid_argument",
                 "--series")
-    env.run("gc", "pin", "h-p", "s/step-000000000003/")
-    expect_fail(env.run("ckpt", "gc", "--series", "s", "--keep-last", "1", "--from", tier, check=False),
-                "permission_denied", "sluice gc")
+    # The checkpointer's own retention (ckpt gc, save --keep-last) honours the pins too.
+    for step in (6, 7):
+        env.run("ckpt", "save", "--series", "s", "--step", str(step), "--to", tier, state)
+    env.run("gc", "pin", "h-p", "s/step-000000000006/")
+
+    def manifests():
+        return sorted(int(d[5:]) for d in os.listdir(os.path.join(tier, "s"))
+                      if os.path.exists(os.path.join(tier, "s", d, "manifest.json")))
+    env.run("ckpt", "gc", "--series", "s", "--keep-last", "1", "--from", tier)
+    assert manifests() == [5, 6, 7], manifests()  # 5: its torn manifest waits for the grace
+    env.run("ckpt", "save", "--series", "s", "--step", "8", "--to", tier, "--keep-last", "1", state)
+    assert manifests() == [5, 6, 8], manifests()
 
 
 def t_a_link_out_of_a_project_stops_no_gc(env):

@@ -51,7 +51,7 @@ def sluice(*args, check=True):
 class Job:
     """n daemons named n0..n{n-1}, each with its own socket, cache directory and HTTP port."""
 
-    def __init__(self, endpoint, n, tag):
+    def __init__(self, endpoint, n, tag, extra=()):
         self.dir = os.path.join(WORK, tag)
         os.makedirs(self.dir)
         self.ports = [free_port() for _ in range(n)]
@@ -72,7 +72,7 @@ class Job:
                  "--chunk-size", "1M", "--cache-ram", "0", "--endpoint-url", endpoint,
                  "--peer-listen", f"127.0.0.1:{self.ports[i]}", "--peers", self.peers,
                  "--node-name", f"n{i}", "--node-secret-file", self.secret, "--peer-timeout-ms", "5000",
-                 "--objects-dir", self.objects(i)],
+                 "--objects-dir", self.objects(i), *extra],
                 env=env(), stdout=log, stderr=log))
         for i in range(n):
             self.wait_up(i)
@@ -460,6 +460,69 @@ def test_a_peer_tier_chosen_from_the_membership(s3):
         job.close()
 
 
+def owned_chunk(port, root, key, chunks):
+    """(etag, a chunk index n0 owns, one it does not) of `key`, from 412 and 421 answers."""
+    etag, mine, theirs = None, None, None
+    for idx in range(chunks):
+        st, body, _, _ = ask(port, root, key, "feedface", idx, 0, 1)
+        if st == 412:
+            mine = idx if mine is None else mine
+            etag = body.decode().split(" is etag ")[1].split(" here")[0]
+        elif st == 421:
+            theirs = idx if theirs is None else theirs
+        else:
+            raise AssertionError((idx, st, body))
+    return etag, mine, theirs
+
+
+def test_local_files_go_to_peers_only_where_granted_for_them(s3, digest):
+    """Issue 48, item 3: a file:// root's chunks were served to any member with the owner's
+    rights once some team was granted the root. No caller's rights can be checked for a
+    peer: local files go to peers only under --peer-file-root, and members ask each other
+    for nothing else (a read of a local file through a daemon costs no refused request)."""
+    data = os.path.join(WORK, "local-data")
+    os.makedirs(data)
+    body = random.randbytes(6 * MIB + 99)
+    with open(os.path.join(data, "f"), "wb") as f:
+        f.write(body)
+    cfg = os.path.join(WORK, "local-teams.json")
+    with open(cfg, "w") as f:
+        json.dump({"teams": [{"name": "me", "uids": [os.getuid()], "roots": [f"file://{data}/"]}]}, f)
+    root = f"file://{data}"
+    job = Job(s3.endpoint, 2, "local-teams", extra=["--config", cfg])
+    try:
+        for idx in range(7):  # granted to a team, not to peers: refused before anything
+            st, text, _, _ = ask(job.ports[0], root, "f", "feedface", idx, 0, 1)
+            assert st == 403 and b"not served to peers" in text, (idx, st, text)
+        p = subprocess.run([SLUICE, "cat", "--cache", "--daemon", job.sock(1), f"{root}/f"],
+                           capture_output=True, env=env(), timeout=120)
+        assert p.returncode == 0 and p.stdout == body, p.stderr
+        errors = [(x["name"], x["errors"], x["last_error"]) for x in job.stat(1)["peers"] if x["errors"]]
+        assert not errors, errors  # n0 was never asked for a local file
+    finally:
+        job.close()
+    job = Job(s3.endpoint, 2, "local-peers", extra=["--config", cfg, "--peer-file-root", root + "/"])
+    try:
+        port = job.ports[0]
+        etag, mine, _ = owned_chunk(port, root, "f", 7)
+        assert etag and mine is not None, (etag, mine)
+        status, got, headers, _ = ask(port, root, "f", etag, mine, 0, MIB)
+        want = body[mine * MIB:(mine + 1) * MIB]
+        assert status == 200 and got == want, (status, got[:100])
+        assert ask(port, "file:///etc", "passwd", "x", 0, 0, 1)[0] == 403  # outside the grant
+    finally:
+        job.close()
+    d = os.path.join(WORK, "bad-peer-root")
+    base = [SLUICED, "--socket", os.path.join(d, "s.sock"), "--cache-dir", os.path.join(d, "c")]
+    peers = ["--peer-listen", f"127.0.0.1:{free_port()}", "--peers", job.peers, "--node-name", "n0",
+             "--node-secret-file", job.secret]
+    for extra, want in ((["--peer-file-root", "*", *peers], b"not a file:// root"),
+                        (["--peer-file-root", "s3://test/ds/", *peers], b"not a file:// root"),
+                        (["--peer-file-root", root], b"needs --peers")):
+        p = subprocess.run(base + extra, capture_output=True, env=env(), timeout=30)
+        assert p.returncode != 0 and want in p.stderr, (extra, p.stderr)
+
+
 def test_bad_peer_settings_are_refused():
     d = os.path.join(WORK, "settings")
     os.makedirs(d)
@@ -531,6 +594,8 @@ def main():
               test_checkpoints_on_a_peer_survive_the_loss_of_the_node, s3)
         r.run("a peer tier chosen from the membership", test_a_peer_tier_chosen_from_the_membership, s3)
         r.run("bad peer settings refused", test_bad_peer_settings_are_refused)
+        r.run("local files go to peers only where granted for them",
+              test_local_files_go_to_peers_only_where_granted_for_them, s3, digest)
         r.finish()
     finally:
         s3.close()

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from s3_harness import Runner, S3rver, find_s3rver  # noqa: E402
+from s3_harness import Runner, S3rver, Skip, find_s3rver  # noqa: E402
 import sluiced_harness  # noqa: E402
 
 SLUICE = os.path.abspath(sys.argv[1])
@@ -450,6 +450,109 @@ def hold_a_connection():
         time.sleep(0.1)
 
 
+def thread_sets(pid):
+    """Each thread's capability sets and no_new_privs, from /proc/PID/task/*/status;
+    io_uring's kernel workers aside (they take no signal, and only read and write
+    descriptors already open: NodeServer::drop_privileges)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                v = dict(line.split(":", 1) for line in f if ":" in line)
+        except FileNotFoundError:
+            continue  # ended
+        if v["Name"].strip().startswith("iou-"):
+            continue
+        out.append({k: int(v[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapAmb", "CapBnd")}
+                   | {"NoNewPrivs": int(v.get("NoNewPrivs", "1")), "name": v["Name"].strip()})
+    return out
+
+
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SETUID, CAP_NET_BIND_SERVICE = 1, 2, 6, 7, 10
+
+
+def bits(*caps):
+    return sum(1 << c for c in caps)
+
+
+def test_capabilities_are_dropped_after_start(s3, digest):
+    """Issue 48, item 2: a daemon that is not root, started with capabilities (as file
+    capabilities or systemd's AmbientCapabilities give them), keeps in every thread only what
+    serving its teams' local files needs, with empty inheritable and ambient sets and
+    no_new_privs; it opens a caller's file without them (uid 65534 reads its readable file,
+    not root's 0600 one). A root daemon keeps only cap_dac_read_search (uid 0 reads every
+    local file)."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to start sluiced as another uid with capabilities")
+    if not shutil.which("setpriv"):
+        raise Skip("setpriv (util-linux) not found")
+    top = tempfile.mkdtemp(prefix="sluice-caps-")
+    os.chmod(top, 0o755)
+    data, state, client = (os.path.join(top, n) for n in ("data", "state", "client"))
+    os.makedirs(data, 0o755)
+    os.makedirs(state)
+    os.makedirs(client)
+    os.chown(state, 65533, 65533)
+    os.chown(client, 65534, 65534)
+    with open(os.path.join(data, "open"), "w") as f:
+        f.write("for everyone\n")
+    with open(os.path.join(data, "secret"), "w") as f:
+        f.write("root's only\n")
+    os.chmod(os.path.join(data, "secret"), 0o600)
+    cfg = os.path.join(top, "teams.json")
+    with open(cfg, "w") as f:
+        json.dump({"teams": [{"name": "others", "uids": [65534], "roots": [f"file://{data}/"]}]}, f)
+    given = "+dac_override,+dac_read_search,+setuid,+setgid,+net_bind_service"
+    sock = os.path.join(state, "sluiced.sock")
+    e = dict(env(), SLUICE_HOME=os.path.join(state, "home"))
+    # sluiced as uid 65533 with capabilities (exec'd: the process the harness waits for).
+    wrapper = os.path.join(top, "sluiced-with-caps")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\nexec setpriv --reuid=65533 --regid=65533 --clear-groups "
+                f"--inh-caps={given} --ambient-caps={given} -- {SLUICED} \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    d = sluiced_harness.Sluiced(
+        wrapper, sock, os.path.join(state, "cache"),
+        ["--chunk-size", "1M", "--cache-ram", "0", "--endpoint-url", s3.endpoint, "--config", cfg],
+        env=e, log=os.path.join(top, "sluiced.log"))
+    try:
+        d.wait_for("capabilities: kept")
+        keep = bits(CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SETUID)
+        for t in thread_sets(d.proc.pid):
+            assert t["CapPrm"] == keep and t["CapEff"] == keep, t
+            assert t["CapInh"] == 0 and t["CapAmb"] == 0 and t["NoNewPrivs"] == 1, t
+        log = open(d.log.name).read()
+        assert "kept cap_dac_read_search, cap_setgid, cap_setuid" in log, log
+
+        def nobody():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        ce = dict(env(), SLUICE_HOME=client, HOME=client)
+        ok = subprocess.run([SLUICE, "cat", "--cache", "--daemon", sock, f"file://{data}/open"],
+                            capture_output=True, env=ce, preexec_fn=nobody, timeout=120)
+        assert ok.returncode == 0 and ok.stdout == b"for everyone\n", ok.stderr
+        no = subprocess.run([SLUICE, "cat", "--cache", "--daemon", sock, f"file://{data}/secret"],
+                            capture_output=True, env=ce, preexec_fn=nobody, timeout=120)
+        assert no.returncode != 0 and b"permission_denied" in no.stderr, (no.stdout, no.stderr)
+        # Threads started since (one per connection) inherited the dropped sets.
+        for t in thread_sets(d.proc.pid):
+            assert t["CapEff"] == keep and t["CapAmb"] == 0, t
+    finally:
+        assert d.stop() == 0
+    # Root, every local file served to uid 0 (no teams): only cap_dac_read_search, the
+    # bounding set too (root may empty it).
+    d = Daemon(s3.endpoint)
+    try:
+        d.wait_for("capabilities: kept")
+        for t in thread_sets(d.proc.pid):
+            assert t["CapPrm"] == t["CapEff"] == t["CapBnd"] == bits(CAP_DAC_READ_SEARCH), t
+            assert t["CapInh"] == 0 and t["CapAmb"] == 0 and t["NoNewPrivs"] == 1, t
+    finally:
+        assert d.stop() == 0
+    shutil.rmtree(top, ignore_errors=True)
+
+
 def test_chunks_an_embedded_cache_left_are_dropped(s3, digest):
     # Warmed by the embedded cache (keyed by store), they could never be served by the
     # daemon (keyed by root): it drops them at start, says so, and counts none of them.
@@ -504,7 +607,9 @@ def main():
                          ("chunks an embedded cache left are dropped",
                           test_chunks_an_embedded_cache_left_are_dropped),
                          ("a busy daemon is not bypassed to another server",
-                          test_a_busy_daemon_is_not_bypassed_to_another_server)]:
+                          test_a_busy_daemon_is_not_bypassed_to_another_server),
+                         ("capabilities are dropped after start",
+                          test_capabilities_are_dropped_after_start)]:
             shutil.rmtree(CACHE, ignore_errors=True)
             r.run(name, fn, s3, digest)
         r.finish()

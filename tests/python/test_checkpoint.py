@@ -14,6 +14,7 @@ import torch
 
 import sluice
 import sluice.checkpoint
+import sluiced_harness
 from conftest import binary
 
 torch.manual_seed(0)
@@ -91,6 +92,79 @@ def test_the_cli_lists_verifies_and_restores_a_python_save(tmp_path):
     files = {p.name: p for p in out.rglob("*") if p.is_file()}
     assert "w" in files, files
     assert files["w"].read_bytes() == t.numpy().tobytes()
+
+
+def test_keep_last_never_prunes_a_step_the_ledger_pins(tmp_path):
+    """Issue 48: `sluice gc pin` protects a step from every checkpointer's retention, Python's
+    keep_last included (it used to prune it: the pin check was the CLI's alone)."""
+    tier = tmp_path / "ckpt"
+    tier.mkdir()
+
+    def cli(*args):
+        r = subprocess.run([binary("sluice"), *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    cli("team", "add", "ml")
+    cli("project", "add", "ml-ckpt", "--team", "ml", "--location", str(tier), "--kind",
+        "checkpoint")
+    cli("gc", "pin", "ml-ckpt", "run/step-000000000002/")
+    t = torch.arange(4096, dtype=torch.float32)
+    with sluice.checkpoint.Checkpointer("run", tiers=[str(tier)], keep_last=1) as ck:
+        for step in range(1, 5):
+            ck.save(step, {"w": t + step})
+    # Closed: every save's retention has run (it follows each commit).
+    with sluice.checkpoint.Checkpointer("run", tiers=[str(tier)]) as ck:
+        assert [s["step"] for s in ck.steps()] == [2, 4]
+        assert same(ck.load(2)["w"], t + 2)
+
+
+@pytest.fixture
+def peer_job(tmp_path):
+    """Two sluiced on loopback, n0 and n1, members of one job: a peers file, a node secret."""
+    if not os.path.exists(binary("sluiced")):
+        pytest.skip(f"no sluiced in {os.path.dirname(binary('sluiced'))}")
+    from s3_harness import free_port
+
+    ports = [free_port(), free_port()]
+    peers = tmp_path / "peers"
+    peers.write_text("".join(f"n{i} 127.0.0.1:{p}\n" for i, p in enumerate(ports)))
+    secret = tmp_path / "secret"
+    with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("peer-secret-0123456789abcdef\n")
+    daemons = []
+    for i, port in enumerate(ports):
+        d = sluiced_harness.Sluiced(
+            binary("sluiced"), str(tmp_path / f"n{i}.sock"), str(tmp_path / f"cache{i}"),
+            ["--cache-ram", "0", "--peer-listen", f"127.0.0.1:{port}", "--peers", str(peers),
+             "--node-name", f"n{i}", "--node-secret-file", str(secret),
+             "--objects-dir", str(tmp_path / f"objects{i}")])
+        daemons.append(d)
+    yield {"peers": str(peers), "secret": str(secret), "dir": tmp_path}
+    for d in daemons:
+        d.stop()
+
+
+def test_a_peer_tier_from_python(peer_job, monkeypatch):
+    """Issue 48: Python opens peer:// and sluiced:// tiers (the peer settings live in the client
+    layer, as keyword arguments or the launcher's environment), and a node that lost its local
+    copy restores from the peer."""
+    t = torch.arange(1 << 18, dtype=torch.float32)
+    local = str(peer_job["dir"] / "local")
+    auth = {"node_name": "n0", "node_secret_file": peer_job["secret"], "peers": peer_job["peers"]}
+    with sluice.checkpoint.Checkpointer("m", tiers=[local, "peer://ckpt/"], **auth) as ck:
+        ck.save(1, {"w": t})
+    assert (peer_job["dir"] / "objects1").exists()  # n1 keeps n0's copy
+    # This node's copy is lost; the settings come from the environment a launcher sets.
+    monkeypatch.setenv("SLUICE_NODE_NAME", "n0")
+    monkeypatch.setenv("SLUICE_NODE_SECRET_FILE", peer_job["secret"])
+    monkeypatch.setenv("SLUICE_PEERS", peer_job["peers"])
+    with sluice.checkpoint.Checkpointer("m", tiers=["peer://ckpt/"]) as ck:
+        assert same(ck.load(1)["w"], t)
+    monkeypatch.delenv("SLUICE_NODE_SECRET_FILE")
+    with pytest.raises(sluice.InvalidArgument, match="node_secret_file"):
+        sluice.checkpoint.Checkpointer("m", tiers=["peer://ckpt/"])
+    with pytest.raises(sluice.InvalidArgument, match="peer_port"):
+        sluice.checkpoint.Checkpointer("m", tiers=["peer://ckpt/"], peer_port=70000)
 
 
 def test_async_save_keeps_the_values_at_save_time(tmp_path):

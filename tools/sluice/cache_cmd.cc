@@ -1,5 +1,5 @@
-#include "cache_cmd.h"
-
+// `sluice cache stat|ls|warm|evict|pin|unpin|verify|peers` and `sluice cat`: the node's cache
+// from the command line, through sluiced when it answers, else the cache directory itself.
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache_flags.h"
+#include "command.h"
 #include "common.h"
 #include "cp.h"
 #include "sluice/cache/json.h"
@@ -20,7 +22,7 @@
 #include "sluice/client/read.h"
 #include "sluice/client/warm.h"
 #include "sluice/core/sizes.h"
-#include "sluice/peer/peer_store.h"
+#include "sluice/node/stats.h"
 #include "sluice/xfer/copy.h"
 
 namespace sluice::cli {
@@ -30,6 +32,18 @@ using client::parse_location;
 namespace fs = std::filesystem;
 
 namespace {
+
+struct CacheArgs {
+  CacheFlags cache;
+  client::AwsSettings aws;
+  std::string target;      // URI or URI prefix (ls, warm, evict, pin, unpin, cat)
+  std::string list_file;   // warm --list
+  std::string range;       // cat --range A-B
+  bool use_cache = false;  // cat --cache
+  bool json = false;
+  bool no_progress = false;
+  unsigned jobs = 16;
+};
 
 // The node's cache these commands look after: sluiced's when it answers, else the directory.
 // `sources`: the command opens source stores (S3 settings are read only then).
@@ -41,37 +55,37 @@ Result<std::unique_ptr<cache::Control>> open_control(const CacheArgs& a, bool so
 // `cache stat` through sluiced: its tiers, hits and misses, and what its server did.
 int print_daemon_stat(const CacheArgs& a, const cache::ControlStatus& st) {
   const cache::DaemonStatus& d = *st.daemon;
-  nlohmann::json j = nlohmann::json::parse(d.stat_json, nullptr, false);
-  j["daemon"] = {{"socket", d.socket}, {"pid", d.pid}, {"team", d.team}};
   if (a.json) {
+    nlohmann::json j = d.stats;
+    j["daemon"] = {{"socket", d.socket}, {"pid", d.pid}, {"team", d.team}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  const cache::CacheStats& s = st.stats;
+  const cache::CacheStats& s = d.stats.cache;
+  const node::ServerStats& sv = d.stats.server;
+  auto size = [](uint64_t n) { return format_size(static_cast<double>(n)); };
   std::printf("sluiced pid %ld on %s: cache %s (policy %s, %s)\n", static_cast<long>(d.pid),
               d.socket.c_str(), s.directory.c_str(), s.policy.c_str(), s.io_path.c_str());
   for (const auto& [name, t] : {std::pair{"RAM", s.ram}, std::pair{"NVMe", s.disk}}) {
-    std::printf("%s tier: %s of %s in %lu chunks; %lu hits (%s)\n", name,
-                format_size(static_cast<double>(t.bytes)).c_str(),
-                format_size(static_cast<double>(t.capacity)).c_str(),
-                static_cast<unsigned long>(t.chunks), static_cast<unsigned long>(t.hits),
-                format_size(static_cast<double>(t.hit_bytes)).c_str());
+    std::printf("%s tier: %s of %s in %lu chunks; %lu hits (%s)\n", name, size(t.bytes).c_str(),
+                size(t.capacity).c_str(), static_cast<unsigned long>(t.chunks),
+                static_cast<unsigned long>(t.hits), size(t.hit_bytes).c_str());
   }
-  auto n = [](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : 0.0; };
-  nlohmann::json& sv = j["server"];  // not const: a field an older daemon lacks reads as null
   std::printf(
-      "misses: %lu chunks (%s from the sources); hand-offs: %.0f chunks (%s), inline %s (%s "
+      "misses: %lu chunks (%s from the sources); hand-offs: %lu chunks (%s), inline %s (%s "
       "through reply windows)\n",
-      static_cast<unsigned long>(s.misses), format_size(static_cast<double>(s.miss_bytes)).c_str(),
-      n(sv["handoff_chunks"]), format_size(n(sv["handoff_bytes"])).c_str(),
-      format_size(n(sv["inline_bytes"])).c_str(), format_size(n(sv["window_bytes"])).c_str());
-  std::printf("connections: %.0f served, %.0f refused; requests: %.0f, %.0f failed\n",
-              n(sv["connections"]), n(sv["connections_refused"]), n(sv["requests"]),
-              n(sv["request_errors"]));
-  if (const nlohmann::json& c = j["charging"]; c.is_object()) {
-    std::printf("charged to teams (%s): %s kept, %s freed; %.0f chunks not kept (quota)\n",
-                c.value("ledger", "").c_str(), format_size(n(c["admitted_bytes"])).c_str(),
-                format_size(n(c["freed_bytes"])).c_str(), n(c["refused_chunks"]));
+      static_cast<unsigned long>(s.misses), size(s.miss_bytes).c_str(),
+      static_cast<unsigned long>(sv.handoff_chunks), size(sv.handoff_bytes).c_str(),
+      size(sv.inline_bytes).c_str(), size(sv.window_bytes).c_str());
+  std::printf("connections: %lu served, %lu refused; requests: %lu, %lu failed\n",
+              static_cast<unsigned long>(sv.connections),
+              static_cast<unsigned long>(sv.connections_refused),
+              static_cast<unsigned long>(sv.requests),
+              static_cast<unsigned long>(sv.request_errors));
+  if (const auto& c = d.stats.charging) {
+    std::printf("charged to teams (%s): %s kept, %s freed; %lu chunks not kept (quota)\n",
+                c->ledger.c_str(), size(c->admitted_bytes).c_str(), size(c->freed_bytes).c_str(),
+                static_cast<unsigned long>(c->refused_chunks));
   }
   return 0;
 }
@@ -124,37 +138,26 @@ int cmd_peers(const CacheArgs& a) {
     return report_error(Error(Code::kUnavailable,
                               "cache peers: no sluiced answers on " + session->daemon_socket()));
   const std::string& socket = st->daemon->socket;
-  nlohmann::json j = nlohmann::json::parse(st->daemon->stat_json, nullptr, false);
-  if (!j.is_object() || !j.contains("peers") || !j["peers"].is_array())
-    return report_error(Error(Code::kCorruption, "sluiced sent a stat reply without peers"));
+  const node::DaemonStats& d = st->daemon->stats;
   if (a.json) {
+    nlohmann::json j = d;
     std::printf(
         "%s\n",
         nlohmann::json({{"peers", j["peers"]}, {"bytes_from", j["bytes_from"]}}).dump().c_str());
     return 0;
   }
-  if (j["peers"].empty()) {
+  if (d.peers.empty()) {
     std::printf("sluiced on %s has no peers (start it with --peers)\n", socket.c_str());
     return 0;
   }
   std::printf("%-20s %-22s %-7s %10s %12s %7s  %s\n", "NAME", "ADDRESS", "STATE", "CHUNKS",
               "FETCHED", "ERRORS", "LAST ERROR");
-  for (const nlohmann::json& p : j["peers"]) {
-    auto num = [&](const char* k) { return p.value(k, 0.0); };
-    // A daemon older than this CLI sends no state: the same rule, from the other fields.
-    const std::string state =
-        p.contains("state") ? p.value("state", "")
-                            : std::string(peer::PeerState{
-                                  .self = p.value("self", false),
-                                  .up = p.value("up", false),
-                                  .fetched_chunks = static_cast<uint64_t>(num("fetched_chunks")),
-                                  .errors = static_cast<uint64_t>(num("errors"))}
-                                              .state());
-    std::printf("%-20s %-22s %-7s %10.0f %12s %7.0f  %s\n", printable(p.value("name", "")).c_str(),
-                printable(p.value("address", "")).c_str(), state.c_str(), num("fetched_chunks"),
-                format_size(num("fetched_bytes")).c_str(), num("errors"),
-                printable(p.value("last_error", "")).c_str());
-  }
+  for (const node::PeerStatus& p : d.peers)
+    std::printf("%-20s %-22s %-7s %10lu %12s %7lu  %s\n", printable(p.name).c_str(),
+                printable(p.address).c_str(), printable(p.state).c_str(),
+                static_cast<unsigned long>(p.fetched_chunks),
+                format_size(static_cast<double>(p.fetched_bytes)).c_str(),
+                static_cast<unsigned long>(p.errors), printable(p.last_error).c_str());
   return 0;
 }
 
@@ -393,7 +396,10 @@ int cmd_cat(const CacheArgs& a) {
 
 }  // namespace
 
-void add_cache_commands(CLI::App& app, CacheArgs& a, CancelHook cancel, int& rc) {
+void add_cache_commands(CLI::App& app, const CommandContext& ctx) {
+  static CacheArgs a;  // CLI11 binds to it; one command runs per process
+  const CancelHook cancel = ctx.cancel;
+  int& rc = *ctx.rc;
   auto* cat = app.add_subcommand("cat",
                                  "Write an object (or --range of it) to stdout; through the cache "
                                  "for cache+ URIs or with --cache");
@@ -407,7 +413,7 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, CancelHook cancel, int& rc)
                   "S3 endpoint (else AWS_ENDPOINT_URL, ~/.aws/config)");
   cat->add_option("--profile", a.aws.profile, "Profile in ~/.aws/credentials and ~/.aws/config");
   cat->add_option("--region", a.aws.region, "Region (else AWS_REGION, the profile, us-east-1)");
-  add_cache_flags(cat, a.cache);
+  add_cache_flags(cat, a.cache, client::Profile::kCommand);
   cat->callback([&] { rc = cmd_cat(a); });
 
   auto* cache = app.add_subcommand(
@@ -416,7 +422,7 @@ void add_cache_commands(CLI::App& app, CacheArgs& a, CancelHook cancel, int& rc)
       "cache directory itself (the embedded cache)");
   cache->require_subcommand(1);
   auto with_common = [&](CLI::App* c, bool source) {
-    add_cache_flags(c, a.cache);
+    add_cache_flags(c, a.cache, client::Profile::kCommand);
     c->add_flag("--json", a.json, "Print the result as JSON");
     if (source) {
       c->add_option("--endpoint-url", a.aws.endpoint_url,

@@ -1,7 +1,7 @@
 // `sluice ckpt`: save files as a checkpoint, list, show, verify, restore and clean up.
 // Every file is one tensor of dtype uint8 named by its path relative to the argument it
 // came from; restore writes them back under --to, byte for byte.
-#include "ckpt_cmd.h"
+#include "command.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -77,24 +77,9 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   tiers.retention = {a.keep_last, a.keep_every};
   tiers.writes = writes;
   tiers.charge = charge;
-  tiers.peers.node = a.node_name.empty() ? client::short_host_name() : a.node_name;
-  if (client::names_peer_tier(a.tiers)) {
-    if (a.secret_file.empty())
-      return fail(Code::kInvalidArgument,
-                  "a sluiced:// or peer:// tier needs --node-secret-file FILE");
-    SLUICE_ASSIGN_OR_RETURN(tiers.peers.secret, client::read_node_secret(a.secret_file));
-  }
-  for (const std::string& t : a.tiers) {
-    if (!t.starts_with("peer://")) continue;
-    if (a.peers.empty())
-      return fail(Code::kInvalidArgument,
-                  "tier " + t + ": a peer:// tier needs --peers FILE (or --peers slurm)");
-    auto members = client::members_from_environment(a.peers, a.peer_port);
-    if (!members) return std::unexpected(members.error().with_context("--peers (and --peer-port)"));
-    tiers.peers.members = std::move(*members);
-    tiers.peers.members_source = "--peers " + a.peers;
-    break;
-  }
+  SLUICE_ASSIGN_OR_RETURN(
+      tiers.peers,
+      client::peer_tier_settings({a.node_name, a.secret_file, a.peers, a.peer_port}, a.tiers));
   ckpt::CheckpointerOptions o;
   o.series = a.series;
   o.rank = a.rank;
@@ -107,13 +92,6 @@ Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const CkptArgs& a,
   o.gc_after_save = a.keep_last || a.keep_every;
   o.cancel = a.cancel;
   return client::open_checkpointer(session, std::move(o), tiers);
-}
-
-// `ckpt gc` and `save --keep-last` delete at once and know nothing of the ledger's pins.
-Status refuse_if_pinned(const CkptArgs& a) {
-  if (!a.keep_last && !a.keep_every) return {};
-  SLUICE_ASSIGN_OR_RETURN(client::Session session, open_session(a.aws));
-  return client::check_no_pins(session, a.tiers);
 }
 
 // A step number; `what` says what else --step may be there ("" for a save, which names a
@@ -177,7 +155,6 @@ int run_save(const CkptArgs& a) {
   auto number = parse_step(a.step, "");
   if (!number) return report_error(number.error());
   const uint64_t step = *number;
-  if (auto s = refuse_if_pinned(a); !s) return report_error(s.error());
   const std::vector<std::string> tiers =
       a.tiers.empty() ? std::vector{client::default_checkpoint_tier(a.home)} : a.tiers;
   if (auto st = ckpt::check_tiers_outside_inputs(tiers, a.paths); !st)
@@ -470,7 +447,6 @@ int run_restore(const CkptArgs& a) {
 // gc
 
 int run_gc(const CkptArgs& a) {
-  if (auto s = refuse_if_pinned(a); !s) return report_error(s.error());
   auto cp = open_checkpointer(a, 0, false, true);
   if (!cp) return report_error(cp.error());
   auto r = (*cp)->gc();
@@ -560,14 +536,17 @@ void add_location_flags(CLI::App* c, CkptArgs& a) {
   c->add_option("--profile", a.aws.profile, "AWS profile for s3:// tiers");
   c->add_option("--region", a.aws.region, "Region for s3:// tiers");
   c->add_option("--node-name", a.node_name,
-                "This node's member name, for sluiced:// and peer:// tiers (default: the "
-                "short host name)");
+                "This node's member name, for sluiced:// and peer:// tiers (default: "
+                "$SLUICE_NODE_NAME, else the short host name)");
   c->add_option("--node-secret-file", a.secret_file,
-                "The job's node secret (mode 600), for sluiced:// and peer:// tiers");
+                "The job's node secret (mode 600), for sluiced:// and peer:// tiers "
+                "(default: $SLUICE_NODE_SECRET_FILE)");
   c->add_option("--peers", a.peers,
                 "For peer://FOLDER/ tiers: the job's daemons, a host list file ('NAME "
-                "HOST:PORT' a line, as sluiced --peers) or 'slurm' (SLURM_JOB_NODELIST)");
-  c->add_option("--peer-port", a.peer_port, "With --peers slurm: the members' peer port");
+                "HOST:PORT' a line, as sluiced --peers) or 'slurm' (SLURM_JOB_NODELIST) "
+                "(default: $SLUICE_PEERS)");
+  c->add_option("--peer-port", a.peer_port,
+                "With --peers slurm: the members' peer port (default: $SLUICE_PEER_PORT)");
 }
 
 // The tiers (--to or --from), where they are, the chunk size and --json.
@@ -666,7 +645,9 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
   restore->add_option("--rank", a.only_rank,
                       "Only this rank's files (default: every rank; "
                       "with several, each under rank-N/)");
-  restore->add_flag("--force", a.force, "Replace files that exist");
+  restore->add_flag("--force", a.force,
+                    "Replace files that exist: the tree is built beside DIR and swapped in "
+                    "in one step (other files in DIR are kept)");
   restore->add_flag("--no-progress", a.no_progress, "No progress line, even on a terminal");
   add_location_flags(restore, a);
   restore->add_flag("--json", a.json, "Print the result as JSON");
@@ -709,9 +690,11 @@ void add_restore_sync_gc(CLI::App* ck, CkptArgs& a, int& rc, const Interruptible
 
 }  // namespace
 
-void add_ckpt_commands(CLI::App& app, std::string home, CancelHook cancel, int& rc) {
+void add_ckpt_commands(CLI::App& app, const CommandContext& ctx) {
   static CkptArgs a;  // CLI11 binds to it; one command runs per process
-  a.home = std::move(home);
+  a.home = ctx.home;
+  const CancelHook cancel = ctx.cancel;
+  int& rc = *ctx.rc;
   Interruptible interruptible = [cancel, &rc](int (*run)(const CkptArgs&)) {
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();

@@ -1,6 +1,6 @@
 // `sluice dataset`: list and describe datasets, pack a directory into WebDataset shards
 // with their indexes, and read a dataset the way a training job would (docs/dataset.md).
-#include "dataset_cmd.h"
+#include "command.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -490,7 +490,7 @@ void add_read(CLI::App* ds, DatasetArgs& a, CancelHook cancel, int& rc) {
       ->transform(seconds_validator(0.1, 86400));
   add_common(rd, a);
   add_formats(rd, a);
-  add_cache_flags(rd, a.cache);
+  add_cache_flags(rd, a.cache, client::Profile::kCommand);
   rd->callback([&rc, &a, cancel] {
     a.cancel = cancel.flag;
     if (cancel.install) cancel.install();
@@ -501,7 +501,9 @@ void add_read(CLI::App* ds, DatasetArgs& a, CancelHook cancel, int& rc) {
 
 }  // namespace
 
-void add_dataset_commands(CLI::App& app, CancelHook cancel, int& rc) {
+void add_dataset_commands(CLI::App& app, const CommandContext& ctx) {
+  const CancelHook cancel = ctx.cancel;
+  int& rc = *ctx.rc;
   static DatasetArgs a;  // CLI11 binds to it; one command runs per process
   auto* ds = app.add_subcommand(
       "dataset", "Datasets: list, describe, pack a directory into WebDataset shards, read");

@@ -21,7 +21,11 @@
 
 #include <xxhash.h>
 
+#include <CLI/CLI.hpp>
+
+#include "command.h"
 #include "common.h"
+#include "size_flag.h"
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/ckpt/checkpointer.h"
 #include "sluice/core/sizes.h"
@@ -606,6 +610,54 @@ int run_training_demo(const DemoOptions& o, const std::string& self_exe) {
   std::printf("sluice demo: %s in %.1f s (the data-path comparison is `sluice demo --bench`)\n",
               once ? "done" : "FAILED", seconds_since(t0));
   return once ? 0 : 1;
+}
+
+// The embedded default's main job (demo.h), or with --bench the data-path comparison.
+void add_demo_command(CLI::App& app, const CommandContext& ctx) {
+  static DemoOptions o;
+  static uint64_t demo_size = 256ull << 20;
+  static bool bench = false, child = false, resume = false;
+  static uint64_t crash_at = 0;
+  static std::string events;
+  auto* cmd = app.add_subcommand(
+      "demo",
+      "Run a synthetic training job on the embedded default: stream a generated dataset "
+      "through the cache for 2 epochs with asynchronous checkpoints, kill it mid-run, resume "
+      "it exactly, and report (--bench: compare every data path instead)");
+  cmd->add_flag("--bench", bench, "Run sluice bench across every mode on a file and compare");
+  cmd->add_option("--size", demo_size, "With --bench: size of the demo file")
+      ->transform(size_validator())
+      ->default_str("256M");
+  cmd->add_option("--samples", o.samples, "Samples in the generated dataset")
+      ->default_val(12000)
+      ->check(CLI::Range(uint64_t{1000}, uint64_t{10'000'000}));
+  // The training run the demo starts twice; not for people.
+  cmd->add_flag("--child", child)->group("");
+  cmd->add_flag("--resume", resume)->group("");
+  cmd->add_option("--crash-at-step", crash_at)->group("");
+  cmd->add_option("--events", events)->group("");
+  cmd->callback([home = ctx.home, &rc = *ctx.rc] {
+    o.dir = home + "/demo";
+    // About two checkpoints an epoch, at most one per 100 steps (the parent and the
+    // child compute the same from --samples).
+    uint64_t steps_per_epoch = (o.samples + o.batch - 1) / o.batch;
+    o.ckpt_every = static_cast<unsigned>(std::clamp<uint64_t>(steps_per_epoch / 2, 5, 100));
+    if (bench) {
+      rc = run_bench_demo(home, demo_size);
+      return;
+    }
+    if (child) {
+      rc = run_training_child(o, crash_at, resume, events);
+      return;
+    }
+    std::error_code ec;
+    auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) {
+      rc = report_error(error_from_errno(ec.value(), "find this program (/proc/self/exe)"));
+      return;
+    }
+    rc = run_training_demo(o, exe.string());
+  });
 }
 
 }  // namespace sluice::cli

@@ -24,6 +24,10 @@ struct DemoOptions {
 // prints the report. Returns the exit code.
 int run_training_demo(const DemoOptions& o, const std::string& self_exe);
 
+// `sluice demo --bench`: every data path on a file of `demo_size` bytes in HOME/demo, side by
+// side (bench_cmd.cc). Returns the exit code.
+int run_bench_demo(const std::string& home, uint64_t demo_size);
+
 // The child: one run of the training job. `crash_at_step` > 0 kills itself there.
 int run_training_child(const DemoOptions& o, uint64_t crash_at_step, bool resume,
                        const std::string& events_file);

@@ -2,7 +2,7 @@
 // reading only (a directory gets a scratch file of our own, removed afterwards); `--pid`
 // watches a job through /proc and /sys and ranks the causes of its shortfall
 // (sluice/doctor/diagnose.h).
-#include "doctor_cmd.h"
+#include "command.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -221,7 +221,9 @@ int run_url(const DoctorArgs& a, const CancelHook& cancel) {
 
 }  // namespace
 
-void add_doctor_command(CLI::App& app, CancelHook cancel, int& rc) {
+void add_doctor_command(CLI::App& app, const CommandContext& ctx) {
+  const CancelHook cancel = ctx.cancel;
+  int& rc = *ctx.rc;
   static DoctorArgs a;
   auto* cmd = app.add_subcommand(
       "doctor",

@@ -1,7 +1,7 @@
 // `sluice gc`: retention rules and pins per project or checkpoint series; `plan` says what
 // would go and why, `run` moves it to a trash stage and deletes for good only after a
 // delay, `restore` brings a run back. docs/ledger.md, "Retention and clean-up".
-#include "gc_cmd.h"
+#include "command.h"
 
 #include <charconv>
 #include <cstdio>
@@ -420,7 +420,9 @@ void add_runs(CLI::App* gc, GcArgs& a, const Runner& run) {
 
 }  // namespace
 
-void add_gc_commands(CLI::App& app, std::string home, int& rc) {
+void add_gc_commands(CLI::App& app, const CommandContext& ctx) {
+  const std::string& home = ctx.home;
+  int& rc = *ctx.rc;
   auto args = std::make_shared<GcArgs>();
   Runner run = [args, home, &rc](int (*fn)(const GcArgs&, const std::string&)) {
     return [args, home, &rc, fn] { rc = fn(*args, home); };

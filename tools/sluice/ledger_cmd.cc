@@ -2,6 +2,9 @@
 // limits, and what is used, from the ledger (SQLite by default, PostgreSQL for a fleet).
 #include "ledger_cmd.h"
 
+#include "command.h"
+#include "sluice/client/ledger.h"
+
 #include <sys/stat.h>
 
 #include <charconv>
@@ -429,7 +432,7 @@ Result<std::unique_ptr<Ledger>> open_ledger_at(const std::string& flag, const st
   client::SessionOptions o;
   o.home = home;
   o.ledger = client::ledger_from_environment(flag);
-  return client::Session(std::move(o)).open_ledger();
+  return client::open_ledger(client::Session(std::move(o)));
 }
 
 CLI::Validator not_empty() {
@@ -591,7 +594,9 @@ void add_capacity_and_forecast(CLI::App& app, std::shared_ptr<LedgerArgs> args,
 
 }  // namespace
 
-void add_ledger_commands(CLI::App& app, std::string home, int& rc) {
+void add_ledger_commands(CLI::App& app, const CommandContext& ctx) {
+  const std::string& home = ctx.home;
+  int& rc = *ctx.rc;
   auto args = std::make_shared<LedgerArgs>();
   Runner run = [args, home, &rc](int (*fn)(const LedgerArgs&, const std::string&)) {
     return [args, home, &rc, fn] { rc = fn(*args, home); };

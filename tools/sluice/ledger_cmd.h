@@ -20,7 +20,4 @@ Result<std::unique_ptr<ledger::Ledger>> open_ledger_at(const std::string& flag,
 // A CLI11 check for options whose empty value would read as "not given": refused.
 CLI::Validator not_empty();
 
-// Adds team, project, quota and usage to the app; each sets rc when it runs.
-void add_ledger_commands(CLI::App& app, std::string home, int& rc);
-
 }  // namespace sluice::cli

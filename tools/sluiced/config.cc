@@ -109,6 +109,20 @@ Result<Json> apply_config(Args& a, std::string_view text, const std::string& fil
     into = j[name].get<bool>();
     return ok();
   };
+  auto strings = [&](const char* name, const char* flag, std::vector<std::string>& into) -> Status {
+    if (!j.contains(name) || given(flag)) return ok();
+    auto bad = [&] {
+      return fail(Code::kInvalidArgument, file + ": \"" + name + "\" must be a list of strings");
+    };
+    if (!j[name].is_array()) return bad();
+    std::vector<std::string> out;
+    for (const Json& v : j[name]) {
+      if (!v.is_string()) return bad();
+      out.push_back(v.get<std::string>());
+    }
+    into = std::move(out);
+    return ok();
+  };
   SLUICE_RETURN_IF_ERROR(str("socket", "--socket", a.socket));
   SLUICE_RETURN_IF_ERROR(str("cache_dir", "--cache-dir", a.cache.dir));
   SLUICE_RETURN_IF_ERROR(str("cache_ram", "--cache-ram", a.cache.ram));
@@ -132,11 +146,14 @@ Result<Json> apply_config(Args& a, std::string_view text, const std::string& fil
   SLUICE_RETURN_IF_ERROR(str("node_secret_file", "--node-secret-file", a.secret_file));
   SLUICE_RETURN_IF_ERROR(str("objects_dir", "--objects-dir", a.objects_dir));
   SLUICE_RETURN_IF_ERROR(num("peer_timeout_ms", "--peer-timeout-ms", a.peer_timeout_ms));
+  SLUICE_RETURN_IF_ERROR(strings("peer_file_roots", "--peer-file-root", a.peer_file_roots));
   SLUICE_RETURN_IF_ERROR(num("access_ttl_s", "--access-ttl", a.access_ttl_s));
   return j.contains("teams") ? j["teams"] : Json();
 }
 
 Status configure_peers(const Args& a, node::PeerConfig& p) {
+  if (!a.peer_file_roots.empty() && a.peers.empty())
+    return fail(Code::kInvalidArgument, "--peer-file-root (peer_file_roots) needs --peers");
   if (a.peer_listen.empty()) {
     if (!a.peers.empty())
       return fail(Code::kInvalidArgument, "--peers needs --peer-listen HOST:PORT");
@@ -152,6 +169,7 @@ Status configure_peers(const Args& a, node::PeerConfig& p) {
   p.host = a.peer_listen.substr(0, colon);
   p.port = static_cast<uint16_t>(port);
   p.timeout = std::chrono::milliseconds(a.peer_timeout_ms);
+  p.file_roots = a.peer_file_roots;
   if (a.peers.empty()) return ok();  // /metrics only
   auto members = client::members_from_environment(a.peers, p.port);
   if (!members) return std::unexpected(members.error().with_context("--peers (and --peer-listen)"));

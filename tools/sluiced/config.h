@@ -24,6 +24,7 @@ struct Args {
   client::AwsSettings aws;
   std::string socket, config;
   std::string peer_listen, peers, node_name, secret_file, objects_dir;
+  std::vector<std::string> peer_file_roots;  // file:// roots served to (and asked of) peers
   std::string ledger;
   unsigned peer_timeout_ms = 10000;
   unsigned access_ttl_s = 60;
@@ -54,7 +55,7 @@ Result<std::vector<node::TeamGrant>> parse_teams(const nlohmann::json& teams,
                                                  const s3::S3Options& daemon_s3);
 
 // The HTTP port and the membership from --peer-listen, --peers, --node-name and the secret
-// (the peers file and the secret file are read here).
+// (the peers file and the secret file are read here), and the file roots peers may read.
 Status configure_peers(const Args& a, node::PeerConfig& p);
 
 }  // namespace sluice::sluiced

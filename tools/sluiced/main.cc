@@ -6,8 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-
 #include <cstdio>
 #include <ctime>
 #include <mutex>
@@ -20,10 +18,10 @@
 #include "common.h"
 #include "config.h"
 #include "size_flag.h"
+#include "sluice/client/daemon.h"
 #include "sluice/client/environment.h"
 #include "sluice/core/sizes.h"
 #include "sluice/node/server.h"
-#include "sluice/s3/store.h"
 
 namespace {
 
@@ -77,22 +75,22 @@ void log_prefaulted(uint64_t bytes, double seconds, const Status& outcome) {
 int run(Args& a, const CLI::App& app) {
   auto teams_json = apply_config(a, app);
   if (!teams_json) return cli::report_error(teams_json.error());
-  const std::string home = client::home_from_environment();
-  node::ServerOptions o;
-  o.socket_path = a.socket.empty() ? home + "/sluiced.sock" : a.socket;
-  auto co = cli::cache_options(a.cache, home);
-  if (!co) return cli::report_error(co.error());
-  o.cache = *co;
-  o.cache.prefault_ram = a.prefault_ram;
-  o.cache.prefaulted = log_prefaulted;
-  s3::register_scheme();
-  auto s3o = client::s3_options_from_environment(a.aws);
-  if (!s3o) return cli::report_error(s3o.error());
-  o.stores.backend.set(*s3o);
-  o.s3_endpoint = s3::endpoint_url(*s3o);
-  o.cache.store_id = "sluiced at " + o.s3_endpoint;
+  client::SessionOverrides given;
+  given.aws = a.aws;
+  given.ledger = a.ledger;
+  if (Status s = cli::apply_cache_flags(a.cache, given); !s) return cli::report_error(s.error());
+  given.daemon_socket = a.socket;  // the socket it serves on (the flags' --daemon is a client's)
+  auto so = client::session_options_from_environment(given, client::Profile::kDaemon);
+  if (!so) return cli::report_error(so.error());
+  so->cache.prefault_ram = a.prefault_ram;
+  so->cache.prefaulted = log_prefaulted;
+  const client::Session session(std::move(*so));
+  const std::string& home = session.options().home;
+  auto server_options = client::daemon_options(session);
+  if (!server_options) return cli::report_error(server_options.error());
+  node::ServerOptions o = std::move(*server_options);
   if (!teams_json->is_null()) {
-    auto teams = sluiced::parse_teams(*teams_json, a.config, a.aws, *s3o);
+    auto teams = sluiced::parse_teams(*teams_json, a.config, a.aws, session.options().s3);
     if (!teams) return cli::report_error(teams.error());
     o.teams = std::move(*teams);
   }
@@ -104,15 +102,6 @@ int run(Args& a, const CLI::App& app) {
   if (!windows) return cli::report_error(windows.error().with_context("--window-memory"));
   o.max_window_bytes = *windows;
   o.log = log_line;
-  if (a.ledger.empty()) {
-    const char* env = std::getenv("SLUICE_LEDGER");
-    if (env) a.ledger = env;
-  }
-  if (!a.ledger.empty()) {
-    auto l = ledger::Ledger::open(a.ledger);
-    if (!l) return cli::report_error(l.error().with_context("--ledger"));
-    o.ledger = std::move(*l);
-  }
   if (Status p = sluiced::configure_peers(a, o.peer); !p) return cli::report_error(p.error());
   if (o.peer.membership)
     o.peer.objects_directory = a.objects_dir.empty() ? home + "/peer-objects" : a.objects_dir;
@@ -132,6 +121,10 @@ int run(Args& a, const CLI::App& app) {
   if ((*server)->peer_port() != 0)
     log_line("HTTP on port " + std::to_string((*server)->peer_port()) + ": /metrics" +
              (has_peers ? ", chunks for " + cli::count_of(members - 1, "peer") : ""));
+  // Socket bound and cache open: what start-up needed is not kept for serving.
+  auto privileges = (*server)->drop_privileges();
+  if (!privileges) return cli::report_error(privileges.error().with_context("sluiced"));
+  log_line(privileges->describe());
   std::thread signals([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
@@ -155,7 +148,6 @@ int run(Args& a, const CLI::App& app) {
 
 int main(int argc, char** argv) {
   Args a;
-  a.cache.ram = "1G";  // a daemon lives long: a RAM tier pays off
   CLI::App app{
       "sluiced: the node daemon. Owns the node's cache directory (RAM and NVMe tiers) "
       "and serves it to every process on the node over a Unix socket (sluice and the "
@@ -167,8 +159,7 @@ int main(int argc, char** argv) {
                  "JSON config file: any of the flags' settings, and the teams "
                  "(docs/sluiced.md); flags given win")
       ->check(CLI::ExistingFile);
-  cli::add_cache_flags(&app, a.cache, /*client=*/false);
-  app.get_option("--cache-ram")->description("RAM tier limit")->default_str("1G");
+  cli::add_cache_flags(&app, a.cache, client::Profile::kDaemon);
   app.add_flag("--prefault-ram,!--no-prefault-ram", a.prefault_ram,
                "Allocate and touch the RAM tier's memory from the start, in the background "
                "(default), not as chunks first arrive: memory is slow to touch the first "
@@ -203,6 +194,9 @@ int main(int argc, char** argv) {
       "--objects-dir", a.objects_dir,
       "Where the job's members keep objects on this node (checkpoints' peer tier, "
       "sluiced://NAME@HOST:PORT/ URIs); with --peers. Default: $SLUICE_HOME/peer-objects");
+  app.add_option("--peer-file-root", a.peer_file_roots,
+                 "A file:// root whose files peers may fetch from this daemon (and it from "
+                 "them), read with the daemon's rights; repeat for more. Default: none");
   app.add_option("--peer-timeout-ms", a.peer_timeout_ms,
                  "A chunk from a peer slower than this comes from the backing store")
       ->default_val(10000);

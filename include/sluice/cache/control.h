@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,6 +18,8 @@
 
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/core/status.h"
+#include "sluice/core/thread_annotations.h"
+#include "sluice/node/stats.h"
 #include "sluice/store/store.h"
 
 namespace sluice::cache {
@@ -41,9 +42,7 @@ std::vector<StoreHolding> holdings_by_store(const std::vector<CachedChunk>& chun
 struct DaemonStatus {
   std::string socket, team;
   int64_t pid = 0;
-  // Its CACHE_STAT reply as sent: tiers, counters, "server", "charging", "peers",
-  // "bytes_from" (docs/formats/node-protocol.md).
-  std::string stat_json;
+  node::DaemonStats stats;  // its CACHE_STAT reply (docs/formats/daemon-stats.md)
 };
 
 struct ControlStatus {
@@ -110,9 +109,9 @@ class DirectoryControl final : public Control {
 
   CacheOptions options_;
   OpenStore open_store_;
-  std::mutex mu_;
-  std::string open_uri_;                // guarded by mu_
-  std::shared_ptr<TieredCache> cache_;  // guarded by mu_
+  Mutex mu_;
+  std::string open_uri_ SLUICE_GUARDED_BY(mu_);
+  std::shared_ptr<TieredCache> cache_ SLUICE_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::cache

@@ -57,10 +57,15 @@ namespace sluice::ckpt {
 
 // How many committed checkpoints a tier keeps: the newest `keep_last`, and every step that
 // is a multiple of `keep_every` (0: none). The newest committed one is always kept.
-// keep_last 0 keeps everything.
+// keep_last 0 keeps everything. A step with a key under a pinned prefix is never removed
+// (nor are the leftovers of saves in it): `pinned`, when set, is asked at each gc for the
+// prefixes, as the tier's keys are spelled ("" pins the whole tier); an error from it
+// leaves the tier untouched and is gc's error. client::open_checkpointer sets it from the
+// ledger's pins (sluice gc pin), so every caller's retention honours them.
 struct Retention {
   unsigned keep_last = 0;
   uint64_t keep_every = 0;
+  std::function<Result<std::vector<std::string>>()> pinned;
 };
 
 // One place a checkpoint's copy rests: a store, and for a local directory its path, so

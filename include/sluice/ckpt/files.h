@@ -31,7 +31,9 @@ Status check_tiers_outside_inputs(const std::vector<std::string>& tiers,
 struct RestoreFilesOptions {
   std::string directory;  // where the files go; made if missing
   int only_rank = -1;     // -1: every rank's files (of a multi-rank step, each under rank-N/)
-  bool replace = false;   // false: a file there already is AlreadyExists, before any write
+  // false: a file there already is AlreadyExists, before any write. true: the directory is
+  // replaced in one step (see restore_files), keeping what the step does not hold.
+  bool replace = false;
   std::function<void(const std::string&)> on_problem;  // a chunk read from a later tier
   // After each window is read, checked and written: the step's bytes done and in all.
   std::function<void(uint64_t done, uint64_t total)> on_progress;
@@ -51,6 +53,19 @@ struct RestoreFilesReport {
 // sticky, narrowed by the umask. Memory stays within one 256 MiB window whatever the step
 // holds; one descriptor per file is held until the end (a restore past RLIMIT_NOFILE is
 // refused up front: raise it first).
+//
+// Replacing (options.replace), the whole tree is published at once: the files are restored
+// into a staging directory beside the directory ("<parent>/.sluice-restore-<random>"), every
+// other file of the directory is hard-linked into it and its subdirectories made with their
+// modes, and it is swapped with the directory by one renameat2(RENAME_EXCHANGE) (where the
+// file system lacks it: set aside, then renamed in); the old tree is removed after. A reader
+// sees the old tree or the new one, never a mix; a failure leaves the directory as it was
+// and removes the staging directory. A process killed meanwhile leaves it, with its lock
+// ("<staging>.lock", an open-file-description lock and the live marker text of live.h): the
+// next replace beside that directory removes both (and puts back an old tree set aside). The
+// parent must be writable; a directory that is a mount point, or holds one, is
+// InvalidArgument; a directory where the step has a file, or a file where it has a
+// directory, AlreadyExists: all before any byte is written.
 Result<RestoreFilesReport> restore_files(Checkpointer& checkpointer, uint64_t step,
                                          const RestoreFilesOptions& options);
 

@@ -5,13 +5,18 @@
 // text names the owner: "sluice-live 2 <host> <pid> <process start ticks> <boot id> <pid
 // namespace>\n" (version 1, of older releases, lacks the last two). A marker holds its step
 // (gc leaves every object of the step alone) while it is younger than kLiveLease and, when
-// its owner ran on this host, boot and PID namespace, while that process still runs; a save
-// killed with kill -9 thus frees its step at once for a gc on its own host and after the
+// its owner ran on this machine and PID namespace, while that process still runs; a save
+// killed with kill -9 thus frees its step at once for a gc on its own machine and after the
 // lease elsewhere. Markers are removed when the save ends, whatever its outcome.
 //
+// A machine is its host name together with its boot id, never the host name alone:
+// containers on several machines may share one host name, and a local pid says nothing
+// about a process of another machine. A version 1 marker names only the host, so it is
+// judged by its lease alone, as another machine's would be.
+//
 // A marker that does not hold is not yet proof that its save is gone (a clock behind, a
-// refresh that stalled, a container of the same host name): gc waits for its grace before
-// removing such a step. Only live_owner_gone, a version 2 marker of this host, boot and PID
+// refresh that stalled): gc waits for its grace before removing such a step. Only
+// live_owner_gone, a version 2 marker of this machine (host name and boot id) and PID
 // namespace whose process no longer runs, lets gc remove that save's own shard at once.
 #pragma once
 
@@ -35,9 +40,10 @@ std::string live_text();
 // Whether a marker with this text, last written at `mtime_ns`, still holds its step at
 // `now_ns`. Text that does not parse holds only by its age.
 bool live_marker_holds(std::string_view text, int64_t mtime_ns, int64_t now_ns);
-// Whether the marker's text proves its save gone: version 2, written on this host, boot and
-// PID namespace by a process that no longer runs. Anything else (another node, an older
-// marker, text that does not parse) is no proof.
+// Whether the marker's text proves its save gone: version 2, written on this machine (host
+// name and boot id) and PID namespace by a process that no longer runs. Anything else
+// (another machine of the same host name, an older marker, text that does not parse) is no
+// proof.
 bool live_owner_gone(std::string_view text);
 // Both answers for a marker object of a listing of `tier`, from one read of its text (a
 // marker over 512 bytes, or one that cannot be read, holds by its age alone and proves

@@ -22,7 +22,8 @@
 
 namespace sluice::store {
 class Store;
-}
+struct ObjectInfo;
+}  // namespace sluice::store
 
 namespace sluice::ckpt {
 
@@ -99,6 +100,9 @@ Result<Manifest> decode_manifest(std::string_view text, std::string_view where);
 // kMaxDocumentBytes, else Corruption) before it is read, and the read is pinned to the etag
 // it was stat'ed with.
 Result<std::string> read_document(store::Store& tier, const std::string& key);
+// The same for an object a listing described: its size checked from the listing, and one
+// read pinned to the listed etag (no stat). Conflict when it changed since the listing.
+Result<std::string> read_document(store::Store& tier, const store::ObjectInfo& listed);
 
 // The one rule for what counts as a checkpoint on a tier: its manifest reads, decodes and
 // describes `step` of `series`, and every shard it names is in `sizes` (key -> size, from a

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sluice/ckpt/checkpointer.h"
+#include "sluice/client/environment.h"
 #include "sluice/client/session.h"
 #include "sluice/core/status.h"
 #include "sluice/peer/membership.h"
@@ -31,6 +32,9 @@ struct PeerTierSettings {
 struct CheckpointTiers {
   std::vector<std::string> uris;  // nearest first; empty: HOME/ckpt
   bool require_all = true;        // false: only the first must commit (later: best effort)
+  // Applied by the checkpointer after each save (CheckpointerOptions::gc_after_save) and
+  // by its gc. open_checkpointer adds the ledger's pins (ckpt::Retention::pinned) to every
+  // tier that lies in a project: a pinned step stays whatever keep_last says.
   ckpt::Retention retention;
   PeerTierSettings peers;
   // The caller writes new copies (save, sync): a missing local tier is made. Readers get
@@ -40,6 +44,12 @@ struct CheckpointTiers {
   // removes uncharged.
   bool charge = false;
 };
+
+// The peer settings the tiers `uris` need, from `given` and the environment (PeerSpec):
+// the node secret when a tier is a peer daemon's (sluiced:// or peer://), the members when
+// one is peer://. InvalidArgument says which setting is missing.
+Result<PeerTierSettings> peer_tier_settings(const PeerSpec& given,
+                                            const std::vector<std::string>& uris);
 
 // The tier a checkpointer uses when none is named: HOME/ckpt.
 std::string default_checkpoint_tier(const std::string& home);
@@ -63,10 +73,5 @@ Result<std::vector<std::string>> resolve_peer_tiers(const std::vector<std::strin
 Result<std::unique_ptr<ckpt::Checkpointer>> open_checkpointer(const Session& session,
                                                               ckpt::CheckpointerOptions options,
                                                               const CheckpointTiers& tiers);
-
-// Retention applied by the checkpointer itself (ckpt gc, save --keep-last) knows nothing of
-// the ledger's pins: PermissionDenied when a tier lies in a project with pinned data (use
-// the ledger's gc, which honours them). Ok when there is no ledger.
-Status check_no_pins(const Session& session, const std::vector<std::string>& tiers);
 
 }  // namespace sluice::client

@@ -5,7 +5,9 @@
 // SessionOptions itself or calls these, explicitly, once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,53 @@ Result<s3::S3Options> s3_options_from_environment(const AwsSettings& given = {})
 // The ledger: `flag` (a --ledger) when given, else $SLUICE_LEDGER when set, else the
 // embedded one in the session's home.
 LedgerChoice ledger_from_environment(const std::string& flag = {});
+
+// Whose defaults a session takes where neither the caller nor the environment sets one.
+// They differ on purpose, in the embedded cache's RAM tier (docs/library.md):
+enum class Profile {
+  kCommand,  // one sluice command: it reads each byte once, so no RAM tier
+  kDaemon,   // sluiced: long-lived, every process on the node reads through it: 1 GiB
+  kLibrary,  // a program embedding sluice (Python): 1 GiB, for a loop that reads its data
+             // again (epochs) with no daemon on the node
+};
+
+// The embedded cache's RAM tier a profile gets by default.
+uint64_t default_cache_ram(Profile profile);
+
+// What a caller sets (flags, keyword arguments, a config file). Each set field wins over
+// the environment, which wins over the profile's defaults.
+struct SessionOverrides {
+  std::string home;  // empty: home_from_environment()
+  AwsSettings aws;
+  bool with_s3 = true;  // false: no S3 settings are read (a command that opens no store)
+  std::string ledger;   // a --ledger; empty: $SLUICE_LEDGER, else HOME/ledger.db
+  // sluiced's socket. Empty: HOME/sluiced.sock; "none": never the daemon.
+  std::string daemon_socket;
+  std::string cache_dir;  // empty: HOME/cache
+  std::optional<uint64_t> cache_ram, cache_size, chunk_size;
+  std::optional<cache::PolicyKind> policy;
+  std::optional<std::chrono::milliseconds> revalidate_after;
+  bool offline = false;
+};
+
+// The library's composition root: SessionOptions from what the caller set, the environment
+// ($SLUICE_HOME, $SLUICE_LEDGER, the AWS variables and files) and the profile's defaults.
+// Every sluice executable and binding builds its session here, so a setting means the same
+// in each. InvalidArgument names a bad setting (an endpoint that is not http(s), a missing
+// AWS profile, ...).
+Result<SessionOptions> session_options_from_environment(const SessionOverrides& given,
+                                                        Profile profile);
+
+// How a job's daemons are found, as the caller gave it; each empty field falls back to the
+// environment a launcher sets (docs/ckpt.md, "Peer tiers"): $SLUICE_NODE_NAME (else the short
+// host name), $SLUICE_NODE_SECRET_FILE, $SLUICE_PEERS (a host list file, or "slurm"),
+// $SLUICE_PEER_PORT (with "slurm").
+struct PeerSpec {
+  std::string node;
+  std::string secret_file;
+  std::string members;
+  uint16_t port = 0;
+};
 
 // The job's node daemons: `spec` is a host list file (peer::parse_host_list), or "slurm":
 // the hosts of $SLURM_JOB_NODELIST, each listening on `slurm_port` (0: refused).

@@ -3,6 +3,7 @@
 //   client::SessionOptions o;
 //   o.home = "/var/lib/sluice";
 //   o.s3 = client::s3_options_from_environment().value();   // or filled by hand
+//   o.charging = client::ledger_charging();  // sluice/client/ledger.h (sluice::client)
 //   client::Session session(std::move(o));
 //   auto data = session.open_cached("s3://datasets").value();  // sluiced, else embedded
 //   auto out = session.charged(session.open_store("s3://ckpts").value()).value();
@@ -36,6 +37,23 @@ struct LedgerChoice {
   std::string source;
 };
 
+class Session;
+
+// How writes are charged to the project that owns them. client::ledger_charging()
+// (sluice/client/ledger.h, in sluice::client) is the ledger's; the interface keeps the ledger
+// out of sluice::client_core, so a program that only reads and copies links no SQLite or
+// libpq.
+class Charging {
+ public:
+  virtual ~Charging() = default;
+  // `store` with its writes charged (as `kind` when given, else each project's default), or
+  // as it is when there is nothing to charge. An error when a ledger is there but cannot be
+  // read: a write is never let through uncounted.
+  virtual Result<std::shared_ptr<store::Store>> charged(const Session& session,
+                                                        std::shared_ptr<store::Store> store,
+                                                        std::optional<ledger::Kind> kind) const = 0;
+};
+
 struct SessionOptions {
   std::string home;  // where defaults live: cache/, sluiced.sock, ledger.db. Required.
   // The embedded cache, for reads through the node's cache when no daemon answers. An
@@ -48,6 +66,10 @@ struct SessionOptions {
   std::function<void(const std::string&)> on_fallback;
   s3::S3Options s3;  // for s3:// URIs
   LedgerChoice ledger;
+  // How writes are charged (client::ledger_charging() with sluice::client). Null: a write is
+  // refused wherever a ledger is chosen or HOME/ledger.db exists (it would go uncounted),
+  // and let through as it is elsewhere.
+  std::shared_ptr<const Charging> charging;
 };
 
 // How a Session opens one store.
@@ -97,19 +119,14 @@ class Session {
   // was chosen and nothing answers there, or when the daemon refuses this caller.
   Result<std::unique_ptr<cache::Control>> cache_control() const;
 
-  // The ledger's URI (the embedded one's when none was chosen).
+  // The ledger's URI (the embedded one's when none was chosen); the ledger itself is opened
+  // by client::open_ledger (sluice/client/ledger.h).
   std::string ledger_uri() const;
-  // Opens the ledger for its own commands; the embedded one (HOME/ledger.db, however it
-  // was named) is made on first use. Any other path gets no directory made: a mistyped path
-  // is an error, not a new, empty ledger somewhere else.
-  Result<std::unique_ptr<ledger::Ledger>> open_ledger() const;
-  // The ledger writes are charged through: the chosen one, else the embedded one when it
-  // exists; null when there is none, or it holds no project (nothing to charge). An error
-  // when one is chosen or exists but cannot be opened: a write is never let through
-  // uncounted because the ledger was down.
-  Result<std::shared_ptr<ledger::Ledger>> ledger_for_writes() const;
-  // `store` with its writes charged (ledger::with_charging; as `kind` when given, else
-  // each project's default), or as it is when there is no ledger to charge.
+  // Whether writes have a ledger to be charged through: one was chosen, or the embedded one
+  // (HOME/ledger.db) exists.
+  bool has_ledger() const;
+  // `store` with its writes charged through options().charging (Charging::charged), or as it
+  // is when there is no ledger. Unsupported when there is one and no charging.
   Result<std::shared_ptr<store::Store>> charged(std::shared_ptr<store::Store> store,
                                                 std::optional<ledger::Kind> kind = {}) const;
 

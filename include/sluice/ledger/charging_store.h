@@ -12,11 +12,15 @@
 // - on commit, charges what was really written (for an overwrite, the difference from the
 //   old object) and ends the reservation; on abort, or a writer dropped without commit,
 //   releases it;
-// - on remove, uncharges the object.
+// - on remove and remove_many, uncharges the objects.
 // On a store that cannot say what a publish replaced (Store::reports_replaced false: object
-// stores), each publish and removal holds its key's lock in the ledger (Ledger::lock_key)
-// across a fresh look at the old object, the publish and the charge, so writers racing on
-// one key charge exactly what each replaced.
+// stores), each publish and removal (remove_many's batches too) holds the lock of its key's
+// folder in the ledger (Ledger::lock_key) across a fresh look at the old object, the publish
+// and the charge, so writers racing on one key charge exactly what each replaced. The lock
+// is kept as a lease across this store's consecutive publishes into the folder (for at most
+// `publish_lease`, and given up early when another writer waits for it): a copy of many
+// small objects takes it about once a second, not once per object, and learns what each
+// publish replaces from one listing of the folder instead of a stat per object.
 // Keys outside every project pass through uncharged, unless `require_project` is set.
 //
 // Once the wrapped store has published an object, its commit succeeds even if the ledger
@@ -41,10 +45,15 @@ struct ChargingOptions {
   bool require_project = false;
   // The smallest step a reservation grows by when a writer passes what it reserved.
   uint64_t min_growth = 64ull << 20;
-  // Stores that cannot say what a publish replaced (object stores): how long a publish's
-  // lock on its key lasts unless renewed (a crashed writer's is then taken over), and how
-  // long a writer waits for another's before it fails with Unavailable.
+  // Stores that cannot say what a publish replaced (object stores): how long the lock of a
+  // key's folder lasts unless renewed (a crashed writer's is then taken over, judged by the
+  // ledger's clock), and how long a writer waits for another's before it fails with
+  // Unavailable.
   std::chrono::seconds publish_hold{120}, publish_wait{300};
+  // How long one lease on a folder's lock is kept across consecutive publishes and
+  // removals (a publish after it takes the lock again); 0: taken and let go for each one,
+  // with a stat of the key instead of a listing.
+  std::chrono::milliseconds publish_lease{1000};
 };
 
 // Loads the projects from the ledger now (and again, at most every few seconds, when a

@@ -212,6 +212,12 @@ class Ledger {
   Result<std::vector<Project>> projects();
   // The project owning `location` (the longest project location it lies under), or null.
   static const Project* owner_of(const std::vector<Project>& projects, std::string_view location);
+  // The pins (project, prefix) that cover keys under `location`, as keys are spelled
+  // there: a pin of its project that reaches into `location` with the part beyond it, and
+  // "" for one that covers all of it. Empty when no project owns `location`.
+  static std::vector<std::string> pins_within(
+      const std::vector<Project>& projects,
+      const std::vector<std::pair<std::string, std::string>>& pins, std::string_view location);
 
   // --- quotas --------------------------------------------------------------------------
   // Replaces the team's limits on a tier. NotFound for an unknown team.
@@ -236,16 +242,22 @@ class Ledger {
   Status release(std::string_view reservation);
   // Changes usage with no reservation (a removal: negative figures).
   Status charge(const ChargeTarget& target, int64_t bytes, int64_t objects);
-  // One publish of `location` at a time, for stores that cannot say what a publish
-  // replaced (object stores): the charging layer holds the key's lock across looking at the
-  // old object, publishing and charging, so racing writers charge against exactly what
-  // each replaced. Waits up to `wait` for another holder (Unavailable after), and takes
-  // over a lock held past `hold` (a crashed writer): the holders' clocks must agree to well
-  // within `hold`. Returns the holder's ID.
+  // One holder of `location` at a time, for stores that cannot say what a publish replaced
+  // (object stores): the charging layer holds the lock of a key's folder across looking at
+  // the old objects, publishing and charging, so racing writers charge against exactly
+  // what each replaced. Waits up to `wait` for another holder (Unavailable after), asking
+  // again at least every kLockPoll and marking meanwhile that it waits (key_wanted), and
+  // takes over a lock held past `hold` (a crashed writer). Expiry is judged by the database
+  // server's clock (SQLite's or PostgreSQL's own time), never by the writers' hosts' clocks.
+  // Returns the holder's ID.
   Result<std::string> lock_key(std::string_view location, std::chrono::seconds hold,
                                std::chrono::seconds wait);
-  // A holder whose publish runs long renews its lock (for another `hold`); NotFound when
-  // it was taken over meanwhile, as unlock_key says then too.
+  static constexpr std::chrono::milliseconds kLockPoll{100};
+  // Whether another caller is waiting in lock_key for `location` now: a holder that keeps
+  // the lock across many publishes lets go early for it.
+  Result<bool> key_wanted(std::string_view location);
+  // A holder whose publish runs long renews its lock (for another `hold`, from the server's
+  // time now); NotFound when it was taken over meanwhile, as unlock_key says then too.
   Status renew_key(std::string_view location, std::string_view holder, std::chrono::seconds hold);
   Status unlock_key(std::string_view location, std::string_view holder);
   // Drops every reservation past its time to live; returns how many.

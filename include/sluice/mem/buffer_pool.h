@@ -16,11 +16,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "sluice/core/status.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 
@@ -109,10 +109,10 @@ class BufferPool {
   const size_t buffer_size_;
   const size_t max_idle_;
   Allocator allocator_;
-  mutable std::mutex mu_;
-  std::vector<AlignedBuffer> idle_;  // guarded by mu_
-  size_t live_ = 0;                  // buffers idle or handed out; guarded by mu_
-  size_t shed_bytes_ = 0;            // owed by shed, less than a buffer; guarded by mu_
+  mutable Mutex mu_;
+  std::vector<AlignedBuffer> idle_ SLUICE_GUARDED_BY(mu_);
+  size_t live_ SLUICE_GUARDED_BY(mu_) = 0;        // buffers idle or handed out
+  size_t shed_bytes_ SLUICE_GUARDED_BY(mu_) = 0;  // owed by shed, less than a buffer
 };
 
 // Buffers of any size, recycled: one whose last reference goes comes back here (up to
@@ -143,10 +143,10 @@ class BufferRecycler : public std::enable_shared_from_this<BufferRecycler> {
   void give_back(AlignedBuffer buf);
 
   const size_t max_idle_bytes_;
-  mutable std::mutex mu_;
-  std::vector<AlignedBuffer> idle_;  // guarded by mu_
-  size_t idle_bytes_ = 0;            // guarded by mu_
-  std::atomic<uint64_t> reused_{0}, allocated_{0};
+  mutable Mutex mu_;
+  std::vector<AlignedBuffer> idle_ SLUICE_GUARDED_BY(mu_);
+  size_t idle_bytes_ SLUICE_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> reused_{0}, allocated_{0};  // relaxed: statistics, only reported
 };
 
 }  // namespace sluice

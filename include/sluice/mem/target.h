@@ -24,6 +24,7 @@
 #include <string>
 
 #include "sluice/core/status.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/mem/buffer_pool.h"
 
 namespace sluice::mem {
@@ -80,8 +81,9 @@ class Target {
   virtual Result<AlignedBuffer> allocate_staging(size_t bytes);
 
  private:
-  std::mutex staging_mu_;
-  std::map<size_t, std::unique_ptr<BufferPool>> staging_;  // by buffer size; guarded by staging_mu_
+  Mutex staging_mu_;
+  // Staging pools by buffer size.
+  std::map<size_t, std::unique_ptr<BufferPool>> staging_ SLUICE_GUARDED_BY(staging_mu_);
 };
 
 // Ordinary host memory; copies are memcpy and complete at once.

@@ -35,7 +35,13 @@
 //   rendezvous hashing; a miss asks the owner (peer::PeerStore) before the backing store,
 //   and this daemon serves the chunks it owns to the others on its HTTP port, after
 //   checking the node secret's signature. Peer requests read through this daemon's cache
-//   with its own credentials and never go on to a third daemon.
+//   with its own credentials and never go on to a third daemon. A local file is served to
+//   peers only under PeerConfig::file_roots (none by default): no caller's rights can be
+//   checked for a peer, so a team's grant of a file root never extends to them.
+// - A local file is read only as the file the caller's access check opened: its device and
+//   inode must be those of the version served (the file store's etag holds them), else the
+//   request fails Conflict naming the key, so a file swapped for another (a rename, a
+//   symlink) between the check and the read is never read with the daemon's rights.
 // - With a ledger (ServerOptions::ledger), every chunk kept on NVMe is charged to the team
 //   owning its object's project (tier nvme, kind cache; ledger/cache_charger.h), and a
 //   team past its quota gets its reads served without its chunks being kept.
@@ -55,6 +61,7 @@
 
 #include "sluice/cache/tiered_cache.h"
 #include "sluice/ledger/ledger.h"
+#include "sluice/node/stats.h"
 #include "sluice/peer/membership.h"
 #include "sluice/peer/peer_store.h"
 #include "sluice/store/store.h"
@@ -88,6 +95,12 @@ struct PeerConfig {
   // The object space the job's members keep on this node (checkpoints' peer tier), served
   // on the HTTP port with peers; empty: none. peer/object_store.h is its client.
   std::string objects_directory;
+  // file:// roots whose chunks this daemon serves to its peers and asks them for
+  // ("file:///shared/datasets/"), checked as the directories they resolve to; a root a
+  // request names must lie within one. Read with the daemon's own rights (no caller's
+  // rights can be checked for a peer): grant only files every member's users may read.
+  // Empty (the default): no local file is served to a peer, nor asked of one. "*" is refused.
+  std::vector<std::string> file_roots;
 };
 
 struct ServerOptions {
@@ -122,12 +135,22 @@ struct ServerOptions {
   std::shared_ptr<ledger::Ledger> ledger;
   // One line per refused caller and failed request; null: silent.
   std::function<void(std::string_view)> log;
+  // Test hook: runs once a request's access check has opened a local file as its caller
+  // (with the file's path), before anything of it is read; tests swap the file here. Null:
+  // nothing.
+  std::function<void(const std::string& path)> file_checked;
 };
 
-struct ServerStats {
-  uint64_t connections = 0, connections_refused = 0, requests = 0, request_errors = 0;
-  uint64_t handoff_chunks = 0, handoff_bytes = 0, inline_bytes = 0;
-  uint64_t window_bytes = 0;  // of inline_bytes, those written into a reply window
+// What NodeServer::drop_privileges left the daemon with.
+struct Privileges {
+  // Capabilities kept, permitted and effective ("cap_setuid"), and those the daemon held at
+  // start and gave up.
+  std::vector<std::string> kept, dropped;
+  std::string why;            // why those kept are needed; empty when none is
+  bool no_new_privs = false;  // PR_SET_NO_NEW_PRIVS holds in every thread
+  unsigned threads = 0;       // the threads that dropped them
+  // One line for the log: "kept cap_setuid, ... (why); dropped 38; ...".
+  std::string describe() const;
 };
 
 class NodeServer {
@@ -140,12 +163,28 @@ class NodeServer {
   void stop();
 
   ServerStats stats() const;
+  // Everything the daemon reports about itself (its CACHE_STAT reply; node/stats.h).
+  DaemonStats daemon_stats() const;
   cache::TieredCache& cache();
   // The HTTP port for peers and /metrics (0 when not listening), and each peer's state.
   uint16_t peer_port() const;
   std::vector<peer::PeerState> peers() const;
   // Prometheus text of the daemon's metrics (what GET /metrics answers).
   std::string metrics_text() const;
+
+  // Gives up, in every thread of the process and for good, each capability serving does not
+  // need; call it once open() has bound the socket and opened the cache, before serve().
+  // Kept: CAP_SETUID and CAP_SETGID (to open a local file as its caller) and
+  // CAP_DAC_READ_SEARCH (to read what a caller proved it may) where some team holding a uid
+  // other than the daemon's is granted a file root; CAP_DAC_OVERRIDE where the cache or
+  // objects directory is not the daemon's uid's to write. The inheritable and ambient sets
+  // are emptied, the bounding set too where the daemon may, and PR_SET_NO_NEW_PRIVS is set,
+  // so nothing the daemon runs can regain a capability. Every thread is made to drop them
+  // (a signal each; capabilities are per thread) and checked in /proc/self/task (io_uring's
+  // kernel workers aside: they only read and write descriptors already open). Internal
+  // when the kernel refuses or a thread does not comply: the daemon should not serve then.
+  // Changes the whole process, once: not for a process that needs its privileges after.
+  Result<Privileges> drop_privileges();
 
   struct Impl;
 

@@ -11,8 +11,9 @@
 // member takes about 1/(n+1) of the chunks, all of them from the others, and none move
 // between the members that stayed.
 //
-// Contract: names are unique and non-empty; a Membership is immutable once made, so it may
-// be read from any thread.
+// Contract: names are unique and non-empty, without control characters, '@' or '/' (a name
+// is sent in request headers and written in sluiced:// URIs); a Membership is immutable once
+// made, so it may be read from any thread.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,7 @@ struct Member {
 class Membership {
  public:
   // `self` must be one of the members' names, and at least one member must own chunks.
-  // InvalidArgument on a duplicate or empty name.
+  // InvalidArgument on a duplicate, empty or malformed name.
   static Result<Membership> make(std::vector<Member> members, std::string_view self);
 
   // The member that owns `chunk_id` (never fails: a membership has at least one member).

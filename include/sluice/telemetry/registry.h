@@ -18,11 +18,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::telemetry {
 
@@ -34,7 +35,7 @@ class Counter {
   uint64_t value() const { return value_.load(std::memory_order_relaxed); }
 
  private:
-  std::atomic<uint64_t> value_{0};
+  std::atomic<uint64_t> value_{0};  // relaxed: an independent cell (the contract above)
 };
 
 class Gauge {
@@ -44,7 +45,7 @@ class Gauge {
   int64_t value() const { return value_.load(std::memory_order_relaxed); }
 
  private:
-  std::atomic<int64_t> value_{0};
+  std::atomic<int64_t> value_{0};  // relaxed: an independent cell (the contract above)
 };
 
 // A read-only copy of a histogram's buckets, for quantiles and export.
@@ -83,6 +84,8 @@ class Histogram {
   static uint64_t bucket_upper(int idx);  // exclusive
 
  private:
+  // Relaxed, each: independent cells (the contract above); a snapshot taken while values
+  // are recorded may be off by those few, never torn.
   std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
   std::atomic<uint64_t> sum_{0};
   std::atomic<uint64_t> max_{0};
@@ -117,10 +120,11 @@ class Registry {
     std::vector<std::pair<Labels, std::unique_ptr<Gauge>>> gauges;
     std::vector<std::pair<Labels, std::unique_ptr<Histogram>>> histograms;
   };
-  Family& family_locked(std::string_view name, std::string_view help, Kind kind);
+  Family& family_locked(std::string_view name, std::string_view help, Kind kind)
+      SLUICE_REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Family>> families_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Family>> families_ SLUICE_GUARDED_BY(mu_);
 };
 
 // Latency recording helper: nanoseconds since `start` on the steady clock.

@@ -8,13 +8,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "sluice/core/status.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice::telemetry {
 
@@ -42,10 +41,10 @@ class TextfileExporter {
   const Registry& registry_;
   const std::string path_;
   const std::chrono::milliseconds interval_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  bool stopped_ = false;   // stop() ran
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ SLUICE_GUARDED_BY(mu_) = false;
+  bool stopped_ = false;  // stop() ran
   std::thread thread_;
 };
 

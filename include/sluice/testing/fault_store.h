@@ -20,9 +20,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 
+#include "sluice/core/thread_annotations.h"
 #include "sluice/store/wrapper.h"
 
 namespace sluice::store {
@@ -70,15 +70,16 @@ class FaultInjectionStore : public StoreWrapper {
   Status before(FaultOp op, std::string_view key);
   Status charge_space(uint64_t bytes, std::string_view key);
 
-  mutable std::mutex mu_;
-  std::map<FaultOp, uint64_t> calls_;                      // guarded by mu_
-  std::multimap<FaultOp, std::pair<uint64_t, Code>> nth_;  // op -> (absolute call no, code)
-  std::map<FaultOp, Code> always_;                         // guarded by mu_
-  size_t short_reads_ = 0;                                 // guarded by mu_
-  uint64_t space_limit_ = UINT64_MAX;                      // guarded by mu_
-  uint64_t space_used_ = 0;                                // guarded by mu_
-  std::chrono::microseconds latency_{0};                   // guarded by mu_
-  bool crashed_ = false;                                   // guarded by mu_
+  mutable Mutex mu_;
+  std::map<FaultOp, uint64_t> calls_ SLUICE_GUARDED_BY(mu_);
+  // op -> (absolute call no, code)
+  std::multimap<FaultOp, std::pair<uint64_t, Code>> nth_ SLUICE_GUARDED_BY(mu_);
+  std::map<FaultOp, Code> always_ SLUICE_GUARDED_BY(mu_);
+  size_t short_reads_ SLUICE_GUARDED_BY(mu_) = 0;
+  uint64_t space_limit_ SLUICE_GUARDED_BY(mu_) = UINT64_MAX;
+  uint64_t space_used_ SLUICE_GUARDED_BY(mu_) = 0;
+  std::chrono::microseconds latency_ SLUICE_GUARDED_BY(mu_){0};
+  bool crashed_ SLUICE_GUARDED_BY(mu_) = false;
   uint64_t epoch_ = 0;  // bumped by crash(); writers from an older epoch are dead
 };
 

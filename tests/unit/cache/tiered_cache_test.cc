@@ -24,8 +24,10 @@
 #include <thread>
 
 #include "cache/chunk.h"
+#include "cache/disk_tier.h"
 #include "contract/store_contract.h"
 #include "sluice/core/fd.h"
+#include "sluice/io/file_handle.h"
 #include "sluice/store/serving_peer.h"
 #include "sluice/store/wrapper.h"
 #include "sluice/telemetry/registry.h"
@@ -1103,6 +1105,69 @@ TEST(TieredCache, ATornIndexAppendDoesNotLoseTheRecordsAfterIt) {
   EXPECT_EQ(read_range(*cache, "after", 0, 10), pattern(10, 1001));
   EXPECT_EQ(f->calls(FaultOp::kRead), 0u);
   EXPECT_EQ(cache->stats().disk.chunks, 601u);  // 's*' and 'after'; 'torn' had no record
+}
+
+// fuzz/disk_log_fuzz: a record naming segment 2^48 - 1 (its file id's top bits all set)
+// made the next segment number wrap: a new chunk was admitted at file id 0 and left behind
+// in the index, unreadable, and the chunks after it were placed in segments 1, 2, ...,
+// over live chunks' bytes. Such a record is now dropped at open, and so is a file whose
+// name says such a segment.
+TEST(DiskTier, RecordsNamingTheLastSegmentNumbersAreDropped) {
+  TempDir dir;
+  auto io = io::Context::open({}).value();
+  cache::DiskTier::Options o;
+  o.directory = dir.path();
+  o.capacity = 64 << 20;
+  o.chunk_size = kChunk;
+  o.io = io;
+  alignas(4096) static std::byte bytes[3][4096];
+  auto chunk = [&](const std::string& key, int fill) {
+    std::memset(bytes[fill], fill + 1, 4096);
+    return std::pair{cache::ChunkKey{"mem://b", key, "\"e\"", 0}, std::span(bytes[fill], 4096)};
+  };
+  auto write = [&](cache::DiskTier& t, const std::string& key, int fill) {
+    auto [k, b] = chunk(key, fill);
+    return t.write({k, b, cache::checksum(b), b.size(), 0}, false);
+  };
+  {
+    auto t = cache::DiskTier::open(o).value();
+    ASSERT_TRUE(write(*t, "live", 0).value());
+    ASSERT_TRUE(write(*t, "patched", 1).value());
+  }
+  // The second record's file id becomes segment 2^48 - 1, page 0, its XXH3 made right.
+  std::string log;
+  {
+    std::ifstream in(dir.path() + "/index.log", std::ios::binary);
+    log.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  size_t pos = 24;
+  pos += 16 + (static_cast<uint8_t>(log[pos]) | static_cast<uint8_t>(log[pos + 1]) << 8);
+  const uint64_t id = 0xffffffffffff0000ull;
+  for (int i = 0; i < 8; ++i) log[pos + 8 + i] = static_cast<char>(id >> (8 * i));
+  const size_t len = static_cast<uint8_t>(log[pos]) | static_cast<uint8_t>(log[pos + 1]) << 8;
+  const uint64_t sum = cache::checksum(std::as_bytes(std::span(log.data() + pos, 8 + len)));
+  for (int i = 0; i < 8; ++i) log[pos + 8 + len + i] = static_cast<char>(sum >> (8 * i));
+  std::ofstream(dir.path() + "/index.log", std::ios::binary | std::ios::trunc) << log;
+  // A file under that segment's name is debris too.
+  fs::create_directories(dir.path() + "/chunks/ff");
+  std::ofstream(dir.path() + "/chunks/ff/0000ffffffffffff.seg") << "x";
+
+  auto t = cache::DiskTier::open(o).value();
+  EXPECT_EQ(t->open_report().restored, 1u);  // the patched record is no record at all
+  EXPECT_EQ(t->open_report().orphans, 2u);   // its old segment, and the file of that name
+  EXPECT_FALSE(fs::exists(dir.path() + "/chunks/ff/0000ffffffffffff.seg"));
+  for (int i = 1; i < 3; ++i) {
+    const std::string key = "new" + std::to_string(i);
+    ASSERT_TRUE(write(*t, key, i).value()) << key;
+    auto e = t->find(chunk(key, i).first);
+    ASSERT_TRUE(e) << key;
+    EXPECT_GT(e->file_id >> 16, 1u) << key;  // neither 0 nor the live chunk's segment
+  }
+  auto live = t->find(chunk("live", 0).first);
+  ASSERT_TRUE(live);
+  std::vector<std::byte> back(4096);
+  ASSERT_TRUE(t->read(*live, back)) << "the live chunk's bytes were overwritten";
+  EXPECT_EQ(t->chunk_count(), 3u);  // live, new1, new2: nothing left half-placed
 }
 
 TEST(TieredCache, BitFlipsAreDetectedAndRefetched) {

@@ -6,15 +6,19 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include "sluice/ckpt/live.h"
 #include "sluice/core/hash.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/mem/target.h"
+#include "sluice/store/wrapper.h"
 #include "sluice/testing/fault_store.h"
 #include "test_util.h"
 
@@ -704,6 +708,45 @@ TEST(Checkpointer, RetentionKeepsLastAndEveryKth) {
   }
 }
 
+// Issue 48: retention honours the pins it is given (the ledger's, through the client
+// layer), asked at each gc; a pin it cannot read stops the tier's gc instead of being
+// skipped.
+TEST(Checkpointer, RetentionNeverRemovesAPinnedStep) {
+  auto t = mem_tier("pins");
+  std::vector<std::string> pins = {"model/step-000000000002/"};
+  bool ledger_down = false;
+  t.retention.keep_last = 1;
+  t.retention.pinned = [&]() -> Result<std::vector<std::string>> {
+    if (ledger_down) return fail(Code::kUnavailable, "ledger down");
+    return pins;
+  };
+  auto o = small_options({t});
+  o.gc_after_save = false;
+  auto cp = Checkpointer::open(std::move(o)).value();
+  State s(51, {4096});
+  for (uint64_t step = 1; step <= 4; ++step) ASSERT_TRUE(cp->save(step, s.views).value()->wait());
+  ledger_down = true;
+  auto down = cp->gc();
+  ASSERT_FALSE(down);
+  EXPECT_EQ(down.error().code(), Code::kUnavailable);
+  EXPECT_NE(down.error().message().find("pins"), std::string::npos) << down.error().message();
+  EXPECT_EQ(cp->list().value().size(), 4u);  // nothing went
+  ledger_down = false;
+  auto r = cp->gc().value();
+  EXPECT_EQ(r.removed_steps, (std::vector<uint64_t>{1, 3}));
+  std::vector<uint64_t> left;
+  const auto listed = cp->list().value();
+  for (const auto& i : listed) left.push_back(i.step);
+  EXPECT_EQ(left, (std::vector<uint64_t>{2, 4}));
+  s.expect_restored(*cp, 2);
+  // A pin of the whole tier ("") keeps everything; a pin of one object keeps its step.
+  pins = {""};
+  ASSERT_TRUE(cp->save(5, s.views).value()->wait());
+  EXPECT_TRUE(cp->gc().value().removed_steps.empty());
+  pins = {"model/step-000000000004/manifest.json"};
+  EXPECT_EQ(cp->gc().value().removed_steps, (std::vector<uint64_t>{2}));
+}
+
 }  // namespace
 }  // namespace sluice::ckpt
 
@@ -879,6 +922,206 @@ TEST(Checkpointer, AMultiRankSaveIsNeverCommittedBroken) {
     EXPECT_EQ(st0.error().code(), Code::kConflict) << st0.error().message();
     EXPECT_FALSE(st1);
     EXPECT_EQ(r0->latest().value(), 5u);
+  }
+}
+
+// Issue 48: a host name names no machine (containers on several machines share one). A
+// marker of another machine with this host name, a version 1 one (it names only the host)
+// or a version 2 one of another boot, is never judged by a local pid: it holds its step for
+// its lease and proves nothing, and a gc with no grace leaves that step alone.
+TEST(Checkpointer, AMarkerOfAnotherMachineWithThisHostNameIsNotJudgedByALocalPid) {
+  std::istringstream in(live_text());
+  std::string magic, version, host, pid, ticks, boot, ns;
+  ASSERT_TRUE(in >> magic >> version >> host >> pid >> ticks >> boot >> ns);
+  ASSERT_NE(boot, "-");
+  // Pid 2147483647 is above any pid_max: no process of this machine has it.
+  const std::string v1 = "sluice-live 1 " + host + " 2147483647 " + ticks + "\n";
+  const std::string other_machine =
+      "sluice-live 2 " + host + " 2147483647 " + ticks + " another-boot " + ns + "\n";
+  const std::string here_dead =
+      "sluice-live 2 " + host + " 2147483647 " + ticks + " " + boot + " " + ns + "\n";
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const int64_t fresh = now - 1'000'000'000, stale = now - 31'000'000'000;
+  EXPECT_TRUE(live_marker_holds(v1, fresh, now));
+  EXPECT_TRUE(live_marker_holds(other_machine, fresh, now));
+  EXPECT_FALSE(live_owner_gone(v1));
+  EXPECT_FALSE(live_owner_gone(other_machine));
+  EXPECT_FALSE(live_marker_holds(v1, stale, now));         // the lease still runs out
+  EXPECT_FALSE(live_marker_holds(here_dead, fresh, now));  // this machine's: the pid tells
+  EXPECT_TRUE(live_owner_gone(here_dead));
+
+  auto t = mem_tier("hosts");
+  auto o = small_options({t});
+  o.gc_after_save = false;
+  o.incomplete_grace = std::chrono::seconds(0);
+  auto cp = Checkpointer::open(o).value();
+  const std::vector<std::byte> shard(50000, std::byte{7});
+  auto put = [&](uint64_t step, const std::string& leaf, std::span<const std::byte> b) {
+    ASSERT_TRUE(t.store->put(step_prefix("model", step) + leaf, b));
+  };
+  auto text = [](const std::string& x) { return std::as_bytes(std::span(x)); };
+  put(2, "rank-00000-v1mark.shard", shard);
+  put(2, "rank-00000-v1mark.live", text(v1));
+  put(3, "rank-00000-other3.shard", shard);
+  put(3, "rank-00000-other3.live", text(other_machine));
+  put(4, "rank-00000-dead04.shard", shard);
+  put(4, "rank-00000-dead04.live", text(here_dead));
+  ASSERT_TRUE(cp->gc());
+  EXPECT_EQ(t.store->list_all(step_prefix("model", 2)).value().size(), 2u);
+  EXPECT_EQ(t.store->list_all(step_prefix("model", 3)).value().size(), 2u);
+  EXPECT_TRUE(t.store->list_all(step_prefix("model", 4)).value().empty());
+}
+
+// Counts the requests a store is sent as an S3 tier would bill them (stat: HEAD, read: GET,
+// create: PUT, list: LIST, remove: DELETE), and by request and key. Live-marker writes (a
+// PUT per rank every kLiveRefresh) are lease traffic, counted apart.
+class CountingStore final : public store::StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  struct Counts {
+    uint64_t requests = 0, markers = 0;
+    std::map<std::string, uint64_t> calls;  // "HEAD key", "LIST prefix", ...
+    uint64_t of(const std::string& call) const {
+      auto it = calls.find(call);
+      return it == calls.end() ? 0 : it->second;
+    }
+  };
+  Counts counts() const {
+    MutexLock lk(mu_);
+    return counts_;
+  }
+
+  Result<store::ObjectInfo> stat(std::string_view key) override {
+    count("HEAD", key);
+    return StoreWrapper::stat(key);
+  }
+  Result<size_t> read(std::string_view key, uint64_t offset, std::span<std::byte> dst,
+                      const store::ReadOptions& options = {}) override {
+    count("GET", key);
+    return StoreWrapper::read(key, offset, dst, options);
+  }
+  Result<std::unique_ptr<store::Writer>> create(std::string_view key,
+                                                const store::WriteOptions& options) override {
+    count("PUT", key);
+    return StoreWrapper::create(key, options);
+  }
+  Result<store::ListPage> list(const store::ListOptions& options) override {
+    count("LIST", options.prefix);
+    return StoreWrapper::list(options);
+  }
+  Status remove(std::string_view key) override {
+    count("DELETE", key);
+    return StoreWrapper::remove(key);
+  }
+  Status remove_many(std::span<const std::string> keys) override {
+    for (size_t at = 0; at < keys.size(); at += 1000) count("DELETE", keys[at]);
+    return StoreWrapper::remove_many(keys);
+  }
+
+ private:
+  void count(std::string_view op, std::string_view key) {
+    MutexLock lk(mu_);
+    if (key.ends_with(".live")) {
+      ++counts_.markers;
+      return;
+    }
+    ++counts_.requests;
+    ++counts_.calls[std::string(op) + " " + std::string(key)];
+  }
+  mutable Mutex mu_;
+  Counts counts_ SLUICE_GUARDED_BY(mu_);
+};
+
+struct CommitCost {
+  double rank0_per_round = 0;  // rank 0's requests per poll round while it waits alone
+  uint64_t rank0_rounds = 0;
+  uint64_t rank0_total = 0, others_total = 0;  // the whole save's requests
+  uint64_t others_max = 0;                     // the most one other rank sent
+  uint64_t rank0_step_lists = 0;               // LISTs of the step rank 0 sent in all
+};
+
+// A save of `world` ranks on one tier (each rank's requests counted on its own): rank 0
+// comes first and waits alone for 1.5 s, then every other rank saves at once.
+CommitCost measure_commit(unsigned world) {
+  auto shared = std::shared_ptr<store::Store>(store::make_memory_store("cost"));
+  std::vector<std::shared_ptr<CountingStore>> stores;
+  std::vector<std::unique_ptr<Checkpointer>> cps;
+  std::vector<State> states;
+  for (unsigned r = 0; r < world; ++r) {
+    stores.push_back(std::make_shared<CountingStore>(shared));
+    auto o = small_options({mem_tier("cost", stores.back())});
+    o.rank = r;
+    o.world = world;
+    o.run_id = "run-1";
+    o.staging_bytes = 2 << 20;
+    o.gc_after_save = false;
+    o.commit_timeout = std::chrono::seconds(60);
+    cps.push_back(Checkpointer::open(o).value());
+    states.emplace_back(200 + r, std::vector<uint64_t>{4096});
+  }
+  auto h0 = cps[0]->save(1, states[0].views).value();
+  while (!shared->stat(record_key("model", 1, 0)))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto before = stores[0]->counts();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto after = stores[0]->counts();
+  // A round asks once for the last rank's record (a stat per missing rank) or lists the
+  // step once (one paged LIST): either counts the rounds.
+  auto rounds = [&](const CountingStore::Counts& c) {
+    return c.of("HEAD " + record_key("model", 1, world - 1)) +
+           c.of("LIST " + step_prefix("model", 1));
+  };
+  CommitCost cost;
+  cost.rank0_rounds = rounds(after) - rounds(before);
+  cost.rank0_per_round = cost.rank0_rounds ? static_cast<double>(after.requests - before.requests) /
+                                                 static_cast<double>(cost.rank0_rounds)
+                                           : 0;
+  std::vector<std::thread> threads;
+  std::vector<Status> results(world);
+  for (unsigned r = 1; r < world; ++r)
+    threads.emplace_back([&, r] { results[r] = cps[r]->save(1, states[r].views).value()->wait(); });
+  for (auto& t : threads) t.join();
+  results[0] = h0->wait();
+  for (unsigned r = 0; r < world; ++r) EXPECT_TRUE(results[r]) << results[r].error().message();
+  cost.rank0_total = stores[0]->counts().requests;
+  cost.rank0_step_lists = stores[0]->counts().of("LIST " + step_prefix("model", 1));
+  std::map<std::string, uint64_t> by_op;  // "HEAD" -> requests of every rank
+  for (unsigned r = 0; r < world; ++r) {
+    const auto c = stores[r]->counts();
+    for (const auto& [call, n] : c.calls) by_op[call.substr(0, call.find(' '))] += n;
+    if (r == 0) continue;
+    cost.others_total += c.requests;
+    cost.others_max = std::max(cost.others_max, c.requests);
+  }
+  std::string ops;
+  for (const auto& [op, n] : by_op) ops += " " + op + " " + std::to_string(n);
+  std::printf(
+      "world %u: rank 0 waiting alone: %.2f requests per poll round (%llu rounds); whole save "
+      "(rank 0 listed the step %llu times): "
+      "rank 0 %llu requests, the others %llu (at most %llu each), %llu in all:%s\n",
+      world, cost.rank0_per_round, static_cast<unsigned long long>(cost.rank0_rounds),
+      static_cast<unsigned long long>(cost.rank0_step_lists),
+      static_cast<unsigned long long>(cost.rank0_total),
+      static_cast<unsigned long long>(cost.others_total),
+      static_cast<unsigned long long>(cost.others_max),
+      static_cast<unsigned long long>(cost.rank0_total + cost.others_total), ops.c_str());
+  return cost;
+}
+
+// Issue 48: a multi-rank commit on S3 costs O(world) requests per poll round in all: rank 0
+// lists the step once a round (one page up to 333 ranks), not a stat per missing rank (world
+// - 1 requests a round: 3 and 15 here before), and reads each record once; the other ranks
+// poll only the manifest.
+TEST(Checkpointer, AMultiRankCommitCostsOneListARoundOnRankZero) {
+  for (unsigned world : {4u, 16u}) {
+    const CommitCost c = measure_commit(world);
+    ASSERT_GT(c.rank0_rounds, 2u);
+    EXPECT_LE(c.rank0_per_round, 1.0) << "world " << world;
+    // Rank 0's whole save: a LIST a round and a GET per record, besides a few requests for
+    // its shard, record and manifest and the checks around them (44 and 176 before).
+    EXPECT_LE(c.rank0_total, 12u + c.rank0_step_lists + world) << "world " << world;
   }
 }
 

@@ -2,13 +2,19 @@
 // saved and restored byte for byte with its modes, all or nothing, and what is refused.
 #include "sluice/ckpt/files.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
+#include "sluice/ckpt/live.h"
+#include "sluice/core/fd.h"
 #include "test_util.h"
 
 namespace sluice::ckpt {
@@ -112,6 +118,159 @@ TEST(CheckpointFiles, AFileChangedDuringTheSaveFailsIt) {
   Status st = h ? (*h)->wait() : Status(std::unexpected(h.error()));
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code(), Code::kConflict);
+}
+
+// What a restore staged beside its target left in `parent`.
+std::vector<std::string> staging_leftovers(const std::string& parent) {
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(parent))
+    if (e.path().filename().string().starts_with(".sluice-restore-"))
+      left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  return left;
+}
+
+// A tree restored by `restore --force` over `out`, saved as step 2; step 1 was restored there.
+struct Replacing {
+  TempDir dir;
+  std::unique_ptr<Checkpointer> cp;
+  std::string out = dir.file("out");
+
+  Replacing() {
+    write(dir.file("in1/a.bin"), "old a");
+    write(dir.file("in1/sub/b.txt"), "old b");
+    write(dir.file("in1/z.txt"), "old z");
+    write(dir.file("in2/a.bin"), std::string(2 << 20, 'n'));
+    write(dir.file("in2/sub/b.txt"), "new b");
+    write(dir.file("in2/z.txt"), "new z");
+    cp = checkpointer(dir.file("tier"));
+    EXPECT_TRUE(cp->save(1, file_tensors({dir.file("in1")}).value()).value()->wait());
+    EXPECT_TRUE(cp->save(2, file_tensors({dir.file("in2")}).value()).value()->wait());
+    RestoreFilesOptions o;
+    o.directory = out;
+    EXPECT_TRUE(restore_files(*cp, 1, o));
+  }
+  Result<RestoreFilesReport> replace(uint64_t step = 2) {
+    RestoreFilesOptions o;
+    o.directory = out;
+    o.replace = true;
+    return restore_files(*cp, step, o);
+  }
+  void expect_old() {
+    EXPECT_TRUE(read(out + "/a.bin") == "old a") << "a.bin was replaced";
+    EXPECT_EQ(read(out + "/sub/b.txt"), "old b");
+    EXPECT_EQ(read(out + "/z.txt"), "old z");
+  }
+};
+
+// Issue 48: `restore --force` published file by file, so a failure part-way (here a
+// directory where the step has a file, met after a.bin was published) left a mix of old
+// and new files. It now builds the tree beside the target and swaps it in at once: the
+// failure leaves the old tree whole, and no staging directory.
+TEST(CheckpointFiles, AReplaceThatFailsPartWayLeavesTheOldTree) {
+  Replacing r;
+  fs::remove(r.out + "/sub/b.txt");
+  write(r.out + "/sub/b.txt/keep", "a directory where step 2 has a file");
+  auto got = r.replace();
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code(), Code::kAlreadyExists) << got.error().message();
+  EXPECT_TRUE(read(r.out + "/a.bin") == "old a") << "a.bin was replaced";
+  EXPECT_EQ(read(r.out + "/z.txt"), "old z");
+  EXPECT_EQ(read(r.out + "/sub/b.txt/keep"), "a directory where step 2 has a file");
+  EXPECT_EQ(staging_leftovers(r.dir.path()), std::vector<std::string>{});
+}
+
+// A replace whose bytes fail to verify (a chunk corrupt on every tier) leaves the old tree
+// and no staging directory either.
+TEST(CheckpointFiles, AReplaceWithACorruptChunkLeavesTheOldTree) {
+  Replacing r;
+  const std::string step_dir = r.dir.file("tier/files/step-000000000002");
+  for (const auto& e : fs::directory_iterator(step_dir))
+    if (e.path().extension() == ".shard") {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(100);
+      f.put('X');
+    }
+  auto got = r.replace();
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code(), Code::kCorruption) << got.error().message();
+  r.expect_old();
+  EXPECT_EQ(staging_leftovers(r.dir.path()), std::vector<std::string>{});
+}
+
+// What the step does not hold stays (the same file, linked into the new tree), with the
+// directory's and its subdirectories' modes; a reader holding the old directory open reads
+// the old tree whole, and one that opens it after reads the new tree whole.
+TEST(CheckpointFiles, AReplaceKeepsWhatTheStepDoesNotHold) {
+  Replacing r;
+  write(r.out + "/notes.txt", "mine");
+  write(r.out + "/extra/deep/x", "kept");
+  ::chmod((r.out + "/extra").c_str(), 0710);
+  ::chmod(r.out.c_str(), 0750);
+  struct stat before;
+  ASSERT_EQ(::stat((r.out + "/notes.txt").c_str(), &before), 0);
+  UniqueFd old_dir(::open(r.out.c_str(), O_RDONLY | O_DIRECTORY));
+  ASSERT_TRUE(old_dir.valid());
+  auto got = r.replace();
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_EQ(got->files, 3u);
+  EXPECT_TRUE(read(r.out + "/a.bin") == std::string(2 << 20, 'n')) << "a.bin was not restored";
+  EXPECT_EQ(read(r.out + "/sub/b.txt"), "new b");
+  EXPECT_EQ(read(r.out + "/z.txt"), "new z");
+  EXPECT_EQ(read(r.out + "/extra/deep/x"), "kept");
+  struct stat after, mode;
+  ASSERT_EQ(::stat((r.out + "/notes.txt").c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  ASSERT_EQ(::stat(r.out.c_str(), &mode), 0);
+  EXPECT_EQ(mode.st_mode & 0777, 0750u);
+  ASSERT_EQ(::stat((r.out + "/extra").c_str(), &mode), 0);
+  EXPECT_EQ(mode.st_mode & 0777, 0710u);
+  EXPECT_FALSE(fs::exists(r.out + "/.sluice-tmp"));
+  EXPECT_EQ(staging_leftovers(r.dir.path()), std::vector<std::string>{});
+  // The old tree went as a whole: the descriptor opened before sees none of the new files.
+  struct stat gone;
+  EXPECT_NE(::fstatat(old_dir.get(), "z.txt", &gone, 0), 0);
+  // A directory that did not exist is made, in one step too.
+  RestoreFilesOptions o;
+  o.directory = r.dir.file("fresh/out");
+  o.replace = true;
+  ASSERT_TRUE(restore_files(*r.cp, 2, o));
+  EXPECT_EQ(read(r.dir.file("fresh/out/z.txt")), "new z");
+  EXPECT_EQ(staging_leftovers(r.dir.file("fresh")), std::vector<std::string>{});
+}
+
+// A restore killed with kill -9 leaves its staging tree and lock beside the target; the
+// next replace there removes them once its lock shows the restore dead, puts back an old
+// tree a swap without RENAME_EXCHANGE had set aside, and leaves a live restore's alone.
+TEST(CheckpointFiles, TheNextReplaceRemovesWhatADeadOneLeft) {
+  Replacing r;
+  std::istringstream in(live_text());
+  std::string magic, version, host, pid, ticks, boot, ns;
+  ASSERT_TRUE(in >> magic >> version >> host >> pid >> ticks >> boot >> ns);
+  const std::string dead =
+      "sluice-live 2 " + host + " 2147483647 " + ticks + " " + boot + " " + ns + "\n";
+  auto leave = [&](const std::string& stem, const std::string& target_hex) {
+    write(r.dir.file(stem + "/half-written"), "x");
+    write(r.dir.file(stem + ".lock"), dead + target_hex + "\n");
+  };
+  leave(".sluice-restore-00000000deadbeef", "6f7574");  // "out"
+  // Killed between setting "gone" aside and renaming its new tree in.
+  leave(".sluice-restore-00000000feedf00d", "676f6e65");  // "gone"
+  write(r.dir.file(".sluice-restore-00000000feedf00d.old/precious"), "the old tree");
+  // A restore still running (its lock held, here by this process).
+  leave(".sluice-restore-00000000a11ce000", "6f7574");
+  UniqueFd held(::open(r.dir.file(".sluice-restore-00000000a11ce000.lock").c_str(), O_RDWR));
+  struct flock fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  ASSERT_EQ(::fcntl(held.get(), F_OFD_SETLK, &fl), 0);
+
+  auto got = r.replace();
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_EQ(read(r.dir.file("gone/precious")), "the old tree");
+  EXPECT_EQ(staging_leftovers(r.dir.path()),
+            (std::vector<std::string>{".sluice-restore-00000000a11ce000",
+                                      ".sluice-restore-00000000a11ce000.lock"}));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "sluice/client/checkpoints.h"
 #include "sluice/client/copy.h"
 #include "sluice/client/datasets.h"
+#include "sluice/client/ledger.h"
 #include "sluice/client/location.h"
 #include "sluice/client/object.h"
 #include "sluice/client/read.h"
@@ -147,22 +148,24 @@ TEST(Object, OpensTheStoreAndKeyATextNames) {
 
 TEST(Session, ChargesWritesOnlyWhereALedgerHasProjects) {
   TempDir dir;
-  Session s(options_in(dir));
+  SessionOptions charging = options_in(dir);
+  charging.charging = ledger_charging();
+  Session s(std::move(charging));
   // No ledger at all: nothing to charge, the store comes back as it was.
-  auto none = s.ledger_for_writes();
+  auto none = ledger_for_writes(s);
   ASSERT_TRUE(none);
   EXPECT_EQ(*none, nullptr);
   std::shared_ptr<store::Store> mem =
       s.open_store("mem://charged-" + std::to_string(::getpid())).value();
   EXPECT_EQ(s.charged(mem).value(), mem);
   // The embedded ledger, made on first use; with a project, writes are charged.
-  auto l = s.open_ledger();
+  auto l = open_ledger(s);
   ASSERT_TRUE(l) << l.error().to_string();
   EXPECT_TRUE(std::filesystem::exists(s.ledger_uri()));
-  EXPECT_EQ(*s.ledger_for_writes(), nullptr);  // no project yet
+  EXPECT_EQ(*ledger_for_writes(s), nullptr);  // no project yet
   ASSERT_TRUE((*l)->add_team("t"));
   ASSERT_TRUE((*l)->add_project(ledger::Project{.id = "p", .team = "t", .location = mem->uri()}));
-  auto with = s.ledger_for_writes();
+  auto with = ledger_for_writes(s);
   ASSERT_TRUE(with && *with);
   auto wrapped = s.charged(mem);
   ASSERT_TRUE(wrapped);
@@ -170,10 +173,21 @@ TEST(Session, ChargesWritesOnlyWhereALedgerHasProjects) {
   // A ledger chosen by name that cannot be opened refuses the write, never skips it.
   SessionOptions o = options_in(dir);
   o.ledger = {dir.path() + "/missing/dir/ledger.db", "--ledger"};
-  auto refused = Session(std::move(o)).charged(mem);
+  o.charging = ledger_charging();
+  auto refused = Session(o).charged(mem);
   ASSERT_FALSE(refused);
   EXPECT_NE(refused.error().message().find("--ledger"), std::string::npos)
       << refused.error().to_string();
+  // A program that charges nothing (sluice::client_core alone) refuses a write a ledger
+  // would charge, rather than let it through uncounted; with no ledger it writes.
+  o.charging = nullptr;
+  auto uncharged = Session(o).charged(mem);
+  ASSERT_FALSE(uncharged);
+  EXPECT_EQ(uncharged.error().code(), Code::kUnsupported);
+  EXPECT_EQ(Session(options_in(dir)).charged(mem).error().code(), Code::kUnsupported)
+      << "the embedded ledger exists now";
+  TempDir empty;
+  EXPECT_EQ(Session(options_in(empty)).charged(mem).value(), mem);
 }
 
 // peer://FOLDER/ names the job's members that keep a series' copies: the same three, in the

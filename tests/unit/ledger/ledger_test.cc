@@ -179,6 +179,14 @@ TEST_P(LedgerTest, TeamsAndProjects) {
   EXPECT_EQ(owner->id, "ckpts");
   EXPECT_EQ(Ledger::owner_of(*projects, "s3://bucket/vision2/x")->id, "sibling");
   EXPECT_EQ(Ledger::owner_of(*projects, "s3://bucket/visionary/x"), nullptr);
+  // Pins as the keys under a location inside the project are spelled there.
+  const std::vector<std::pair<std::string, std::string>> pins = {
+      {"ckpts", "a/b/llama/step-1/"}, {"ckpts", "a/"}, {"ckpts", "z/"}, {"sibling", "a/b/"}};
+  EXPECT_EQ(Ledger::pins_within(*projects, pins, "s3://bucket/vision/a/b"),
+            (std::vector<std::string>{"llama/step-1/", ""}));
+  EXPECT_EQ(Ledger::pins_within(*projects, pins, "s3://bucket/vision/"),
+            (std::vector<std::string>{"a/b/llama/step-1/", "a/", "z/"}));
+  EXPECT_TRUE(Ledger::pins_within(*projects, pins, "s3://bucket/visionary").empty());
 
   ASSERT_TRUE(ledger_->remove_project("sibling"));
   EXPECT_EQ(ledger_->remove_project("sibling").error().code(), Code::kNotFound);
@@ -763,14 +771,15 @@ TEST_P(LedgerTest, ObjectStoreOverwritesAndRemovalsChargeExactly) {
   EXPECT_EQ(a.used_objects, 0);
 
   // A lock held elsewhere (a writer stalled mid-publish): this one waits, gives up, and
-  // publishes nothing.
+  // publishes nothing. The lock is the key's folder's; `st` lets its lease go at once for
+  // a waiter.
   auto impatient =
       with_charging(std::make_shared<Unreporting>(store::open_named_memory_store(name)), ledger_,
                     ChargingOptions{.publish_wait = std::chrono::seconds(0)});
   ASSERT_TRUE(impatient);
-  auto held = ledger_->lock_key("mem://" + name + "/p/k", std::chrono::seconds(120),
-                                std::chrono::seconds(0));
-  ASSERT_TRUE(held);
+  auto held = ledger_->lock_key("mem://" + name + "/p/", std::chrono::seconds(120),
+                                std::chrono::seconds(5));
+  ASSERT_TRUE(held) << held.error().to_string();
   auto put = (*impatient)->put("p/k", std::vector<std::byte>(10, std::byte{2}));
   ASSERT_FALSE(put);
   EXPECT_EQ(put.error().code(), Code::kUnavailable) << put.error().to_string();
@@ -778,7 +787,7 @@ TEST_P(LedgerTest, ObjectStoreOverwritesAndRemovalsChargeExactly) {
   a = account("os", Tier::kObject);
   EXPECT_EQ(a.used_bytes, 0);
   EXPECT_EQ(a.reserved_bytes, 0);
-  ASSERT_TRUE(ledger_->unlock_key("mem://" + name + "/p/k", *held));
+  ASSERT_TRUE(ledger_->unlock_key("mem://" + name + "/p/", *held));
 }
 
 // The publish lock of an object-store key: one holder at a time, a wait that ends, and a
@@ -806,9 +815,10 @@ TEST_P(LedgerTest, PublishLockOfAKey) {
   auto waited = ledger_->lock_key("s3://b/k", seconds(0), seconds(5));
   release.join();
   ASSERT_TRUE(waited) << waited.error().to_string();
-  // Held for 0 s (a writer that crashed): the next one takes it over once time passes, and
-  // the first learns it lost the lock when it renews or lets go.
-  g_now += 1;
+  // Held for 0 s (a writer that crashed): the next one takes it over once the ledger's
+  // clock passes (SQLite's counts milliseconds), and the first learns it lost the lock when
+  // it renews or lets go.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
   auto taken = ledger_->lock_key("s3://b/k", seconds(120), seconds(0));
   ASSERT_TRUE(taken);
   EXPECT_EQ(ledger_->renew_key("s3://b/k", *waited, seconds(120)).error().code(), Code::kNotFound);

@@ -5,12 +5,20 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
 
 #include "contract/store_contract.h"
 #include "node/object_space.h"
 #include "node/peer_http.h"
+#include "peer/object_uri.h"
 #include "sluice/ckpt/checkpointer.h"
+#include "sluice/peer/membership.h"
 #include "test_util.h"
 
 namespace sluice::peer {
@@ -145,6 +153,128 @@ TEST(ObjectSpace, IsACheckpointTier) {
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(back, t);
   EXPECT_EQ(from_peer->verify(1).value().bad_chunks, 0u);
+}
+
+// An owner that signs whatever `body` holds (a lying or broken daemon of the job).
+struct LyingOwner {
+  std::string body;
+  std::unique_ptr<node::PeerHttpServer> http;
+
+  LyingOwner() {
+    node::PeerHttpOptions ho;
+    ho.object = [this](const ObjectRequest&, std::string_view, std::span<const std::byte>) {
+      return node::ObjectReply{200, body, "e"};
+    };
+    ho.secret = kSecret;
+    http = node::PeerHttpServer::start(std::move(ho)).value();
+  }
+  std::string uri() const {
+    return "sluiced://owner@127.0.0.1:" + std::to_string(http->port()) + "/ckpt/";
+  }
+};
+
+// fuzz/peer_object_reply_fuzz: a signed stat or list reply with a float too large for an
+// integer field was converted anyway (undefined behaviour), a negative size wrapped.
+TEST(ObjectSpace, MistypedAndOutOfRangeFieldsOfASignedReplyAreCorruption) {
+  LyingOwner owner;
+  auto s = open_as("asker", kSecret, owner.uri()).value();
+  for (const char* body :
+       {R"({"size":1e30,"etag":"e","mtime_ns":0})", R"({"size":-1,"etag":"e","mtime_ns":0})",
+        R"({"size":1,"etag":"e","mtime_ns":1.7e24})", R"({"size":"1","etag":"e","mtime_ns":0})",
+        R"({"size":1,"etag":5,"mtime_ns":0})", R"({"size":1,"etag":"e"})", R"([1,2])",
+        "not json"}) {
+    owner.body = body;
+    auto st = s->stat("k");
+    ASSERT_FALSE(st) << body;
+    EXPECT_EQ(st.error().code(), Code::kCorruption) << body;
+    owner.body = std::string(R"({"next":"","objects":[{"key":"ckpt/k",)") + (body + 1) + "]}";
+    auto page = s->list({});
+    ASSERT_FALSE(page) << owner.body;
+    EXPECT_EQ(page.error().code(), Code::kCorruption) << owner.body;
+  }
+  owner.body = R"({"size":7,"etag":"e","mtime_ns":-5})";
+  auto st = s->stat("k");
+  ASSERT_TRUE(st) << st.error().message();
+  EXPECT_EQ(st->size, 7u);
+  EXPECT_EQ(st->mtime_ns, -5);
+}
+
+// fuzz/peer_object_reply_fuzz: libcurl before 8.1.0 (Debian 12's 7.88) read freed memory
+// when a reused easy handle got a reply whose first header line is folded; the HTTP client
+// now runs a fresh easy handle per request. Under ASan the old client fails here with a
+// use-after-free; without it, the folded line was taken as part of a freed header.
+TEST(ObjectSpace, AReplyWhoseFirstHeaderIsFoldedFailsTheRequestAlone) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  std::thread server([fd] {
+    for (const char* reply :
+         {"HTTP/1.1 404 Not Found\r\nContent-Length: 4\r\nConnection: close\r\n\r\ngone",
+          "HTTP/1.1 404 Not Found\r\n folded: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\n"
+          "gone"}) {
+      int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) return;
+      std::string in;
+      char buf[4096];
+      while (in.find("\r\n\r\n") == std::string::npos) {
+        ssize_t n = ::recv(c, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+      }
+      (void)::send(c, reply, std::strlen(reply), MSG_NOSIGNAL);
+      ::close(c);
+    }
+  });
+  auto s = open_as("asker", kSecret,
+                   "sluiced://owner@127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/ckpt/")
+               .value();
+  auto first = s->stat("k");
+  auto second = s->stat("k");
+  server.join();
+  ::close(fd);
+  ASSERT_FALSE(first);
+  EXPECT_EQ(first.error().code(), Code::kNotFound);
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code(), Code::kUnavailable) << second.error().message();
+}
+
+// fuzz/sluiced_uri_fuzz: a control character in a sluiced:// URI went into the request as
+// it was: a CR LF in the member's name added a header to every request.
+TEST(ObjectSpace, UrisAndNamesWithControlCharactersAreRefused) {
+  for (const char* uri :
+       {"sluiced://owner\r\nX-Evil: 1@127.0.0.1:1/ckpt/", "sluiced://owner@127.0.0.1:1\n/ckpt/",
+        "sluiced://owner@127.0.0.1:1/ck\x01pt/"}) {
+    EXPECT_FALSE(parse_object_uri(uri)) << printable(uri);
+    auto s = open_as("asker", kSecret, uri);
+    ASSERT_FALSE(s) << printable(uri);
+    EXPECT_EQ(s.error().code(), Code::kInvalidArgument);
+  }
+  auto s = open_as("asker\r\nX-Evil: 1", kSecret, "sluiced://owner@127.0.0.1:1/ckpt/");
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code(), Code::kInvalidArgument);
+  auto w = parse_object_uri("sluiced://node-7@10.0.0.7:7470/ckpt/run-1").value();
+  EXPECT_EQ(w.member, "node-7");
+  EXPECT_EQ(w.address, "10.0.0.7:7470");
+  EXPECT_EQ(w.prefix, "ckpt/run-1/");
+}
+
+// fuzz/sluiced_uri_fuzz: a peers file's member named with '@', '/' or a control character
+// made peer:// tiers resolve to sluiced:// URIs naming another member (or none).
+TEST(Membership, NamesThatCannotBeSentOrWrittenInAUriAreRefused) {
+  for (const char* name : {"a@b", "a/b", "a\x01", "a\x7f"}) {
+    std::vector<Member> ms{{name, "10.0.0.1", 7470, true}, {"b", "10.0.0.2", 7470, true}};
+    auto m = Membership::make(ms, "b");
+    ASSERT_FALSE(m) << printable(name);
+    EXPECT_EQ(m.error().code(), Code::kInvalidArgument);
+  }
+  std::vector<Member> ms{{"10.0.0.1:7470", "10.0.0.1", 7470, true}, {"node_2.x-y", "h", 1, true}};
+  EXPECT_TRUE(Membership::make(ms, "node_2.x-y"));
 }
 
 }  // namespace

@@ -16,6 +16,9 @@ namespace sluice::ledger {
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kLogEvery = std::chrono::minutes(1);
+// Tags of chunks adopted while the ledger could not say whose they were: this bit and the
+// index of their object's entry in `deferred`. Allowances' tags never reach it.
+constexpr uint32_t kDeferredBit = 0x8000'0000u;
 }  // namespace
 
 struct CacheCharger::Impl {
@@ -53,10 +56,27 @@ struct CacheCharger::Impl {
   // Tag t at t - 1; never shrinks.
   std::vector<std::unique_ptr<Allowance>> by_tag SLUICE_GUARDED_BY(map_mu);
 
+  // The chunks of one object found on NVMe at open while the ledger could not be asked
+  // whose they are: charged to its project (`to`) at the first flush that can ask, or found
+  // to be no project's (`unowned`). Until then `bytes` counts what of them is still there.
+  struct Deferred {
+    std::string key;
+    int64_t chunks = 0, bytes = 0;
+    Allowance* to = nullptr;
+    bool unowned = false;
+  };
+  Mutex deferred_mu;  // taken before any allowance's mu
+  std::vector<std::unique_ptr<Deferred>> deferred SLUICE_GUARDED_BY(deferred_mu);
+  std::map<std::string, uint32_t, std::less<>> deferred_of SLUICE_GUARDED_BY(deferred_mu);
+  size_t unresolved SLUICE_GUARDED_BY(deferred_mu) = 0;
+  // This source's figures from before (load_tallies) are read back: at start(), or at the
+  // first flush after when the ledger could not be reached then.
+  std::atomic<bool> tallies_loaded{false};
+
   // Relaxed: statistics, only reported (stats()); the charges themselves are under the locks.
   std::atomic<uint64_t> admitted_chunks{0}, admitted_bytes{0}, refused_chunks{0}, refused_bytes{0},
       freed_bytes{0}, adopted_chunks{0}, adopted_bytes{0}, uncharged_chunks{0}, flushes{0},
-      flush_errors{0};
+      flush_errors{0}, deferred_chunks{0};
 
   Mutex stop_mu;
   CondVar stop_cv;
@@ -72,6 +92,12 @@ struct CacheCharger::Impl {
     o.log(line);
   }
   void log(Allowance& a, const std::string& line) SLUICE_REQUIRES(a.mu) { log(a.logged, line); }
+  void log_down(const Error& e) {
+    MutexLock lock(unowned_mu);
+    log(unowned_logged, "cache: the ledger cannot be reached (" + e.message() +
+                            "): chunks found on NVMe are charged once it answers, and none are "
+                            "kept meanwhile");
+  }
 
   // The allowance of `target`'s project, made on first use.
   Allowance* allowance_for(const ChargeTarget& target) {
@@ -204,24 +230,85 @@ struct CacheCharger::Impl {
 
   uint32_t adopt(std::string_view key, int64_t bytes) {
     auto found = allowance_of(key);
-    if (!found || !*found) return 0;  // unowned, or the ledger is down: kept uncharged
-    Allowance& a = **found;
+    if (!found) return defer(key, bytes);  // the ledger is down: charged once it answers
+    if (!*found) return 0;                 // no project owns it: kept uncharged
+    return adopt_into(**found, 1, bytes) ? (**found).tag : 0;
+  }
+
+  // Counts chunks found on NVMe into `a`'s allowance; false when its project is gone.
+  bool adopt_into(Allowance& a, int64_t chunks, int64_t bytes) {
     MutexLock lock(a.mu);
-    if (a.retired) return 0;
+    if (a.retired) return false;
     a.held += bytes;
     a.dirty = true;
-    adopted_chunks.fetch_add(1, std::memory_order_relaxed);
+    adopted_chunks.fetch_add(static_cast<uint64_t>(chunks), std::memory_order_relaxed);
     adopted_bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
-    return a.tag;
+    return true;
+  }
+
+  uint32_t defer(std::string_view key, int64_t bytes) {
+    MutexLock lock(deferred_mu);
+    auto it = deferred_of.find(key);
+    if (it == deferred_of.end()) {
+      const auto tag = static_cast<uint32_t>(deferred.size()) | kDeferredBit;
+      deferred.push_back(std::make_unique<Deferred>(Deferred{.key = std::string(key)}));
+      it = deferred_of.emplace(std::string(key), tag).first;
+      ++unresolved;
+    }
+    Deferred& d = *deferred[it->second & ~kDeferredBit];
+    d.chunks += 1;
+    d.bytes += bytes;
+    deferred_chunks.fetch_add(1, std::memory_order_relaxed);
+    return it->second;
+  }
+
+  // Charges the chunks adopted while the ledger was down to their projects, now that it
+  // answers (the projects load); those of no project stay uncharged. Stops at the first
+  // object the ledger cannot place, for the next flush to go on with.
+  Status resolve_deferred() {
+    {
+      MutexLock lock(deferred_mu);
+      if (unresolved == 0) return {};
+    }
+    SLUICE_RETURN_IF_ERROR(projects.load());
+    MutexLock lock(deferred_mu);
+    for (const std::unique_ptr<Deferred>& d : deferred) {
+      if (d->to || d->unowned) continue;
+      SLUICE_ASSIGN_OR_RETURN(Allowance * a, allowance_of(d->key));
+      if (a && adopt_into(*a, d->chunks, d->bytes))
+        d->to = a;
+      else
+        d->unowned = true;  // kept uncharged, as a key no project owns
+      --unresolved;
+      if (d->unowned) uncharged_chunks.fetch_add(static_cast<uint64_t>(d->chunks),
+                                                 std::memory_order_relaxed);
+    }
+    deferred_of.clear();  // every tag resolved: no adoption names these objects again
+    return {};
   }
 
   void freed(uint32_t tag, int64_t bytes) {
+    if (tag & kDeferredBit) {
+      MutexLock lock(deferred_mu);
+      const uint32_t i = tag & ~kDeferredBit;
+      if (i >= deferred.size()) return;
+      Deferred& d = *deferred[i];
+      if (!d.to) {
+        if (!d.unowned) d.bytes = std::max<int64_t>(0, d.bytes - bytes);
+        return;
+      }
+      free_from(*d.to, bytes);
+      return;
+    }
     Allowance* a = allowance_of(tag);
-    if (!a) return;
-    MutexLock lock(a->mu);
-    if (a->retired) return;
-    a->held = std::max<int64_t>(0, a->held - bytes);
-    a->dirty = true;
+    if (a) free_from(*a, bytes);
+  }
+
+  void free_from(Allowance& a, int64_t bytes) {
+    MutexLock lock(a.mu);
+    if (a.retired) return;
+    a.held = std::max<int64_t>(0, a.held - bytes);
+    a.dirty = true;
     freed_bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
   }
 
@@ -250,6 +337,15 @@ struct CacheCharger::Impl {
   }
 
   Status flush() {
+    // What was left for the ledger to answer: this source's old figures, then the chunks
+    // found at open while it was down. Their errors are the flush's, after the rest.
+    Status late;
+    if (!tallies_loaded.load()) {
+      late = load_tallies();
+      if (late) tallies_loaded = true;
+    }
+    if (late) late = resolve_deferred();
+    if (!late) flush_errors.fetch_add(1, std::memory_order_relaxed);
     std::vector<Allowance*> all;
     {
       MutexLock lock(map_mu);
@@ -267,6 +363,7 @@ struct CacheCharger::Impl {
       }
     }
     flushes.fetch_add(1, std::memory_order_relaxed);
+    if (!late) return late;
     return first;
   }
 
@@ -293,7 +390,12 @@ Result<std::unique_ptr<CacheCharger>> CacheCharger::open(
   if (options.flush_interval.count() <= 0)
     return fail(Code::kInvalidArgument, "cache charger: flush_interval must be positive");
   auto impl = std::make_unique<Impl>(std::move(ledger), std::move(location_of), std::move(options));
-  SLUICE_RETURN_IF_ERROR(impl->projects.load());
+  // A ledger that does not answer now (a server down) is asked again at each flush; until
+  // then nothing is admitted, and what is adopted waits to be charged.
+  if (Status s = impl->projects.load(); !s) {
+    if (s.error().code() != Code::kUnavailable) return std::unexpected(s.error());
+    impl->log_down(s.error());
+  }
   return std::unique_ptr<CacheCharger>(new CacheCharger(std::move(impl)));
 }
 
@@ -302,7 +404,13 @@ CacheCharger::CacheCharger(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 Status CacheCharger::start() {
   if (impl_->flusher.joinable())
     return fail(Code::kInvalidArgument, "cache charger: started twice");
-  SLUICE_RETURN_IF_ERROR(impl_->load_tallies());
+  if (Status s = impl_->load_tallies(); s) {
+    impl_->tallies_loaded = true;
+  } else if (s.error().code() == Code::kUnavailable) {
+    impl_->log_down(s.error());  // read back at the first flush that reaches it
+  } else {
+    return s;
+  }
   Impl* p = impl_.get();
   impl_->flusher = std::thread([p] { p->run_flusher(); });
   return {};
@@ -351,7 +459,8 @@ CacheChargerStats CacheCharger::stats() const {
                            .adopted_bytes = get(i.adopted_bytes),
                            .uncharged_chunks = get(i.uncharged_chunks),
                            .flushes = get(i.flushes),
-                           .flush_errors = get(i.flush_errors)};
+                           .flush_errors = get(i.flush_errors),
+                           .deferred_chunks = get(i.deferred_chunks)};
 }
 
 }  // namespace sluice::ledger

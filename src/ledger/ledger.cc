@@ -62,7 +62,7 @@ namespace {
 constexpr int64_t kSchemaVersion = 1;
 // Bumped whenever kSchema gains a table or an index (never a change to an existing one:
 // that is a new schema version): an older ledger then gets them at its next open.
-constexpr int64_t kTableSet = 5;
+constexpr int64_t kTableSet = 6;
 
 // A tier's total over every team, sampled into the history under the team name "*" (which
 // no team can have): $1 now.
@@ -151,6 +151,9 @@ CREATE TABLE IF NOT EXISTS publishing (
   location TEXT PRIMARY KEY,
   holder TEXT NOT NULL,
   expires_ns BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS publish_waiting (
+  location TEXT PRIMARY KEY,
+  until_ns BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS history (
   team TEXT NOT NULL,
   tier TEXT NOT NULL,
@@ -784,22 +787,71 @@ Status Ledger::charge(const ChargeTarget& t, int64_t bytes, int64_t objects) {
   return commit("", t, bytes, objects);
 }
 
+namespace {
+
+// The publish lock's statements, with "NOW" standing for the database server's clock in
+// nanoseconds since the Unix epoch: a lock's expiry is judged by the one clock every writer
+// shares, never by the clocks of the writers' hosts, which may disagree. SQLite's 'now' is
+// the same for every use within one statement; PostgreSQL's now() is the time its
+// transaction began, and each of these statements runs alone (autocommit).
+struct LockSql {
+  std::string take, renew, expire, want, wanted, unwant;
+};
+
+const LockSql& lock_sql(Dialect dialect) {
+  auto make = [](std::string_view now) {
+    auto with_now = [&](std::string text) {
+      for (size_t at = text.find("NOW"); at != std::string::npos; at = text.find("NOW", at))
+        text.replace(at, 3, now);
+      return text;
+    };
+    return LockSql{
+        with_now("INSERT INTO publishing (location, holder, expires_ns) VALUES ($1, $2, NOW + $3)"
+                 " ON CONFLICT (location) DO UPDATE SET holder = $2, expires_ns = NOW + $3"
+                 " WHERE publishing.expires_ns < NOW"),
+        with_now("UPDATE publishing SET expires_ns = NOW + $3 WHERE location = $1 AND holder = $2"),
+        with_now("DELETE FROM publishing WHERE expires_ns < NOW"),
+        with_now("INSERT INTO publish_waiting (location, until_ns) VALUES ($1, NOW + $2)"
+                 " ON CONFLICT (location) DO UPDATE SET until_ns = NOW + $2"),
+        with_now("SELECT location FROM publish_waiting WHERE location = $1 AND until_ns > NOW"),
+        with_now("DELETE FROM publish_waiting WHERE location = $1 OR until_ns < NOW")};
+  };
+  // SQLite 3.40 has no unixepoch('subsec'): whole seconds and the milliseconds of %f.
+  static const LockSql sqlite = make(
+      "((CAST(strftime('%s', 'now') AS INTEGER) * 1000"
+      " + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER)) * 1000000)");
+  static const LockSql postgres = make("CAST(EXTRACT(EPOCH FROM now()) * 1000000000 AS BIGINT)");
+  return dialect == Dialect::kSqlite ? sqlite : postgres;
+}
+
+constexpr int64_t kNsPerSecond = 1'000'000'000;
+// How long a waiter's mark in publish_waiting stands unless renewed: several of its polls.
+constexpr int64_t kWaitingMarkNs = kNsPerSecond;
+
+}  // namespace
+
 Result<std::string> Ledger::lock_key(std::string_view location, std::chrono::seconds hold,
                                      std::chrono::seconds wait) {
+  const LockSql& sql = lock_sql(db_->dialect());
   const std::string holder = new_reservation_id();
   const auto deadline = std::chrono::steady_clock::now() + wait;
   auto pause = std::chrono::milliseconds(2);
+  bool marked = false;  // this caller said in publish_waiting that it waits
   for (;;) {
     bool taken = false;
     Status asked = db_->with_conn([&](Conn& c) -> Status {
-      int64_t now = now_ns();
-      SLUICE_RETURN_IF_ERROR(
-          c.query("INSERT INTO publishing (location, holder, expires_ns) VALUES ($1, $2, $3)"
-                  " ON CONFLICT (location) DO UPDATE SET holder = $2, expires_ns = $3"
-                  " WHERE publishing.expires_ns < $4",
-                  std::vector<Value>{std::string(location), holder,
-                                     now + hold.count() * 1'000'000'000, now}));
+      SLUICE_RETURN_IF_ERROR(c.query(sql.take, std::vector<Value>{std::string(location), holder,
+                                                                  hold.count() * kNsPerSecond}));
       taken = c.changes() == 1;
+      // A holder that keeps the lock across many publishes (the charging store's lease)
+      // looks for this mark and lets go early.
+      if (taken && marked) {
+        SLUICE_RETURN_IF_ERROR(c.query(sql.unwant, std::vector<Value>{std::string(location)}));
+      } else if (!taken && wait.count() > 0) {
+        SLUICE_RETURN_IF_ERROR(
+            c.query(sql.want, std::vector<Value>{std::string(location), kWaitingMarkNs}));
+        marked = true;
+      }
       return {};
     });
     if (!asked) return std::unexpected(asked.error());
@@ -809,17 +861,28 @@ Result<std::string> Ledger::lock_key(std::string_view location, std::chrono::sec
                                           std::string(location) + " for over " +
                                           std::to_string(wait.count()) + " s");
     std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::milliseconds(100));
+    pause = std::min<std::chrono::milliseconds>(pause * 2, kLockPoll);
   }
+}
+
+Result<bool> Ledger::key_wanted(std::string_view location) {
+  bool wanted = false;
+  Status asked = db_->with_conn([&](Conn& c) -> Status {
+    SLUICE_ASSIGN_OR_RETURN(
+        auto rows, c.query(lock_sql(db_->dialect()).wanted, std::vector<Value>{std::string(location)}));
+    wanted = !rows.empty();
+    return {};
+  });
+  if (!asked) return std::unexpected(asked.error());
+  return wanted;
 }
 
 Status Ledger::renew_key(std::string_view location, std::string_view holder,
                          std::chrono::seconds hold) {
   return db_->with_conn([&](Conn& c) -> Status {
-    SLUICE_RETURN_IF_ERROR(
-        c.query("UPDATE publishing SET expires_ns = $3 WHERE location = $1 AND holder = $2",
-                std::vector<Value>{std::string(location), std::string(holder),
-                                   now_ns() + hold.count() * 1'000'000'000}));
+    SLUICE_RETURN_IF_ERROR(c.query(lock_sql(db_->dialect()).renew,
+                                   std::vector<Value>{std::string(location), std::string(holder),
+                                                      hold.count() * kNsPerSecond}));
     if (c.changes() != 1)
       return fail(Code::kNotFound, "the publish lock of " + std::string(location) +
                                        " was taken over (held past its time)");
@@ -855,9 +918,11 @@ Result<int64_t> Ledger::expire_reservations() {
       ++count;
     }
     // Publish locks of writers that crashed: taken over by the next writer of the key
-    // anyway, and dropped here so keys never written again leave nothing behind.
-    SLUICE_RETURN_IF_ERROR(
-        c.query("DELETE FROM publishing WHERE expires_ns < $1", std::vector<Value>{now_ns()}));
+    // anyway, and dropped here so keys never written again leave nothing behind; the same
+    // for the marks of waiters that gave up.
+    const LockSql& lock = lock_sql(c.dialect());
+    SLUICE_RETURN_IF_ERROR(c.query(lock.expire));
+    SLUICE_RETURN_IF_ERROR(c.query(lock.unwant, std::vector<Value>{std::string()}));
     for (auto& [key, s] : sums)
       SLUICE_RETURN_IF_ERROR(
           c.query("UPDATE accounts SET reserved_bytes = reserved_bytes - $3,"

@@ -25,23 +25,36 @@ class ProjectIndex {
     auto projects = ledger_->projects();
     MutexLock lock(mu_);
     loaded_ = std::chrono::steady_clock::now();
-    if (!projects) return std::unexpected(projects.error());
+    if (!projects) {
+      if (!known_) unknown_ = projects.error();
+      return std::unexpected(projects.error());
+    }
     projects_ = std::move(*projects);
+    known_ = true;
     return {};
   }
 
   // The project owning `location` (the longest project location it lies under), or
-  // nullopt when none does.
+  // nullopt when none does. Until one load has succeeded no location can be said to have
+  // no owner: the error of the last load, until a load succeeds.
   Result<std::optional<Project>> owner(std::string_view location) {
     for (int pass = 0; pass < 2; ++pass) {
       {
         MutexLock lock(mu_);
         if (const Project* p = Ledger::owner_of(projects_, location)) return *p;
+        if (!known_ && pass == 0 && std::chrono::steady_clock::now() - loaded_ < kRefresh)
+          return std::unexpected(unknown_);
         if (pass == 1 || std::chrono::steady_clock::now() - loaded_ < kRefresh) break;
       }
       SLUICE_RETURN_IF_ERROR(load());  // a project added since
     }
     return std::optional<Project>{};
+  }
+
+  // Whether one load has succeeded.
+  bool known() {
+    MutexLock lock(mu_);
+    return known_;
   }
 
   Ledger& ledger() { return *ledger_; }
@@ -52,6 +65,8 @@ class ProjectIndex {
   Mutex mu_;
   std::vector<Project> projects_ SLUICE_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point loaded_ SLUICE_GUARDED_BY(mu_){};
+  bool known_ SLUICE_GUARDED_BY(mu_) = false;
+  Error unknown_ SLUICE_GUARDED_BY(mu_){Code::kUnavailable, "the ledger's projects were never loaded"};
 };
 
 }  // namespace sluice::ledger

@@ -30,6 +30,10 @@
 // - adopt() counts a chunk the cache found on NVMe at open, whatever the quota says (its
 //   bytes are there), and returns its tag. So a daemon restarted after kill -9 recounts
 //   what it holds: the charges of the interval it lost are neither lost nor counted twice.
+//   When the ledger cannot say whose the chunk is (it does not answer), the chunk gets a tag
+//   of its object's own, and is charged to its project at the first flush that reaches the
+//   ledger (freed() before then takes it out of what will be charged), so the tally is
+//   right without a restart.
 // - freed(tag, bytes) is told when a chunk with a non-zero tag leaves (evicted, its object
 //   changed, a checksum failure, evict by prefix): the tag's project's count drops. A
 //   chunk kept uncharged (tag 0) is never uncharged, even when a project owns it by then.
@@ -85,17 +89,23 @@ struct CacheChargerStats {
   uint64_t adopted_chunks = 0, adopted_bytes = 0;  // found on NVMe at open
   uint64_t uncharged_chunks = 0;                   // keys no project owns
   uint64_t flushes = 0, flush_errors = 0;
+  // Found on NVMe at open while the ledger could not say whose they were: counted in
+  // adopted_* (or uncharged_chunks) at the first flush that could.
+  uint64_t deferred_chunks = 0;
 };
 
 class CacheCharger {
  public:
-  // Loads the projects now: a ledger that cannot be reached fails here. The charger admits
-  // and adopts at once, but tells the ledger nothing until start().
+  // Loads the projects now. A ledger that cannot be reached now (Unavailable) is asked
+  // again at each flush: until it answers nothing is admitted (admit refuses), and what is
+  // adopted is charged once it does. Other errors fail here. The charger admits and adopts
+  // at once, but tells the ledger nothing until start().
   static Result<std::unique_ptr<CacheCharger>> open(
       std::shared_ptr<Ledger> ledger, std::function<std::string(std::string_view key)> location_of,
       CacheChargerOptions options = {});
   // Once the cache has adopted every chunk it found (it opened): reads back this source's
-  // tallies and starts the periodic flush. A charger never started (the cache failed to
+  // tallies (at the first flush that can, when the ledger cannot be reached now) and starts
+  // the periodic flush. A charger never started (the cache failed to
   // open: say another daemon holds it) sets no tally, even when destroyed.
   Status start();
   ~CacheCharger();  // flushes, when started

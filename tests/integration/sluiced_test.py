@@ -507,9 +507,12 @@ def test_capabilities_are_dropped_after_start(s3, digest):
     e = dict(env(), SLUICE_HOME=os.path.join(state, "home"))
     # sluiced as uid 65533 with capabilities (exec'd: the process the harness waits for).
     wrapper = os.path.join(top, "sluiced-with-caps")
+    sluiced_copy = os.path.join(top, "sluiced")  # reachable by uid 65533 wherever the build is
+    shutil.copy2(SLUICED, sluiced_copy)
+    os.chmod(sluiced_copy, 0o755)
     with open(wrapper, "w") as f:
         f.write(f"#!/bin/sh\nexec setpriv --reuid=65533 --regid=65533 --clear-groups "
-                f"--inh-caps={given} --ambient-caps={given} -- {SLUICED} \"$@\"\n")
+                f"--inh-caps={given} --ambient-caps={given} -- {sluiced_copy} \"$@\"\n")
     os.chmod(wrapper, 0o755)
     d = sluiced_harness.Sluiced(
         wrapper, sock, os.path.join(state, "cache"),
@@ -529,10 +532,15 @@ def test_capabilities_are_dropped_after_start(s3, digest):
             os.setgid(65534)
             os.setuid(65534)
         ce = dict(env(), SLUICE_HOME=client, HOME=client)
-        ok = subprocess.run([SLUICE, "cat", "--cache", "--daemon", sock, f"file://{data}/open"],
+        # A copy uid 65534 can reach: the build may lie in a directory only root may enter
+        # (a clone in a mktemp -d).
+        sluice_copy = os.path.join(top, "sluice")
+        shutil.copy2(SLUICE, sluice_copy)
+        os.chmod(sluice_copy, 0o755)
+        ok = subprocess.run([sluice_copy, "cat", "--cache", "--daemon", sock, f"file://{data}/open"],
                             capture_output=True, env=ce, preexec_fn=nobody, timeout=120)
         assert ok.returncode == 0 and ok.stdout == b"for everyone\n", ok.stderr
-        no = subprocess.run([SLUICE, "cat", "--cache", "--daemon", sock, f"file://{data}/secret"],
+        no = subprocess.run([sluice_copy, "cat", "--cache", "--daemon", sock, f"file://{data}/secret"],
                             capture_output=True, env=ce, preexec_fn=nobody, timeout=120)
         assert no.returncode != 0 and b"permission_denied" in no.stderr, (no.stdout, no.stderr)
         # Threads started since (one per connection) inherited the dropped sets.

@@ -251,7 +251,10 @@ def test_a_short_budget_measures_the_most_telling_points(s):
 
 
 def test_a_job_that_exits_during_the_watch_is_reported(s):
-    job = subprocess.Popen(["dd", f"if={s.data}", "of=/dev/null", "bs=4k", "iflag=direct"],
+    # A reader that keeps reading until it is killed (a dd over the test's file could end by
+    # itself before the first sample on a fast or a loaded day).
+    job = subprocess.Popen([SLUICE, "bench", "--file", s.loop, "--mode", "direct", "--bs", "4K",
+                            "--qd", "1", "--runtime", "60"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Reaped the moment it dies, as a job's own parent would (a zombie still has a /proc entry).
     reaper = threading.Thread(target=job.wait)

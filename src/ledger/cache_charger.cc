@@ -280,8 +280,8 @@ struct CacheCharger::Impl {
       else
         d->unowned = true;  // kept uncharged, as a key no project owns
       --unresolved;
-      if (d->unowned) uncharged_chunks.fetch_add(static_cast<uint64_t>(d->chunks),
-                                                 std::memory_order_relaxed);
+      if (d->unowned)
+        uncharged_chunks.fetch_add(static_cast<uint64_t>(d->chunks), std::memory_order_relaxed);
     }
     deferred_of.clear();  // every tag resolved: no adoption names these objects again
     return {};

@@ -868,8 +868,8 @@ Result<std::string> Ledger::lock_key(std::string_view location, std::chrono::sec
 Result<bool> Ledger::key_wanted(std::string_view location) {
   bool wanted = false;
   Status asked = db_->with_conn([&](Conn& c) -> Status {
-    SLUICE_ASSIGN_OR_RETURN(
-        auto rows, c.query(lock_sql(db_->dialect()).wanted, std::vector<Value>{std::string(location)}));
+    SLUICE_ASSIGN_OR_RETURN(auto rows, c.query(lock_sql(db_->dialect()).wanted,
+                                               std::vector<Value>{std::string(location)}));
     wanted = !rows.empty();
     return {};
   });

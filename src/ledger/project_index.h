@@ -66,7 +66,8 @@ class ProjectIndex {
   std::vector<Project> projects_ SLUICE_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point loaded_ SLUICE_GUARDED_BY(mu_){};
   bool known_ SLUICE_GUARDED_BY(mu_) = false;
-  Error unknown_ SLUICE_GUARDED_BY(mu_){Code::kUnavailable, "the ledger's projects were never loaded"};
+  Error unknown_ SLUICE_GUARDED_BY(mu_){Code::kUnavailable,
+                                        "the ledger's projects were never loaded"};
 };
 
 }  // namespace sluice::ledger

@@ -884,8 +884,8 @@ TEST_P(LedgerTest, PublishesIntoAFolderShareOneLease) {
   static std::atomic<int> n{0};
   std::string name = "lease-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
   team_with_project("lease", "mem://" + name + "/p");
-  auto counting =
-      std::make_shared<CountingRequests>(std::make_shared<Unreporting>(store::open_named_memory_store(name)));
+  auto counting = std::make_shared<CountingRequests>(
+      std::make_shared<Unreporting>(store::open_named_memory_store(name)));
   auto opened = with_charging(counting, ledger_, ChargingOptions{.min_growth = 1000});
   ASSERT_TRUE(opened) << opened.error().to_string();
   store::Store& st = **opened;
@@ -961,7 +961,8 @@ TEST_P(LedgerTest, LeasesOfTwoWritersTakeTurnsExactly) {
   for (auto& w : writers) w.join();
   EXPECT_EQ(failed.load(), 0);
   int64_t left = 0;
-  for (int j = 0; j < 3; ++j) left += static_cast<int64_t>(stores[0]->stat("p/k" + std::to_string(j))->size);
+  for (int j = 0; j < 3; ++j)
+    left += static_cast<int64_t>(stores[0]->stat("p/k" + std::to_string(j))->size);
   Account a = account("turns", Tier::kObject);
   EXPECT_EQ(a.used_bytes, left);
   EXPECT_EQ(a.used_objects, 3);

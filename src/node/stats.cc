@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/cache/json.h"
+#include "sluice/peer/peer_store.h"
 
 namespace sluice::node {
 
@@ -144,10 +145,10 @@ Result<DaemonStats> daemon_stats_from_json(const json& j) {
       SLUICE_RETURN_IF_ERROR(r.status());
       // A daemon older than this reader sends no state: the same rule, from the other fields.
       if (p.state.empty())
-        p.state = p.self                                   ? "self"
-                  : !p.up                                  ? "down"
-                  : p.fetched_chunks == 0 && p.errors == 0 ? "untried"
-                                                           : "up";
+        p.state =
+            peer::PeerState{
+                .self = p.self, .up = p.up, .fetched_chunks = p.fetched_chunks, .errors = p.errors}
+                .state();
       s.peers.push_back(std::move(p));
     }
   }
